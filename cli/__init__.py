@@ -1,0 +1,1 @@
+"""The ``sessionloop`` command line (click)."""

@@ -1,0 +1,32 @@
+"""Entry point of the ``sessionloop`` command: one click group, one module per command family."""
+
+from __future__ import annotations
+
+import click
+
+from eventstore.errors import SessionloopError
+
+
+class CleanErrors(click.Group):
+    """Every error a user can cause becomes one clear line on stderr and a non-zero exit."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except SessionloopError as e:
+            raise click.ClickException(str(e)) from e
+
+
+@click.group(cls=CleanErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="sessionloop")
+def main() -> None:
+    """sessionloop: a server that hosts LLM-agent sessions as event-sourced actors.
+
+    \b
+    Example:
+      sessionloop serve --data ./.sessionloop
+    """
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
