@@ -1,0 +1,45 @@
+"""The LMDB event store (SPEC §3): the only package that touches LMDB."""
+
+from .codec import decode_event, encode_event, event_from_builtins, event_to_builtins
+from .errors import (
+    EventDecodeError,
+    IdempotencyConflict,
+    InvalidStreamName,
+    ReadOnlyStore,
+    SessionloopError,
+    StorageError,
+    StorageFull,
+    StoreClosed,
+    StoreError,
+    StoreLocked,
+    WrongExpectedVersion,
+)
+from .records import AppendResult, IdempotencyClaim, RecordedEvent, Snapshot, StreamPage
+from .store import ANY_VERSION, NO_STREAM, EventStore, request_hash
+
+__all__ = [
+    "ANY_VERSION",
+    "NO_STREAM",
+    "AppendResult",
+    "EventDecodeError",
+    "EventStore",
+    "IdempotencyClaim",
+    "IdempotencyConflict",
+    "InvalidStreamName",
+    "ReadOnlyStore",
+    "RecordedEvent",
+    "SessionloopError",
+    "Snapshot",
+    "StorageError",
+    "StorageFull",
+    "StoreClosed",
+    "StoreError",
+    "StoreLocked",
+    "StreamPage",
+    "WrongExpectedVersion",
+    "decode_event",
+    "encode_event",
+    "event_from_builtins",
+    "event_to_builtins",
+    "request_hash",
+]

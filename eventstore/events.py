@@ -1,0 +1,562 @@
+"""Every fact sessionloop records, as a tagged union of frozen msgspec Structs.
+
+Events are facts, not commands: they say what happened, with every id and time inside them, so
+folding them again (replay, recovery, ``rerun``) needs no clock and no randomness.
+
+Rules for changing this file (schema evolution, see tests/fixtures/events_v1.msgpack):
+
+* a tag is forever: never rename a tag, never retype or rename a stored field;
+* new fields always get a default, so payloads written before them still decode;
+* a breaking change adds a new tag (and, if needed, an upcaster in ``codec.py``);
+* a payload whose tag this code does not know decodes to :class:`UnknownEvent`, which is kept
+  and skipped, so rolling back a release never bricks a store.
+
+Streams: ``session-<id>`` (session, input, turn, step, tool, notice, plan, context, checkpoint and
+settings events), ``approval-<session>.<id>``, ``task-<session>.<id>`` and ``place-<key>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import msgspec
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
+    """Base of all events. ``at`` is the time of the fact in epoch milliseconds."""
+
+    at: int = 0
+
+    #: Whether the Session Loop API's per-app event feed indexes this event (seed 000: the
+    #: persisted event types a bot can list; ``assistant.delta`` is live only and never stored).
+    feed: ClassVar[bool] = False
+
+
+# --- shared value objects ---------------------------------------------------------------------
+
+
+class Speaker(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Who said something or answered an approval (seed 004, user-message speaker / settlement.by)."""
+
+    platform: str
+    user_id: str | None = None
+    nickname: str | None = None
+    owner: bool = False
+    app_id: str | None = None
+
+
+class AttachmentRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """An attachment stored as a content-addressed blob in the data directory."""
+
+    name: str
+    kind: str  # image | audio | video | file
+    mime: str
+    size: int
+    sha256: str
+
+
+class ToolCallSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A tool call as the model produced it."""
+
+    call_id: str
+    name: str
+    args: Any = None
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Settlement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """How an approval ended (seed 004, ApprovalSettlement)."""
+
+    state: Literal["approved", "denied", "expired", "cancelled"]
+    source: Literal["answer", "absent", "timeout", "ineligible", "rate-limit", "turn-ended", "shutdown"]
+    at: int
+    by: Speaker | None = None
+    note: str | None = None
+
+
+class ToolDisplay(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Seed 004 tool display: ``command`` (command, cwd, exitCode) or ``file-change`` (path, removed, added)."""
+
+    kind: Literal["command", "file-change"]
+    command: str | None = None
+    cwd: str | None = None
+    exit_code: int | None = None
+    path: str | None = None
+    removed: str | None = None
+    added: str | None = None
+
+
+class PlanEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    text: str
+    status: Literal["pending", "in_progress", "completed"] = "pending"
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A model-visible message, as copied into a fork."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: list[ToolCallSpec] = []
+    tool_call_id: str | None = None
+    name: str | None = None
+    turn_id: str | None = None
+
+
+class ChatInfo(msgspec.Struct, frozen=True, kw_only=True):
+    type: str
+    multi_party: bool = False
+
+
+class PlaceRef(msgspec.Struct, frozen=True, kw_only=True):
+    key: str
+    kind: Literal["window", "workspace"]
+    name: str
+
+
+class OriginInfo(msgspec.Struct, frozen=True, kw_only=True):
+    kind: Literal["hand", "autonomous"]
+    participants: list[Speaker] = []
+
+
+class ApprovalFacts(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    params: dict[str, Any] = {}
+    command: str | None = None
+    cwd: str | None = None
+    diff_path: str | None = None
+    diff_patch: str | None = None
+
+
+class ChainLink(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    title: str
+
+
+class ToolCallRef(msgspec.Struct, frozen=True, kw_only=True):
+    tool: str
+    turn_id: str
+    call_id: str
+
+
+# --- session lifecycle ------------------------------------------------------------------------
+
+
+class SessionCreated(Event, tag="session.created", kw_only=True):
+    session_id: str
+    title: str = ""
+    name: str = ""
+    kind: Literal["owner", "room", "task"] = "owner"
+    parent_id: str | None = None
+    root_id: str | None = None
+    app_id: str | None = None
+    platform: str | None = None
+    instance: str | None = None
+    account: str | None = None
+    container_id: str | None = None
+    space_id: str | None = None
+    activity: Literal["interactive", "background"] = "interactive"
+    permission_mode: Literal["ask", "acceptCalls", "deny"] = "ask"
+    cwd: str = ""
+    model: str | None = None
+    chat: ChatInfo | None = None
+    place: PlaceRef | None = None
+    forked_from: str | None = None
+    fork_turns: int | None = None
+    created_by: Speaker | None = None
+
+
+class SessionRenamed(Event, tag="session.renamed", kw_only=True):
+    title: str
+
+
+class SessionArchived(Event, tag="session.archived", kw_only=True):
+    pass
+
+
+class SessionUnarchived(Event, tag="session.unarchived", kw_only=True):
+    pass
+
+
+class SessionDeleted(Event, tag="session.deleted", kw_only=True):
+    """The session and its history are gone for every reader; the log keeps the fact."""
+
+
+class SessionSeen(Event, tag="session.seen", kw_only=True):
+    """The owner looked at the session (seed 004 ``session/markSeen``)."""
+
+
+class MessagesImported(Event, tag="session.forked", kw_only=True):
+    """A fork copied ``messages`` from ``source_session_id`` (seed 002 ``fork``: steps start empty)."""
+
+    source_session_id: str
+    turns: int | None = None
+    messages: list[Message] = []
+
+
+class SessionSettingChanged(Event, tag="session.setting.changed", kw_only=True):
+    """The session layer of a setting; ``value`` None deletes it (seed 004 会话设置)."""
+
+    plugin: str
+    key: str
+    value: Any = None
+    deleted: bool = False
+
+
+class SessionParked(Event, tag="session.parked", kw_only=True):
+    """Supervision gave up re-activating the session after repeated failures."""
+
+    reason: str
+
+
+class SessionUnparked(Event, tag="session.unparked", kw_only=True):
+    pass
+
+
+# --- inputs and turns -------------------------------------------------------------------------
+
+
+class InputAccepted(Event, tag="input.accepted", kw_only=True):
+    """An input was accepted into the session's FIFO queue; it will open (or join) ``turn_id``."""
+
+    feed: ClassVar[bool] = True
+
+    input_id: str
+    turn_id: str
+    text: str = ""
+    attachments: list[AttachmentRef] = []
+    source: str | None = None
+    speaker: Speaker | None = None
+    idempotency_key: str | None = None
+
+
+class InputDropped(Event, tag="input.dropped", kw_only=True):
+    """A queued input was removed before it opened a turn (stopAll, delete, fork)."""
+
+    input_id: str
+    turn_id: str
+    reason: str
+
+
+class TurnStarted(Event, tag="turn.started", kw_only=True):
+    feed: ClassVar[bool] = True
+
+    turn_id: str
+    input_ids: list[str] = []
+    source: str | None = None
+    max_steps: int | None = None
+
+
+class TurnCompleted(Event, tag="turn.completed", kw_only=True):
+    feed: ClassVar[bool] = True
+
+    turn_id: str
+    outcome: Literal["replied", "silent"] = "replied"
+    output_text: str = ""
+
+
+class TurnFailed(Event, tag="turn.failed", kw_only=True):
+    feed: ClassVar[bool] = True
+
+    turn_id: str
+    code: str
+    reason: str = ""
+
+
+class TurnAborted(Event, tag="turn.aborted", kw_only=True):
+    feed: ClassVar[bool] = True
+
+    turn_id: str
+    reason: str = ""
+
+
+class TurnLimitReached(Event, tag="turn.limit-reached", kw_only=True):
+    """``maxSteps`` model calls were made; the turn stopped and ``turn/continue`` can resume it."""
+
+    feed: ClassVar[bool] = True
+
+    turn_id: str
+    max_steps: int
+
+
+# --- steps ------------------------------------------------------------------------------------
+
+
+class LlmStarted(Event, tag="llm.started", kw_only=True):
+    turn_id: str
+    step_id: str
+    attempt: int = 1
+    message_count: int = 0
+    chars: int = 0
+    provider: str = ""
+
+
+class LlmCompleted(Event, tag="llm.completed", kw_only=True):
+    """A model call's whole answer: the recording that ``rerun --provider replay`` plays back."""
+
+    feed: ClassVar[bool] = True
+
+    turn_id: str
+    step_id: str
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCallSpec] = []
+    usage: Usage = Usage()
+    model: str = ""
+    provider: str = ""
+    duration_ms: int = 0
+
+
+class LlmFailed(Event, tag="llm.failed", kw_only=True):
+    turn_id: str
+    step_id: str
+    error: str
+    aborted: bool = False
+    duration_ms: int = 0
+
+
+class ToolStarted(Event, tag="tool.started", kw_only=True):
+    feed: ClassVar[bool] = True
+
+    turn_id: str
+    call_id: str
+    tool: str
+    args: Any = None
+    display: ToolDisplay | None = None
+
+
+class ToolFinished(Event, tag="tool.finished", kw_only=True):
+    """A tool call's result, or its repair: ``repair`` names why a result was written for a call
+    that never returned one (``crash``, ``cancel``, ``not-executed``, ``fork``)."""
+
+    feed: ClassVar[bool] = True
+
+    turn_id: str
+    call_id: str
+    status: Literal["completed", "failed", "denied", "aborted"]
+    output: Any = None
+    exit_code: int | None = None
+    duration_ms: int = 0
+    task_id: str | None = None
+    not_executed: bool = False
+    repair: str | None = None
+    approval_id: str | None = None
+    settlement: Settlement | None = None
+
+
+class ToolApprovalRequested(Event, tag="tool.approval.requested", kw_only=True):
+    turn_id: str
+    call_id: str
+    approval_id: str
+
+
+class ToolApprovalSettled(Event, tag="tool.approval.settled", kw_only=True):
+    turn_id: str
+    call_id: str
+    approval_id: str
+    settlement: Settlement
+
+
+# --- notices, plan, context -------------------------------------------------------------------
+
+
+class NoticePosted(Event, tag="notice.posted", kw_only=True):
+    notice_id: str
+    topic: str
+    text: str = ""
+    facts: dict[str, Any] = {}
+    can_continue: bool = False
+    turn_id: str | None = None
+    starts_turn: bool = False
+
+
+class PlanUpdated(Event, tag="plan.updated", kw_only=True):
+    entries: list[PlanEntry] = []
+    explanation: str = ""
+
+
+class PlanCleared(Event, tag="plan.cleared", kw_only=True):
+    pass
+
+
+class ContextTrimmed(Event, tag="agent.context.trimmed", kw_only=True):
+    turn_id: str
+    step_id: str
+    chars_before: int
+    chars_after: int
+    omitted_outputs: int = 0
+    dropped_turns: int = 0
+
+
+class ContextCompacted(Event, tag="agent.context.compacted", kw_only=True):
+    """A summary message was inserted: before the current turn (auto) or at the end (manual)."""
+
+    summary: str
+    turns: int
+    chars: int
+    auto: bool = False
+    turn_id: str | None = None
+
+
+class ContextCompactFailed(Event, tag="agent.context.compact-failed", kw_only=True):
+    error: str
+    auto: bool = False
+    turn_id: str | None = None
+
+
+# --- checkpoints and artifacts -----------------------------------------------------------------
+
+
+class CheckpointRecorded(Event, tag="checkpoint.recorded", kw_only=True):
+    """The before-image of a file a tool is about to change, once per file per turn."""
+
+    turn_id: str
+    call_id: str
+    path: str
+    existed: bool
+    content: bytes | None = None
+
+
+class TurnRewound(Event, tag="turn.rewound", kw_only=True):
+    turn_id: str
+    scope: Literal["code", "code-and-chat"]
+    restored: list[str] = []
+    removed: list[str] = []
+    conflicts: list[str] = []
+    chat_deleted: bool = False
+    deleted_messages: int = 0
+
+
+class ArtifactRecorded(Event, tag="artifact.recorded", kw_only=True):
+    artifact_id: str
+    turn_id: str
+    call_id: str | None = None
+    name: str
+    path: str
+    size: int = 0
+    mime: str = "application/octet-stream"
+
+
+# --- approvals (stream approval-<session>.<id>) -------------------------------------------------
+
+
+class ApprovalRequested(Event, tag="approval.requested", kw_only=True):
+    approval_id: str
+    session_id: str
+    turn_id: str | None = None
+    call_id: str | None = None
+    origin: OriginInfo
+    tool: str
+    facts: ApprovalFacts
+    options: list[Literal["approve", "deny"]] = msgspec.field(default_factory=lambda: ["approve", "deny"])
+    content_hash: str
+    expires_at: int
+    chain: list[ChainLink] = []
+
+
+class ApprovalSettled(Event, tag="approval.settled", kw_only=True):
+    approval_id: str
+    settlement: Settlement
+
+
+# --- background tasks (stream task-<session>.<id>) ----------------------------------------------
+
+
+class TaskStarted(Event, tag="task.started", kw_only=True):
+    task_id: str
+    session_id: str
+    kind: Literal["tool-call"] = "tool-call"
+    label: str
+    call: ToolCallRef | None = None
+    display: ToolDisplay | None = None
+
+
+class TaskEnded(Event, tag="task.ended", kw_only=True):
+    task_id: str
+    status: Literal["completed", "failed", "stopped", "aborted"]
+    exit_code: int | None = None
+    reason: str | None = None
+    last_line: str | None = None
+    last_output_at: int | None = None
+
+
+# --- places (stream place-<key>) ---------------------------------------------------------------
+
+
+class PlaceRegistered(Event, tag="place.registered", kw_only=True):
+    key: str
+    kind: Literal["window", "workspace"]
+    name: str
+
+
+class PlaceSettingChanged(Event, tag="place.setting.changed", kw_only=True):
+    plugin: str
+    key: str
+    value: Any = None
+    deleted: bool = False
+
+
+class UnknownEvent(msgspec.Struct, frozen=True):
+    """A payload whose tag this release does not know: kept as raw bytes, skipped by folds."""
+
+    type: str
+    raw: bytes
+    at: int = 0
+    feed: ClassVar[bool] = False
+
+
+#: Every known event type; the codec's union is built from it once.
+EVENT_TYPES: tuple[type[Event], ...] = (
+    SessionCreated,
+    SessionRenamed,
+    SessionArchived,
+    SessionUnarchived,
+    SessionDeleted,
+    SessionSeen,
+    MessagesImported,
+    SessionSettingChanged,
+    SessionParked,
+    SessionUnparked,
+    InputAccepted,
+    InputDropped,
+    TurnStarted,
+    TurnCompleted,
+    TurnFailed,
+    TurnAborted,
+    TurnLimitReached,
+    LlmStarted,
+    LlmCompleted,
+    LlmFailed,
+    ToolStarted,
+    ToolFinished,
+    ToolApprovalRequested,
+    ToolApprovalSettled,
+    NoticePosted,
+    PlanUpdated,
+    PlanCleared,
+    ContextTrimmed,
+    ContextCompacted,
+    ContextCompactFailed,
+    CheckpointRecorded,
+    TurnRewound,
+    ArtifactRecorded,
+    ApprovalRequested,
+    ApprovalSettled,
+    TaskStarted,
+    TaskEnded,
+    PlaceRegistered,
+    PlaceSettingChanged,
+)
+
+AnyEvent = Event | UnknownEvent
+
+
+def event_tag(event: AnyEvent) -> str:
+    """The stable tag of an event (``UnknownEvent`` keeps the tag it was stored with)."""
+    if isinstance(event, UnknownEvent):
+        return event.type
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag

@@ -1,0 +1,706 @@
+"""The LMDB recorder: encoded payloads in, ordered keys out. The only module that imports ``lmdb``.
+
+Why it is shaped this way (see ../shared/RELIABILITY.md, LMDB):
+
+* one write transaction per *group* of appends (``groupcommit.py``), positions and versions
+  allocated inside it, so nothing is visible or acknowledged before its commit;
+* read transactions are short: every read opens, copies out and closes; none is held across a
+  wait. The map can only be resized with no transaction open in the process, so readers pass a
+  gate that a resize closes for the few microseconds it takes;
+* ``MDB_MAP_FULL`` never reaches a caller: the leader aborts, doubles the map, and redoes the
+  whole group (requests are pure data, their checks run again);
+* a full disk aborts the group's transaction (nothing half-written) and raises StorageFull;
+* ``reader_check()`` at open clears reader slots left by killed processes; an ``flock`` on
+  ``LOCK`` refuses a second writing process with StoreLocked instead of risking corruption.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import lmdb
+import msgspec
+
+from . import keys as K
+from .errors import (
+    EventDecodeError,
+    IdempotencyConflict,
+    ReadOnlyStore,
+    StorageError,
+    StorageFull,
+    StoreClosed,
+    StoreLocked,
+    WrongExpectedVersion,
+)
+from .groupcommit import GroupCommitter, Request
+from .records import (
+    AppendResult,
+    CommitRecordIn,
+    CommitRecordOut,
+    IdempotencyClaim,
+    IdemValue,
+    SnapshotRecord,
+)
+
+FORMAT_VERSION = 1
+ANY_VERSION = -1
+DAY_MS = 86_400_000
+
+_enc = msgspec.msgpack.Encoder()
+_rec_dec = msgspec.msgpack.Decoder(CommitRecordIn)
+_idem_dec = msgspec.msgpack.Decoder(IdemValue)
+_snap_dec = msgspec.msgpack.Decoder(SnapshotRecord)
+_any_dec = msgspec.msgpack.Decoder()
+
+_DBS = ("meta", "log", "streams", "catalogue", "snapshots", "idem", "idem_time", "feed")
+
+
+class AppendOp(msgspec.Struct):
+    """``events`` are Event structs (encoded once, inside the record) or pre-encoded ``Raw``."""
+
+    stream: str
+    raw_stream: bytes
+    events: list[Any]
+    feed_flags: list[bool]
+    expected_version: int
+    commit_id: str | None
+    idem: IdempotencyClaim | None
+    feed: str | None
+
+
+class SnapshotOp(msgspec.Struct):
+    raw_stream: bytes
+    stream: str
+    version: int
+    state: bytes
+
+
+class MetaOp(msgspec.Struct):
+    """Increment a counter in ``meta`` (used for epochs); returns the new value."""
+
+    name: str
+
+
+class _ReadGate:
+    """Many readers, or one resize: LMDB's map may change only with no transaction open."""
+
+    __slots__ = ("_cond", "_readers", "_resizing")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._resizing = False
+
+    def __enter__(self) -> None:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._readers += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._readers -= 1
+            if not self._readers:
+                self._cond.notify_all()
+
+    def exclusive(self, fn: Any) -> None:
+        with self._cond:
+            self._resizing = True
+            try:
+                self._cond.wait_for(lambda: self._readers == 0)
+                fn()
+            finally:
+                self._resizing = False
+                self._cond.notify_all()
+
+
+class LmdbRecorder:
+    """Append-only event log in one LMDB environment (see ``keys.py`` for the layout)."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        durability: str = "sync",
+        shards: int = 16,
+        map_size: int = 1 << 30,
+        max_map_size: int | None = None,
+        readonly: bool = False,
+        max_readers: int = 1024,
+        idempotency_ttl_ms: int = 7 * DAY_MS,
+        feed_max_events: int = 10_000,
+        feed_ttl_ms: int = 7 * DAY_MS,
+        prune_interval_s: float = 1.0,
+        prune_batch: int = 500,
+    ) -> None:
+        if durability not in ("sync", "nosync"):
+            raise ValueError(f"durability must be 'sync' or 'nosync', not {durability!r}")
+        self.path = os.path.abspath(path)
+        self.durability = durability
+        self.readonly = readonly
+        self.max_map_size = max_map_size
+        self.idempotency_ttl_ms = idempotency_ttl_ms
+        self.feed_max_events = feed_max_events
+        self.feed_ttl_ms = feed_ttl_ms
+        self._prune_interval = prune_interval_s
+        self._prune_batch = prune_batch
+        self._last_prune = 0.0
+        self._closed = False
+        self._lock_fd: int | None = None
+        self._gate = _ReadGate()
+        self.stale_readers_cleared = 0
+        self.map_resizes = 0
+        self.last_batch_size = 0
+        self.commit_seconds_total = 0.0
+        if not readonly:
+            os.makedirs(self.path, exist_ok=True)
+            self._lock_fd = self._take_lock()
+        elif not os.path.exists(os.path.join(self.path, "data.mdb")):
+            raise StorageError(f"no event store at {self.path}", path=self.path)
+        try:
+            self._env = lmdb.open(
+                self.path,
+                map_size=map_size,
+                max_dbs=len(_DBS) + 2,
+                max_readers=max_readers,
+                sync=durability == "sync",
+                metasync=durability == "sync",
+                readonly=readonly,
+                readahead=False,
+                lock=True,
+                writemap=False,
+            )
+            self.stale_readers_cleared = self._env.reader_check()
+            self._db = {
+                name: self._env.open_db(name.encode(), create=not readonly) for name in _DBS
+            }
+        except lmdb.Error as e:
+            self._release_lock()
+            raise StorageError(f"cannot open event store at {self.path}: {e}", path=self.path) from e
+        self.shards = self._init_meta(shards)
+        self._versions: dict[bytes, int] = {}
+        self._head = self._read_head()
+        self._committer = GroupCommitter(self._commit_batch)
+
+    # --- open / close -----------------------------------------------------------------------
+
+    def _take_lock(self) -> int:
+        lock_path = os.path.join(self.path, "LOCK")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = "unknown process"
+            try:
+                pid = os.pread(fd, 32, 0).decode().strip()
+                holder = f"pid {pid}" if pid else holder
+            finally:
+                os.close(fd)
+            raise StoreLocked(self.path, holder) from e
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _init_meta(self, shards: int) -> int:
+        with self._env.begin(db=self._db["meta"], write=not self.readonly) as txn:
+            raw = txn.get(b"shards")
+            if raw is not None:
+                fmt = _any_dec.decode(txn.get(b"format"))
+                if fmt != FORMAT_VERSION:
+                    raise StorageError(
+                        f"event store at {self.path} has format {fmt}, this release reads {FORMAT_VERSION}"
+                    )
+                return int(_any_dec.decode(raw))
+            if self.readonly:
+                raise StorageError(f"event store at {self.path} is not initialised")
+            if not 1 <= shards <= 65535:
+                raise ValueError(f"shards must be in 1..65535, not {shards}")
+            txn.put(b"format", _enc.encode(FORMAT_VERSION))
+            txn.put(b"shards", _enc.encode(shards))
+            txn.put(b"created_at", _enc.encode(int(time.time() * 1000)))
+            return shards
+
+    def _read_head(self) -> int:
+        with self._env.begin(db=self._db["log"]) as txn:
+            cur = txn.cursor()
+            return K.from_u64(cur.key()) if cur.last() else 0
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._committer.close()
+        self._closed = True
+        if not self.readonly and self.durability == "nosync":
+            self._env.sync(True)
+        self._env.close()
+        self._release_lock()
+
+    @property
+    def head_position(self) -> int:
+        return self._head
+
+    def info(self) -> dict[str, Any]:
+        stat = self._env.info()
+        return {
+            "path": self.path,
+            "durability": self.durability,
+            "fsync_per_commit": self.durability == "sync",
+            "readonly": self.readonly,
+            "shards": self.shards,
+            "map_size": stat["map_size"],
+            "last_position": self._head,
+            "stale_readers_cleared": self.stale_readers_cleared,
+            "map_resizes": self.map_resizes,
+            "batches": self._committer.batches,
+            "requests": self._committer.requests,
+        }
+
+    # --- writes ---------------------------------------------------------------------------------
+
+    def submit(self, op: AppendOp | SnapshotOp | MetaOp) -> Any:
+        if self._closed:
+            raise StoreClosed()
+        if self.readonly:
+            raise ReadOnlyStore(self.path)
+        return self._committer.submit(op)
+
+    def _commit_batch(self, batch: list[Request]) -> None:
+        while True:
+            started = time.perf_counter()
+            txn = self._env.begin(write=True)
+            try:
+                batch_ctx = _BatchContext(self, txn)
+                for req in batch:
+                    req.result, req.error = None, None
+                    try:
+                        req.result = batch_ctx.apply(req.payload)
+                    except (WrongExpectedVersion, IdempotencyConflict) as e:
+                        req.error = e
+                self._maybe_prune(txn)
+                txn.commit()
+            except lmdb.MapFullError:
+                self._grow_map(txn)
+                continue
+            except lmdb.Error as e:
+                txn.abort()
+                err = _translate_write_error(e, self.path)
+                for req in batch:
+                    req.result, req.error = None, err
+                return
+            except BaseException:
+                txn.abort()
+                raise
+            self._versions.update(batch_ctx.versions)
+            if len(self._versions) > 200_000:
+                self._versions.clear()
+            self._head = batch_ctx.head
+            self.last_batch_size = len(batch)
+            self.commit_seconds_total += time.perf_counter() - started
+            return
+
+    def _grow_map(self, txn: Any) -> None:
+        """Abort the group's transaction and double the map, with every reader held at the gate:
+        py-lmdb remaps on that abort and a steady stream of readers would otherwise starve it."""
+        current = int(self._env.info()["map_size"])
+        ceiling = self.max_map_size
+        if ceiling is not None and current >= ceiling:
+            txn.abort()
+            raise StorageFull(
+                f"event store at {self.path} reached its map size ceiling of {ceiling} bytes",
+                path=self.path,
+            )
+        new_size = current * 2 if ceiling is None else min(current * 2, ceiling)
+
+        def resize() -> None:
+            txn.abort()
+            self._env.set_mapsize(new_size)
+
+        self._gate.exclusive(resize)
+        self.map_resizes += 1
+
+    def _maybe_prune(self, txn: Any) -> None:
+        """Retention, in small slices inside ordinary write groups so it never blocks a writer."""
+        now = time.monotonic()
+        if now - self._last_prune < self._prune_interval:
+            return
+        self._last_prune = now
+        wall = int(time.time() * 1000)
+        budget = self._prune_batch
+        budget -= _prune_idem(txn, self._db, wall - self.idempotency_ttl_ms, budget)
+        for prefix in list(_feed_apps(txn, self._db["meta"])):
+            if budget <= 0:
+                break
+            budget -= _prune_feed_age(txn, self._db, prefix, wall - self.feed_ttl_ms, budget)
+
+    def _current_version(self, txn: Any, skey: bytes) -> int:
+        v = self._versions.get(skey)
+        return v if v is not None else self._current_version_uncached(txn, skey)
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def _read(self) -> Any:
+        if self._closed:
+            raise StoreClosed()
+        return self._gate
+
+    def stream_key(self, stream: str) -> bytes:
+        return K.stream_key(K.shard_of(stream, self.shards), K.validate_stream(stream))
+
+    def stream_version(self, stream: str) -> int:
+        skey = self.stream_key(stream)
+        with self._read(), self._env.begin() as txn:
+            return self._current_version_uncached(txn, skey)
+
+    def _current_version_uncached(self, txn: Any, skey: bytes) -> int:
+        cur = txn.cursor(db=self._db["streams"])
+        if cur.set_range(K.index_key(skey, K.MAX_VERSION)):
+            ok = cur.prev()
+        else:
+            ok = cur.last()
+        if ok and cur.key()[:-9] == skey:
+            return K.index_version(cur.key())
+        return 0
+
+    def read_stream_records(
+        self, stream: str, from_version: int = 1, limit: int | None = None
+    ) -> Iterator[tuple[CommitRecordIn, int]]:
+        """Commit records holding versions >= ``from_version``, with their last position."""
+        skey = self.stream_key(stream)
+        out: list[tuple[CommitRecordIn, int]] = []
+        seen = 0
+        with self._read(), self._env.begin() as txn:
+            cur = txn.cursor(db=self._db["streams"])
+            logdb = self._db["log"]
+            if not cur.set_range(K.index_key(skey, max(from_version, 1))):
+                return iter(())
+            for key, logkey in cur:
+                if key[:-9] != skey:
+                    break
+                rec = _decode_record(txn.get(logkey, db=logdb), stream, K.index_version(key))
+                out.append((rec, K.from_u64(logkey)))
+                seen += K.index_version(key) - max(rec.first_version, from_version) + 1
+                if limit is not None and seen >= limit:
+                    break
+        return iter(out)
+
+    def read_log_records(self, after: int, limit: int) -> list[CommitRecordIn]:
+        out: list[CommitRecordIn] = []
+        seen = 0
+        with self._read(), self._env.begin(db=self._db["log"]) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(K.u64(after + 1)):
+                return out
+            for key, value in cur:
+                rec = _decode_record(value, "<log>", K.from_u64(key), "position")
+                out.append(rec)
+                seen += K.from_u64(key) - max(rec.first_position, after + 1) + 1
+                if seen >= limit:
+                    break
+        return out
+
+    def record_at(self, position: int) -> CommitRecordIn | None:
+        with self._read(), self._env.begin(db=self._db["log"]) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(K.u64(position)):
+                return None
+            rec = _decode_record(cur.value(), "<log>", K.from_u64(cur.key()), "position")
+            return rec if rec.first_position <= position else None
+
+    def list_streams(self, category: str, after: str | None, limit: int) -> tuple[list[str], str | None]:
+        prefix = category.encode("utf-8") + b"\x00"
+        start = prefix + (after.encode("utf-8", "surrogatepass") + b"\x00" if after else b"")
+        names: list[str] = []
+        with self._read(), self._env.begin(db=self._db["catalogue"]) as txn:
+            cur = txn.cursor()
+            if cur.set_range(start):
+                for key in cur.iternext(keys=True, values=False):
+                    if not key.startswith(prefix):
+                        break
+                    if len(names) == limit:
+                        return names, names[-1]
+                    names.append(key[len(prefix):].decode("utf-8", "surrogatepass"))
+        return names, None
+
+    def count_streams(self, category: str) -> int:
+        prefix = category.encode("utf-8") + b"\x00"
+        n = 0
+        with self._read(), self._env.begin(db=self._db["catalogue"]) as txn:
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                for key in cur.iternext(keys=True, values=False):
+                    if not key.startswith(prefix):
+                        break
+                    n += 1
+        return n
+
+    def load_snapshot(self, stream: str) -> SnapshotRecord | None:
+        skey = self.stream_key(stream)
+        with self._read(), self._env.begin(db=self._db["snapshots"]) as txn:
+            raw = txn.get(skey)
+        return None if raw is None else _snap_dec.decode(raw)
+
+    def get_receipt(self, scope: str, key: str) -> IdemValue | None:
+        with self._read(), self._env.begin(db=self._db["idem"]) as txn:
+            raw = txn.get(K.idem_key(scope, key))
+        if raw is None:
+            return None
+        value = _idem_dec.decode(raw)
+        if value.claim.scope != scope or value.claim.key != key:
+            return None
+        return value
+
+    def read_feed_positions(self, app: str, after: int, limit: int) -> list[int]:
+        prefix = K.feed_prefix(app)
+        out: list[int] = []
+        with self._read(), self._env.begin(db=self._db["feed"]) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(prefix + K.u64(after + 1)):
+                return out
+            for key in cur.iternext(keys=True, values=False):
+                if not key.startswith(prefix) or len(key) != len(prefix) + 8:
+                    break
+                out.append(K.from_u64(key, len(prefix)))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def read_meta(self, name: str) -> Any:
+        with self._read(), self._env.begin(db=self._db["meta"]) as txn:
+            raw = txn.get(name.encode())
+        return None if raw is None else _any_dec.decode(raw)
+
+    def iter_all_records(self) -> Iterator[tuple[int, CommitRecordIn]]:
+        """Every commit record in log order, read in short transactions of 1,000 records."""
+        after = 0
+        while True:
+            page = self.read_log_records(after, 1000)
+            if not page:
+                return
+            for rec in page:
+                last = rec.first_position + len(rec.events) - 1
+                yield last, rec
+                after = last
+
+    def rebuild_idempotency(self) -> int:
+        """Rebuild the idempotency index from the log (SPEC §12); returns receipts written."""
+        claims: dict[bytes, bytes] = {}
+        cutoff = int(time.time() * 1000) - self.idempotency_ttl_ms
+        times: dict[bytes, bytes] = {}
+        for last, rec in self.iter_all_records():
+            if rec.idem is None or rec.at < cutoff:
+                continue
+            ikey = K.idem_key(rec.idem.scope, rec.idem.key)
+            value = IdemValue(
+                claim=rec.idem,
+                stream=rec.stream,
+                first_version=rec.first_version,
+                last_version=rec.first_version + len(rec.events) - 1,
+                first_position=rec.first_position,
+                last_position=last,
+                at=rec.at,
+            )
+            claims[ikey] = _enc.encode(value)
+            times[K.u64(rec.at) + ikey] = b""
+        with self._gate, self._env.begin(write=True) as txn:
+            txn.drop(self._db["idem"], delete=False)
+            txn.drop(self._db["idem_time"], delete=False)
+            for k, v in claims.items():
+                txn.put(k, v, db=self._db["idem"])
+            for k in times:
+                txn.put(k, b"", db=self._db["idem_time"])
+        return len(claims)
+
+
+class _BatchContext:
+    """State of one group's write transaction: versions and receipts written so far in it."""
+
+    def __init__(self, rec: LmdbRecorder, txn: Any) -> None:
+        self.rec = rec
+        self.txn = txn
+        self.db = rec._db
+        self.versions: dict[bytes, int] = {}
+        self.claims: dict[bytes, IdemValue] = {}
+        self.head = rec._head
+        self.now = int(time.time() * 1000)
+
+    def apply(self, op: AppendOp | SnapshotOp | MetaOp) -> Any:
+        if isinstance(op, AppendOp):
+            return self.append(op)
+        if isinstance(op, SnapshotOp):
+            skey = K.stream_key(K.shard_of(op.stream, self.rec.shards), op.raw_stream)
+            record = SnapshotRecord(version=op.version, state=op.state, at=self.now)
+            self.txn.put(skey, _enc.encode(record), db=self.db["snapshots"])
+            return None
+        value = int(_any_dec.decode(self.txn.get(op.name.encode(), b"\x00", db=self.db["meta"]))) + 1
+        self.txn.put(op.name.encode(), _enc.encode(value), db=self.db["meta"])
+        return value
+
+    def _version(self, skey: bytes) -> int:
+        v = self.versions.get(skey)
+        return v if v is not None else self.rec._current_version(self.txn, skey)
+
+    def _duplicate(self, claim: IdempotencyClaim) -> AppendResult | None:
+        ikey = K.idem_key(claim.scope, claim.key)
+        found = self.claims.get(ikey)
+        if found is None:
+            raw = self.txn.get(ikey, db=self.db["idem"])
+            found = None if raw is None else _idem_dec.decode(raw)
+        if found is None or found.claim.scope != claim.scope or found.claim.key != claim.key:
+            return None
+        if found.claim.request_hash != claim.request_hash:
+            raise IdempotencyConflict(claim.scope, claim.key)
+        return AppendResult(
+            stream=found.stream,
+            first_version=found.first_version,
+            last_version=found.last_version,
+            first_position=found.first_position,
+            last_position=found.last_position,
+            at=found.at,
+            duplicate=True,
+            receipt=found.claim.receipt,
+        )
+
+    def append(self, op: AppendOp) -> AppendResult:
+        if op.idem is not None:
+            dup = self._duplicate(op.idem)
+            if dup is not None:
+                return dup
+        skey = K.stream_key(K.shard_of(op.stream, self.rec.shards), op.raw_stream)
+        current = self._version(skey)
+        if op.expected_version != ANY_VERSION and op.expected_version != current:
+            raise WrongExpectedVersion(op.stream, op.expected_version, current)
+        n = len(op.events)
+        first_pos = self.head + 1
+        last_pos = self.head + n
+        first_v = current + 1
+        last_v = current + n
+        record = CommitRecordOut(
+            stream=op.stream,
+            first_version=first_v,
+            first_position=first_pos,
+            at=self.now,
+            commit_id=op.commit_id,
+            events=op.events,
+            idem=op.idem,
+            feed=op.feed,
+        )
+        logkey = K.u64(last_pos)
+        txn, db = self.txn, self.db
+        txn.put(logkey, _enc.encode(record), db=db["log"], append=True)
+        txn.put(K.index_key(skey, last_v), logkey, db=db["streams"])
+        if current == 0:
+            txn.put(K.catalogue_key(K.category_of(op.stream), op.raw_stream), K.u64(first_pos),
+                    db=db["catalogue"])
+        if op.feed is not None:
+            self._index_feed(op, first_pos)
+        receipt = op.idem.receipt if op.idem is not None else b""
+        result = AppendResult(op.stream, first_v, last_v, first_pos, last_pos, self.now, False, receipt)
+        if op.idem is not None:
+            self._record_claim(op, result)
+        self.versions[skey] = last_v
+        self.head = last_pos
+        return result
+
+    def _record_claim(self, op: AppendOp, result: AppendResult) -> None:
+        assert op.idem is not None
+        ikey = K.idem_key(op.idem.scope, op.idem.key)
+        value = IdemValue(op.idem, op.stream, result.first_version, result.last_version,
+                          result.first_position, result.last_position, self.now)
+        self.txn.put(ikey, _enc.encode(value), db=self.db["idem"])
+        self.txn.put(K.u64(self.now) + ikey, b"", db=self.db["idem_time"])
+        self.claims[ikey] = value
+
+    def _index_feed(self, op: AppendOp, first_pos: int) -> None:
+        assert op.feed is not None
+        prefix = K.feed_prefix(op.feed)
+        stamp = K.u64(self.now)
+        added = 0
+        for i, flag in enumerate(op.feed_flags):
+            if flag:
+                self.txn.put(prefix + K.u64(first_pos + i), stamp, db=self.db["feed"])
+                added += 1
+        if not added:
+            return
+        count_key = b"feedcount\x00" + prefix
+        count = int(_any_dec.decode(self.txn.get(count_key, b"\x00", db=self.db["meta"]))) + added
+        excess = count - self.rec.feed_max_events
+        if excess > 0:
+            count -= _delete_prefix_head(self.txn, self.db["feed"], prefix, excess)
+        self.txn.put(count_key, _enc.encode(count), db=self.db["meta"])
+
+
+def _decode_record(raw: bytes, stream: str, where: int, unit: str = "version") -> CommitRecordIn:
+    try:
+        return _rec_dec.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as e:
+        if unit == "position":
+            raise EventDecodeError(stream, where, f"corrupt commit record ending at position {where} ({e})") from e
+        raise EventDecodeError(stream, where, f"corrupt commit record ({e})") from e
+
+
+def _delete_prefix_head(txn: Any, db: Any, prefix: bytes, n: int, older_than: int | None = None) -> int:
+    cur = txn.cursor(db=db)
+    deleted = 0
+    if not cur.set_range(prefix):
+        return 0
+    while deleted < n and cur.key().startswith(prefix):
+        if older_than is not None and K.from_u64(cur.value()) >= older_than:
+            break
+        if not cur.delete():
+            break
+        deleted += 1
+    return deleted
+
+
+def _feed_apps(txn: Any, meta_db: Any) -> Iterator[bytes]:
+    cur = txn.cursor(db=meta_db)
+    if cur.set_range(b"feedcount\x00"):
+        for key in cur.iternext(keys=True, values=False):
+            if not key.startswith(b"feedcount\x00"):
+                return
+            yield key[len(b"feedcount\x00"):]
+
+
+def _prune_feed_age(txn: Any, dbs: dict[str, Any], prefix: bytes, cutoff: int, budget: int) -> int:
+    deleted = _delete_prefix_head(txn, dbs["feed"], prefix, budget, older_than=cutoff)
+    if deleted:
+        count_key = b"feedcount\x00" + prefix
+        count = int(_any_dec.decode(txn.get(count_key, b"\x00", db=dbs["meta"])))
+        txn.put(count_key, _enc.encode(max(0, count - deleted)), db=dbs["meta"])
+    return deleted
+
+
+def _prune_idem(txn: Any, dbs: dict[str, Any], cutoff: int, budget: int) -> int:
+    cur = txn.cursor(db=dbs["idem_time"])
+    deleted = 0
+    if not cur.first():
+        return 0
+    while deleted < budget:
+        key = cur.key()
+        if not key or K.from_u64(key) >= cutoff:
+            break
+        raw = txn.get(key[8:], db=dbs["idem"])
+        if raw is not None and _idem_dec.decode(raw).at == K.from_u64(key):
+            txn.delete(key[8:], db=dbs["idem"])
+        if not cur.delete():
+            break
+        deleted += 1
+    return deleted
+
+
+def _translate_write_error(e: lmdb.Error, path: str) -> StorageFull | StorageError:
+    text = str(e)
+    if isinstance(e, lmdb.MapFullError) or "No space left" in text or f"{errno.ENOSPC}" in text.split(":")[-1]:
+        return StorageFull(f"the disk holding {path} is full; the write was refused ({text})", path=path)
+    return StorageError(f"event store write failed at {path}: {text}", path=path)

@@ -1,0 +1,97 @@
+"""What the store keeps on disk and hands back, as msgspec Structs (array-like on disk: compact)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from .events import AnyEvent
+
+
+class IdempotencyClaim(msgspec.Struct, frozen=True, array_like=True):
+    """``(scope, key)`` with a hash of the request body and the receipt to return on a repeat."""
+
+    scope: str
+    key: str
+    request_hash: str
+    receipt: bytes = b""
+
+
+class CommitRecordOut(msgspec.Struct, array_like=True):
+    """One log record per commit (SPEC §12). ``events`` are Event structs or pre-encoded
+    ``msgspec.Raw`` payloads; either way each lands as one msgpack map, so readers can decode
+    them one by one (``CommitRecordIn``) and name the version of a bad one."""
+
+    stream: str
+    first_version: int
+    first_position: int
+    at: int
+    commit_id: str | None
+    events: list[Any]
+    idem: IdempotencyClaim | None = None
+    feed: str | None = None
+
+
+class CommitRecordIn(msgspec.Struct, array_like=True):
+    stream: str
+    first_version: int
+    first_position: int
+    at: int
+    commit_id: str | None
+    events: list[msgspec.Raw]
+    idem: IdempotencyClaim | None = None
+    feed: str | None = None
+
+
+class IdemValue(msgspec.Struct, frozen=True, array_like=True):
+    claim: IdempotencyClaim
+    stream: str
+    first_version: int
+    last_version: int
+    first_position: int
+    last_position: int
+    at: int
+
+
+class SnapshotRecord(msgspec.Struct, frozen=True, array_like=True):
+    version: int
+    state: bytes
+    at: int = 0
+
+
+class AppendResult(msgspec.Struct, frozen=True):
+    """Where an append landed. ``duplicate`` is true when an idempotency key matched an earlier
+    append: nothing was written and the fields describe that original append."""
+
+    stream: str
+    first_version: int
+    last_version: int
+    first_position: int
+    last_position: int
+    at: int
+    duplicate: bool = False
+    receipt: bytes = b""
+
+
+class RecordedEvent(msgspec.Struct, frozen=True):
+    """An event as read back: where it lives and when it was committed."""
+
+    stream: str
+    version: int
+    position: int
+    at: int
+    event: AnyEvent
+    commit_id: str | None = None
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    stream: str
+    version: int
+    state: bytes
+    at: int = 0
+
+
+class StreamPage(msgspec.Struct, frozen=True):
+    streams: list[str]
+    next_after: str | None = None

@@ -1,0 +1,299 @@
+"""The event store façade: events in, recorded events out (SPEC §3).
+
+The narrow interface a second backend would implement (SPEC §12) is ``append``, the reads, and
+snapshots; everything LMDB-specific stays in ``lmdb_recorder.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import msgspec
+
+from .codec import decode_event, encode_json, event_to_builtins
+from .events import Event
+from .lmdb_recorder import ANY_VERSION, DAY_MS, AppendOp, LmdbRecorder, MetaOp, SnapshotOp
+from .records import (
+    AppendResult,
+    CommitRecordIn,
+    IdempotencyClaim,
+    RecordedEvent,
+    Snapshot,
+    StreamPage,
+)
+from . import keys as K
+
+__all__ = ["ANY_VERSION", "NO_STREAM", "EventStore", "request_hash"]
+
+NO_STREAM = 0
+
+
+def request_hash(body: Any) -> str:
+    """A stable hash of a request body for idempotency checks: canonical JSON, sorted keys, so
+    two encodings of the same body (key order, duplicate keys) hash alike (RELIABILITY, msgspec)."""
+    return hashlib.sha256(encode_json(_sorted(body))).hexdigest()
+
+
+def _sorted(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _sorted(obj[k]) for k in sorted(obj, key=str)}
+    if isinstance(obj, (list, tuple)):
+        return [_sorted(v) for v in obj]
+    return obj
+
+
+class EventStore:
+    """An append-only store of event streams in one data directory.
+
+    Thread-safe: appends from any number of threads are group-committed; reads run in their own
+    short read transactions. Open one per data directory and process (a second writing process
+    gets StoreLocked).
+    """
+
+    def __init__(self, recorder: LmdbRecorder) -> None:
+        self._rec = recorder
+
+    @classmethod
+    def open(
+        cls,
+        path: str,
+        *,
+        durability: str = "sync",
+        shards: int = 16,
+        map_size: int = 1 << 30,
+        max_map_size: int | None = None,
+        readonly: bool = False,
+        idempotency_ttl_s: float = 7 * 86_400,
+        feed_max_events: int = 10_000,
+        feed_ttl_s: float = 7 * 86_400,
+        prune_interval_s: float = 1.0,
+    ) -> EventStore:
+        """Open (or create) the store at ``path``.
+
+        ``durability`` is ``sync`` (fsync before every acknowledgement) or ``nosync`` (the OS
+        decides when; survives a process crash, not a power loss). ``shards`` only matters when
+        the store is created. Raises StoreLocked if another process writes there, StorageError
+        if the files cannot be opened.
+        """
+        if idempotency_ttl_s < 0 or feed_ttl_s < 0:
+            raise ValueError("retention times must not be negative")
+        return cls(
+            LmdbRecorder(
+                path,
+                durability=durability,
+                shards=shards,
+                map_size=map_size,
+                max_map_size=max_map_size,
+                readonly=readonly,
+                idempotency_ttl_ms=int(idempotency_ttl_s * 1000),
+                feed_max_events=feed_max_events,
+                feed_ttl_ms=int(feed_ttl_s * 1000),
+                prune_interval_s=prune_interval_s,
+            )
+        )
+
+    def close(self) -> None:
+        self._rec.close()
+
+    def __enter__(self) -> EventStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- properties -------------------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self._rec.path
+
+    @property
+    def durability(self) -> str:
+        return self._rec.durability
+
+    @property
+    def shards(self) -> int:
+        return self._rec.shards
+
+    @property
+    def head_position(self) -> int:
+        """The global position of the last committed event (0 for an empty store)."""
+        return self._rec.head_position
+
+    def info(self) -> dict[str, Any]:
+        """Settings and counters, for logs and metrics (durability is checked and reported here)."""
+        return self._rec.info()
+
+    def shard_of(self, stream: str) -> int:
+        return K.shard_of(stream, self._rec.shards)
+
+    # --- writes -----------------------------------------------------------------------------------
+
+    def append(
+        self,
+        stream: str,
+        events: Sequence[Event],
+        expected_version: int = ANY_VERSION,
+        commit_id: str | None = None,
+        *,
+        idempotency: IdempotencyClaim | None = None,
+        feed: str | None = None,
+    ) -> AppendResult:
+        """Append ``events`` to ``stream`` atomically, after all previously committed ones.
+
+        ``expected_version`` is the version the stream must have now (0: must not exist,
+        ANY_VERSION: no check). With ``idempotency``, a repeat of the same ``(scope, key)`` and
+        body returns the original result with ``duplicate=True`` and writes nothing. ``feed``
+        indexes the feed-visible events under that app (SPEC §5 retention).
+
+        Returns only after the commit (fsynced in ``sync`` mode). Raises WrongExpectedVersion,
+        IdempotencyConflict, StorageFull or StorageError; on any of them nothing was written.
+        """
+        if not events:
+            raise ValueError("append needs at least one event")
+        raw_stream = K.validate_stream(stream)
+        flags = [type(e).feed for e in events] if feed is not None else []
+        op = AppendOp(stream, raw_stream, list(events), flags, expected_version, commit_id, idempotency, feed)
+        result: AppendResult = self._rec.submit(op)
+        return result
+
+    def append_encoded(
+        self,
+        stream: str,
+        raw_stream: bytes,
+        payloads: list[bytes],
+        feed_flags: list[bool],
+        expected_version: int = ANY_VERSION,
+        commit_id: str | None = None,
+        idempotency: IdempotencyClaim | None = None,
+        feed: str | None = None,
+    ) -> AppendResult:
+        """``append`` for payloads already encoded (``import``, tests of corrupt data)."""
+        op = AppendOp(stream, raw_stream, [msgspec.Raw(p) for p in payloads], feed_flags, expected_version, commit_id,
+                      idempotency, feed)
+        result: AppendResult = self._rec.submit(op)
+        return result
+
+    def save_snapshot(self, stream: str, version: int, state: bytes) -> None:
+        """Store ``state`` as the fold of ``stream`` up to ``version`` (replaces the previous one)."""
+        self._rec.submit(SnapshotOp(K.validate_stream(stream), stream, version, state))
+
+    def next_epoch(self) -> int:
+        """Draw and persist a new epoch (SPEC §2.7: persisted before the server serves)."""
+        value: int = self._rec.submit(MetaOp("epoch"))
+        return value
+
+    def rebuild_idempotency(self) -> int:
+        """Rebuild the idempotency index by replaying the log; returns the receipts kept."""
+        return self._rec.rebuild_idempotency()
+
+    # --- reads ------------------------------------------------------------------------------------
+
+    def stream_version(self, stream: str) -> int:
+        """The stream's current version (0 when it has no events)."""
+        return self._rec.stream_version(stream)
+
+    def read_stream(self, stream: str, from_version: int = 1, limit: int | None = None) -> list[RecordedEvent]:
+        """Events of ``stream`` with version >= ``from_version``, oldest first, at most ``limit``.
+
+        Raises EventDecodeError naming stream and version for a corrupt payload.
+        """
+        out: list[RecordedEvent] = []
+        for rec, _last in self._rec.read_stream_records(stream, from_version, limit):
+            for ev in _expand(rec):
+                if ev.version >= from_version:
+                    out.append(ev)
+                    if limit is not None and len(out) >= limit:
+                        return out
+        return out
+
+    def last_event(self, stream: str) -> RecordedEvent | None:
+        version = self.stream_version(stream)
+        if version == 0:
+            return None
+        events = self.read_stream(stream, version, 1)
+        return events[0] if events else None
+
+    def read_all(self, after: int = 0, limit: int = 1000) -> list[RecordedEvent]:
+        """Events of every stream with global position > ``after``, in commit order."""
+        out: list[RecordedEvent] = []
+        for rec in self._rec.read_log_records(after, limit):
+            for ev in _expand(rec):
+                if ev.position > after:
+                    out.append(ev)
+                    if len(out) >= limit:
+                        return out
+        return out
+
+    def iter_all(self, after: int = 0, page: int = 1000) -> Iterator[RecordedEvent]:
+        """Every event after ``after``, read page by page (no transaction held between pages)."""
+        while True:
+            batch = self.read_all(after, page)
+            if not batch:
+                return
+            yield from batch
+            after = batch[-1].position
+
+    def event_at(self, position: int) -> RecordedEvent | None:
+        rec = self._rec.record_at(position)
+        if rec is None:
+            return None
+        return _expand_one(rec, position - rec.first_position)
+
+    def list_streams(self, category: str, after: str | None = None, limit: int = 100) -> StreamPage:
+        """Stream names of a category in name order; pass ``next_after`` back for the next page."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        names, nxt = self._rec.list_streams(category, after, limit)
+        return StreamPage(streams=names, next_after=nxt)
+
+    def count_streams(self, category: str) -> int:
+        return self._rec.count_streams(category)
+
+    def load_snapshot(self, stream: str) -> Snapshot | None:
+        rec = self._rec.load_snapshot(stream)
+        return None if rec is None else Snapshot(stream, rec.version, rec.state, rec.at)
+
+    def get_receipt(self, scope: str, key: str) -> AppendResult | None:
+        """The original result of an idempotent append, or None if the key is unknown (or expired)."""
+        v = self._rec.get_receipt(scope, key)
+        if v is None:
+            return None
+        return AppendResult(v.stream, v.first_version, v.last_version, v.first_position,
+                            v.last_position, v.at, True, v.claim.receipt)
+
+    def read_feed(self, app: str, after: int = 0, limit: int = 100) -> list[RecordedEvent]:
+        """The app's feed events with position > ``after`` (the stable cursor is the position)."""
+        out: list[RecordedEvent] = []
+        for pos in self._rec.read_feed_positions(app, after, limit):
+            ev = self.event_at(pos)
+            if ev is not None:
+                out.append(ev)
+        return out
+
+    def export_jsonl(self, stream: str) -> Iterator[bytes]:
+        """The stream as JSON lines: one object per event with its place in the log."""
+        for ev in self.read_stream(stream):
+            yield encode_json(
+                {
+                    "stream": ev.stream,
+                    "version": ev.version,
+                    "position": ev.position,
+                    "at": ev.at,
+                    "commitId": ev.commit_id,
+                    "event": event_to_builtins(ev.event),
+                }
+            ) + b"\n"
+
+
+def _expand(rec: CommitRecordIn) -> Iterator[RecordedEvent]:
+    for i in range(len(rec.events)):
+        yield _expand_one(rec, i)
+
+
+def _expand_one(rec: CommitRecordIn, i: int) -> RecordedEvent:
+    version = rec.first_version + i
+    event = decode_event(rec.events[i], rec.stream, version)
+    return RecordedEvent(rec.stream, version, rec.first_position + i, rec.at, event, rec.commit_id)

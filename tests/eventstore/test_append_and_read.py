@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import pytest
+
+from eventstore import (
+    ANY_VERSION,
+    NO_STREAM,
+    EventStore,
+    InvalidStreamName,
+    StoreClosed,
+    WrongExpectedVersion,
+)
+from eventstore.events import SessionCreated, SessionRenamed, TurnStarted
+
+
+def turn(i: int) -> TurnStarted:
+    return TurnStarted(turn_id=f"t{i}", at=i)
+
+
+def test_append_to_a_new_stream_starts_at_version_one(store):
+    result = store.append("session-a", [SessionCreated(session_id="a")], NO_STREAM)
+    assert (result.first_version, result.last_version) == (1, 1)
+    assert store.stream_version("session-a") == 1
+
+
+def test_events_come_back_in_order_with_versions_and_positions(store):
+    store.append("session-a", [turn(1), turn(2)], 0)
+    store.append("session-b", [turn(3)], 0)
+    store.append("session-a", [turn(4)], 2)
+    events = store.read_stream("session-a")
+    assert [e.version for e in events] == [1, 2, 3]
+    assert [e.event.turn_id for e in events] == ["t1", "t2", "t4"]
+    assert [e.position for e in events] == [1, 2, 4]
+    assert all(e.stream == "session-a" for e in events)
+
+
+def test_wrong_expected_version_names_stream_and_versions_and_writes_nothing(store):
+    store.append("session-a", [turn(1)], 0)
+    head = store.head_position
+    with pytest.raises(WrongExpectedVersion) as info:
+        store.append("session-a", [turn(2)], 5)
+    assert info.value.stream == "session-a"
+    assert (info.value.expected, info.value.actual) == (5, 1)
+    assert "session-a" in str(info.value)
+    assert store.stream_version("session-a") == 1
+    assert store.head_position == head
+
+
+def test_expecting_no_stream_fails_when_the_stream_exists(store):
+    store.append("session-a", [turn(1)], NO_STREAM)
+    with pytest.raises(WrongExpectedVersion):
+        store.append("session-a", [turn(2)], NO_STREAM)
+
+
+def test_any_version_skips_the_check(store):
+    store.append("session-a", [turn(1)], ANY_VERSION)
+    store.append("session-a", [turn(2)], ANY_VERSION)
+    assert store.stream_version("session-a") == 2
+
+
+def test_appending_nothing_is_refused(store):
+    with pytest.raises(ValueError, match="at least one event"):
+        store.append("session-a", [], 0)
+
+
+@pytest.mark.parametrize(
+    "name, reason",
+    [("", "non-empty"), ("nocategory", "<category>-<id>"), ("session-a\x00b", "NUL"), ("session-" + "x" * 500, "longer")],
+)
+def test_invalid_stream_names_are_refused_with_the_reason(store, name, reason):
+    with pytest.raises(InvalidStreamName, match=reason):
+        store.append(name, [turn(1)], 0)
+
+
+def test_read_stream_from_a_version_with_a_limit(store):
+    for i in range(10):
+        store.append("session-a", [turn(3 * i), turn(3 * i + 1), turn(3 * i + 2)], 3 * i)
+    page = store.read_stream("session-a", from_version=5, limit=7)
+    assert [e.version for e in page] == list(range(5, 12))
+    assert store.read_stream("session-a", from_version=31) == []
+    assert store.read_stream("session-zzz") == []
+
+
+def test_read_stream_does_not_leak_into_a_stream_whose_name_extends_it(store):
+    store.append("session-a", [turn(1)], 0)
+    store.append("session-ab", [turn(2)], 0)
+    store.append("session-a", [turn(3)], 1)
+    assert [e.event.turn_id for e in store.read_stream("session-a")] == ["t1", "t3"]
+    assert store.stream_version("session-ab") == 1
+
+
+def test_global_log_after_a_position_in_commit_order(store):
+    store.append("session-a", [turn(1), turn(2)], 0)
+    store.append("session-b", [turn(3)], 0)
+    store.append("session-a", [turn(4)], 2)
+    assert [e.position for e in store.read_all(0)] == [1, 2, 3, 4]
+    assert [e.event.turn_id for e in store.read_all(1, limit=2)] == ["t2", "t3"]
+    assert store.read_all(4) == []
+    assert [e.position for e in store.iter_all(0, page=1)] == [1, 2, 3, 4]
+
+
+def test_event_at_a_position_and_last_event(store):
+    store.append("session-a", [turn(1), turn(2)], 0)
+    assert store.event_at(2).event.turn_id == "t2"
+    assert store.event_at(3) is None
+    assert store.last_event("session-a").version == 2
+    assert store.last_event("session-none") is None
+
+
+def test_streams_by_category_with_paging(store):
+    for i in range(5):
+        store.append(f"session-s{i}", [turn(i)], 0)
+        store.append(f"session-s{i}", [turn(i)], 1)
+    store.append("approval-s1.x", [turn(9)], 0)
+    first = store.list_streams("session", limit=2)
+    assert first.streams == ["session-s0", "session-s1"]
+    second = store.list_streams("session", after=first.next_after, limit=2)
+    assert second.streams == ["session-s2", "session-s3"]
+    last = store.list_streams("session", after=second.next_after, limit=2)
+    assert last.streams == ["session-s4"] and last.next_after is None
+    assert store.list_streams("approval").streams == ["approval-s1.x"]
+    assert store.count_streams("session") == 5
+
+
+def test_a_session_and_its_approvals_share_a_shard(store):
+    assert store.shard_of("session-abc") == store.shard_of("approval-abc.1") == store.shard_of("task-abc.9")
+
+
+def test_shard_count_is_fixed_when_the_store_is_created(store_path):
+    with EventStore.open(store_path, durability="nosync", shards=7) as s:
+        s.append("session-a", [turn(1)], 0)
+    with EventStore.open(store_path, durability="nosync", shards=64) as s:
+        assert s.shards == 7
+        assert s.stream_version("session-a") == 1
+
+
+def test_data_survives_reopening(store_path):
+    with EventStore.open(store_path, durability="sync") as s:
+        s.append("session-a", [SessionCreated(session_id="a", title="hello")], 0)
+        s.append("session-a", [SessionRenamed(title="renamed")], 1)
+    with EventStore.open(store_path) as s:
+        assert s.head_position == 2
+        assert [type(e.event).__name__ for e in s.read_stream("session-a")] == ["SessionCreated", "SessionRenamed"]
+        assert s.append("session-a", [turn(1)], 2).first_position == 3
+
+
+def test_epochs_are_persisted_and_increase(store_path):
+    with EventStore.open(store_path, durability="nosync") as s:
+        assert s.next_epoch() == 1
+        assert s.next_epoch() == 2
+    with EventStore.open(store_path, durability="nosync") as s:
+        assert s.next_epoch() == 3
+
+
+def test_snapshots_replace_the_previous_one(store):
+    assert store.load_snapshot("session-a") is None
+    store.save_snapshot("session-a", 3, b"state-3")
+    store.save_snapshot("session-a", 7, b"state-7")
+    snap = store.load_snapshot("session-a")
+    assert (snap.version, snap.state) == (7, b"state-7")
+
+
+def test_a_closed_store_refuses_work(store_path):
+    s = EventStore.open(store_path, durability="nosync")
+    s.close()
+    with pytest.raises(StoreClosed):
+        s.append("session-a", [turn(1)], 0)
+    with pytest.raises(StoreClosed):
+        s.read_stream("session-a")
+    s.close()  # closing twice is harmless
+
+
+def test_durability_is_reported(store_path):
+    with EventStore.open(store_path, durability="sync") as s:
+        info = s.info()
+        assert info["durability"] == "sync" and info["fsync_per_commit"] is True
+    with EventStore.open(store_path, durability="nosync") as s:
+        assert s.info()["fsync_per_commit"] is False
+
+
+def test_unknown_durability_is_refused(store_path):
+    with pytest.raises(ValueError, match="durability"):
+        EventStore.open(store_path, durability="sometimes")
+
+
+def test_json_lines_export_names_each_event_and_its_place(store):
+    store.append("session-a", [SessionCreated(session_id="a", title="t")], 0)
+    lines = list(store.export_jsonl("session-a"))
+    assert len(lines) == 1
+    import json
+
+    row = json.loads(lines[0])
+    assert row["stream"] == "session-a" and row["version"] == 1 and row["position"] == 1
+    assert row["event"]["type"] == "session.created" and row["event"]["title"] == "t"
