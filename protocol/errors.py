@@ -1,0 +1,251 @@
+"""Error codes of the session protocol and the exceptions that carry them.
+
+Two kinds of failure meet here (STYLE rule 4, after h11):
+
+* **the peer did something wrong** -> an :class:`RpcError` is raised by a handler (or built by the
+  frame decoder) and becomes an error frame ``{jsonrpc, id, error: {code, message, data?}}``;
+  nothing about it ever escapes ``protocol/`` as an exception on peer input;
+* **we misused our own API** (answering a request id that is not in flight, pushing a notification
+  that does not exist, ...) -> :class:`ProtocolMisuse` is raised at once, because it is a bug.
+
+Both descend from the one exception tree of sessionloop (``eventstore/errors.py``)::
+
+    SessionloopError                    code: str, data: dict
+    ├── RpcError                        rpc_code: int (JSON-RPC), code: business code, message
+    └── ProtocolMisuse                  our own code misused protocol/
+
+Naming: ``SessionloopError.code`` is already a *string* business code in the tree
+(``WrongExpectedVersion.code == "conflict"``), so on :class:`RpcError` the string ``code`` is the
+business code (``error.data.code`` for application errors) and the JSON-RPC number lives in
+``rpc_code``. That keeps one meaning per attribute name across the whole tree and lets
+:func:`from_domain_error` map store and actor errors by their ``code`` without parsing messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from eventstore.errors import SessionloopError
+
+__all__ = [
+    "APPLICATION_ERROR",
+    "APPROVAL_SETTLED",
+    "BUSINESS_CODES",
+    "CONFLICT",
+    "EXPECTED_TURN_MISMATCH",
+    "FORBIDDEN",
+    "HASH_MISMATCH",
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "METHOD_NOT_FOUND",
+    "NOT_FOUND",
+    "PARSE_ERROR",
+    "REJECTED",
+    "RPC_ERROR_CODES",
+    "TOO_LARGE",
+    "UNSUPPORTED",
+    "ProtocolMisuse",
+    "RpcError",
+    "from_domain_error",
+]
+
+# --- JSON-RPC numeric codes (seed 004, RPC_ERROR_CODES) ------------------------------------------
+
+PARSE_ERROR: Final = -32700  # the frame is not JSON
+INVALID_REQUEST: Final = -32600  # not a JSON-RPC 2.0 request; before/duplicate handshake
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602  # params do not match the method's schema
+INTERNAL_ERROR: Final = -32603  # the server failed (e.g. a write failed)
+APPLICATION_ERROR: Final = -32000  # business error; the reason is in error.data.code
+
+RPC_ERROR_CODES: Final[dict[str, int]] = {
+    "parseError": PARSE_ERROR,
+    "invalidRequest": INVALID_REQUEST,
+    "methodNotFound": METHOD_NOT_FOUND,
+    "invalidParams": INVALID_PARAMS,
+    "internalError": INTERNAL_ERROR,
+    "applicationError": APPLICATION_ERROR,
+}
+
+# --- business codes for error.data.code (seed 004) ------------------------------------------------
+
+NOT_FOUND: Final = "not-found"  # session, approval, task ... does not exist
+FORBIDDEN: Final = "forbidden"  # this connection's identity may not do this
+CONFLICT: Final = "conflict"
+APPROVAL_SETTLED: Final = "approval-settled"  # the approval was already settled (first answer wins)
+HASH_MISMATCH: Final = "hash-mismatch"  # the answer's contentHash does not match
+EXPECTED_TURN_MISMATCH: Final = "expected-turn-mismatch"  # turn/abort named a turn that is not running
+UNSUPPORTED: Final = "unsupported"  # protocol version mismatch, or a needed service is absent
+# Ours, not the seed's: back-pressure (rate limit, too many requests in flight) and size limits.
+REJECTED: Final = "rejected"
+TOO_LARGE: Final = "too-large"
+
+BUSINESS_CODES: Final[frozenset[str]] = frozenset(
+    {
+        NOT_FOUND,
+        FORBIDDEN,
+        CONFLICT,
+        APPROVAL_SETTLED,
+        HASH_MISMATCH,
+        EXPECTED_TURN_MISMATCH,
+        UNSUPPORTED,
+        REJECTED,
+        TOO_LARGE,
+    }
+)
+
+# The string ``code`` given to RpcErrors that are not application errors, so every member of the
+# tree has a meaningful ``code`` (used by metrics: frames by error code, SPEC §11a).
+_JSONRPC_NAMES: Final[dict[int, str]] = {value: key for key, value in RPC_ERROR_CODES.items()}
+
+# A peer can make us echo its own text in a message (a method name, an enum value); keep replies
+# small whatever it sends.
+MAX_MESSAGE_CHARS: Final = 500
+
+
+def _clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class RpcError(SessionloopError):
+    """An error reply: raise it from a handler and the connection turns it into an error frame.
+
+    ``rpc_code`` is the JSON-RPC number, ``message`` the human-readable text, ``data`` the
+    ``error.data`` object (for application errors it holds ``code`` plus any extra fields, e.g.
+    ``retryAfterMs``). ``code`` is the business code for application errors, else the JSON-RPC
+    name (``"invalidParams"``, ...). Build them with the classmethods rather than by number.
+    """
+
+    def __init__(self, rpc_code: int, message: str, **data: Any) -> None:
+        message = _clip(message)
+        super().__init__(message, **data)
+        self.rpc_code = rpc_code
+        self.message = message
+        business = data.get("code")
+        self.code = business if isinstance(business, str) else _JSONRPC_NAMES.get(rpc_code, "rpc")
+
+    def __repr__(self) -> str:
+        return f"RpcError({self.rpc_code}, {self.message!r}, data={self.data!r})"
+
+    # --- JSON-RPC level ---------------------------------------------------------------------
+
+    @classmethod
+    def parse_error(cls, message: str = "frame is not valid JSON") -> RpcError:
+        return cls(PARSE_ERROR, message)
+
+    @classmethod
+    def invalid_request(cls, message: str) -> RpcError:
+        return cls(INVALID_REQUEST, message)
+
+    @classmethod
+    def method_not_found(cls, method: str) -> RpcError:
+        return cls(METHOD_NOT_FOUND, f"method not found: {_clip(method, 100)}")
+
+    @classmethod
+    def invalid_params(cls, message: str) -> RpcError:
+        """``message`` should name the field, e.g. ``"params.sessionId: Expected `str`"``."""
+        return cls(INVALID_PARAMS, message)
+
+    @classmethod
+    def internal_error(cls, message: str = "internal error") -> RpcError:
+        return cls(INTERNAL_ERROR, message)
+
+    # --- application errors (error.data.code) -----------------------------------------------
+
+    @classmethod
+    def application(cls, code: str, message: str, **extra: Any) -> RpcError:
+        """An ``applicationError`` whose ``error.data`` is ``{code, **extra}``."""
+        if code not in BUSINESS_CODES:
+            raise ProtocolMisuse(f"unknown business error code {code!r}", code=code)
+        return cls(APPLICATION_ERROR, message, code=code, **extra)
+
+    @classmethod
+    def not_found(cls, message: str, **extra: Any) -> RpcError:
+        return cls.application(NOT_FOUND, message, **extra)
+
+    @classmethod
+    def forbidden(cls, message: str, **extra: Any) -> RpcError:
+        return cls.application(FORBIDDEN, message, **extra)
+
+    @classmethod
+    def conflict(cls, message: str, **extra: Any) -> RpcError:
+        return cls.application(CONFLICT, message, **extra)
+
+    @classmethod
+    def approval_settled(cls, message: str = "the approval is already settled", **extra: Any) -> RpcError:
+        return cls.application(APPROVAL_SETTLED, message, **extra)
+
+    @classmethod
+    def hash_mismatch(
+        cls, message: str = "contentHash does not match the approval", **extra: Any
+    ) -> RpcError:
+        return cls.application(HASH_MISMATCH, message, **extra)
+
+    @classmethod
+    def expected_turn_mismatch(cls, message: str, **extra: Any) -> RpcError:
+        return cls.application(EXPECTED_TURN_MISMATCH, message, **extra)
+
+    @classmethod
+    def unsupported(cls, message: str, **extra: Any) -> RpcError:
+        return cls.application(UNSUPPORTED, message, **extra)
+
+    @classmethod
+    def rejected(cls, message: str, retry_after_ms: int, **extra: Any) -> RpcError:
+        """Back-pressure: the client should retry after ``retry_after_ms`` (SPEC §7 limits)."""
+        return cls.application(REJECTED, message, retryAfterMs=max(0, int(retry_after_ms)), **extra)
+
+    @classmethod
+    def too_large(cls, message: str, **extra: Any) -> RpcError:
+        return cls.application(TOO_LARGE, message, **extra)
+
+    # --- wire shape ----------------------------------------------------------------------------
+
+    def error_object(self) -> dict[str, Any]:
+        """The ``error`` member of the frame (``data`` omitted when empty)."""
+        body: dict[str, Any] = {"code": self.rpc_code, "message": self.message}
+        if self.data:
+            body["data"] = self.data
+        return body
+
+
+class ProtocolMisuse(SessionloopError):
+    """Our own code used protocol/ wrongly (a bug, never peer input): raised, not replied."""
+
+    code = "protocol-misuse"
+
+
+# Domain codes from the rest of the tree that map one-to-one onto a business code; anything else
+# is an internal error (its message still goes out: it was written for people).
+_DOMAIN_CODE_MAP: Final[dict[str, str]] = {
+    "conflict": CONFLICT,
+    "not-found": NOT_FOUND,
+    "forbidden": FORBIDDEN,
+    "approval-settled": APPROVAL_SETTLED,
+    "hash-mismatch": HASH_MISMATCH,
+    "expected-turn-mismatch": EXPECTED_TURN_MISMATCH,
+    "unsupported": UNSUPPORTED,
+    "rejected": REJECTED,
+    "too-large": TOO_LARGE,
+}
+
+
+def from_domain_error(error: SessionloopError) -> RpcError:
+    """Translate any error of the tree into the reply a client should get.
+
+    An :class:`RpcError` is returned unchanged; an error whose ``code`` is a business code becomes
+    that ``applicationError`` (keeping JSON-safe scalar ``data`` fields); everything else is an
+    ``internalError`` (e.g. ``StorageFull`` -> "a write failed", seed: 落盘失败).
+    """
+    if isinstance(error, RpcError):
+        return error
+    business = _DOMAIN_CODE_MAP.get(error.code)
+    message = str(error) or error.code
+    if business is None:
+        return RpcError.internal_error(message)
+    extra = {
+        key: value
+        for key, value in error.data.items()
+        if key != "code" and isinstance(value, (str, int, float, bool)) and not key.startswith("_")
+    }
+    return RpcError.application(business, message, **extra)

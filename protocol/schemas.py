@@ -1,0 +1,611 @@
+"""Params and results of every session-protocol method and notification, and their registry.
+
+The gateway never sees raw JSON: :mod:`protocol.connection` decodes a request's ``params`` with the
+decoder registered here for its method (built once, at import: msgspec perf tips) and hands the
+gateway a typed Struct; the gateway answers with the registered result Struct. Shapes are the
+seed's (004, field by field); the shared pieces (summaries, items, approvals, ...) are in
+:mod:`protocol.schemas_types`; the Session Loop API's bot methods (``loop/*``, seeds 000/001) in
+:mod:`protocol.schemas_loop`.
+
+Validation that msgspec constraints can express lives in the Structs (``Meta`` bounds, ``Literal``
+enums); cross-field rules live in ``__post_init__``, which msgspec turns into a ``ValidationError``
+during decoding, so they too become ``invalidParams`` replies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from msgspec import Meta
+
+from .schemas_loop import (
+    LoopCreateParams,
+    LoopCreateResult,
+    LoopEvent,
+    LoopEventParams,
+    LoopListEventsParams,
+    LoopListEventsResult,
+    LoopSendParams,
+    LoopSendResult,
+    LoopWaitForTurnParams,
+    LoopWaitForTurnResult,
+)
+from .schemas_types import (  # re-exported: one import site for every wire shape
+    AgentMessageItem,
+    AgentModel,
+    AncestorRef,
+    Approval,
+    ApprovalDiff,
+    ApprovalFacts,
+    ApprovalOrigin,
+    ApprovalSettlement,
+    BackgroundCall,
+    BackgroundTask,
+    ChatInfo,
+    ClientInfo,
+    CommandDisplay,
+    DataUrl,
+    Features,
+    FileChangeDisplay,
+    Forward,
+    ForwardFacts,
+    GlobalLayer,
+    Identity,
+    ItemAttachment,
+    LastTurn,
+    NoticeItem,
+    OutgoingAttachment,
+    OverrideTarget,
+    Participant,
+    PlaceInfo,
+    PlaceLayer,
+    PlanEntry,
+    PlanItem,
+    PlatformLayer,
+    PlatformTypeLayer,
+    QueueEntry,
+    QueueItem,
+    ReasoningItem,
+    RoomGroup,
+    SessionItem,
+    SessionSummary,
+    SessionTarget,
+    SettingActual,
+    SettingLayer,
+    SettingLayerInfo,
+    SettingRow,
+    Speaker,
+    TokenCount,
+    ToolCallItem,
+    ToolDisplay,
+    TurnItem,
+    Undelivered,
+    UsageItem,
+    UsagePart,
+    UserMessageItem,
+    Wire,
+    decode_data_url,
+    is_unset,
+)
+
+# --- shared --------------------------------------------------------------------------------------
+
+
+class Empty(Wire, frozen=True, kw_only=True):
+    """``{}``: params of methods without arguments (extra keys ignored) and the bare ``{}`` result."""
+
+
+class SessionIdParams(Wire, frozen=True, kw_only=True):
+    """``{ sessionId }``: the params of every method that only names a session."""
+
+    session_id: str
+
+
+# --- handshake ------------------------------------------------------------------------------------
+
+
+class InitializeParams(Wire, frozen=True, kw_only=True):
+    protocol_version: str
+    client: ClientInfo
+
+
+class ServerName(Wire, frozen=True, kw_only=True):
+    name: str
+
+
+class InitializeResult(Wire, frozen=True, kw_only=True):
+    protocol_version: str
+    experimental: Literal[True]
+    server: ServerName
+    identity: Identity
+    surface: str
+    features: Features
+    app_name: str
+
+
+class FeaturesChanged(Wire, frozen=True, kw_only=True):
+    features: Features
+
+
+# --- sessions and the list ------------------------------------------------------------------------
+
+ListLimit = Annotated[int, Meta(ge=1, le=200)]
+
+
+class SessionsListParams(Wire, frozen=True, kw_only=True):
+    """Filters of ``sessions/list`` (seed 004, 列表的规则); see :mod:`protocol.listing`."""
+
+    section: Literal["owner", "rooms"] | None = None
+    parent_id: str | None = None
+    instance: str | None = None
+    platform: str | None = None
+    archived: bool | None = None
+    background: Literal[True] | None = None  # seed: 只取 true
+    query: str | None = None
+    cursor: str | None = None
+    limit: ListLimit | None = None
+
+    def __post_init__(self) -> None:
+        if self.instance is not None and self.platform is not None:
+            raise ValueError("instance and platform cannot be given together")
+        if self.background is not None and self.archived is not None:
+            raise ValueError("background and archived cannot be given together")
+
+
+class SessionsListResult(Wire, frozen=True, kw_only=True):
+    sessions: list[SessionSummary]
+    groups: list[RoomGroup]
+    next_cursor: str | None = None
+
+
+class SessionsChanged(Wire, frozen=True, kw_only=True):
+    """Pushed after ``sessions/watch``; clients overwrite by id with the latest upsert."""
+
+    upserts: list[SessionSummary]
+    removes: list[str]
+    groups: list[RoomGroup]
+
+
+class SessionCreateParams(Wire, frozen=True, kw_only=True):
+    name: str | None = None
+    parent_id: str | None = None
+
+
+class SessionResult(Wire, frozen=True, kw_only=True):
+    session: SessionSummary
+
+
+class SessionRenameParams(Wire, frozen=True, kw_only=True):
+    session_id: str
+    title: str
+
+
+class SessionBatchParams(Wire, frozen=True, kw_only=True):
+    op: Literal["archive", "delete"]
+    ids: list[str]
+
+
+class BatchFailure(Wire, frozen=True, kw_only=True):
+    session_id: str
+    message: str
+
+
+class SessionBatchResult(Wire, frozen=True, kw_only=True):
+    failed: list[BatchFailure]
+
+
+# --- session settings -----------------------------------------------------------------------------
+
+
+class ConfigRows(Wire, frozen=True, kw_only=True):
+    """Result of session/config/get and /update; ``unsaved`` only when the write did not persist."""
+
+    items: list[SettingRow]
+    platform: str | None = None
+    unsaved: str | None = None
+
+
+class ConfigUpdateParams(Wire, frozen=True, kw_only=True):
+    """``value: null`` deletes the value at this place, so ``value`` is required (null is data)."""
+
+    session_id: str
+    plugin: str
+    key: str
+    value: Any
+
+
+class LayerName(Wire, frozen=True, kw_only=True):
+    name: Literal["global", "platform", "platformType", "place", "session"]
+    label: str
+
+
+class ConfigLayersResult(Wire, frozen=True, kw_only=True):
+    layers: list[SettingLayerInfo]
+    order: list[LayerName]
+
+
+class LayerGetParams(Wire, frozen=True, kw_only=True):
+    layer: SettingLayer
+
+
+class LayerRows(Wire, frozen=True, kw_only=True):
+    items: list[SettingRow]
+    unsaved: str | None = None
+
+
+class LayerUpdateParams(Wire, frozen=True, kw_only=True):
+    layer: SettingLayer
+    plugin: str
+    key: str
+    value: Any
+
+
+class OverridesParams(Wire, frozen=True, kw_only=True):
+    plugin: str
+
+
+class OverrideEntry(Wire, frozen=True, kw_only=True):
+    target: OverrideTarget
+    value: Any
+
+
+class OverrideGroup(Wire, frozen=True, kw_only=True):
+    key: str
+    entries: list[OverrideEntry]
+
+
+class OverridesResult(Wire, frozen=True, kw_only=True):
+    items: list[OverrideGroup]
+
+
+# --- subscription and items -----------------------------------------------------------------------
+
+
+class SubscribeResult(Wire, frozen=True, kw_only=True):
+    """The snapshot: drop later pushes with ``seq <= self.seq``; a new epoch means resubscribe."""
+
+    epoch: int
+    seq: int
+    session: SessionSummary
+    items: list[SessionItem]
+    approvals: list[Approval]
+    before: str | None = None
+
+
+HISTORY_DEFAULT_LIMIT: Final = 100  # seed: session/history limit 缺省 100、最大 200
+
+
+class HistoryParams(Wire, frozen=True, kw_only=True):
+    session_id: str
+    before: str | None = None
+    limit: Annotated[int, Meta(ge=1, le=200)] | None = None  # seed: default 100, max 200
+
+
+class HistoryResult(Wire, frozen=True, kw_only=True):
+    items: list[SessionItem]
+    before: str | None = None
+
+
+class ItemPush(Wire, frozen=True, kw_only=True):
+    """``item/started`` and ``item/completed``; ``completed`` is the canonical copy by itemId."""
+
+    session_id: str
+    epoch: int
+    seq: int
+    item: SessionItem
+
+
+class ItemDelta(Wire, frozen=True, kw_only=True):
+    """Live-only streaming text appended to the item's text (never persisted)."""
+
+    session_id: str
+    epoch: int
+    seq: int
+    item_id: str
+    text: str
+
+
+class SessionResync(Wire, frozen=True, kw_only=True):
+    session_id: str
+    epoch: int
+    seq: int
+
+
+# --- turn control ---------------------------------------------------------------------------------
+
+
+class TurnSendParams(Wire, frozen=True, kw_only=True):
+    """Send as this connection's identity; the text is stripped; text or attachments required."""
+
+    session_id: str
+    content: str
+    attachments: list[OutgoingAttachment] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.content.strip() and not self.attachments:
+            raise ValueError("content is empty and there are no attachments")
+
+    @property
+    def text(self) -> str:
+        """The content with surrounding whitespace removed (seed: 文字去掉首尾空白)."""
+        return self.content.strip()
+
+
+class TurnAbortParams(Wire, frozen=True, kw_only=True):
+    session_id: str
+    turn_id: str | None = None
+
+
+class TurnRewindParams(Wire, frozen=True, kw_only=True):
+    session_id: str
+    turn_id: str
+    scope: Literal["code", "code-and-chat"]
+
+
+class RewindResult(Wire, frozen=True, kw_only=True):
+    """Checkpoint rollback result (SPEC §6): files restored / removed / in conflict."""
+
+    turn_id: str
+    restored: list[str]
+    removed: list[str]
+    conflicts: list[str]
+    deleted_messages: int | None = None
+    chat_deleted: bool | None = None
+
+
+# --- background tasks -----------------------------------------------------------------------------
+
+
+class BackgroundListResult(Wire, frozen=True, kw_only=True):
+    tasks: list[BackgroundTask]
+
+
+class BackgroundChanged(Wire, frozen=True, kw_only=True):
+    upserts: list[BackgroundTask]
+    removes: list[str]
+
+
+class BackgroundOutputParams(Wire, frozen=True, kw_only=True):
+    task_id: str
+    after: Annotated[int, Meta(ge=0)] | None = None
+
+
+class BackgroundOutputResult(Wire, frozen=True, kw_only=True):
+    text: str
+    end: int
+    truncated: bool
+
+
+class TaskIdParams(Wire, frozen=True, kw_only=True):
+    task_id: str
+
+
+# --- presence and approvals -----------------------------------------------------------------------
+
+
+class PresenceParams(Wire, frozen=True, kw_only=True):
+    active: bool
+
+
+class ApprovalRequested(Wire, frozen=True, kw_only=True):
+    approval: Approval
+
+
+class ApprovalSettled(Wire, frozen=True, kw_only=True):
+    approval_id: str
+    state: Literal["approved", "denied", "expired", "cancelled"]
+    source: Literal["answer", "absent", "timeout", "ineligible", "rate-limit", "turn-ended", "shutdown"]
+    at: int
+    by: Speaker | None = None
+
+    @classmethod
+    def of(cls, approval_id: str, settlement: ApprovalSettlement) -> ApprovalSettled:
+        """The notification for a settlement (same shape as the tool card's ``settlement``)."""
+        return cls(
+            approval_id=approval_id,
+            state=settlement.state,
+            source=settlement.source,
+            at=settlement.at,
+            by=settlement.by,
+        )
+
+
+class ApprovalRespondParams(Wire, frozen=True, kw_only=True):
+    approval_id: str
+    decision: Literal["approve", "deny"]
+    content_hash: str
+    note: str | None = None
+
+
+# --- the registry ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MethodSpec:
+    """What a method takes and gives; ``decoder`` decodes its params (built once, at import)."""
+
+    name: str
+    params: type[msgspec.Struct]
+    result: type[msgspec.Struct]
+    decoder: msgspec.json.Decoder[Any]
+
+
+def _spec(name: str, params: type[msgspec.Struct], result: type[msgspec.Struct]) -> tuple[str, MethodSpec]:
+    return name, MethodSpec(name, params, result, msgspec.json.Decoder(params))
+
+
+METHODS: Final[dict[str, MethodSpec]] = dict(
+    [
+        _spec("initialize", InitializeParams, InitializeResult),
+        _spec("sessions/list", SessionsListParams, SessionsListResult),
+        _spec("sessions/watch", Empty, Empty),
+        _spec("session/create", SessionCreateParams, SessionResult),
+        _spec("session/rename", SessionRenameParams, Empty),
+        _spec("session/archive", SessionIdParams, Empty),
+        _spec("session/unarchive", SessionIdParams, Empty),
+        _spec("session/delete", SessionIdParams, Empty),
+        _spec("session/batch", SessionBatchParams, SessionBatchResult),
+        _spec("session/markSeen", SessionIdParams, Empty),
+        _spec("session/config/get", SessionIdParams, ConfigRows),
+        _spec("session/config/update", ConfigUpdateParams, ConfigRows),
+        _spec("session/config/layers", Empty, ConfigLayersResult),
+        _spec("session/config/layer/get", LayerGetParams, LayerRows),
+        _spec("session/config/layer/update", LayerUpdateParams, LayerRows),
+        _spec("session/config/overrides", OverridesParams, OverridesResult),
+        _spec("session/subscribe", SessionIdParams, SubscribeResult),
+        _spec("session/unsubscribe", SessionIdParams, Empty),
+        _spec("session/history", HistoryParams, HistoryResult),
+        _spec("turn/send", TurnSendParams, Empty),
+        _spec("turn/continue", SessionIdParams, Empty),
+        _spec("turn/abort", TurnAbortParams, Empty),
+        _spec("session/compress", SessionIdParams, Empty),
+        _spec("turn/rewind", TurnRewindParams, RewindResult),
+        _spec("plan/clear", SessionIdParams, Empty),
+        _spec("background/list", Empty, BackgroundListResult),
+        _spec("background/watch", Empty, Empty),
+        _spec("background/output", BackgroundOutputParams, BackgroundOutputResult),
+        _spec("background/stop", TaskIdParams, Empty),
+        _spec("background/stopAll", SessionIdParams, Empty),
+        _spec("presence/update", PresenceParams, Empty),
+        _spec("approval/respond", ApprovalRespondParams, Empty),
+        # Session Loop API for bots (seeds 000/001, SPEC §5)
+        _spec("loop/create", LoopCreateParams, LoopCreateResult),
+        _spec("loop/send", LoopSendParams, LoopSendResult),
+        _spec("loop/waitForTurn", LoopWaitForTurnParams, LoopWaitForTurnResult),
+        _spec("loop/listEvents", LoopListEventsParams, LoopListEventsResult),
+        _spec("loop/watch", Empty, Empty),
+    ]
+)
+
+NOTIFICATIONS: Final[dict[str, type[msgspec.Struct]]] = {
+    "sessions/changed": SessionsChanged,
+    "session/config/changed": Empty,
+    "features/changed": FeaturesChanged,
+    "item/started": ItemPush,
+    "item/completed": ItemPush,
+    "item/delta": ItemDelta,
+    "session/resync": SessionResync,
+    "background/changed": BackgroundChanged,
+    "approval/requested": ApprovalRequested,
+    "approval/settled": ApprovalSettled,
+    "loop/event": LoopEventParams,
+}
+
+__all__ = [
+    "HISTORY_DEFAULT_LIMIT",
+    "METHODS",
+    "NOTIFICATIONS",
+    "AgentMessageItem",
+    "AgentModel",
+    "AncestorRef",
+    "Approval",
+    "ApprovalDiff",
+    "ApprovalFacts",
+    "ApprovalOrigin",
+    "ApprovalRequested",
+    "ApprovalRespondParams",
+    "ApprovalSettled",
+    "ApprovalSettlement",
+    "BackgroundCall",
+    "BackgroundChanged",
+    "BackgroundListResult",
+    "BackgroundOutputParams",
+    "BackgroundOutputResult",
+    "BackgroundTask",
+    "BatchFailure",
+    "ChatInfo",
+    "ClientInfo",
+    "CommandDisplay",
+    "ConfigLayersResult",
+    "ConfigRows",
+    "ConfigUpdateParams",
+    "DataUrl",
+    "Empty",
+    "Features",
+    "FeaturesChanged",
+    "FileChangeDisplay",
+    "Forward",
+    "ForwardFacts",
+    "GlobalLayer",
+    "HistoryParams",
+    "HistoryResult",
+    "Identity",
+    "InitializeParams",
+    "InitializeResult",
+    "ItemAttachment",
+    "ItemDelta",
+    "ItemPush",
+    "LastTurn",
+    "LayerGetParams",
+    "LayerName",
+    "LayerRows",
+    "LayerUpdateParams",
+    "LoopCreateParams",
+    "LoopCreateResult",
+    "LoopEvent",
+    "LoopEventParams",
+    "LoopListEventsParams",
+    "LoopListEventsResult",
+    "LoopSendParams",
+    "LoopSendResult",
+    "LoopWaitForTurnParams",
+    "LoopWaitForTurnResult",
+    "MethodSpec",
+    "NoticeItem",
+    "OutgoingAttachment",
+    "OverrideEntry",
+    "OverrideGroup",
+    "OverrideTarget",
+    "OverridesParams",
+    "OverridesResult",
+    "Participant",
+    "PlaceInfo",
+    "PlaceLayer",
+    "PlanEntry",
+    "PlanItem",
+    "PlatformLayer",
+    "PlatformTypeLayer",
+    "PresenceParams",
+    "QueueEntry",
+    "QueueItem",
+    "ReasoningItem",
+    "RewindResult",
+    "RoomGroup",
+    "ServerName",
+    "SessionBatchParams",
+    "SessionBatchResult",
+    "SessionCreateParams",
+    "SessionIdParams",
+    "SessionItem",
+    "SessionRenameParams",
+    "SessionResult",
+    "SessionResync",
+    "SessionSummary",
+    "SessionTarget",
+    "SessionsChanged",
+    "SessionsListParams",
+    "SessionsListResult",
+    "SettingActual",
+    "SettingLayer",
+    "SettingLayerInfo",
+    "SettingRow",
+    "Speaker",
+    "SubscribeResult",
+    "TaskIdParams",
+    "TokenCount",
+    "ToolCallItem",
+    "ToolDisplay",
+    "TurnAbortParams",
+    "TurnItem",
+    "TurnRewindParams",
+    "TurnSendParams",
+    "Undelivered",
+    "UsageItem",
+    "UsagePart",
+    "UserMessageItem",
+    "Wire",
+    "decode_data_url",
+    "is_unset",
+]

@@ -1,0 +1,588 @@
+"""The data shapes of the session protocol (seed 004): summaries, items, approvals, tasks, settings.
+
+Method params/results and the registry live in :mod:`protocol.schemas`; this module holds the
+shapes they are made of, so both the gateway (building them) and clients (parsing them) share one
+definition.
+
+Conventions, all from msgspec's guidance and the seed:
+
+* every Struct derives from :class:`Wire`: frozen, keyword-only, camelCase on the wire
+  (``rename="camel"``: ``session_id`` <-> ``sessionId``), ``omit_defaults`` so optional fields are
+  simply absent, and unknown keys accepted (seed: 对象 schema 不拒多余的键);
+* consequence of ``omit_defaults``: a field that must always be on the wire has **no default**,
+  and optional fields default to ``None`` (or ``UNSET`` where ``null`` is a meaningful value);
+* tagged unions use stable tags on ``kind`` (items, tool displays) or ``scope`` (setting layers);
+* times are epoch milliseconds (``int``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+__all__ = [
+    "AgentMessageItem",
+    "AgentModel",
+    "AncestorRef",
+    "Approval",
+    "ApprovalDiff",
+    "ApprovalFacts",
+    "ApprovalOrigin",
+    "ApprovalSettlement",
+    "BackgroundCall",
+    "BackgroundTask",
+    "ChatInfo",
+    "ClientInfo",
+    "CommandDisplay",
+    "DataUrl",
+    "Features",
+    "FileChangeDisplay",
+    "Forward",
+    "ForwardFacts",
+    "GlobalLayer",
+    "Identity",
+    "ItemAttachment",
+    "LastTurn",
+    "NoticeItem",
+    "OutgoingAttachment",
+    "OverrideTarget",
+    "Participant",
+    "PlaceInfo",
+    "PlaceLayer",
+    "PlanEntry",
+    "PlanItem",
+    "PlatformLayer",
+    "PlatformTypeLayer",
+    "QueueEntry",
+    "QueueItem",
+    "ReasoningItem",
+    "RoomGroup",
+    "SessionItem",
+    "SessionSummary",
+    "SessionTarget",
+    "SettingActual",
+    "SettingLayer",
+    "SettingLayerInfo",
+    "SettingRow",
+    "Speaker",
+    "TokenCount",
+    "ToolCallItem",
+    "ToolDisplay",
+    "TurnItem",
+    "Undelivered",
+    "UsageItem",
+    "UsagePart",
+    "UserMessageItem",
+    "Wire",
+    "decode_data_url",
+    "is_unset",
+]
+
+
+class Wire(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True, forbid_unknown_fields=False
+):
+    """Base of every wire Struct (see the module docstring for why each option).
+
+    msgspec inherits every option but ``kw_only`` (it applies to the fields a class declares), so
+    each subclass repeats ``kw_only=True``; without it a required field after an inherited optional
+    one is a TypeError at import.
+    """
+
+
+# --- identities and handshake pieces ------------------------------------------------------------
+
+
+class Identity(Wire, frozen=True, kw_only=True):
+    """Who a connection is, as the transport authenticated it (seed: identity {platform, userId})."""
+
+    platform: str
+    user_id: str
+
+
+class ClientInfo(Wire, frozen=True, kw_only=True):
+    name: str
+    version: str
+
+
+class Features(Wire, frozen=True, kw_only=True):
+    """Feature bits (seed 004, 功能位): which services are present right now."""
+
+    send: bool
+    rewind: bool
+    compress: bool
+    settings: bool
+
+
+# --- session summaries and room groups ------------------------------------------------------------
+
+SessionKind = Literal["owner", "room", "task"]
+Section = Literal["owner", "rooms"]
+TurnOutcome = Literal["replied", "silent", "aborted", "error"]
+
+
+class ChatInfo(Wire, frozen=True, kw_only=True):
+    type: str
+    multi_party: bool
+
+
+class PlaceInfo(Wire, frozen=True, kw_only=True):
+    key: str
+    kind: Literal["window", "workspace"]
+    name: str
+
+
+class TokenCount(Wire, frozen=True, kw_only=True):
+    input: int
+    output: int
+
+
+class LastTurn(Wire, frozen=True, kw_only=True):
+    outcome: TurnOutcome
+    ended_at: int
+
+
+class AncestorRef(Wire, frozen=True, kw_only=True):
+    """A parent on the path from the root (``ancestors``) or an approval's source chain."""
+
+    id: str
+    title: str
+
+
+class SessionSummary(Wire, frozen=True, kw_only=True):
+    """One row of the session list (seed 004, 摘要). Tree fields: see ``listing.compute_tree_fields``."""
+
+    id: str
+    title: str
+    child_count: int
+    kind: SessionKind
+    section: Section
+    created_at: int
+    updated_at: int
+    running: bool
+    error: bool
+    unread: bool
+    attention: bool
+    archived: bool
+    background: int
+    parent_id: str | None = None
+    platform: str | None = None
+    instance: str | None = None
+    account: str | None = None
+    chat: ChatInfo | None = None
+    place: PlaceInfo | None = None
+    last_reply_at: int | None = None
+    tokens: TokenCount | None = None
+    last_turn: LastTurn | None = None
+    reason: str | None = None
+    ancestors: list[AncestorRef] | None = None
+
+
+class RoomGroup(Wire, frozen=True, kw_only=True):
+    """Non-archived rooms grouped by platform + adapter instance (seed 004, RoomGroup)."""
+
+    platform: str
+    label: str
+    rooms: int
+    accounts: int
+    attention: int
+    instance: str | None = None
+
+
+# --- attachments ----------------------------------------------------------------------------------
+
+
+class ItemAttachment(Wire, frozen=True, kw_only=True):
+    """An attachment shown on an item; ``src`` is a media URL or an opaque file handle, or absent."""
+
+    kind: Literal["image", "audio", "video", "file"]
+    name: str
+    src: str | None = None
+
+
+# Only the header is checked here (cheap on 20 MB strings); decode_data_url checks the payload.
+_DATA_URL_HEAD: Final = r"^data:[^,]*;base64,"
+
+
+class OutgoingAttachment(Wire, frozen=True, kw_only=True):
+    """An attachment sent to the agent: ``data`` must be a base64 ``data:`` URL (seed 004)."""
+
+    data: Annotated[str, Meta(pattern=_DATA_URL_HEAD)]
+    name: str
+
+
+class DataUrl(msgspec.Struct, frozen=True):
+    mime: str
+    payload: bytes
+
+
+_B64_BODY = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
+
+
+def decode_data_url(data: str) -> DataUrl | None:
+    """Decode a base64 data URL, or ``None`` if it is not one (the gateway answers invalidParams).
+
+    The declared MIME is returned as given; the seed has the server sniff the real type from the
+    file header instead, so callers should not trust it.
+    """
+    head, sep, body = data.partition(",")
+    if not sep or not re.match(_DATA_URL_HEAD, head + ","):
+        return None
+    raw = "".join(body.split()).encode("ascii", "replace")
+    if not _B64_BODY.fullmatch(raw):
+        return None
+    try:
+        payload = base64.b64decode(raw + b"=" * (-len(raw) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return DataUrl(mime=head[5:].split(";", 1)[0], payload=payload)
+
+
+# --- tool displays --------------------------------------------------------------------------------
+
+
+class _Display(Wire, tag_field="kind", frozen=True, kw_only=True):
+    pass
+
+
+class CommandDisplay(_Display, tag="command", frozen=True, kw_only=True):
+    command: str
+    cwd: str | None = None
+    exit_code: int | None = None
+
+
+class FileChangeDisplay(_Display, tag="file-change", frozen=True, kw_only=True):
+    path: str
+    removed: str | None = None
+    added: str | None = None
+
+
+ToolDisplay = CommandDisplay | FileChangeDisplay
+
+
+# --- approvals ------------------------------------------------------------------------------------
+
+
+class Speaker(Wire, frozen=True, kw_only=True):
+    """Who spoke or answered (user-message speaker, settlement.by): ``owner`` decides owner-ness."""
+
+    platform: str
+    owner: bool
+    user_id: str | None = None
+    nickname: str | None = None
+    source: str | None = None  # injection source (注入来源), when not a person typed it
+
+
+class ApprovalSettlement(Wire, frozen=True, kw_only=True):
+    """How an approval ended; same shape as ``approval/settled`` minus the id."""
+
+    state: Literal["approved", "denied", "expired", "cancelled"]
+    source: Literal["answer", "absent", "timeout", "ineligible", "rate-limit", "turn-ended", "shutdown"]
+    at: int
+    by: Speaker | None = None
+
+
+class Participant(Wire, frozen=True, kw_only=True):
+    platform: str
+    user_id: str
+
+
+class ApprovalOrigin(Wire, frozen=True, kw_only=True):
+    kind: Literal["hand", "autonomous"]
+    participants: list[Participant]
+
+
+class ApprovalDiff(Wire, frozen=True, kw_only=True):
+    path: str
+    patch: str
+
+
+class ApprovalFacts(Wire, frozen=True, kw_only=True):
+    """Verbatim arguments: may hold control/bidi/zero-width characters (sanitize before display)."""
+
+    params: dict[str, Any]
+    command: str | None = None
+    cwd: str | None = None
+    diff: ApprovalDiff | None = None
+
+
+class Approval(Wire, frozen=True, kw_only=True):
+    id: str
+    session_id: str
+    origin: ApprovalOrigin
+    target: Literal["tool"]
+    tool: str
+    facts: ApprovalFacts
+    options: list[Literal["approve", "deny"]]
+    content_hash: str
+    expires_at: int
+    state: Literal["pending", "approved", "denied", "expired", "cancelled"]
+    turn_id: str | None = None
+    call_id: str | None = None
+    chain: list[AncestorRef] | None = None
+
+
+# --- items (SessionItemSchema, tagged on kind) ----------------------------------------------------
+
+
+class _Item(Wire, tag_field="kind", frozen=True, kw_only=True):
+    """Every item has ``itemId`` and ``at``; most have the ``turnId`` of the turn they entered."""
+
+    item_id: str
+    at: int
+    turn_id: str | None = None
+
+
+class ForwardFacts(Wire, frozen=True, kw_only=True):
+    count: int
+    participants: list[str]
+    unlisted: int
+    text: str
+    cut_off: bool
+
+
+class Forward(Wire, frozen=True, kw_only=True):
+    """A forwarded chat log attached to a message; no facts when it could not be expanded."""
+
+    facts: ForwardFacts | None = None
+
+
+class UserMessageItem(_Item, tag="user-message", frozen=True, kw_only=True):
+    text: str
+    attachments: list[ItemAttachment] = msgspec.field(default_factory=list)
+    speaker: Speaker | None = None
+    forwards: list[Forward] = msgspec.field(default_factory=list)
+    entry: Literal["opened", "joined"] | None = None
+    addressed: bool | None = None
+
+
+class AgentModel(Wire, frozen=True, kw_only=True):
+    provider: str | None = None
+    model: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class Undelivered(Wire, frozen=True, kw_only=True):
+    reason: str
+
+
+class AgentMessageItem(_Item, tag="agent-message", frozen=True, kw_only=True):
+    text: str
+    attachments: list[ItemAttachment] = msgspec.field(default_factory=list)
+    model: AgentModel | None = None
+    undelivered: Undelivered | None = None
+
+
+class ReasoningItem(_Item, tag="reasoning", frozen=True, kw_only=True):
+    text: str
+
+
+ToolStatus = Literal["generating", "running", "completed", "failed", "denied", "aborted"]
+
+
+class ToolCallItem(_Item, tag="tool-call", frozen=True, kw_only=True):
+    """A tool card; ``itemId`` is the call id. ``args``/``result`` are raw data (never rendered)."""
+
+    tool: str
+    status: ToolStatus
+    args: Any = UNSET
+    output: str | None = None
+    result: Any = UNSET
+    duration_ms: int | None = None
+    display: ToolDisplay | None = None
+    approval_id: str | None = None
+    settlement: ApprovalSettlement | None = None
+    not_executed: bool = False
+    sent_to_room: bool = False
+    task_id: str | None = None
+
+
+class NoticeItem(_Item, tag="notice", frozen=True, kw_only=True):
+    topic: str
+    text: str
+    attachments: list[ItemAttachment] = msgspec.field(default_factory=list)
+    notice_id: str | None = None
+    facts: Any = UNSET
+    can_continue: bool | None = None
+    entry: Literal["opened", "joined"] | None = None
+    addressed: bool | None = None
+
+
+class PlanEntry(Wire, frozen=True, kw_only=True):
+    text: str
+    status: Literal["pending", "in_progress", "completed"]
+
+
+def _require_fixed_id(item_id: str, fixed: str) -> None:
+    # The fixed ids cannot be defaults: omit_defaults would drop them from the wire.
+    if item_id != fixed:
+        raise ValueError(f"itemId of a {fixed} item must be {fixed!r}")
+
+
+class PlanItem(_Item, tag="plan", frozen=True, kw_only=True):
+    """The session's plan, replaced whole; ``itemId`` is always ``"plan"``."""
+
+    entries: list[PlanEntry]
+
+    def __post_init__(self) -> None:
+        _require_fixed_id(self.item_id, "plan")
+
+
+class UsagePart(Wire, frozen=True, kw_only=True):
+    label: str
+    tokens: int
+    injectors: dict[str, int] | None = None
+
+
+class UsageItem(_Item, tag="usage", frozen=True, kw_only=True):
+    """Latest token usage, replaced whole; ``itemId`` is always ``"usage"``; not on the timeline."""
+
+    parts: list[UsagePart]
+    tokens: int | None = None
+    context_window: int | None = None
+    token_budget: int | None = None
+    max_tokens: int | None = None
+    usage_ratio: float | None = None
+    compress_at: float | None = None
+
+    def __post_init__(self) -> None:
+        _require_fixed_id(self.item_id, "usage")
+
+
+class TurnItem(_Item, tag="turn", frozen=True, kw_only=True):
+    """Pushed when a turn starts (no outcome) and again when it ends (with outcome)."""
+
+    source: str | None = None
+    outcome: TurnOutcome | None = None
+    ended_at: int | None = None
+
+
+class QueueEntry(Wire, frozen=True, kw_only=True):
+    text: str
+    attachments: int
+    speaker: Speaker | None = None
+
+
+class QueueItem(_Item, tag="queue", frozen=True, kw_only=True):
+    """Inputs waiting for a turn, replaced whole; ``itemId`` is always ``"queue"``."""
+
+    entries: list[QueueEntry]
+
+    def __post_init__(self) -> None:
+        _require_fixed_id(self.item_id, "queue")
+
+
+SessionItem = (
+    UserMessageItem
+    | AgentMessageItem
+    | ReasoningItem
+    | ToolCallItem
+    | NoticeItem
+    | PlanItem
+    | UsageItem
+    | TurnItem
+    | QueueItem
+)
+
+
+# --- background tasks -----------------------------------------------------------------------------
+
+
+class BackgroundCall(Wire, frozen=True, kw_only=True):
+    tool: str
+    turn_id: str
+    call_id: str
+
+
+class BackgroundTask(Wire, frozen=True, kw_only=True):
+    """Work running in the background for the owner (seed 004, 后台任务)."""
+
+    id: str
+    session_id: str
+    kind: Literal["tool-call"]
+    label: str
+    status: Literal["running", "completed", "failed", "stopped", "aborted"]
+    started_at: int
+    call: BackgroundCall | None = None
+    ended_at: int | None = None
+    last_line: str | None = None
+    last_output_at: int | None = None
+    reason: str | None = None
+    exit_code: int | None = None
+    display: ToolDisplay | None = None
+
+
+# --- session settings -----------------------------------------------------------------------------
+
+
+class _Layer(Wire, tag_field="scope", frozen=True, kw_only=True):
+    pass
+
+
+class GlobalLayer(_Layer, tag="global", frozen=True, kw_only=True):
+    pass
+
+
+class PlatformLayer(_Layer, tag="platform", frozen=True, kw_only=True):
+    platform: str
+
+
+class PlatformTypeLayer(_Layer, tag="platformType", frozen=True, kw_only=True):
+    platform: str
+    type: str
+
+
+class PlaceLayer(_Layer, tag="place", frozen=True, kw_only=True):
+    key: str
+
+
+SettingLayer = GlobalLayer | PlatformLayer | PlatformTypeLayer | PlaceLayer
+
+
+class SessionTarget(_Layer, tag="session", frozen=True, kw_only=True):
+    """An override written on one session's own layer (session/config/overrides targets)."""
+
+    session_id: str
+    title: str
+    parent: AncestorRef | None = None
+
+
+OverrideTarget = GlobalLayer | PlatformLayer | PlatformTypeLayer | PlaceLayer | SessionTarget
+
+SettingSource = Literal["default", "global", "platform", "platformType", "place", "session"]
+
+
+class SettingActual(Wire, frozen=True, kw_only=True):
+    value: Any
+    label: str | None = None
+
+
+class SettingRow(Wire, frozen=True, kw_only=True):
+    """One setting ``(plugin, key)``; ``field`` is the plugin's field declaration, passed through."""
+
+    plugin: str
+    key: str
+    field: dict[str, Any]
+    prominence: Literal["composer", "common", "advanced"]
+    value: Any = UNSET
+    effective: Any = UNSET
+    source: SettingSource | None = None
+    actual: SettingActual | None = None
+
+
+class SettingLayerInfo(Wire, frozen=True, kw_only=True):
+    layer: SettingLayer
+    label: str | None = None
+    platform: str | None = None
+    type: str | None = None
+
+
+def is_unset(value: object) -> bool:
+    """True for msgspec's ``UNSET`` (an absent ``Any`` field), False for every value incl. None."""
+    return isinstance(value, UnsetType)
