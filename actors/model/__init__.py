@@ -1,0 +1,37 @@
+"""Model providers for the agent runtime (SPEC §4 "Model providers"; seed 002 ``llm.generate``).
+
+``make_provider(name, **options)`` builds one of ``mock`` (the default, a deterministic directive
+grammar), ``scripted`` (canned answers for tests), ``replay`` (recorded answers for ``rerun``) and
+``openai`` (any OpenAI-compatible streaming endpoint).
+"""
+
+from .base import (
+    PROVIDER_NAMES,
+    DeltaCallback,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    Provider,
+    ignore_delta,
+    make_provider,
+)
+from .mock import MockProvider
+from .openai import OpenAIProvider
+from .replay import ReplayDivergence, ReplayProvider
+from .scripted import ScriptedProvider
+
+__all__ = [
+    "PROVIDER_NAMES",
+    "DeltaCallback",
+    "MockProvider",
+    "ModelError",
+    "ModelRequest",
+    "ModelResponse",
+    "OpenAIProvider",
+    "Provider",
+    "ReplayDivergence",
+    "ReplayProvider",
+    "ScriptedProvider",
+    "ignore_delta",
+    "make_provider",
+]

@@ -1,0 +1,193 @@
+"""The model-provider interface: one async ``generate`` call per agent step.
+
+Why asyncio and not an actor: SPEC §2.4 forbids blocking a mailbox, so every model call runs on
+one shared asyncio loop and its result comes back to the session actor as a message. A provider
+therefore never touches actor state; it gets a :class:`ModelRequest` (the *projected* messages,
+seed 002 上下文裁剪: only the copy sent to the model is trimmed) and returns a
+:class:`ModelResponse`, streaming deltas through ``on_delta(kind, text)`` while it works
+(seed 002 Streaming: ``llm.delta`` flows to subscribers live, it is never persisted).
+
+Cancellation is asyncio task cancellation (seed 002 Streaming / Cancel: ``session.cancel()``
+propagates an abort signal to the model): a provider must let :class:`asyncio.CancelledError`
+through promptly and must never turn it into a :class:`ModelError`.
+
+Errors::
+
+    SessionloopError (eventstore.errors)
+    └── ModelError                 a model call failed; the message is shown to the user
+        └── ReplayDivergence       (replay.py) a rerun asked for a call the recording lacks
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import msgspec
+
+from eventstore.errors import SessionloopError
+from eventstore.events import Message, ToolCallSpec, Usage
+
+#: ``on_delta(kind, text)``: ``kind`` is ``"text"`` or ``"reasoning"``.
+DeltaKind = Literal["text", "reasoning"]
+DeltaCallback = Callable[[str, str], None]
+
+#: Provider names :func:`make_provider` knows (SPEC §4 "Model providers").
+PROVIDER_NAMES: tuple[str, ...] = ("mock", "scripted", "replay", "openai")
+
+_json_encoder = msgspec.json.Encoder()
+
+
+class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What one agent step sends to the model (seed 002 defaultLoop: messages + tool schemas).
+
+    ``tools`` are the registry's schemas, ``{"name", "description", "parameters"}`` each
+    (see :meth:`actors.tools.registry.ToolRegistry.schemas`); ``model`` overrides the
+    provider's default model name when set.
+    """
+
+    messages: list[Message]
+    tools: list[dict[str, Any]] = []
+    model: str | None = None
+
+
+class ModelResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """A model call's whole answer; the actor records it as ``llm.completed``."""
+
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCallSpec] = []
+    usage: Usage = Usage()
+    model: str = ""
+    provider: str = ""
+
+
+class ModelError(SessionloopError):
+    """A model call failed (HTTP error, malformed stream, ``!error`` in the mock, ...).
+
+    The message is meant for people: the session records it in ``llm.failed`` and the turn
+    fails with it. Structured details (``status``, ``expected``, ``got``) go in ``data``.
+    """
+
+    code = "model-error"
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A model provider. Implementations: mock, scripted, replay, openai (SPEC §4).
+
+    ``generate`` promises: deltas are reported through ``on_delta`` in order, synchronously on
+    the loop that runs the call; the returned response's ``text`` and ``reasoning`` equal the
+    concatenation of the deltas of each kind; failures raise :class:`ModelError`;
+    cancellation raises :class:`asyncio.CancelledError` promptly.
+    """
+
+    name: str
+
+    async def generate(self, request: ModelRequest, on_delta: DeltaCallback) -> ModelResponse: ...
+
+
+def ignore_delta(kind: str, text: str) -> None:
+    """An ``on_delta`` for callers that do not stream (summaries, tests)."""
+
+
+# --- helpers shared by the providers ------------------------------------------------------------
+
+
+def args_json(args: Any) -> str:
+    """The JSON text of a tool call's arguments, as counted and as sent to OpenAI.
+
+    A string is taken to be JSON already (a model may produce arguments we could not parse;
+    they travel unchanged so the model sees what it wrote).
+    """
+    if isinstance(args, str):
+        return args
+    return _json_encoder.encode({} if args is None else args).decode()
+
+
+def content_chars(messages: Sequence[Message]) -> int:
+    """Total characters of the messages' contents (the mock's prompt-token basis, SPEC §4)."""
+    return sum(len(m.content) for m in messages)
+
+
+def completion_chars(text: str, reasoning: str, tool_calls: Sequence[ToolCallSpec]) -> int:
+    """Characters a call produced: text, reasoning and tool-call arguments as JSON (SPEC §4)."""
+    return len(text) + len(reasoning) + sum(len(args_json(c.args)) for c in tool_calls)
+
+
+def chunks(text: str, size: int) -> list[str]:
+    """``text`` cut into pieces of ``size`` characters (the last one may be shorter)."""
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def stream_now(on_delta: DeltaCallback, kind: str, text: str, size: int) -> None:
+    """Report ``text`` as deltas of ``size`` characters, synchronously, without yielding."""
+    for piece in chunks(text, size):
+        on_delta(kind, piece)
+
+
+def tool_call_from_dict(data: dict[str, Any], index: int) -> ToolCallSpec:
+    """A :class:`ToolCallSpec` from a loose dict (``call_id`` or ``id``, ``name``, ``args``).
+
+    Raises ModelError naming what is missing, so a malformed canned response is obvious.
+    """
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ModelError(f"tool call {index} has no name: {data!r}")
+    call_id = data.get("call_id") or data.get("id") or f"call_{index + 1}"
+    args = data.get("args", data.get("arguments", {}))
+    return ToolCallSpec(call_id=str(call_id), name=name, args=args)
+
+
+def response_from_dict(data: dict[str, Any], provider: str, model: str = "") -> ModelResponse:
+    """A :class:`ModelResponse` from ``{"text", "reasoning", "tool_calls", "usage", "model"}``."""
+    known = {"text", "reasoning", "tool_calls", "usage", "model", "provider"}
+    unknown = set(data) - known
+    if unknown:
+        raise ModelError(f"canned response has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    calls = [tool_call_from_dict(c, i) for i, c in enumerate(data.get("tool_calls") or [])]
+    usage = data.get("usage") or Usage()
+    if isinstance(usage, dict):
+        usage = Usage(**usage)
+    return ModelResponse(
+        text=str(data.get("text", "")),
+        reasoning=str(data.get("reasoning", "")),
+        tool_calls=calls,
+        usage=usage,
+        model=str(data.get("model", model)),
+        provider=str(data.get("provider", provider)),
+    )
+
+
+# --- the factory --------------------------------------------------------------------------------
+
+
+def make_provider(name: str, **options: Any) -> Provider:
+    """Build the provider called ``name`` with its keyword ``options``.
+
+    ``mock`` takes ``latency_ms``; ``scripted`` takes ``responses``; ``replay`` takes
+    ``recorded`` (``LlmCompleted`` events); ``openai`` takes ``model``, ``base_url``,
+    ``api_key`` and ``timeout``. Raises ModelError for an unknown name or bad options, so a
+    misspelt ``--provider`` becomes one clear line.
+    """
+    # Imported here: each provider module imports this one.
+    from .mock import MockProvider
+    from .openai import OpenAIProvider
+    from .replay import ReplayProvider
+    from .scripted import ScriptedProvider
+
+    factories: dict[str, Callable[..., Provider]] = {
+        "mock": MockProvider,
+        "scripted": ScriptedProvider,
+        "replay": ReplayProvider,
+        "openai": OpenAIProvider,
+    }
+    factory = factories.get(name)
+    if factory is None:
+        raise ModelError(
+            f"unknown model provider {name!r}; known: {', '.join(PROVIDER_NAMES)}", provider=name
+        )
+    try:
+        return factory(**options)
+    except TypeError as e:
+        raise ModelError(f"bad options for model provider {name!r}: {e}", provider=name) from e

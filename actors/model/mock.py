@@ -1,0 +1,249 @@
+"""The mock model: a fixed, deterministic directive grammar (SPEC §4 "Mock model directive grammar").
+
+Tests, examples and the turn-throughput benchmark (SPEC §10) drive sessions through this model,
+so its grammar is a contract. For each call it reads the *latest user message*; every line that
+starts with ``!`` is a directive, the other lines (joined with ``"\\n"``, stripped) are the text:
+
+==========================  =====================================================================
+``!tool NAME {json}``       (one or more lines) while no tool result follows the latest user
+                            message, the call returns these tool calls in order, with no text;
+                            once results follow, it answers ``done: N tool calls`` (N = the
+                            number of tool results after the latest user message). The JSON is
+                            optional (``{}``).
+``!sleep MS``               the answer is streamed over MS milliseconds, abortable at any moment
+                            (several ``!sleep`` lines add up).
+``!error TEXT``             the call fails with ``ModelError(TEXT)`` (after any reasoning/sleep).
+``!reason TEXT``            a reasoning part, streamed as kind ``"reasoning"`` before the answer
+                            (several lines are joined with ``"\\n"``).
+``!loop``                   every call requests one ``list_files {"path": "."}`` call, so a turn
+                            runs into ``maxSteps`` (seed 002: maxSteps model calls per turn).
+(no directive)              ``echo: <text>``, streamed as deltas of a few characters.
+==========================  =====================================================================
+
+Precedence: ``!error`` > ``!loop`` > ``!tool`` > echo. A line starting with ``!`` that is none of
+the above is an unknown directive: it is ignored (it is not part of the text either), so a typo
+never turns into an echo that looks like success.
+
+Call ids are ``call_<n>``: ``n`` counts the tool calls already present in the request's messages,
+so ids are unique within the history the model sees. (When a trimmed or summarised request hides
+older calls, numbers can repeat across turns; the session keys tool calls by turn and call id.)
+
+Usage (SPEC §4): prompt tokens = characters of all message contents sent // 4; completion tokens
+= characters produced (text + reasoning + tool-call arguments as JSON) // 4.
+
+Speed: with no ``!sleep`` and no ``latency_ms`` a call never yields to the event loop: deltas
+go out synchronously and the parse of a message is cached. It sits on the hot path of the
+throughput benchmark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from eventstore.events import Message, ToolCallSpec, Usage
+
+from .base import (
+    DeltaCallback,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    chunks,
+    completion_chars,
+    content_chars,
+)
+
+#: Characters per streamed delta ("a few characters", SPEC §4).
+DELTA_CHARS = 6
+
+#: The tool ``!loop`` keeps calling, and its arguments.
+LOOP_TOOL = "list_files"
+LOOP_ARGS: dict[str, Any] = {"path": "."}
+
+_KNOWN = frozenset({"tool", "sleep", "error", "reason", "loop"})
+
+
+class MockScript(msgspec.Struct, frozen=True):
+    """The parsed directives and text of one user message."""
+
+    text: str = ""
+    tools: tuple[tuple[str, Any], ...] = ()
+    sleep_ms: int = 0
+    error: str | None = None
+    reasoning: str = ""
+    loop: bool = False
+    unknown: tuple[str, ...] = ()
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_script(content: str) -> MockScript:
+    """Parse a user message into a :class:`MockScript`.
+
+    Raises ModelError for a malformed directive (``!sleep`` without a number, ``!tool``
+    without a name or with invalid JSON), naming the line. Cached: a benchmark sends the
+    same few messages thousands of times.
+    """
+    text_lines: list[str] = []
+    tools: list[tuple[str, Any]] = []
+    reasons: list[str] = []
+    unknown: list[str] = []
+    sleep_ms = 0
+    error: str | None = None
+    loop = False
+    for line in content.splitlines():
+        if not line.startswith("!"):
+            text_lines.append(line)
+            continue
+        word, _, rest = line[1:].partition(" ")
+        rest = rest.strip()
+        if word == "tool":
+            tools.append(_parse_tool(line, rest))
+        elif word == "sleep":
+            sleep_ms += _parse_ms(line, rest)
+        elif word == "error":
+            error = rest or "mock error"
+        elif word == "reason":
+            reasons.append(rest)
+        elif word == "loop":
+            loop = True
+        else:
+            unknown.append(word)
+    return MockScript(
+        text="\n".join(text_lines).strip(),
+        tools=tuple(tools),
+        sleep_ms=sleep_ms,
+        error=error,
+        reasoning="\n".join(reasons),
+        loop=loop,
+        unknown=tuple(unknown),
+    )
+
+
+def _parse_tool(line: str, rest: str) -> tuple[str, Any]:
+    name, _, raw = rest.partition(" ")
+    if not name:
+        raise ModelError(f"mock: '!tool' needs a tool name: {line!r}")
+    raw = raw.strip()
+    if not raw:
+        return name, {}
+    try:
+        return name, msgspec.json.decode(raw)
+    except msgspec.DecodeError as e:
+        raise ModelError(f"mock: invalid JSON arguments in {line!r}: {e}") from e
+
+
+def _parse_ms(line: str, rest: str) -> int:
+    try:
+        ms = int(rest)
+    except ValueError:
+        raise ModelError(f"mock: '!sleep' needs milliseconds as a whole number: {line!r}") from None
+    if ms < 0:
+        raise ModelError(f"mock: '!sleep' needs a non-negative number: {line!r}")
+    return ms
+
+
+def latest_user_index(messages: Sequence[Message]) -> int | None:
+    """Index of the last ``user`` message, or None when there is none."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "user":
+            return i
+    return None
+
+
+def _count_tool_calls(messages: Sequence[Message]) -> int:
+    return sum(len(m.tool_calls) for m in messages)
+
+
+def _make_calls(messages: Sequence[Message], wanted: Sequence[tuple[str, Any]]) -> list[ToolCallSpec]:
+    base = _count_tool_calls(messages)
+    return [ToolCallSpec(call_id=f"call_{base + i + 1}", name=n, args=a) for i, (n, a) in enumerate(wanted)]
+
+
+def decide_answer(messages: Sequence[Message], script: MockScript) -> tuple[str, list[ToolCallSpec]]:
+    """The text and tool calls the mock answers for ``script`` given the history (no error case)."""
+    if script.loop:
+        return "", _make_calls(messages, [(LOOP_TOOL, dict(LOOP_ARGS))])
+    if script.tools:
+        user = latest_user_index(messages)
+        after = messages[user + 1 :] if user is not None else messages
+        results = sum(1 for m in after if m.role == "tool")
+        if results == 0:
+            return "", _make_calls(messages, script.tools)
+        return f"done: {results} tool calls", []
+    return f"echo: {script.text}", []
+
+
+class MockProvider:
+    """The default model (SPEC §2.8): deterministic answers from the directive grammar above.
+
+    ``latency_ms`` adds a delay before every call (the benchmark's ``--llm-latency``).
+    """
+
+    name = "mock"
+
+    def __init__(self, latency_ms: float = 0, model: str = "mock", delta_chars: int = DELTA_CHARS) -> None:
+        if latency_ms < 0:
+            raise ModelError(f"mock: latency_ms must be >= 0, got {latency_ms}")
+        if delta_chars < 1:
+            raise ModelError(f"mock: delta_chars must be >= 1, got {delta_chars}")
+        self.latency_ms = latency_ms
+        self.model = model
+        self.delta_chars = delta_chars
+
+    async def generate(self, request: ModelRequest, on_delta: DeltaCallback) -> ModelResponse:
+        """Answer one call per the grammar; raises ModelError for ``!error`` or bad directives."""
+        if self.latency_ms:
+            await asyncio.sleep(self.latency_ms / 1000)
+        messages = request.messages
+        user = latest_user_index(messages)
+        script = parse_script(messages[user].content) if user is not None else MockScript()
+        if script.error is not None:
+            await self._stream(on_delta, script.reasoning, "", script.sleep_ms)
+            raise ModelError(script.error, provider=self.name)
+        text, calls = decide_answer(messages, script)
+        await self._stream(on_delta, script.reasoning, text, script.sleep_ms)
+        usage = Usage(
+            prompt_tokens=content_chars(messages) // 4,
+            completion_tokens=completion_chars(text, script.reasoning, calls) // 4,
+        )
+        return ModelResponse(
+            text=text,
+            reasoning=script.reasoning,
+            tool_calls=calls,
+            usage=usage,
+            model=request.model or self.model,
+            provider=self.name,
+        )
+
+    async def _stream(self, on_delta: DeltaCallback, reasoning: str, text: str, sleep_ms: int) -> None:
+        deltas = [("reasoning", p) for p in chunks(reasoning, self.delta_chars)]
+        deltas += [("text", p) for p in chunks(text, self.delta_chars)]
+        if sleep_ms <= 0:
+            for kind, piece in deltas:
+                on_delta(kind, piece)
+            return
+        await _paced(on_delta, deltas, sleep_ms)
+
+
+async def _paced(on_delta: DeltaCallback, deltas: Sequence[tuple[str, str]], total_ms: int) -> None:
+    """Spread ``deltas`` evenly over ``total_ms``: delta i goes out at ``(i + 1) / n`` of it.
+
+    Deadlines come from the loop clock, so the total does not drift with many small sleeps;
+    each ``asyncio.sleep`` is a cancellation point (seed 002: cancel aborts the model call).
+    """
+    loop = asyncio.get_running_loop()
+    total = total_ms / 1000
+    if not deltas:
+        await asyncio.sleep(total)
+        return
+    start = loop.time()
+    count = len(deltas)
+    for i, (kind, piece) in enumerate(deltas):
+        delay = start + total * (i + 1) / count - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        on_delta(kind, piece)

@@ -1,0 +1,21 @@
+"""Tools the agent may call, confined to the session's workspace (SPEC §4 "Tools", §7).
+
+``default_registry()`` holds the built-in tools; ``spawn_session`` is registered by the Session
+Loop API through ``default_registry(extra=[...])`` or ``ToolRegistry.register``.
+"""
+
+from .builtin import builtin_tools, default_registry, plan_from_output
+from .registry import ToolContext, ToolRegistry, ToolResult, ToolSpec
+from .workspace import ToolError, Workspace
+
+__all__ = [
+    "ToolContext",
+    "ToolError",
+    "ToolRegistry",
+    "ToolResult",
+    "ToolSpec",
+    "Workspace",
+    "builtin_tools",
+    "default_registry",
+    "plan_from_output",
+]

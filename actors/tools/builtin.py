@@ -1,0 +1,371 @@
+"""The built-in tools: ``list_files``, ``read_file``, ``write_file``, ``exec``, ``update_plan`` (SPEC §4).
+
+All are coroutines run on the shared asyncio loop, never on an actor thread (SPEC §2.4), and all
+confine their paths with :class:`~actors.tools.workspace.Workspace` (SPEC §7).
+
+* ``list_files {path}`` and ``read_file {path}`` (capped at :data:`READ_LIMIT` bytes) need no
+  approval.
+* ``write_file {path, content}`` needs approval, shows a ``file-change`` display (removed and
+  added text), and calls ``record_before_image`` *before* it writes, so ``turn/rewind`` can
+  restore the file (SPEC §6 checkpoints: before-image per file per turn).
+* ``exec {command, cwd?, background?}`` needs approval, may go to the background, shows a
+  ``command`` display completed with ``exitCode``; it runs ``/bin/sh -c`` in its own process
+  group, streams output through ``on_output`` and returns ``{"exitCode": n, "output": tail}``.
+  Cancelling the call (seed 002: cancel reaches the tool) terminates the whole process group.
+  ``background`` is a request to the session (SPEC §4: the call moves to a background task on
+  request or after a yield timeout); the tool itself runs the same either way. A non-zero exit
+  is a result, not a tool error: the model reads the exit code.
+* ``update_plan {entries: [{text, status}], explanation?}`` returns the plan; the session turns
+  it into a ``plan.updated`` event (:func:`plan_from_output`).
+
+``spawn_session`` needs the Session Loop API (§5), so it is not here: its module builds a
+:class:`ToolSpec` and passes it to :func:`default_registry` (``extra=``) or
+:meth:`ToolRegistry.register`; the API reaches it through ``ToolContext.extras``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import os
+import signal
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from eventstore.events import PlanEntry, ToolDisplay
+
+from .registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
+from .workspace import Workspace
+
+#: ``read_file`` returns at most this many bytes of a file.
+READ_LIMIT = 256 * 1024
+#: ``list_files`` returns at most this many entries.
+LIST_LIMIT = 1000
+#: ``exec`` returns the last this-many characters of the output (it streams all of it).
+OUTPUT_TAIL = 16_000
+#: Text shown in a ``file-change`` display is cut to this many characters per side.
+DISPLAY_LIMIT = 64 * 1024
+#: After SIGTERM, a cancelled command's process group has this long before SIGKILL.
+KILL_GRACE_S = 1.0
+#: After the shell exits, output still buffered by children it left behind is read this long.
+DRAIN_GRACE_S = 0.2
+
+_READ_CHUNK = 8192
+_PLAN_STATUSES = ["pending", "in_progress", "completed"]
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"\n[… {len(text) - limit} more chars]"
+
+
+# --- list_files / read_file ---------------------------------------------------------------------
+
+
+async def list_files(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """The entries of a directory, sorted, directories with a trailing ``/``."""
+    path = args.get("path") or "."
+    real = ctx.workspace.resolve(path)
+    if not real.exists():
+        raise ToolError(f"{path!r} does not exist")
+    if not real.is_dir():
+        raise ToolError(f"{path!r} is not a directory")
+    with os.scandir(real) as scan:
+        entries = sorted((e.name + "/" if e.is_dir() else e.name) for e in scan)
+    return {
+        "path": ctx.workspace.relative(path),
+        "entries": entries[:LIST_LIMIT],
+        "truncated": len(entries) > LIST_LIMIT,
+    }
+
+
+async def read_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """A text file's content, at most :data:`READ_LIMIT` bytes; binary files are reported as such."""
+    path = args["path"]
+    real = ctx.workspace.resolve(path)
+    if not real.exists():
+        raise ToolError(f"{path!r} does not exist")
+    if not real.is_file():
+        raise ToolError(f"{path!r} is not a file")
+    size = real.stat().st_size
+    with real.open("rb") as f:
+        data = f.read(READ_LIMIT)
+    result: dict[str, Any] = {
+        "path": ctx.workspace.relative(path),
+        "size": size,
+        "truncated": size > len(data),
+    }
+    if b"\x00" in data[:8192]:
+        result.update(content="", binary=True)
+    else:
+        result["content"] = data.decode("utf-8", "replace")
+    return result
+
+
+# --- write_file ---------------------------------------------------------------------------------
+
+
+def describe_write(args: dict[str, Any], workspace: Workspace) -> ToolDisplay:
+    """The ``file-change`` display: the text the write removes (None for a new file) and adds."""
+    path = str(args.get("path", ""))
+    real = workspace.resolve(path)
+    removed: str | None = None
+    if real.is_file():
+        removed = _clip(real.read_bytes().decode("utf-8", "replace"), DISPLAY_LIMIT)
+    added = _clip(str(args.get("content", "")), DISPLAY_LIMIT)
+    return ToolDisplay(kind="file-change", path=workspace.relative(path), removed=removed, added=added)
+
+
+async def write_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Write ``content`` to ``path`` (UTF-8), creating parent directories; before-image first."""
+    path, content = args["path"], args["content"]
+    real = ctx.workspace.resolve(path)
+    if real.is_dir():
+        raise ToolError(f"{path!r} is a directory")
+    rel = ctx.workspace.relative(path)
+    existed = real.exists()
+    await ctx.before_change(rel)  # SPEC §6: the checkpoint precedes the change
+    data = content.encode("utf-8")
+    real.parent.mkdir(parents=True, exist_ok=True)
+    real.write_bytes(data)
+    return {"path": rel, "bytes": len(data), "created": not existed}
+
+
+# --- exec ---------------------------------------------------------------------------------------
+
+
+def describe_exec(args: dict[str, Any], workspace: Workspace) -> ToolDisplay:
+    """The ``command`` display; the exit code is filled in from the result."""
+    cwd = args.get("cwd") or "."
+    return ToolDisplay(kind="command", command=str(args.get("command", "")), cwd=workspace.relative(cwd))
+
+
+def _exit_code(returncode: int) -> int:
+    """The shell convention: a process killed by signal N exits with 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+async def _pump(stream: asyncio.StreamReader, ctx: ToolContext, tail: list[str]) -> None:
+    """Read the merged output to EOF, streaming it and keeping the last :data:`OUTPUT_TAIL` chars."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    while True:
+        data = await stream.read(_READ_CHUNK)
+        text = decoder.decode(data, final=not data)
+        if text:
+            tail[0] = (tail[0] + text)[-OUTPUT_TAIL:]
+            ctx.on_output(text)
+        if not data:
+            return
+
+
+class _ExecProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """The stream protocol plus a future set when the process exits.
+
+    Why: ``Process.wait()`` also waits until every pipe is closed, so a command that leaves a
+    child in the background (``server &``) would hold the tool call until that child exits.
+    """
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        # An Event, not a Future: cancelling a task that awaits a future cancels the future too,
+        # and the kill path must still be able to wait for the real exit.
+        self.exited = asyncio.Event()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self.exited.set()
+
+
+class _Command:
+    """One ``/bin/sh -c`` child in its own process group (``start_new_session``)."""
+
+    def __init__(self, transport: asyncio.SubprocessTransport, protocol: _ExecProtocol) -> None:
+        self.transport = transport
+        self.protocol = protocol
+        self.pid = transport.get_pid()
+
+    @classmethod
+    async def start(cls, command: str, cwd: Path) -> _Command:
+        loop = asyncio.get_running_loop()
+        env = {**os.environ, "PAGER": "cat", "GIT_PAGER": "cat"}  # nobody can page: stdin is closed
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _ExecProtocol(limit=2**16, loop=loop),
+            "/bin/sh", "-c", command,
+            cwd=cwd, env=env, start_new_session=True,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        return cls(transport, protocol)
+
+    @property
+    def stdout(self) -> asyncio.StreamReader:
+        assert self.protocol.stdout is not None
+        return self.protocol.stdout
+
+    def exit_code(self) -> int:
+        returncode = self.transport.get_returncode()
+        return _exit_code(-1 if returncode is None else returncode)
+
+    async def kill_group(self) -> None:
+        """SIGTERM the process group, SIGKILL it after :data:`KILL_GRACE_S`.
+
+        SIGKILL goes to the group even when the shell left at SIGTERM, for children that
+        ignore SIGTERM.
+        """
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            if sig == signal.SIGTERM:
+                try:
+                    await asyncio.wait_for(self.protocol.exited.wait(), KILL_GRACE_S)
+                except TimeoutError:
+                    pass
+        await self.protocol.exited.wait()
+
+    def close(self) -> None:
+        """Release the pipes (a child left in the background may still hold their other end)."""
+        self.transport.close()
+
+
+async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    """Run ``/bin/sh -c command`` in the workspace (or ``cwd`` inside it); see the module doc."""
+    cwd_arg = args.get("cwd") or "."
+    cwd = ctx.workspace.resolve(cwd_arg)
+    if not cwd.is_dir():
+        raise ToolError(f"cwd {cwd_arg!r} is not a directory")
+    command = await _Command.start(args["command"], cwd)
+    tail = [""]
+    reader = asyncio.ensure_future(_pump(command.stdout, ctx, tail))
+    try:
+        await command.protocol.exited.wait()
+        # Children left running in the background may hold the pipe open: do not wait for them.
+        done, _ = await asyncio.wait({reader}, timeout=DRAIN_GRACE_S)
+        if not done:
+            reader.cancel()
+    except BaseException:  # cancellation (seed 002: cancel reaches the tool) or anything else
+        reader.cancel()
+        await command.kill_group()
+        raise
+    finally:
+        await asyncio.gather(reader, return_exceptions=True)
+        command.close()
+    code = command.exit_code()
+    return ToolResult(output={"exitCode": code, "output": tail[0]}, exit_code=code)
+
+
+# --- update_plan --------------------------------------------------------------------------------
+
+
+async def update_plan(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Echo the plan back; the session records it as ``plan.updated`` (seed 004 plan item)."""
+    entries = [{"text": e["text"], "status": e.get("status", "pending")} for e in args["entries"]]
+    return {"entries": entries, "explanation": args.get("explanation", "")}
+
+
+def plan_from_output(output: dict[str, Any]) -> tuple[list[PlanEntry], str]:
+    """The ``PlanUpdated`` fields from an ``update_plan`` result."""
+    entries = [PlanEntry(text=e["text"], status=e["status"]) for e in output.get("entries", [])]
+    return entries, str(output.get("explanation", ""))
+
+
+# --- the specs ----------------------------------------------------------------------------------
+
+
+def _path_schema(description: str, required: bool = True) -> dict[str, Any]:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {"path": {"type": "string", "description": description}},
+    }
+    if required:
+        schema["required"] = ["path"]
+    return schema
+
+
+LIST_FILES = ToolSpec(
+    name="list_files",
+    description="List the files and directories in a directory of the workspace (directories end with '/').",
+    parameters=_path_schema("Directory, relative to the workspace root; '.' for the root.", required=False),
+    handler=list_files,
+)
+
+READ_FILE = ToolSpec(
+    name="read_file",
+    description=f"Read a text file of the workspace (at most {READ_LIMIT // 1024} KiB).",
+    parameters=_path_schema("File path, relative to the workspace root."),
+    handler=read_file,
+)
+
+WRITE_FILE = ToolSpec(
+    name="write_file",
+    description="Create or overwrite a file of the workspace with the given text content.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "File path, relative to the workspace root."},
+            "content": {"type": "string", "description": "The whole new content of the file."},
+        },
+        "required": ["path", "content"],
+    },
+    handler=write_file,
+    needs_approval=True,
+    display_kind="file-change",
+    describe=describe_write,
+)
+
+EXEC = ToolSpec(
+    name="exec",
+    description="Run a shell command (/bin/sh -c) in the workspace; returns its exit code and output.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "The shell command line."},
+            "cwd": {"type": "string", "description": "Working directory, relative to the workspace root."},
+            "background": {"type": "boolean", "description": "Run as a background task and return at once."},
+        },
+        "required": ["command"],
+    },
+    handler=exec_command,
+    needs_approval=True,
+    can_background=True,
+    display_kind="command",
+    display_result_key="exitCode",
+    describe=describe_exec,
+)
+
+UPDATE_PLAN = ToolSpec(
+    name="update_plan",
+    description="Replace the task plan shown to the user: a list of steps, each with a status.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "entries": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "text": {"type": "string"},
+                        "status": {"type": "string", "enum": _PLAN_STATUSES},
+                    },
+                    "required": ["text", "status"],
+                },
+            },
+            "explanation": {"type": "string"},
+        },
+        "required": ["entries"],
+    },
+    handler=update_plan,
+)
+
+
+def builtin_tools() -> list[ToolSpec]:
+    """The built-in tools, in the order the model is shown them."""
+    return [LIST_FILES, READ_FILE, WRITE_FILE, EXEC, UPDATE_PLAN]
+
+
+def default_registry(extra: Iterable[ToolSpec] = ()) -> ToolRegistry:
+    """A registry with the built-in tools plus ``extra`` (the hook for ``spawn_session``)."""
+    registry = ToolRegistry(builtin_tools())
+    for spec in extra:
+        registry.register(spec)
+    return registry

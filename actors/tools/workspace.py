@@ -1,0 +1,96 @@
+"""The session's workspace directory, and the one place where tool paths are confined to it.
+
+SPEC §4 / §7: "Tools are confined to the session's workspace directory: a path outside it is
+refused." Every tool resolves its paths through :meth:`Workspace.resolve`, which refuses:
+
+* absolute paths outside the root (``/etc/passwd``);
+* ``..`` escapes (``../secret``, ``a/../../secret``), checked after normalisation, so
+  ``a/../b`` inside the root is fine;
+* symlink escapes: the path is resolved with symlinks followed, so a link inside the workspace
+  that points outside is refused as well (for files that exist and for new files whose parent
+  directory is such a link);
+* NUL bytes, which the OS would reject with a less helpful error.
+
+Limits, said plainly: this is a check at the time of the call. A process started by ``exec``
+runs a shell in the workspace and can reach anything the server's user can; confinement is for
+the file tools and for ``exec``'s ``cwd``. A symlink swapped in between the check and the use
+(a TOCTOU race by another process) is not defended against.
+
+The error (a :class:`ToolError`) names the path the model gave, never the
+resolved absolute path, so the message does not leak the server's directory layout.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from eventstore.errors import SessionloopError
+
+
+class ToolError(SessionloopError):
+    """A tool call cannot be carried out; the message is shown to the model and the user.
+
+    It lives here, in the lowest module of ``tools/``, because the workspace raises it and the
+    registry imports the workspace; :mod:`actors.tools.registry` re-exports it.
+    """
+
+    code = "tool-error"
+
+
+class Workspace:
+    """A root directory; :meth:`resolve` maps tool paths into it or refuses them."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        path = Path(root).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"workspace root {path} is not a directory")
+        self.root = path.resolve()
+
+    def __repr__(self) -> str:
+        return f"Workspace({str(self.root)!r})"
+
+    def resolve(self, path: str | os.PathLike[str] = ".") -> Path:
+        """The absolute, symlink-free path of ``path`` inside the workspace.
+
+        ``path`` is relative to the root, or absolute but inside it. Raises ToolError
+        ``path '…' is outside the workspace`` otherwise; the file need not exist.
+        """
+        text = os.fspath(path)
+        if "\x00" in text:
+            raise ToolError(f"path {text!r} contains a NUL character")
+        candidate = Path(text)  # "~" is a name like any other: no home expansion for tools
+        if not candidate.is_absolute():
+            candidate = self.root / candidate
+        try:
+            real = candidate.resolve(strict=False)  # follows every symlink that exists
+        except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before 3.13)
+            raise ToolError(f"path {text!r} cannot be resolved: {e}") from e
+        if real != self.root and not real.is_relative_to(self.root):
+            raise ToolError(f"path {text!r} is outside the workspace")
+        return real
+
+    def relative(self, path: str | os.PathLike[str]) -> str:
+        """The workspace-relative POSIX form of ``path`` (``"."`` for the root), after :meth:`resolve`.
+
+        Used for displays and checkpoint records, which must not depend on where the workspace
+        lives on disk (a restored session may be served from another directory).
+        """
+        real = self.resolve(path)
+        rel = real.relative_to(self.root).as_posix()
+        return rel or "."
+
+    def contains(self, path: str | os.PathLike[str]) -> bool:
+        """Whether ``path`` resolves inside the workspace (no exception)."""
+        try:
+            self.resolve(path)
+        except ToolError:
+            return False
+        return True
+
+    def before_image(self, path: str | os.PathLike[str]) -> tuple[bool, bytes | None]:
+        """``(existed, content)`` of a file now, for a checkpoint taken before a change."""
+        real = self.resolve(path)
+        if not real.is_file():
+            return False, None
+        return True, real.read_bytes()
