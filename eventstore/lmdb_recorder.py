@@ -58,7 +58,7 @@ _idem_dec = msgspec.msgpack.Decoder(IdemValue)
 _snap_dec = msgspec.msgpack.Decoder(SnapshotRecord)
 _any_dec = msgspec.msgpack.Decoder()
 
-_DBS = ("meta", "log", "streams", "catalogue", "snapshots", "idem", "idem_time", "feed")
+_DBS = ("meta", "log", "streams", "catalogue", "snapshots", "idem", "idem_time", "feed", "stream_meta", "flags")
 
 
 class AppendOp(msgspec.Struct):
@@ -72,6 +72,8 @@ class AppendOp(msgspec.Struct):
     commit_id: str | None
     idem: IdempotencyClaim | None
     feed: str | None
+    meta: bytes | None = None
+    flags: dict[str, bool] | None = None
 
 
 class SnapshotOp(msgspec.Struct):
@@ -475,6 +477,43 @@ class LmdbRecorder:
                     break
         return out
 
+    def get_stream_meta(self, stream: str) -> bytes | None:
+        skey = self.stream_key(stream)
+        with self._read(), self._env.begin(db=self._db["stream_meta"]) as txn:
+            raw = txn.get(skey)
+        return None if raw is None else bytes(_any_dec.decode(raw)[1])
+
+    def scan_stream_meta(self, page: int = 2000) -> Iterator[tuple[str, bytes]]:
+        """Every stream's metadata record, in shard order, read in short transactions."""
+        after: bytes | None = None
+        while True:
+            rows: list[tuple[str, bytes]] = []
+            with self._read(), self._env.begin(db=self._db["stream_meta"]) as txn:
+                cur = txn.cursor()
+                found = cur.set_range(after + b"\x00") if after is not None else cur.first()
+                if found:
+                    for key, value in cur:
+                        stream, meta = _any_dec.decode(value)
+                        rows.append((stream, meta))
+                        after = bytes(key)
+                        if len(rows) >= page:
+                            break
+            yield from rows
+            if len(rows) < page:
+                return
+
+    def flagged(self, flag: str) -> list[str]:
+        prefix = flag.encode() + b"\x00"
+        out: list[str] = []
+        with self._read(), self._env.begin(db=self._db["flags"]) as txn:
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                for key in cur.iternext(keys=True, values=False):
+                    if not key.startswith(prefix):
+                        break
+                    out.append(key[len(prefix):].decode("utf-8", "surrogatepass"))
+        return out
+
     def read_meta(self, name: str) -> Any:
         with self._read(), self._env.begin(db=self._db["meta"]) as txn:
             raw = txn.get(name.encode())
@@ -604,6 +643,15 @@ class _BatchContext:
                     db=db["catalogue"])
         if op.feed is not None:
             self._index_feed(op, first_pos)
+        if op.meta is not None:
+            txn.put(skey, _enc.encode((op.stream, op.meta)), db=db["stream_meta"])
+        if op.flags:
+            for flag, on in op.flags.items():
+                fkey = flag.encode() + b"\x00" + op.raw_stream
+                if on:
+                    txn.put(fkey, b"", db=db["flags"])
+                else:
+                    txn.delete(fkey, db=db["flags"])
         receipt = op.idem.receipt if op.idem is not None else b""
         result = AppendResult(op.stream, first_v, last_v, first_pos, last_pos, self.now, False, receipt)
         if op.idem is not None:

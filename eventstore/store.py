@@ -140,13 +140,18 @@ class EventStore:
         *,
         idempotency: IdempotencyClaim | None = None,
         feed: str | None = None,
+        meta: bytes | None = None,
+        flags: dict[str, bool] | None = None,
     ) -> AppendResult:
         """Append ``events`` to ``stream`` atomically, after all previously committed ones.
 
         ``expected_version`` is the version the stream must have now (0: must not exist,
         ANY_VERSION: no check). With ``idempotency``, a repeat of the same ``(scope, key)`` and
         body returns the original result with ``duplicate=True`` and writes nothing. ``feed``
-        indexes the feed-visible events under that app (SPEC §5 retention).
+        indexes the feed-visible events under that app (SPEC §5 retention). ``meta`` replaces
+        the stream's metadata record (opaque bytes, e.g. a listing summary) and ``flags`` sets
+        or clears named markers of the stream (e.g. "has unfinished work"), both in the same
+        transaction, so they can never disagree with the events.
 
         Returns only after the commit (fsynced in ``sync`` mode). Raises WrongExpectedVersion,
         IdempotencyConflict, StorageFull or StorageError; on any of them nothing was written.
@@ -154,8 +159,9 @@ class EventStore:
         if not events:
             raise ValueError("append needs at least one event")
         raw_stream = K.validate_stream(stream)
-        flags = [type(e).feed for e in events] if feed is not None else []
-        op = AppendOp(stream, raw_stream, list(events), flags, expected_version, commit_id, idempotency, feed)
+        feed_flags = [type(e).feed for e in events] if feed is not None else []
+        op = AppendOp(stream, raw_stream, list(events), feed_flags, expected_version, commit_id, idempotency,
+                      feed, meta, flags)
         result: AppendResult = self._rec.submit(op)
         return result
 
@@ -251,6 +257,18 @@ class EventStore:
 
     def count_streams(self, category: str) -> int:
         return self._rec.count_streams(category)
+
+    def stream_meta(self, stream: str) -> bytes | None:
+        """The metadata record last written with an append to ``stream``."""
+        return self._rec.get_stream_meta(stream)
+
+    def scan_stream_meta(self) -> Iterator[tuple[str, bytes]]:
+        """``(stream, metadata)`` of every stream that has one (short read transactions)."""
+        return self._rec.scan_stream_meta()
+
+    def flagged(self, flag: str) -> list[str]:
+        """Streams whose ``flag`` is set (cost grows with the flagged streams, not all streams)."""
+        return self._rec.flagged(flag)
 
     def load_snapshot(self, stream: str) -> Snapshot | None:
         rec = self._rec.load_snapshot(stream)

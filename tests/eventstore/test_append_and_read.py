@@ -192,3 +192,30 @@ def test_json_lines_export_names_each_event_and_its_place(store):
     row = json.loads(lines[0])
     assert row["stream"] == "session-a" and row["version"] == 1 and row["position"] == 1
     assert row["event"]["type"] == "session.created" and row["event"]["title"] == "t"
+
+
+def test_stream_metadata_is_written_with_the_append_and_can_be_scanned(store):
+    store.append("session-a", [turn(1)], 0, meta=b"summary-a1")
+    store.append("session-a", [turn(2)], 1)  # no meta: the previous record stays
+    store.append("session-b", [turn(3)], 0, meta=b"summary-b")
+    store.append("session-a", [turn(4)], 2, meta=b"summary-a2")
+    assert store.stream_meta("session-a") == b"summary-a2"
+    assert store.stream_meta("session-c") is None
+    assert sorted(store.scan_stream_meta()) == [("session-a", b"summary-a2"), ("session-b", b"summary-b")]
+
+
+def test_flags_mark_and_unmark_streams_in_the_same_commit(store):
+    store.append("session-a", [turn(1)], 0, flags={"active": True})
+    store.append("session-b", [turn(2)], 0, flags={"active": True})
+    assert sorted(store.flagged("active")) == ["session-a", "session-b"]
+    store.append("session-a", [turn(3)], 1, flags={"active": False})
+    assert store.flagged("active") == ["session-b"]
+    assert store.flagged("other") == []
+
+
+def test_a_failed_append_changes_neither_metadata_nor_flags(store):
+    store.append("session-a", [turn(1)], 0, meta=b"one", flags={"active": True})
+    with pytest.raises(WrongExpectedVersion):
+        store.append("session-a", [turn(2)], 7, meta=b"two", flags={"active": False})
+    assert store.stream_meta("session-a") == b"one"
+    assert store.flagged("active") == ["session-a"]
