@@ -55,6 +55,7 @@ from .base import (
     chunks,
     completion_chars,
     content_chars,
+    stream_now,
 )
 
 #: Characters per streamed delta ("a few characters", SPEC §4).
@@ -198,26 +199,48 @@ class MockProvider:
         """Answer one call per the grammar; raises ModelError for ``!error`` or bad directives."""
         if self.latency_ms:
             await asyncio.sleep(self.latency_ms / 1000)
-        messages = request.messages
-        user = latest_user_index(messages)
-        script = parse_script(messages[user].content) if user is not None else MockScript()
+        script = self._script(request)
         if script.error is not None:
             await self._stream(on_delta, script.reasoning, "", script.sleep_ms)
             raise ModelError(script.error, provider=self.name)
-        text, calls = decide_answer(messages, script)
+        text, calls = decide_answer(request.messages, script)
         await self._stream(on_delta, script.reasoning, text, script.sleep_ms)
+        return self._response(request, script, text, calls)
+
+    def answer_now(self, request: ModelRequest, on_delta: DeltaCallback) -> ModelResponse | None:
+        """The answer when there is nothing to wait for (no latency, no ``!sleep``), else None.
+
+        The mock's answer is a pure function of the request, computed in microseconds; a session
+        takes it in place instead of a round trip through the worker loop (two thread hand-offs
+        that would dominate a benchmark of the actor system). Anything that waits still goes
+        through ``generate`` on the loop. Raises ModelError for ``!error``.
+        """
+        if self.latency_ms:
+            return None
+        script = self._script(request)
+        if script.sleep_ms > 0:
+            return None
+        if script.error is not None:
+            stream_now(on_delta, "reasoning", script.reasoning, self.delta_chars)
+            raise ModelError(script.error, provider=self.name)
+        text, calls = decide_answer(request.messages, script)
+        stream_now(on_delta, "reasoning", script.reasoning, self.delta_chars)
+        stream_now(on_delta, "text", text, self.delta_chars)
+        return self._response(request, script, text, calls)
+
+    def _script(self, request: ModelRequest) -> MockScript:
+        messages = request.messages
+        user = latest_user_index(messages)
+        return parse_script(messages[user].content) if user is not None else MockScript()
+
+    def _response(self, request: ModelRequest, script: MockScript, text: str,
+                  calls: list[ToolCallSpec]) -> ModelResponse:
         usage = Usage(
-            prompt_tokens=content_chars(messages) // 4,
+            prompt_tokens=content_chars(request.messages) // 4,
             completion_tokens=completion_chars(text, script.reasoning, calls) // 4,
         )
-        return ModelResponse(
-            text=text,
-            reasoning=script.reasoning,
-            tool_calls=calls,
-            usage=usage,
-            model=request.model or self.model,
-            provider=self.name,
-        )
+        return ModelResponse(text=text, reasoning=script.reasoning, tool_calls=calls, usage=usage,
+                             model=request.model or self.model, provider=self.name)
 
     async def _stream(self, on_delta: DeltaCallback, reasoning: str, text: str, sleep_ms: int) -> None:
         deltas = [("reasoning", p) for p in chunks(reasoning, self.delta_chars)]

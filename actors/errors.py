@@ -1,0 +1,65 @@
+"""Errors of the actor layer (the ``ActorError`` branch of the tree in ``eventstore/errors.py``).
+
+Each leaf's ``code`` is the business code the protocol layer puts in ``error.data.code``.
+"""
+
+from __future__ import annotations
+
+from eventstore.errors import SessionloopError
+
+
+class ActorError(SessionloopError):
+    code = "actor"
+
+
+class NotFound(ActorError):
+    """The session (or turn, approval, task) does not exist, or the caller may not see it."""
+
+    code = "not-found"
+
+
+class Forbidden(ActorError):
+    code = "forbidden"
+
+
+class InvalidCommand(ActorError):
+    """The command is malformed or not allowed in the session's current state."""
+
+    code = "invalid"
+
+
+class Conflict(ActorError):
+    code = "conflict"
+
+
+class SessionBusy(ActorError):
+    """The command needs an idle session (compact, rewind, fork) and a turn is running."""
+
+    code = "busy"
+
+
+class ExpectedTurnMismatch(ActorError):
+    code = "expected-turn-mismatch"
+
+
+class SessionParked(ActorError):
+    """Supervision gave up on the session after repeated failures; the reason says why."""
+
+    code = "parked"
+
+
+class RequestTimeout(ActorError):
+    """An actor did not answer in time (every wait on an actor has a timeout)."""
+
+    code = "timeout"
+
+
+class HostClosed(ActorError):
+    code = "shutdown"
+
+    def __init__(self) -> None:
+        super().__init__("the host is closed")
+
+
+class Unsupported(ActorError):
+    code = "unsupported"

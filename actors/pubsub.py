@@ -1,0 +1,213 @@
+"""How results and pushes leave an actor without ever blocking it.
+
+* :class:`Reply` — every request message carries one; the actor completes it once. Sync callers
+  wait on it with a timeout (never forever); asyncio callers get an awaitable.
+* :class:`SessionChannel` — a session's live publication: ``(epoch, seq)`` allocation and the
+  subscribers. Pushes are produced on the actor thread (committed events) and on the worker
+  loop (live deltas), so both go through one lock: that lock is also what makes the seed's
+  "before the snapshot reply is sent, the connection gets no push of that session" hold,
+  because a subscriber is added and its snapshot handed over under it.
+* :class:`TurnResults` — the outcome of recent turns and who waits for them (``wait_for_turn``
+  wakes on the turn's end; no polling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import msgspec
+
+from .errors import RequestTimeout
+
+
+class Reply:
+    """A one-shot result slot completed by an actor, waited on by a caller.
+
+    Waiting uses a bare pre-acquired lock (released on completion): creating one costs well
+    under a microsecond, against several for a ``threading.Event``, and a turn makes a few.
+    """
+
+    __slots__ = ("_gate", "_done", "_value", "_error", "_callbacks")
+
+    _guard = threading.Lock()  # completion and callback registration are rare and short
+
+    def __init__(self) -> None:
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Reply], None]] | None = None
+
+    def set(self, value: Any = None) -> None:
+        self._complete(value, None)
+
+    def fail(self, error: BaseException) -> None:
+        self._complete(None, error)
+
+    def _complete(self, value: Any, error: BaseException | None) -> None:
+        with Reply._guard:
+            if self._done:
+                return
+            self._value, self._error, self._done = value, error, True
+            callbacks, self._callbacks = self._callbacks, None
+        self._gate.release()
+        if callbacks:
+            for cb in callbacks:
+                cb(self)
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def result(self, timeout: float) -> Any:
+        """The value, or raise the actor's error; RequestTimeout after ``timeout`` seconds."""
+        if not self._done:
+            if not self._gate.acquire(timeout=timeout):
+                raise RequestTimeout(f"no answer within {timeout:g} s")
+            self._gate.release()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def add_callback(self, cb: Callable[[Reply], None]) -> None:
+        with Reply._guard:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(cb)
+                return
+        cb(self)
+
+    def outcome(self) -> tuple[Any, BaseException | None]:
+        return self._value, self._error
+
+    def future(self, loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Future[Any]:
+        """An asyncio future completed from whatever thread completes this reply."""
+        loop = loop or asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def transfer(reply: Reply) -> None:
+            loop.call_soon_threadsafe(_settle, fut, reply)
+
+        self.add_callback(transfer)
+        return fut
+
+
+def _settle(fut: asyncio.Future[Any], reply: Reply) -> None:
+    if fut.done():
+        return
+    value, error = reply.outcome()
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(value)
+
+
+class Subscriber(Protocol):
+    """A receiver of a session's pushes (a protocol connection, a test, a bot watcher).
+
+    ``push`` is called under the session's channel lock from actor and worker threads: it must
+    not block (queue the frame and return).
+    """
+
+    def push(self, session_id: str, epoch: int, seq: int, method: str, payload: Any) -> None: ...
+
+
+class SessionChannel:
+    """One session's ``(epoch, seq)`` counter and subscribers."""
+
+    __slots__ = ("session_id", "epoch", "lock", "seq", "subscribers")
+
+    def __init__(self, session_id: str, epoch: int) -> None:
+        self.session_id = session_id
+        self.epoch = epoch
+        self.lock = threading.Lock()
+        self.seq = 0  # the seq of the last push; read under ``lock`` for a snapshot
+        self.subscribers: dict[Any, Subscriber] = {}
+
+    @property
+    def has_subscribers(self) -> bool:
+        return bool(self.subscribers)
+
+    def publish(self, method: str, payload: Any) -> None:
+        with self.lock:
+            if not self.subscribers:
+                return
+            self.seq += 1
+            for sub in list(self.subscribers.values()):
+                sub.push(self.session_id, self.epoch, self.seq, method, payload)
+
+    def publish_many(self, pushes: list[tuple[str, Any]]) -> None:
+        with self.lock:
+            if not self.subscribers:
+                return
+            subs = list(self.subscribers.values())
+            for method, payload in pushes:
+                self.seq += 1
+                seq = self.seq
+                for sub in subs:
+                    sub.push(self.session_id, self.epoch, seq, method, payload)
+
+    def add(self, key: Any, subscriber: Subscriber) -> None:
+        with self.lock:
+            self.subscribers[key] = subscriber
+
+    def remove(self, key: Any) -> bool:
+        with self.lock:
+            return self.subscribers.pop(key, None) is not None
+
+
+class TurnOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How a turn ended, as ``wait_for_turn`` reports it (seed 000)."""
+
+    session_id: str
+    turn_id: str
+    state: str  # completed | failed
+    output_text: str = ""
+    code: str | None = None
+    reason: str | None = None
+    outcome: str = "replied"  # replied | silent | aborted | error
+
+
+class TurnResults:
+    """Recent turn outcomes plus waiters; bounded, thread-safe."""
+
+    def __init__(self, keep: int = 100_000) -> None:
+        self._lock = threading.Lock()
+        self._results: OrderedDict[str, TurnOutcome] = OrderedDict()
+        self._waiters: dict[str, list[Callable[[TurnOutcome], None]]] = {}
+        self._keep = keep
+
+    def complete(self, outcome: TurnOutcome) -> None:
+        with self._lock:
+            self._results[outcome.turn_id] = outcome
+            if len(self._results) > self._keep:
+                self._results.popitem(last=False)
+            waiters = self._waiters.pop(outcome.turn_id, [])
+        for cb in waiters:
+            cb(outcome)
+
+    def get(self, turn_id: str) -> TurnOutcome | None:
+        with self._lock:
+            return self._results.get(turn_id)
+
+    def wait(self, turn_id: str, callback: Callable[[TurnOutcome], None]) -> TurnOutcome | None:
+        """The outcome if known now; else ``callback`` is registered and None returned."""
+        with self._lock:
+            found = self._results.get(turn_id)
+            if found is None:
+                self._waiters.setdefault(turn_id, []).append(callback)
+            return found
+
+    def cancel_wait(self, turn_id: str, callback: Callable[[TurnOutcome], None]) -> None:
+        with self._lock:
+            waiters = self._waiters.get(turn_id)
+            if waiters and callback in waiters:
+                waiters.remove(callback)
+                if not waiters:
+                    del self._waiters[turn_id]

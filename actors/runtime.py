@@ -1,0 +1,327 @@
+"""The services every session actor shares: store, epoch, worker loop, directory, channels,
+turn results, model providers, tools, configuration and the hooks later layers attach to.
+
+Actors reach each other only through the directory (by session id), never by holding another
+actor's reference (SPEC §12).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from eventstore import EventStore
+from eventstore import events as E
+
+from .context import compaction_input, build_summary_request, summary_text
+from .directory import Directory
+from .errors import SessionBusy
+from .faults import FaultInjector
+from .model import ModelRequest, Provider, make_provider
+from .pubsub import Reply, SessionChannel, TurnResults
+from .session_decide import AgentConfig, ToolPolicy, system_messages
+from .tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
+from .worker import WorkerLoop
+
+if TYPE_CHECKING:
+    from .session import SessionActor
+
+log = logging.getLogger("sessionloop.runtime")
+
+
+class HostOptions(msgspec.Struct, kw_only=True):
+    """Everything a host can be configured with; defaults are the production ones."""
+
+    durability: str = "sync"
+    shards: int = 16
+    map_size: int = 1 << 30
+    model: str = "mock"
+    model_options: dict[str, Any] = {}
+    system_prompt: str | None = None
+    max_steps: int = 20
+    context_chars: int | None = None
+    permission_mode: str | None = None  # None: ask for interactive sessions, acceptCalls for background
+    idle_timeout_s: float = 300.0
+    max_live: int = 4000
+    snapshot_every: int = 500
+    park_after_failures: int = 3
+    retry_delay_s: float = 0.5
+    request_timeout_s: float = 30.0
+    workspace_root: str | None = None  # default: <data>/workspaces
+    language: str = "en"
+
+
+class DeltaPayload(msgspec.Struct, frozen=True):
+    """A live-only text fragment for the item ``item_id`` (``item/delta``; never persisted)."""
+
+    session_id: str
+    item_id: str
+    text: str
+
+
+class Runtime:
+    def __init__(self, data_dir: str, options: HostOptions, *, store: EventStore | None = None) -> None:
+        from .session import Passivate, SessionActor
+
+        self.data_dir = os.path.abspath(data_dir)
+        self.options = options
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.store = store or EventStore.open(
+            os.path.join(self.data_dir, "store"), durability=options.durability, shards=options.shards,
+            map_size=options.map_size,
+        )
+        self.epoch = self.store.next_epoch()
+        self.faults = FaultInjector.from_env()
+        self.worker = WorkerLoop()
+        self.results = TurnResults()
+        self.tools: ToolRegistry = default_registry()
+        self.workspace_root = options.workspace_root or os.path.join(self.data_dir, "workspaces")
+        self._channels: dict[str, SessionChannel] = {}
+        self._channels_lock = threading.Lock()
+        self._providers: dict[str, Provider] = {}
+        self.config_generation = 0  # bump when a host-level setting changes
+        self.listeners: list[Callable[[SessionActor, list[E.Event], Any], None]] = []
+        self.config_resolvers: list[Callable[[Any, dict[str, Any]], None]] = []
+        self.compaction = Compaction(self)
+        self.directory = Directory(
+            lambda sid: SessionActor.start(self, sid),
+            Passivate,
+            idle_timeout=options.idle_timeout_s,
+            max_live=options.max_live,
+        )
+
+    # --- addressing ------------------------------------------------------------------------------
+
+    def tell(self, session_id: str, message: Any) -> None:
+        self.directory.tell(session_id, message)
+
+    def ask(self, session_id: str, make: Callable[[Reply], Any], timeout: float | None = None) -> Any:
+        """Send a request message and wait for its reply (with a timeout, never forever)."""
+        reply = Reply()
+        self.tell(session_id, make(reply))
+        return reply.result(self.options.request_timeout_s if timeout is None else timeout)
+
+    def channel(self, session_id: str) -> SessionChannel:
+        with self._channels_lock:
+            chan = self._channels.get(session_id)
+            if chan is None:
+                chan = self._channels[session_id] = SessionChannel(session_id, self.epoch)
+            return chan
+
+    def drop_channel(self, session_id: str) -> None:
+        with self._channels_lock:
+            chan = self._channels.get(session_id)
+            if chan is not None and not chan.subscribers:
+                del self._channels[session_id]
+
+    # --- configuration ---------------------------------------------------------------------------
+
+    def agent_config(self, state: Any) -> AgentConfig:
+        """The effective options for ``state`` (seed 002 v0.22: current configuration wins)."""
+        opts = self.options
+        values: dict[str, Any] = {
+            "system_prompt": opts.system_prompt,
+            "max_steps": opts.max_steps,
+            "context_chars": opts.context_chars,
+            "permission_mode": self.default_permission(state),
+        }
+        for resolve in self.config_resolvers:
+            resolve(state, values)
+        return AgentConfig(**values)
+
+    def default_permission(self, state: Any) -> str:
+        created = state.created
+        if created is not None and created.permission_mode:
+            return str(created.permission_mode)
+        if self.options.permission_mode is not None:
+            return self.options.permission_mode
+        return "acceptCalls" if created is not None and created.activity == "background" else "ask"
+
+    def provider_for(self, state: Any) -> Provider:
+        name = self.options.model
+        provider = self._providers.get(name)
+        if provider is None:
+            provider = self._providers[name] = make_provider(name, **self.options.model_options)
+        return provider
+
+    def set_provider(self, provider: Provider) -> None:
+        """Use ``provider`` for every session (scripted/replay providers, tests, ``rerun``)."""
+        self._providers[self.options.model] = provider
+
+    def model_request(self, state: Any, messages: list[E.Message]) -> ModelRequest:
+        model = state.created.model if state.created is not None else None
+        return ModelRequest(messages=messages, tools=self.tools.schemas(), model=model)
+
+    # --- tools -----------------------------------------------------------------------------------
+
+    def workspace(self, state: Any) -> Workspace:
+        created = state.created
+        root = created.cwd if created is not None and created.cwd else os.path.join(self.workspace_root, state.session_id)
+        os.makedirs(root, exist_ok=True)
+        return Workspace(root)
+
+    def tool_checker(self, state: Any, workspace: Callable[[], Workspace]) -> Callable[[str, Any], ToolPolicy]:
+        """``drive``'s view of the registry for one session: existence, argument validation,
+        approval need, and the display taken from the arguments."""
+
+        def check(name: str, args: Any) -> ToolPolicy:
+            if name not in self.tools:
+                return ToolPolicy(exists=False)
+            spec = self.tools.get(name)
+            try:
+                checked = self.tools.validate(name, args)
+            except ToolError as e:
+                return ToolPolicy(exists=True, error=str(e))
+            display = spec.display(checked, workspace()) if spec.describe is not None else None
+            return ToolPolicy(exists=True, needs_approval=spec.needs_approval, display=display)
+
+        return check
+
+    def tool_context(self, actor: SessionActor, turn_id: str, call_id: str) -> ToolContext:
+        from .session import Effect
+
+        workspace = actor.workspace()
+        ref, channel, sid = actor.actor_ref, actor.channel, actor.sid
+
+        def on_output(text: str) -> None:
+            if channel.subscribers:
+                channel.publish("item/delta", DeltaPayload(sid, call_id, text))
+
+        async def record_before_image(path: str) -> None:
+            existed, content = workspace.before_image(path)
+            reply = Reply()
+            ref.tell(Effect(lambda a: a_record_checkpoint(a, turn_id, call_id, path, existed, content), reply))
+            await reply.future()
+
+        return ToolContext(workspace=workspace, turn_id=turn_id, call_id=call_id, session_id=sid,
+                           on_output=on_output, record_before_image=record_before_image,
+                           extras={"runtime": self, "session_id": sid})
+
+    # --- publication hooks -----------------------------------------------------------------------
+
+    def delta_payload(self, session_id: str, item_id: str, text: str) -> DeltaPayload:
+        return DeltaPayload(session_id, item_id, text)
+
+    def summary_meta(self, state: Any) -> bytes:
+        from .projections import encode_summary_record, summary_record
+
+        return encode_summary_record(summary_record(state))
+
+    def build_items(self, actor: SessionActor) -> Any:
+        from .projections import ItemsProjection
+
+        items = ItemsProjection()
+        for recorded in self.store.read_stream(actor.stream):
+            items.apply(recorded.event)
+        return items
+
+    def turn_ended(self, state: Any, event: E.Event) -> None:
+        from .session import turn_outcome
+
+        self.results.complete(turn_outcome(state, event))
+
+    def results_fail_pending(self, state: Any, code: str) -> None:
+        from .pubsub import TurnOutcome
+
+        pending = [q.turn_id for q in state.queue] + ([state.current_turn] if state.current_turn else [])
+        for turn_id in pending:
+            self.results.complete(TurnOutcome(session_id=state.session_id, turn_id=turn_id, state="failed",
+                                              code=code, reason=f"session {code}", outcome="error"))
+
+    def committed(self, actor: SessionActor, events: list[E.Event], result: Any) -> None:
+        for listener in self.listeners:
+            try:
+                listener(actor, events, result)
+            except Exception:  # a listener must never fail the session
+                log.exception("commit listener failed")
+
+    def retry_later(self, ref: Any, message: Any, error: BaseException) -> None:
+        log.warning("retrying %s after a store error: %s", type(message).__name__, error)
+        self.worker.loop.call_soon_threadsafe(
+            self.worker.loop.call_later, self.options.retry_delay_s, ref.tell, message)
+
+    def close(self) -> None:
+        self.directory.close()
+        self.worker.stop()
+        self.store.close()
+
+
+def a_record_checkpoint(actor: SessionActor, turn_id: str, call_id: str, path: str, existed: bool,
+                        content: bytes | None) -> None:
+    """Record a file's before-image once per file per turn, before the tool changes it."""
+    if any(c.turn_id == turn_id and c.path == path for c in actor.state.checkpoints):
+        return
+    actor._commit([E.CheckpointRecorded(at=_now(), turn_id=turn_id, call_id=call_id, path=path, existed=existed,
+                                        content=content)], run_drive=False)
+
+
+def _now() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+class Compaction:
+    """Summary compaction (seed 002, 上下文压缩 0.31): automatic before the first model call of a
+    turn that is over budget (once per turn), or manual ``compact()`` on an idle session."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    def start_auto(self, actor: SessionActor, turn_id: str) -> None:
+        inp = compaction_input(actor.state.messages, include_current=False)
+        self._summarise(actor, inp, auto=True, turn_id=turn_id, reply=None)
+
+    def start_manual(self, actor: SessionActor, reply: Reply) -> None:
+        if actor.state.current_turn is not None:
+            raise SessionBusy(f"session {actor.sid} is running a turn; compact() refuses while running")
+        inp = compaction_input(actor.state.messages, include_current=True)
+        if inp.turns == 0:
+            reply.set(None)
+            return
+        self._summarise(actor, inp, auto=False, turn_id=None, reply=reply)
+
+    def _summarise(self, actor: SessionActor, inp: Any, *, auto: bool, turn_id: str | None,
+                   reply: Reply | None) -> None:
+        from .model import ModelRequest
+        from .model.base import ignore_delta
+        from .session import Effect
+
+        request = ModelRequest(messages=build_summary_request(inp.messages, inp.previous_summary), tools=[])
+        provider = self.rt.provider_for(actor.state)
+        ref = actor.actor_ref
+
+        async def call() -> None:
+            try:
+                response = await provider.generate(request, ignore_delta)
+                text, error = response.text.strip(), None
+                if not text:
+                    error = "the summary model returned nothing"
+            except Exception as e:  # the seed: a failed summary falls back to trimming
+                text, error = "", str(e) or type(e).__name__
+            ref.tell(Effect(lambda a: self._finish(a, inp.turns, text, error, auto, turn_id), reply))
+
+        self.rt.worker.submit(call())
+
+    def _finish(self, actor: SessionActor, turns: int, text: str, error: str | None, auto: bool,
+                turn_id: str | None) -> Any:
+        now = _now()
+        if error is not None:
+            actor._commit([E.ContextCompactFailed(at=now, error=error, auto=auto, turn_id=turn_id)], run_drive=auto)
+            if not auto:
+                raise SessionBusy(f"compaction failed: {error}")
+            return None
+        summary = text if text.startswith("[Summary of the earlier conversation]") else \
+            f"[Summary of the earlier conversation] {text}"
+        event = E.ContextCompacted(at=now, summary=summary, turns=turns, chars=len(summary), auto=auto,
+                                   turn_id=turn_id)
+        actor._commit([event], run_drive=auto)
+        return {"turns": turns, "chars": len(summary)}
+
+
+__all__ = ["DeltaPayload", "HostOptions", "Runtime", "summary_text", "system_messages"]

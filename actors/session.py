@@ -1,0 +1,629 @@
+"""SessionActor: the thin pykka shell around a session's pure model (``session_model``,
+``session_decide``).
+
+One mailbox per session. A message is handled as: validate -> decide events -> apply them ->
+``drive`` decides what follows -> append everything in one commit (expected version) -> publish
+-> start the effects the committed events imply (model call, tool run) on the worker loop.
+Model calls and tools never run on this thread; their outcomes come back as messages, so a
+busy session still answers cancel, status and subscribe at once (SPEC §2.4).
+
+Supervision (pykka has none, see RELIABILITY): an exception in a handler fails that request
+with a clear error, then the actor rebuilds its state from the store and recovers like after a
+crash; three failures within a minute park the session with the reason recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import pykka
+
+from eventstore import IdempotencyClaim, SessionloopError, StoreError, WrongExpectedVersion
+from eventstore import events as E
+
+from .context import model_view
+from .errors import ActorError, NotFound, SessionParked
+from .pubsub import Reply, TurnOutcome
+from .session_decide import (
+    AgentConfig,
+    decide_cancel,
+    decide_create,
+    decide_input,
+    decide_model_done,
+    decide_tool_done,
+    drive,
+    repairs_after_restart,
+    system_messages,
+)
+from .session_model import SessionState, decode_state, encode_state, evolve, new_state
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger("sessionloop.session")
+
+_TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
+_SUMMARY_EVENTS = (
+    E.SessionCreated, E.SessionRenamed, E.SessionArchived, E.SessionUnarchived, E.SessionDeleted,
+    E.SessionSeen, E.SessionParked, E.SessionUnparked, E.TurnStarted, *_TURN_END, E.MessagesImported,
+)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# --- messages ---------------------------------------------------------------------------------
+
+
+class Msg:
+    """A message to a session actor; requests carry a Reply the actor completes exactly once."""
+
+    __slots__ = ("reply",)
+
+    def __init__(self, reply: Reply | None = None) -> None:
+        self.reply = reply
+
+    def run(self, actor: SessionActor) -> None:  # pragma: no cover - every message overrides it
+        raise TypeError(type(self).__name__)
+
+
+class Create(Msg):
+    __slots__ = ("created", "initial")
+
+    def __init__(self, created: E.SessionCreated, initial: E.InputAccepted | None, reply: Reply) -> None:
+        super().__init__(reply)
+        self.created, self.initial = created, initial
+
+    def run(self, actor: SessionActor) -> None:
+        actor.on_create(self)
+
+
+class Send(Msg):
+    """An input for the FIFO queue; ``claim`` makes it idempotent (same key -> same receipt)."""
+
+    __slots__ = ("accepted", "claim", "check")
+
+    def __init__(self, accepted: E.InputAccepted, claim: IdempotencyClaim | None, reply: Reply,
+                 check: Any = None) -> None:
+        super().__init__(reply)
+        self.accepted, self.claim, self.check = accepted, claim, check
+
+    def run(self, actor: SessionActor) -> None:
+        actor.on_send(self)
+
+
+class Cancel(Msg):
+    __slots__ = ("turn_id", "reason")
+
+    def __init__(self, turn_id: str | None, reason: str, reply: Reply) -> None:
+        super().__init__(reply)
+        self.turn_id, self.reason = turn_id, reason
+
+    def run(self, actor: SessionActor) -> None:
+        actor.on_cancel(self)
+
+
+class ModelDone(Msg):
+    __slots__ = ("step_id", "response", "error", "duration_ms")
+
+    def __init__(self, step_id: str, response: Any, error: str | None, duration_ms: int) -> None:
+        super().__init__(None)
+        self.step_id, self.response, self.error, self.duration_ms = step_id, response, error, duration_ms
+
+    def run(self, actor: SessionActor) -> None:
+        actor.on_model_done(self)
+
+
+class ToolDone(Msg):
+    __slots__ = ("turn_id", "call_id", "result", "duration_ms")
+
+    def __init__(self, turn_id: str, call_id: str, result: Any, duration_ms: int) -> None:
+        super().__init__(None)
+        self.turn_id, self.call_id, self.result, self.duration_ms = turn_id, call_id, result, duration_ms
+
+    def run(self, actor: SessionActor) -> None:
+        actor.on_tool_done(self)
+
+
+class Apply(Msg):
+    """A command given as a function ``(state, now) -> events`` (pure, from session_decide), for
+    the many small commands (rename, archive, plan/clear, settings...)."""
+
+    __slots__ = ("decide", "drive")
+
+    def __init__(self, decide: Any, reply: Reply, drive: bool = True) -> None:
+        super().__init__(reply)
+        self.decide, self.drive = decide, drive
+
+    def run(self, actor: SessionActor) -> None:
+        actor.on_apply(self)
+
+
+class Query(Msg):
+    """Run ``fn(actor)`` on the actor thread and reply with its value (reads of live state)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Any, reply: Reply) -> None:
+        super().__init__(reply)
+        self.fn = fn
+
+    def run(self, actor: SessionActor) -> None:
+        assert self.reply is not None
+        self.reply.set(self.fn(actor))
+
+
+class Effect(Msg):
+    """A result from the worker loop that must be applied on the actor thread (checkpoints, compaction)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Any, reply: Reply | None = None) -> None:
+        super().__init__(reply)
+        self.fn = fn
+
+    def run(self, actor: SessionActor) -> None:
+        value = self.fn(actor)
+        if self.reply is not None:
+            self.reply.set(value)
+
+
+class Compact(Msg):
+    """Manual compaction: refused while a turn runs; the reply completes when the summary is in."""
+
+    def run(self, actor: SessionActor) -> None:
+        from .session_decide import ensure_usable
+
+        assert self.reply is not None
+        ensure_usable(actor.state)
+        actor.rt.compaction.start_manual(actor, self.reply)
+
+
+class Passivate(Msg):
+    __slots__ = ("routed",)
+
+    def __init__(self, routed: int) -> None:
+        super().__init__(None)
+        self.routed = routed
+
+    def run(self, actor: SessionActor) -> None:
+        actor.on_passivate(self)
+
+
+class Receipt(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``send`` answers (seed 000): ``accepted`` (opened a turn now), ``queued`` (behind
+    others), ``duplicate`` (this idempotency key was seen: the original turn), ``rejected``."""
+
+    state: str
+    turn_id: str | None = None
+    input_id: str | None = None
+    epoch: int = 0
+    seq: int = 0
+    position: int = 0
+    retry_after_ms: int | None = None
+
+
+_receipt_enc = msgspec.msgpack.Encoder()
+_receipt_dec = msgspec.msgpack.Decoder(Receipt)
+
+
+# --- the actor --------------------------------------------------------------------------------
+
+
+class SessionActor(pykka.ThreadingActor):
+    use_daemon_thread = True
+
+    @staticmethod
+    def _create_actor_inbox() -> Any:
+        # pykka's documented override point: the C ``SimpleQueue`` has the put/get/empty pykka
+        # uses and hands a message to a sleeping actor thread several times cheaper than the
+        # Condition-based ``queue.Queue`` (a few messages per turn, thousands of turns/s).
+        return queue.SimpleQueue()
+
+    def __init__(self, runtime: Runtime, session_id: str) -> None:
+        super().__init__()
+        self.rt = runtime
+        self.sid = session_id
+        self.stream = f"session-{session_id}"
+        self.state: SessionState = new_state(session_id)
+        self.channel = runtime.channel(session_id)
+        self.broken: BaseException | None = None
+        self._model_task: Any = None
+        self._tool_tasks: dict[str, Any] = {}
+        self._failures: list[float] = []
+        self._snapshot_version = 0
+        self._active: bool | None = None
+        self._workspace: Any = None
+        self._config: tuple[tuple[int, int], AgentConfig] | None = None
+        self.items: Any = None  # ItemsProjection, built on the first subscriber
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        try:
+            self._load()
+            self._recover()
+        except Exception as e:  # the directory answers every message with this error
+            log.exception("session %s failed to activate", self.sid)
+            self.broken = e
+
+    def on_receive(self, message: Any) -> Any:
+        if self.broken is not None:
+            if isinstance(message, Msg) and message.reply is not None:
+                message.reply.fail(ActorError(f"session {self.sid} cannot be activated: {self.broken}"))
+            return None
+        self._handle(message)
+        return None
+
+    def _handle(self, message: Any) -> None:
+        try:
+            message.run(self)
+        except SessionloopError as e:
+            # A refused command (the state is untouched) or a store failure (``_commit`` has
+            # reloaded the state): the request fails with the error; an internal message
+            # (a model or tool outcome) is retried, so a full disk does not lose a turn.
+            if message.reply is not None:
+                message.reply.fail(e)
+            elif isinstance(e, StoreError) and isinstance(message, Msg):
+                self.rt.retry_later(self.actor_ref, message, e)
+        except Exception as e:
+            self._supervise(message, e)
+
+    def on_stop(self) -> None:
+        self._cancel_tasks()
+
+    def _load(self) -> None:
+        store = self.rt.store
+        snap = store.load_snapshot(self.stream)
+        state = decode_state(snap.state) if snap is not None else None
+        if state is None:
+            state = new_state(self.sid)
+        for recorded in store.read_stream(self.stream, state.version + 1):
+            evolve(state, recorded.event)
+        self.state = state
+        self._snapshot_version = snap.version if snap is not None and state.version >= snap.version else 0
+        self._active = bool(state.current_turn or state.queue)
+        self.items = None
+
+    def _recover(self) -> None:
+        """Reconcile after activation: close what a crash interrupted, then let the loop go on."""
+        if self.state.created is None:
+            return
+        repairs = repairs_after_restart(self.state, now_ms())
+        if repairs or self.state.queue or self.state.current_turn:
+            self._commit(repairs)
+
+    def _supervise(self, message: Any, error: Exception) -> None:
+        log.exception("session %s failed handling %s", self.sid, type(message).__name__)
+        if isinstance(message, Msg) and message.reply is not None:
+            message.reply.fail(ActorError(
+                f"session {self.sid} failed while handling {type(message).__name__}: {error}; "
+                "it was reloaded from its events"))
+        now = time.monotonic()
+        self._failures = [t for t in self._failures if now - t < 60] + [now]
+        self._cancel_tasks()
+        try:
+            self._load()
+            if len(self._failures) >= self.rt.options.park_after_failures:
+                reason = f"{len(self._failures)} failures within a minute; last: {type(error).__name__}: {error}"
+                self._commit([E.SessionParked(at=now_ms(), reason=reason)], run_drive=False)
+                self.rt.results_fail_pending(self.state, "parked")
+            else:
+                self._recover()
+        except Exception:
+            log.exception("session %s could not recover; it stays stopped until reactivated", self.sid)
+            self.broken = error
+            self.rt.directory.forget(self.sid, self.actor_ref)
+            self.stop()
+
+    # --- commit, publish, effects ---------------------------------------------------------------
+
+    def config(self) -> AgentConfig:
+        """The effective agent options, cached until the host's or this session's settings change."""
+        key = (self.rt.config_generation, self.state.settings_rev)
+        if self._config is None or self._config[0] != key:
+            self._config = (key, self.rt.agent_config(self.state))
+        return self._config[1]
+
+    def workspace(self) -> Any:
+        if self._workspace is None:
+            self._workspace = self.rt.workspace(self.state)
+        return self._workspace
+
+    def _commit(self, events: list[E.Event], *, claim: IdempotencyClaim | None = None,
+                run_drive: bool = True) -> tuple[Any, list[E.Event]]:
+        """Apply ``events`` and what follows from them, append all as one commit, then publish.
+
+        The state is updated before the append (``drive`` needs the evolved state); if the
+        append fails the state is reloaded from the store, so nothing unpersisted survives.
+        A model step the provider can answer at once (the mock with nothing to wait for) is
+        taken into the same commit: a plain turn is then one commit (SPEC §10: "commit once
+        per step or per turn").
+        """
+        state = self.state
+        version = state.version
+        now = now_ms()
+        inline: set[str] = set()
+        compaction: str | None = None
+        try:
+            for event in events:
+                evolve(state, event)
+            all_events = list(events)
+            if run_drive:
+                compaction = self._drive(all_events, inline, now)
+            if not all_events:
+                return None, []
+            self.rt.faults.hit("before-commit")
+            result = self.rt.store.append(
+                self.stream, all_events, version, idempotency=claim, feed=self._app_id(),
+                meta=self._meta(all_events), flags=self._flags(),
+            )
+        except BaseException:
+            self._load()
+            raise
+        if result.duplicate:
+            self._load()
+            return result, []
+        self.rt.faults.hit("after-commit")
+        self._after_commit(all_events, inline, compaction, result)
+        return result, all_events
+
+    def _drive(self, out: list[E.Event], inline: set[str], now: int) -> str | None:
+        state, cfg = self.state, self.config()
+        check = self.rt.tool_checker(state, self.workspace)
+        apply = lambda e: evolve(state, e)  # noqa: E731
+        follow = drive(state, cfg, check, now, apply)
+        out.extend(follow.events)
+        while state.pending_llm is not None and follow.needs_compaction is None:
+            answered = self._answer_now(cfg, now)
+            if answered is None:
+                break
+            step_id, events = answered
+            for event in events:
+                evolve(state, event)
+            out.extend(events)
+            inline.add(step_id)
+            follow = drive(state, cfg, check, now, apply)
+            out.extend(follow.events)
+        return follow.needs_compaction
+
+    def _answer_now(self, cfg: AgentConfig, now: int) -> tuple[str, list[E.Event]] | None:
+        provider = self.rt.provider_for(self.state)
+        answer_now = getattr(provider, "answer_now", None)
+        if answer_now is None:
+            return None
+        state = self.state
+        step_id, turn_id = state.pending_llm, state.current_turn
+        assert step_id is not None and turn_id is not None
+        started = time.perf_counter()
+        try:
+            r = answer_now(self._model_request(cfg), self._delta_sink(step_id))
+        except SessionloopError as e:
+            return step_id, decide_model_done(state, step_id, None, str(e), now)
+        if r is None:
+            return None
+        completed = E.LlmCompleted(at=now, turn_id=turn_id, step_id=step_id, text=r.text, reasoning=r.reasoning,
+                                   tool_calls=list(r.tool_calls), usage=r.usage, model=r.model,
+                                   provider=r.provider, duration_ms=_ms_since(started))
+        return step_id, decide_model_done(state, step_id, completed, None, now)
+
+    def _model_request(self, cfg: AgentConfig) -> Any:
+        state = self.state
+        if cfg.context_chars is None and not state.summaries:
+            messages = system_messages(cfg) + state.messages
+        else:
+            messages, _ = model_view(system_messages(cfg) + state.messages, cfg.context_chars)
+        return self.rt.model_request(state, messages)
+
+    def _delta_sink(self, step_id: str) -> Any:
+        channel, delta, sid = self.channel, self.rt.delta_payload, self.sid
+
+        def on_delta(kind: str, text: str) -> None:
+            if channel.subscribers:
+                item_id = step_id if kind == "text" else f"{step_id}.thinking"
+                channel.publish("item/delta", delta(sid, item_id, text))
+
+        return on_delta
+
+    def _app_id(self) -> str | None:
+        created = self.state.created
+        return created.app_id if created is not None else None
+
+    def _meta(self, events: list[E.Event]) -> bytes | None:
+        if not any(isinstance(e, _SUMMARY_EVENTS) for e in events):
+            return None
+        return self.rt.summary_meta(self.state)
+
+    def _flags(self) -> dict[str, bool] | None:
+        active = bool(self.state.current_turn or self.state.queue)
+        if active == self._active:
+            return None
+        self._active = active
+        return {"active": active}
+
+    def _after_commit(self, events: list[E.Event], inline: set[str], compaction: str | None,
+                      result: Any) -> None:
+        state = self.state
+        if state.version - self._snapshot_version >= self.rt.options.snapshot_every:
+            self._save_snapshot()
+        if self.items is not None or self.channel.has_subscribers:
+            self._publish(events)
+        for event in events:
+            if isinstance(event, _TURN_END):
+                self.rt.turn_ended(state, event)
+            elif isinstance(event, E.LlmStarted) and event.step_id not in inline:
+                self._launch_model(event.turn_id, event.step_id)
+            elif isinstance(event, E.ToolStarted):
+                self._launch_tool(event.turn_id, event.call_id, event.tool, event.args)
+        self.rt.committed(self, events, result)
+        if compaction is not None:
+            self.rt.compaction.start_auto(self, compaction)
+
+    def _publish(self, events: list[E.Event]) -> None:
+        if self.items is None:
+            self.items = self.rt.build_items(self)
+            return  # built from the store, which already holds these events
+        pushes: list[tuple[str, Any]] = []
+        for event in events:
+            pushes.extend(self.items.apply(event))
+        if pushes:
+            self.channel.publish_many(pushes)
+
+    def _save_snapshot(self) -> None:
+        self.rt.store.save_snapshot(self.stream, self.state.version, encode_state(self.state))
+        self._snapshot_version = self.state.version
+
+    def _cancel_tasks(self) -> None:
+        if self._model_task is not None:
+            self._model_task.cancel()
+            self._model_task = None
+        for task in self._tool_tasks.values():
+            task.cancel()
+        self._tool_tasks.clear()
+
+    def _launch_model(self, turn_id: str, step_id: str) -> None:
+        request = self._model_request(self.config())
+        provider = self.rt.provider_for(self.state)
+        ref, on_delta = self.actor_ref, self._delta_sink(step_id)
+
+        async def call() -> None:
+            started = time.perf_counter()
+            try:
+                response = await provider.generate(request, on_delta)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                ref.tell(ModelDone(step_id, None, str(e) or type(e).__name__, _ms_since(started)))
+            else:
+                ref.tell(ModelDone(step_id, response, None, _ms_since(started)))
+
+        self._model_task = self.rt.worker.submit(call())
+
+    def _launch_tool(self, turn_id: str, call_id: str, tool: str, args: Any) -> None:
+        ref = self.actor_ref
+        ctx = self.rt.tool_context(self, turn_id, call_id)
+
+        async def run() -> None:
+            started = time.perf_counter()
+            result = await self.rt.tools.execute(tool, args, ctx)
+            ref.tell(ToolDone(turn_id, call_id, result, _ms_since(started)))
+
+        self._tool_tasks[call_id] = self.rt.worker.submit(run())
+
+    # --- handlers -------------------------------------------------------------------------------
+
+    def on_create(self, msg: Create) -> None:
+        events = decide_create(self.state, msg.created)
+        if msg.initial is not None:
+            events.append(msg.initial)
+        self._commit(events)
+        assert msg.reply is not None
+        msg.reply.set(self.sid)
+
+    def on_send(self, msg: Send) -> None:
+        assert msg.reply is not None
+        claim = msg.claim
+        if claim is not None:
+            known = self.rt.store.lookup_claim(claim)  # IdempotencyConflict for another body
+            if known is not None:
+                msg.reply.set(msgspec.structs.replace(_receipt_dec.decode(known.receipt), state="duplicate"))
+                return
+        if msg.check is not None:
+            rejected = msg.check(self.state)
+            if rejected is not None:
+                msg.reply.set(rejected)
+                return
+        accepted = msg.accepted
+        events = decide_input(self.state, accepted)
+        state = "accepted" if not self.state.is_busy and not self.state.queue else "queued"
+        receipt = Receipt(state=state, turn_id=accepted.turn_id, input_id=accepted.input_id,
+                          epoch=self.rt.epoch, seq=self.channel.seq)
+        if claim is not None:
+            claim = IdempotencyClaim(claim.scope, claim.key, claim.request_hash, _receipt_enc.encode(receipt))
+        result, _ = self._commit(events, claim=claim)
+        if result is not None and result.duplicate:
+            msg.reply.set(msgspec.structs.replace(_receipt_dec.decode(result.receipt), state="duplicate"))
+            return
+        msg.reply.set(msgspec.structs.replace(receipt, position=result.first_position if result else 0))
+
+    def on_cancel(self, msg: Cancel) -> None:
+        events = decide_cancel(self.state, msg.turn_id, msg.reason, now_ms())
+        if events:
+            self._cancel_tasks()
+            self._commit(events)
+        assert msg.reply is not None
+        msg.reply.set(bool(events))
+
+    def on_model_done(self, msg: ModelDone) -> None:
+        state = self.state
+        if state.pending_llm != msg.step_id or state.current_turn is None:
+            return
+        self._model_task = None
+        now = now_ms()
+        completed = None
+        r = msg.response
+        if r is not None:
+            completed = E.LlmCompleted(at=now, turn_id=state.current_turn, step_id=msg.step_id, text=r.text,
+                                       reasoning=r.reasoning, tool_calls=list(r.tool_calls), usage=r.usage,
+                                       model=r.model, provider=r.provider, duration_ms=msg.duration_ms)
+        self._commit(decide_model_done(state, msg.step_id, completed, msg.error, now))
+
+    def on_tool_done(self, msg: ToolDone) -> None:
+        self._tool_tasks.pop(msg.call_id, None)
+        r = msg.result
+        failed = r.is_error or (r.exit_code not in (None, 0))
+        finished = E.ToolFinished(at=now_ms(), turn_id=msg.turn_id, call_id=msg.call_id,
+                                  status="failed" if failed else "completed", output=r.output,
+                                  exit_code=r.exit_code, duration_ms=msg.duration_ms)
+        events = decide_tool_done(self.state, finished)
+        if events:
+            self._commit(events)
+
+    def on_apply(self, msg: Apply) -> None:
+        events = msg.decide(self.state, now_ms())
+        result = None
+        if events:
+            result, _ = self._commit(list(events), run_drive=msg.drive)
+        assert msg.reply is not None
+        msg.reply.set(result)
+
+    def on_passivate(self, msg: Passivate) -> None:
+        state = self.state
+        if state.current_turn or state.queue or self.channel.has_subscribers or self._tool_tasks:
+            return
+        if state.version > self._snapshot_version and state.created is not None:
+            self._save_snapshot()
+        if self.rt.directory.retire(self.sid, self.actor_ref, msg.routed):
+            self.stop()
+
+
+def _ms_since(started: float) -> int:
+    return int((time.perf_counter() - started) * 1000)
+
+
+def turn_outcome(state: SessionState, event: E.Event) -> TurnOutcome:
+    if isinstance(event, E.TurnCompleted):
+        return TurnOutcome(session_id=state.session_id, turn_id=event.turn_id, state="completed",
+                           output_text=event.output_text, outcome=event.outcome)
+    if isinstance(event, E.TurnLimitReached):
+        return TurnOutcome(session_id=state.session_id, turn_id=event.turn_id, state="completed",
+                           output_text="", outcome="silent", code="tool-limit",
+                           reason=f"stopped after {event.max_steps} model calls")
+    if isinstance(event, E.TurnAborted):
+        return TurnOutcome(session_id=state.session_id, turn_id=event.turn_id, state="failed", code="aborted",
+                           reason=event.reason, outcome="aborted")
+    assert isinstance(event, E.TurnFailed)
+    return TurnOutcome(session_id=state.session_id, turn_id=event.turn_id, state="failed", code=event.code,
+                       reason=event.reason, outcome="error")
+
+
+__all__ = [
+    "Apply", "Cancel", "Create", "Effect", "ModelDone", "Msg", "NotFound", "Passivate", "Query", "Receipt",
+    "Send", "SessionActor", "SessionParked", "ToolDone", "WrongExpectedVersion", "turn_outcome",
+]

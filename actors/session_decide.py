@@ -1,0 +1,286 @@
+"""Commands decide events; ``drive`` decides what follows on its own (pure, seed 002 default loop).
+
+Every function here is ``(state, command/config) -> events``: no I/O, no clock (``now`` and ids
+arrive in the command), no randomness. The actor shell applies the events, asks ``drive`` what
+follows from the new state, and commits everything as one append; only after the commit does
+it start the effects those events imply (a model call for ``llm.started``, a tool run for
+``tool.started``). Crash recovery is the same path: ``repairs_after_restart`` then ``drive``.
+
+The default loop, as the seed writes it: call the model with the messages and tool schemas; no
+tool calls -> the turn ends; else run each call in order, append its result, and call the model
+again; after ``maxSteps`` model calls the turn stops with a ``tool-limit`` notice that
+``turn/continue`` resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from eventstore import events as E
+
+from .context import model_view
+from .errors import Conflict, ExpectedTurnMismatch, InvalidCommand, NotFound, SessionBusy, SessionParked
+from .session_model import SessionState
+
+NOT_EXECUTED = "not executed: the turn ended before this tool call ran"
+
+
+class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The effective agent options for a session at the moment of a decision (seed 002 v0.22:
+    a reopened session uses the current configuration, not stored values)."""
+
+    system_prompt: str | None = None
+    max_steps: int = 20
+    context_chars: int | None = None
+    permission_mode: str = "acceptCalls"
+
+
+class ToolPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``drive`` needs to know about a tool (from the registry), as plain data."""
+
+    exists: bool
+    needs_approval: bool = False
+    error: str | None = None  # argument validation failure, named by field
+    display: E.ToolDisplay | None = None
+
+
+ToolCheck = Callable[[str, Any], ToolPolicy]
+
+
+class Drive(msgspec.Struct, kw_only=True):
+    events: list[E.Event]
+    needs_compaction: str | None = None  # turn id whose first model call must wait for a summary
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def ensure_usable(state: SessionState) -> None:
+    if state.created is None or state.deleted:
+        raise NotFound(f"session {state.session_id} not found")
+    if state.parked is not None:
+        raise SessionParked(f"session {state.session_id} is parked: {state.parked}")
+
+
+def decide_create(state: SessionState, created: E.SessionCreated) -> list[E.Event]:
+    if state.version:
+        raise Conflict(f"session {state.session_id} already exists")
+    return [created]
+
+
+def decide_input(state: SessionState, accepted: E.InputAccepted) -> list[E.Event]:
+    ensure_usable(state)
+    if any(q.input_id == accepted.input_id for q in state.queue) or accepted.turn_id in state.turns:
+        raise Conflict(f"input {accepted.input_id} was already accepted")
+    return [accepted]
+
+
+def decide_cancel(state: SessionState, turn_id: str | None, reason: str, now: int) -> list[E.Event]:
+    """Stop the running turn (seed 004 ``turn/abort``): unfinished calls are recorded aborted."""
+    ensure_usable(state)
+    current = state.current_turn
+    if current is None:
+        if turn_id is not None:
+            raise ExpectedTurnMismatch(f"turn {turn_id} is not running")
+        return []
+    if turn_id is not None and turn_id != current:
+        raise ExpectedTurnMismatch(f"turn {turn_id} is not the running turn ({current})")
+    events: list[E.Event] = []
+    if state.pending_llm is not None:
+        events.append(E.LlmFailed(at=now, turn_id=current, step_id=state.pending_llm, error="aborted", aborted=True))
+    events += _close_open_calls(state, current, now, "aborted", "cancel",
+                                "aborted: the turn was stopped before this tool call finished")
+    events.append(E.TurnAborted(at=now, turn_id=current, reason=reason))
+    return events
+
+
+def _close_open_calls(state: SessionState, turn_id: str, now: int, status: str, repair: str,
+                      text: str) -> list[E.Event]:
+    out: list[E.Event] = []
+    for call_id in state.batch:
+        rec = state.tool_calls.get(call_id)
+        if rec is None or rec.status not in ("generating", "running"):
+            continue
+        never_ran = rec.status == "generating"
+        out.append(E.ToolFinished(at=now, turn_id=turn_id, call_id=call_id, status=status,  # type: ignore[arg-type]
+                                  output={"error": NOT_EXECUTED if never_ran else text},
+                                  not_executed=never_ran, repair=repair))
+    return out
+
+
+def decide_model_done(state: SessionState, step_id: str, completed: E.LlmCompleted | None,
+                      error: str | None, now: int) -> list[E.Event]:
+    """The model answered (or failed) for ``step_id``; a stale answer (cancelled step) is dropped."""
+    if state.pending_llm != step_id or state.current_turn is None:
+        return []
+    turn_id = state.current_turn
+    if completed is not None:
+        events: list[E.Event] = [completed]
+        if not completed.tool_calls:
+            events.append(E.TurnCompleted(at=now, turn_id=turn_id, outcome="replied" if completed.text else "silent",
+                                          output_text=completed.text))
+        return events
+    return [
+        E.LlmFailed(at=now, turn_id=turn_id, step_id=step_id, error=error or "model call failed"),
+        E.TurnFailed(at=now, turn_id=turn_id, code="model-error", reason=error or "model call failed"),
+    ]
+
+
+def decide_tool_done(state: SessionState, finished: E.ToolFinished) -> list[E.Event]:
+    rec = state.tool_calls.get(finished.call_id)
+    if rec is None or rec.status != "running" or state.current_turn != finished.turn_id:
+        return []  # late result of an aborted call: the seed keeps it aborted
+    return [finished]
+
+
+def decide_rename(state: SessionState, title: str, now: int) -> list[E.Event]:
+    ensure_usable(state)
+    title = title.strip()
+    if not title:
+        raise InvalidCommand("title must not be empty")
+    return [E.SessionRenamed(at=now, title=title)]
+
+
+def decide_compact_allowed(state: SessionState) -> None:
+    ensure_usable(state)
+    if state.current_turn is not None:
+        raise SessionBusy(f"session {state.session_id} is running a turn; compact refuses while running")
+
+
+# --- drive: what follows by itself -------------------------------------------------------------
+
+
+def drive(state: SessionState, cfg: AgentConfig, check: ToolCheck, now: int,
+          apply: Callable[[E.Event], None]) -> Drive:
+    """Decide, apply (through ``apply``) and return every event that follows from ``state``
+    without outside input, until the session waits for a model, a tool, or new input."""
+    out = Drive(events=[])
+
+    def emit(event: E.Event) -> None:
+        out.events.append(event)
+        apply(event)
+
+    for _ in range(10_000):  # each round emits at least one event or returns
+        if state.parked is not None or state.deleted or state.created is None:
+            return out
+        turn_id = state.current_turn
+        if turn_id is None:
+            if not state.queue:
+                return out
+            _start_turn(state, cfg, now, emit)
+            continue
+        if state.pending_llm is not None:
+            return out
+        turn = state.turns[turn_id]
+        waiting = [state.tool_calls[c] for c in state.batch if c in state.tool_calls]
+        if any(rec.status == "running" for rec in waiting):
+            return out
+        nxt = next((rec for rec in waiting if rec.status == "generating"), None)
+        if nxt is not None:
+            _start_call(state, cfg, check, nxt, now, emit)
+            continue
+        if turn.llm_calls >= turn.max_steps_or(cfg.max_steps):
+            emit(E.TurnLimitReached(at=now, turn_id=turn_id, max_steps=turn.max_steps_or(cfg.max_steps)))
+            emit(E.NoticePosted(at=now, notice_id=f"{turn_id}.limit", topic="tool-limit", turn_id=turn_id,
+                                text=f"Stopped after {turn.max_steps_or(cfg.max_steps)} model calls; "
+                                     "continue to let the agent go on.", can_continue=True))
+            continue
+        if turn.llm_calls == 0 and _needs_compaction(state, cfg, turn_id):
+            out.needs_compaction = turn_id
+            return out
+        _start_model(state, cfg, turn_id, now, emit)
+    raise RuntimeError("drive did not settle")  # a bug: the loop must always make progress
+
+
+def _start_turn(state: SessionState, cfg: AgentConfig, now: int, emit: Callable[[E.Event], None]) -> None:
+    q = state.queue[0]
+    # seed 002 v0.22: before a new run, unanswered tool calls of an earlier turn get a
+    # "not executed" result so the provider never sees a call without its result.
+    last = state.turns[state.turn_order[-1]].message_start if state.turn_order else 0
+    recent = state.messages[last:]
+    answered = {m.tool_call_id for m in recent if m.role == "tool"}
+    for m in recent:
+        for call in m.tool_calls:
+            if call.call_id not in answered:
+                emit(E.ToolFinished(at=now, turn_id=m.turn_id or q.turn_id, call_id=call.call_id, status="failed",
+                                    output={"error": NOT_EXECUTED}, not_executed=True, repair="not-executed"))
+    emit(E.TurnStarted(at=now, turn_id=q.turn_id, input_ids=[q.input_id], source=q.source, max_steps=cfg.max_steps))
+
+
+def _needs_compaction(state: SessionState, cfg: AgentConfig, turn_id: str) -> bool:
+    if cfg.context_chars is None or state.turns[turn_id].compaction_tried:
+        return False
+    earlier = state.turns[turn_id].message_start
+    if earlier == 0:
+        return False  # nothing before the current turn to summarise
+    view, report = model_view(system_messages(cfg) + state.messages, cfg.context_chars)
+    return report.chars_before > cfg.context_chars
+
+
+def system_messages(cfg: AgentConfig) -> list[E.Message]:
+    return [E.Message(role="system", content=cfg.system_prompt)] if cfg.system_prompt else []
+
+
+def _start_model(state: SessionState, cfg: AgentConfig, turn_id: str, now: int,
+                 emit: Callable[[E.Event], None]) -> None:
+    step_id = f"{turn_id}.{state.turns[turn_id].llm_calls + 1}"
+    if cfg.context_chars is not None:
+        view, report = model_view(system_messages(cfg) + state.messages, cfg.context_chars)
+        if report.trimmed:
+            emit(E.ContextTrimmed(at=now, turn_id=turn_id, step_id=step_id, chars_before=report.chars_before,
+                                  chars_after=report.chars_after, omitted_outputs=report.omitted_outputs,
+                                  dropped_turns=report.dropped_turns))
+    emit(E.LlmStarted(at=now, turn_id=turn_id, step_id=step_id, message_count=len(state.messages)))
+
+
+def _start_call(state: SessionState, cfg: AgentConfig, check: ToolCheck, rec: Any, now: int,
+                emit: Callable[[E.Event], None]) -> None:
+    turn_id = state.current_turn
+    assert turn_id is not None
+    policy = check(rec.tool, rec.args)
+    if not policy.exists:
+        emit(E.ToolFinished(at=now, turn_id=turn_id, call_id=rec.call_id, status="failed",
+                            output={"error": f"unknown tool {rec.tool!r}"}))
+        return
+    if policy.error is not None:
+        emit(E.ToolFinished(at=now, turn_id=turn_id, call_id=rec.call_id, status="failed",
+                            output={"error": policy.error}))
+        return
+    if policy.needs_approval and cfg.permission_mode != "acceptCalls":
+        # permission mode ``deny`` refuses; ``ask`` with nobody to ask is the seed's "absent"
+        # settlement (approvals with presence come with the approval actor).
+        source = "ineligible" if cfg.permission_mode == "deny" else "absent"
+        settlement = E.Settlement(state="denied", source=source, at=now)  # type: ignore[arg-type]
+        why = "permission mode deny" if cfg.permission_mode == "deny" else "nobody was present to approve it"
+        emit(E.ToolFinished(at=now, turn_id=turn_id, call_id=rec.call_id, status="denied",
+                            output={"error": f"denied: {why}"}, settlement=settlement))
+        return
+    emit(E.ToolStarted(at=now, turn_id=turn_id, call_id=rec.call_id, tool=rec.tool, args=rec.args,
+                       display=policy.display))
+
+
+# --- recovery ---------------------------------------------------------------------------------
+
+
+def repairs_after_restart(state: SessionState, now: int) -> list[E.Event]:
+    """What a restart must record before the loop can go on (SPEC §4 crash rules): a tool call
+    that started and has no result is ``aborted`` (never re-run: it may have had side effects)
+    and the model is told; a model call without an answer is closed so it can be re-issued."""
+    turn_id = state.current_turn
+    if turn_id is None:
+        return []
+    events: list[E.Event] = []
+    for call_id in state.batch:
+        rec = state.tool_calls.get(call_id)
+        if rec is not None and rec.status == "running":
+            events.append(E.ToolFinished(
+                at=now, turn_id=turn_id, call_id=call_id, status="aborted", repair="crash",
+                output={"error": "aborted: the server stopped while this tool call was running; "
+                                 "it was not run again because it may have had side effects"}))
+    if state.pending_llm is not None:
+        events.append(E.LlmFailed(at=now, turn_id=turn_id, step_id=state.pending_llm,
+                                  error="interrupted: the server stopped during this model call", aborted=True))
+    return events
