@@ -58,7 +58,7 @@ class Directory:
         self._closed = False
         self.activations = 0
         self.passivations = 0
-        interval = sweep_interval if sweep_interval is not None else max(0.05, min(idle_timeout / 4, 30.0))
+        interval = sweep_interval if sweep_interval is not None else max(0.005, min(idle_timeout / 4, 30.0))
         self._stop = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep_loop, args=(interval,), name="sessionloop-directory",
                                          daemon=True)
