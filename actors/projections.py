@@ -131,9 +131,11 @@ def _speaker(speaker: E.Speaker | None, source: str | None = None) -> Speaker | 
 
 
 def _attachment(ref: E.AttachmentRef) -> ItemAttachment:
-    """Without ``src``: the gateway signs file handles per epoch (seed 004, 文件句柄)."""
+    """``src`` is ``blob:<sha256>``, an internal reference the gateway replaces by a signed,
+    epoch-bound download handle before anything leaves the server (seed 004, 文件句柄)."""
     kind = ref.kind if ref.kind in _ATTACHMENT_KINDS else "file"
-    return ItemAttachment(kind=cast(Literal["image", "audio", "video", "file"], kind), name=ref.name)
+    return ItemAttachment(kind=cast(Literal["image", "audio", "video", "file"], kind), name=ref.name,
+                          src=f"blob:{ref.sha256}")
 
 
 def _display(display: E.ToolDisplay | None, exit_code: int | None = None) -> ToolDisplay | None:
@@ -850,6 +852,8 @@ class SummaryRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True, 
     last_reason: str | None = None
     deleted: bool = False  # the Session Loop API's listing skips deleted sessions
     status: str = "idle"  # seed 002 session status (``session_model.Status``), for SessionInfo
+    app_id: str | None = None  # the app that created it (SPEC §5: an app sees only its own)
+    activity: str = "interactive"
 
 
 _record_encoder: Final = msgspec.msgpack.Encoder()
@@ -908,6 +912,8 @@ def summary_record(state: SessionState, attention: bool = False, background: int
         last_reason=reason,
         deleted=state.deleted,
         status=state.status.value,
+        app_id=created.app_id if created is not None else None,
+        activity=created.activity if created is not None else "interactive",
     )
 
 

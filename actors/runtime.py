@@ -87,7 +87,16 @@ class Runtime:
         self.config_generation = 0  # bump when a host-level setting changes
         self.listeners: list[Callable[[SessionActor, list[E.Event], Any], None]] = []
         self.config_resolvers: list[Callable[[Any, dict[str, Any]], None]] = []
+        self.attention_probes: list[Callable[[str], bool]] = []
+        self.background_probes: list[Callable[[str], int]] = []
+        self.disconnect_hooks: list[Callable[[Any], None]] = []
+        self.approval_listers: list[Callable[[str], list[Any]]] = []
+        self.settings_service: Any = None
         self.compaction = Compaction(self)
+        from .metrics import HostMetrics
+
+        self.metrics = HostMetrics(self)
+        self.listeners.append(self.metrics.committed)
         self.directory = Directory(
             lambda sid: SessionActor.start(self, sid),
             Passivate,
@@ -207,10 +216,17 @@ class Runtime:
     def delta_payload(self, session_id: str, item_id: str, text: str) -> DeltaPayload:
         return DeltaPayload(session_id, item_id, text)
 
-    def summary_meta(self, state: Any) -> bytes:
-        from .projections import encode_summary_record, summary_record
+    def attention(self, session_id: str) -> bool:
+        """Whether the session has a pushed, unsettled approval (the approvals layer answers)."""
+        return any(probe(session_id) for probe in self.attention_probes)
 
-        return encode_summary_record(summary_record(state))
+    def pending_approvals(self, session_id: str) -> list[Any]:
+        """The session's pushed, unsettled approvals for a subscribe snapshot."""
+        return [a for lister in self.approval_listers for a in lister(session_id)]
+
+    def background(self, session_id: str) -> int:
+        """The session's own running background tasks (the tasks layer answers)."""
+        return sum(probe(session_id) for probe in self.background_probes)
 
     def build_items(self, actor: SessionActor) -> Any:
         from .projections import ItemsProjection

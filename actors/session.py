@@ -242,6 +242,8 @@ class SessionActor(pykka.ThreadingActor):
         self._workspace: Any = None
         self._config: tuple[tuple[int, int], AgentConfig] | None = None
         self.items: Any = None  # ItemsProjection, built on the first subscriber
+        self.last_record: Any = None  # the listing record written by the latest commit
+        self.record_dirty = False
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -365,6 +367,7 @@ class SessionActor(pykka.ThreadingActor):
                 meta=self._meta(all_events), flags=self._flags(),
             )
         except BaseException:
+            self.record_dirty = False
             self._load()
             raise
         if result.duplicate:
@@ -403,7 +406,9 @@ class SessionActor(pykka.ThreadingActor):
         assert step_id is not None and turn_id is not None
         started = time.perf_counter()
         try:
-            r = answer_now(self._model_request(cfg), self._delta_sink(step_id))
+            # no live deltas for an answer that is complete at once: the committed item carries
+            # the whole text, and deltas would otherwise reach clients before the item exists
+            r = answer_now(self._model_request(cfg), _no_delta)
         except SessionloopError as e:
             return step_id, decide_model_done(state, step_id, None, str(e), now)
         if r is None:
@@ -436,9 +441,14 @@ class SessionActor(pykka.ThreadingActor):
         return created.app_id if created is not None else None
 
     def _meta(self, events: list[E.Event]) -> bytes | None:
+        """The listing record, rewritten by commits that change what a listing shows."""
         if not any(isinstance(e, _SUMMARY_EVENTS) for e in events):
             return None
-        return self.rt.summary_meta(self.state)
+        from .projections import encode_summary_record, summary_record
+
+        self.last_record = summary_record(self.state, self.rt.attention(self.sid), self.rt.background(self.sid))
+        self.record_dirty = True
+        return encode_summary_record(self.last_record)
 
     def _flags(self) -> dict[str, bool] | None:
         active = bool(self.state.current_turn or self.state.queue)
@@ -601,6 +611,10 @@ class SessionActor(pykka.ThreadingActor):
             self._save_snapshot()
         if self.rt.directory.retire(self.sid, self.actor_ref, msg.routed):
             self.stop()
+
+
+def _no_delta(kind: str, text: str) -> None:
+    return None
 
 
 def _ms_since(started: float) -> int:

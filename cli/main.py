@@ -28,5 +28,13 @@ def main() -> None:
     """
 
 
+def _register() -> None:
+    from .serve import serve
+
+    main.add_command(serve)
+
+
+_register()
+
 if __name__ == "__main__":  # pragma: no cover
     main()

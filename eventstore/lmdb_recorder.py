@@ -266,6 +266,8 @@ class LmdbRecorder:
             "map_resizes": self.map_resizes,
             "batches": self._committer.batches,
             "requests": self._committer.requests,
+            "last_batch_size": self.last_batch_size,
+            "commit_seconds": self.commit_seconds_total,
         }
 
     # --- writes ---------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from .errors import IdempotencyConflict
 from .codec import decode_event, encode_json, event_to_builtins
 from .events import Event
 from .lmdb_recorder import ANY_VERSION, DAY_MS, AppendOp, LmdbRecorder, MetaOp, SnapshotOp
@@ -279,6 +280,17 @@ class EventStore:
         v = self._rec.get_receipt(scope, key)
         if v is None:
             return None
+        return AppendResult(v.stream, v.first_version, v.last_version, v.first_position,
+                            v.last_position, v.at, True, v.claim.receipt)
+
+    def lookup_claim(self, claim: IdempotencyClaim) -> AppendResult | None:
+        """The original result if ``claim``'s key was used before with the same body, None if
+        the key is new; raises IdempotencyConflict if it was used with a different body."""
+        v = self._rec.get_receipt(claim.scope, claim.key)
+        if v is None:
+            return None
+        if v.claim.request_hash != claim.request_hash:
+            raise IdempotencyConflict(claim.scope, claim.key)
         return AppendResult(v.stream, v.first_version, v.last_version, v.first_position,
                             v.last_position, v.at, True, v.claim.receipt)
 

@@ -181,7 +181,8 @@ def test_a_turn_start_turns_its_inputs_into_opened_user_messages_then_starts_the
     message = pushes[0][1]
     assert isinstance(message, UserMessageItem)
     assert (message.turn_id, message.text, message.entry) == ("t1", "look", "opened")
-    assert message.attachments == [ItemAttachment(kind="image", name="cat.png")]  # no src: the gateway signs
+    # an internal blob reference: the gateway swaps it for a signed handle before sending
+    assert message.attachments == [ItemAttachment(kind="image", name="cat.png", src="blob:abc")]
     assert message.speaker is not None and message.speaker.source == "webui" and message.speaker.owner
     assert message.at == log.events[1].at  # when it was said
     turn = pushes[1][1]

@@ -1,0 +1,446 @@
+"""The session protocol's methods (seed 004), each a translation into session actor messages.
+
+Every handler is ``(conn, request_id, params) -> None`` and answers later through
+``conn.result`` / ``conn.error``; it never waits. Work that reads many records or touches files
+(listing, attachments, rewind) runs on the gateway's small thread pool, not on the gateway
+actor's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import SimpleNamespace
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from eventstore import events as E
+from protocol.errors import RpcError
+from protocol.listing import compute_room_groups, list_sessions
+from protocol.schemas import (
+    BatchFailure,
+    Empty,
+    HistoryResult,
+    RewindResult,
+    SessionBatchResult,
+    SessionResult,
+    SessionsChanged,
+    SessionsListResult,
+    SubscribeResult,
+)
+from protocol.schemas_types import decode_data_url
+
+from .blobs import kind_of, sniff_mime
+from .errors import InvalidCommand, NotFound
+from .pubsub import Reply
+from .session import Apply, Cancel, Compact, Create, Query, Send, now_ms
+from .session_decide import decide_cancel, decide_rename, ensure_usable
+
+if TYPE_CHECKING:
+    from .gateway import ClientConnection, SessionProtocolService
+
+log = logging.getLogger("sessionloop.gateway")
+
+Handler = Callable[["ClientConnection", Any, Any], None]
+MAX_ATTACHMENTS = 10
+MAX_ATTACHMENT_BYTES = 20 * 1024 * 1024  # each, and all of one message together (seed 000)
+EMPTY = Empty()
+
+
+def answer(conn: ClientConnection, request_id: Any, convert: Callable[[Any], msgspec.Struct]) -> Reply:
+    """A Reply whose completion answers the request (result converted, or the error)."""
+    reply = Reply()
+
+    def done(r: Reply) -> None:
+        value, error = r.outcome()
+        if error is not None:
+            conn.error(request_id, _as_rpc(error))
+            return
+        try:
+            conn.result(request_id, convert(value))
+        except Exception as e:  # a conversion bug must still answer the request
+            conn.error(request_id, e)
+
+    reply.add_callback(done)
+    return reply
+
+
+def _as_rpc(error: BaseException) -> BaseException:
+    if isinstance(error, InvalidCommand):
+        return RpcError.invalid_params(str(error))
+    return error
+
+
+def in_background(svc: SessionProtocolService, conn: ClientConnection, request_id: Any,
+                  work: Callable[[], msgspec.Struct]) -> None:
+    def run() -> None:
+        try:
+            conn.result(request_id, work())
+        except BaseException as e:
+            conn.error(request_id, _as_rpc(e))
+
+    svc.slow.submit(run)
+
+
+def build_handlers(svc: SessionProtocolService) -> dict[str, Handler]:
+    h = _Handlers(svc)
+    return {
+        "sessions/list": h.sessions_list,
+        "sessions/watch": h.sessions_watch,
+        "session/create": h.session_create,
+        "session/rename": h.session_rename,
+        "session/archive": lambda c, i, p: h.tree_op(c, i, p.session_id, "archive"),
+        "session/unarchive": lambda c, i, p: h.tree_op(c, i, p.session_id, "unarchive"),
+        "session/delete": lambda c, i, p: h.tree_op(c, i, p.session_id, "delete"),
+        "session/batch": h.session_batch,
+        "session/markSeen": h.mark_seen,
+        "session/subscribe": h.subscribe,
+        "session/unsubscribe": h.unsubscribe,
+        "session/history": h.history,
+        "turn/send": h.turn_send,
+        "turn/continue": h.turn_continue,
+        "turn/abort": h.turn_abort,
+        "session/compress": h.compress,
+        "turn/rewind": h.rewind,
+        "plan/clear": h.plan_clear,
+    }
+
+
+class _Handlers:
+    def __init__(self, svc: SessionProtocolService) -> None:
+        self.svc = svc
+        self.rt = svc.rt
+        self.index = svc.index
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def check(self, conn: ClientConnection, session_id: str) -> Any:
+        """The listing record of a session this connection may see; NotFound otherwise (an app
+        gets not-found, not forbidden, for another app's session: ids do not leak)."""
+        record = self.index.get(session_id)
+        if record is None or not conn.visible(record):
+            raise NotFound(f"session {session_id} not found")
+        return record
+
+    def summary(self, session_id: str) -> Any:
+        found = self.index.summaries_for([session_id])
+        if not found:
+            raise NotFound(f"session {session_id} not found")
+        return found[0]
+
+    def apply(self, conn: ClientConnection, request_id: Any, session_id: str,
+              decide: Callable[[Any, int], list[E.Event]], drive: bool = True) -> None:
+        self.check(conn, session_id)
+        self.rt.tell(session_id, Apply(decide, answer(conn, request_id, lambda _: EMPTY), drive))
+
+    # --- listing -------------------------------------------------------------------------------
+
+    def sessions_list(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        def work() -> SessionsListResult:
+            summaries = self.index.summaries(conn.visible)
+            records = {r.id: r for r in self.index.records()}
+
+            def terms(s: Any) -> list[str]:
+                rec = records.get(s.id)
+                named = [t for t in (rec.title, rec.name) if t] if rec is not None else []
+                return [s.id, *named]  # default names do not match (seed 004, 搜索)
+
+            if params.parent_id is not None:
+                self.check(conn, params.parent_id)
+            return list_sessions(summaries, params, search_terms=terms)
+
+        in_background(self.svc, conn, request_id, work)
+
+    def sessions_watch(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        batcher = _ChangeBatcher(self, conn)
+        self.index.watch(conn, batcher.add)
+        conn.result(request_id, EMPTY)
+
+    def changed(self, conn: ClientConnection, upserts: list[str], removes: list[str]) -> SessionsChanged:
+        visible = [sid for sid in upserts if (rec := self.index.get(sid)) is not None and conn.visible(rec)]
+        summaries = self.index.summaries_for(visible, conn.visible) if visible else []
+        rooms = self.index.summaries(lambda r: conn.visible(r) and r.kind == "room")
+        return SessionsChanged(upserts=summaries, removes=removes, groups=compute_room_groups(rooms))
+
+    # --- session lifecycle -------------------------------------------------------------------------
+
+    def session_create(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        if params.parent_id is not None and self.rt.settings_service is None:
+            # seed 004: with parentId and no session-settings service, answer unsupported, create nothing
+            raise RpcError.unsupported("creating a child session needs the session settings service")
+        if params.parent_id is not None:
+            self.check(conn, params.parent_id)
+        from .host import new_id
+
+        session_id = new_id()
+        speaker = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
+        created = E.SessionCreated(
+            at=now_ms(), session_id=session_id, name=params.name or "", kind="task" if params.parent_id else "owner",
+            parent_id=params.parent_id, app_id=conn.peer.app_id, created_by=speaker,
+            permission_mode=self.rt.options.permission_mode or "ask",
+        )
+        self.rt.tell(session_id, Create(created, None,
+                                        answer(conn, request_id, lambda _: SessionResult(session=self.summary(session_id)))))
+
+    def session_rename(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.apply(conn, request_id, params.session_id, lambda s, now: decide_rename(s, params.title, now))
+
+    def tree_op(self, conn: ClientConnection, request_id: Any, session_id: str, op: str,
+                done: Callable[[BaseException | None], None] | None = None) -> None:
+        """archive / unarchive / delete a session and every session below it (seed 004)."""
+        self.check(conn, session_id)
+        targets = [session_id, *self.index.descendants(session_id)]
+        pending = {"left": len(targets), "error": None}
+
+        def finished(r: Reply) -> None:
+            _, error = r.outcome()
+            if error is not None and not isinstance(error, NotFound):
+                pending["error"] = pending["error"] or error
+            pending["left"] -= 1  # type: ignore[operator]
+            if pending["left"] == 0:
+                err = pending["error"]
+                if done is not None:
+                    done(err)  # type: ignore[arg-type]
+                elif err is not None:
+                    conn.error(request_id, err)  # type: ignore[arg-type]
+                else:
+                    conn.result(request_id, EMPTY)
+
+        for sid in targets:
+            reply = Reply()
+            reply.add_callback(finished)
+            self.rt.tell(sid, Apply(_tree_decision(op), reply, drive=False))
+
+    def session_batch(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        failures: list[BatchFailure] = []
+        left = {"n": len(params.ids)}
+        if not params.ids:
+            conn.result(request_id, SessionBatchResult(failed=[]))
+            return
+
+        def one_done(session_id: str, error: BaseException | None) -> None:
+            if error is not None:
+                failures.append(BatchFailure(session_id=session_id, message=str(error)))
+            left["n"] -= 1
+            if left["n"] == 0:
+                conn.result(request_id, SessionBatchResult(failed=failures))
+
+        for sid in params.ids:
+            try:
+                self.tree_op(conn, request_id, sid, params.op, lambda e, sid=sid: one_done(sid, e))
+            except Exception as e:
+                one_done(sid, e)
+
+    def mark_seen(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.apply(conn, request_id, params.session_id, lambda s, now: (ensure_usable(s), [E.SessionSeen(at=now)])[1],
+                   drive=False)
+
+    # --- subscription and history ------------------------------------------------------------------
+
+    def subscribe(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        session_id = params.session_id
+        self.check(conn, session_id)
+        summary = self.summary(session_id)
+        svc = self.svc
+
+        def snapshot(actor: Any) -> None:
+            ensure_usable(actor.state)
+            if actor.items is None:
+                actor.items = self.rt.build_items(actor)
+            channel = actor.channel
+            with channel.lock:  # seed 004: no push of this session before the snapshot reply
+                items, before = actor.items.snapshot_items()
+                result = SubscribeResult(epoch=channel.epoch, seq=channel.seq, session=summary,
+                                         items=[svc.decorate(session_id, it) for it in items],
+                                         approvals=self.rt.pending_approvals(session_id), before=before)
+                conn.result(request_id, result)
+                channel.subscribers[conn] = conn
+            conn.subscriptions.add(session_id)
+
+        self.rt.tell(session_id, _Do(snapshot, conn, request_id))
+
+    def unsubscribe(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.check(conn, params.session_id)
+        self.rt.channel(params.session_id).remove(conn)
+        conn.subscriptions.discard(params.session_id)
+        conn.result(request_id, EMPTY)
+
+    def history(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        session_id = params.session_id
+        self.check(conn, session_id)
+
+        def page(actor: Any) -> HistoryResult:
+            ensure_usable(actor.state)
+            if actor.items is None:
+                actor.items = self.rt.build_items(actor)
+            items, before = actor.items.history_page(params.before, params.limit)
+            return HistoryResult(items=[self.svc.decorate(session_id, it) for it in items], before=before)
+
+        self.rt.tell(session_id, Query(page, answer(conn, request_id, lambda r: r)))
+
+    # --- turns -------------------------------------------------------------------------------------
+
+    def turn_send(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.check(conn, params.session_id)
+        if len(params.attachments) > MAX_ATTACHMENTS:
+            raise RpcError.invalid_params(f"params.attachments: at most {MAX_ATTACHMENTS} attachments")
+        if params.attachments:
+            in_background(self.svc, conn, request_id, lambda: self._send_with_files(conn, request_id, params))
+            return
+        self._send(conn, request_id, params.session_id, params.text, [])
+
+    def _send_with_files(self, conn: ClientConnection, request_id: Any, params: Any) -> msgspec.Struct:
+        refs = store_attachments(self.svc, params.attachments)
+        reply = Reply()
+        self.rt.tell(params.session_id, self._send_message(conn, params.session_id, params.text, refs, reply))
+        reply.result(self.rt.options.request_timeout_s)  # on the pool thread, not an actor's
+        return EMPTY
+
+    def _send(self, conn: ClientConnection, request_id: Any, session_id: str, text: str,
+              refs: list[E.AttachmentRef], source: str | None = None) -> None:
+        reply = answer(conn, request_id, lambda _: EMPTY)
+        self.rt.tell(session_id, self._send_message(conn, session_id, text, refs, reply, source))
+
+    def _send_message(self, conn: ClientConnection, session_id: str, text: str, refs: list[E.AttachmentRef],
+                      reply: Reply, source: str | None = None) -> Send:
+        from .host import new_id
+
+        speaker = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner,
+                            app_id=conn.peer.app_id)
+        accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=new_id(), text=text, attachments=refs,
+                                   speaker=speaker, source=source)
+        return Send(accepted, None, reply)
+
+    def turn_continue(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.check(conn, params.session_id)
+        self._send(conn, request_id, params.session_id, "", [], source="continue")
+
+    def turn_abort(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.check(conn, params.session_id)
+        self.rt.tell(params.session_id, Cancel(params.turn_id, "stopped by the owner",
+                                               answer(conn, request_id, lambda _: EMPTY)))
+
+    def compress(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.check(conn, params.session_id)
+        reply = Reply()
+
+        def done(r: Reply) -> None:
+            _, error = r.outcome()
+            if error is None:
+                conn.result(request_id, EMPTY)
+            else:  # seed 004: a compression that did not happen is internalError with its reason
+                conn.error(request_id, RpcError.internal_error(f"compression failed: {error}"))
+
+        reply.add_callback(done)
+        self.rt.tell(params.session_id, Compact(reply))
+
+    def rewind(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.check(conn, params.session_id)
+        from .host import Session
+
+        def work() -> RewindResult:
+            result = Session(SimpleNamespace(rt=self.rt), params.session_id).rewind(  # type: ignore[arg-type]
+                params.turn_id, params.scope)
+            return RewindResult(turn_id=result["turnId"], restored=result["restored"], removed=result["removed"],
+                                conflicts=result["conflicts"], deleted_messages=result.get("deletedMessages"),
+                                chat_deleted=result.get("chatDeleted"))
+
+        in_background(self.svc, conn, request_id, work)
+
+    def plan_clear(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.apply(conn, request_id, params.session_id,
+                   lambda s, now: (ensure_usable(s), [E.PlanCleared(at=now)] if s.plan else [])[1], drive=False)
+
+
+class _Do:
+    """Run ``fn(actor)`` on the session's thread; an error answers the request."""
+
+    __slots__ = ("fn", "conn", "request_id", "reply")
+
+    def __init__(self, fn: Callable[[Any], None], conn: ClientConnection, request_id: Any) -> None:
+        self.fn, self.conn, self.request_id, self.reply = fn, conn, request_id, None
+
+    def run(self, actor: Any) -> None:
+        try:
+            self.fn(actor)
+        except Exception as e:
+            self.conn.error(self.request_id, _as_rpc(e))
+
+
+def _tree_decision(op: str) -> Callable[[Any, int], list[E.Event]]:
+    def decide(state: Any, now: int) -> list[E.Event]:
+        ensure_usable(state)
+        if op == "archive":
+            return [] if state.archived else [E.SessionArchived(at=now)]
+        if op == "unarchive":
+            return [E.SessionUnarchived(at=now)] if state.archived else []
+        events: list[E.Event] = []
+        if state.current_turn is not None:
+            events += decide_cancel(state, None, "the session was deleted", now)
+        events += [E.InputDropped(at=now, input_id=q.input_id, turn_id=q.turn_id, reason="session deleted")
+                   for q in state.queue]
+        return events + [E.SessionDeleted(at=now)]
+
+    return decide
+
+
+def store_attachments(svc: SessionProtocolService, attachments: list[Any]) -> list[E.AttachmentRef]:
+    """Decode, check and store outgoing attachments (seed 004: base64 data URLs only; the type is
+    sniffed from the bytes; seed 000: at most 10, each and all together at most 20 MB)."""
+    refs: list[E.AttachmentRef] = []
+    total = 0
+    for i, att in enumerate(attachments):
+        decoded = decode_data_url(att.data)
+        if decoded is None:
+            raise RpcError.invalid_params(f"params.attachments[{i}].data: not a base64 data URL")
+        size = len(decoded.payload)
+        total += size
+        if size > MAX_ATTACHMENT_BYTES:
+            raise RpcError.invalid_params(f"params.attachments[{i}]: {size} bytes, more than 20 MB")
+        if total > MAX_ATTACHMENT_BYTES:
+            raise RpcError.invalid_params("params.attachments: more than 20 MB together")
+        mime = sniff_mime(decoded.payload)
+        digest = svc.blobs.put(decoded.payload)
+        refs.append(E.AttachmentRef(name=att.name, kind=kind_of(mime), mime=mime, size=size, sha256=digest))
+    return refs
+
+
+class _ChangeBatcher:
+    """Coalesces a connection's ``sessions/changed`` pushes to at most one per 50 ms: the seed
+    lets clients overwrite by id, so only the latest summary of each session matters."""
+
+    def __init__(self, handlers: _Handlers, conn: ClientConnection) -> None:
+        self.h = handlers
+        self.conn = conn
+        self.upserts: dict[str, None] = {}
+        self.removes: dict[str, None] = {}
+        self.scheduled = False
+        self.lock = threading.Lock()
+
+    def add(self, upserts: list[str], removes: list[str]) -> None:
+        with self.lock:
+            for sid in upserts:
+                self.upserts[sid] = None
+            for sid in removes:
+                self.removes[sid] = None
+                self.upserts.pop(sid, None)
+            if self.scheduled:
+                return
+            self.scheduled = True
+        loop = self.h.rt.worker.loop
+        loop.call_soon_threadsafe(loop.call_later, 0.05, lambda: self.h.svc.slow.submit(self.flush))
+
+    def flush(self) -> None:
+        with self.lock:
+            upserts, removes = list(self.upserts), list(self.removes)
+            self.upserts.clear()
+            self.removes.clear()
+            self.scheduled = False
+        if self.conn.closed or (not upserts and not removes):
+            return
+        try:
+            self.conn.notify("sessions/changed", self.h.changed(self.conn, upserts, removes))
+        except Exception:
+            log.exception("sessions/changed failed")

@@ -1,0 +1,183 @@
+"""``sessionloop serve``: the host, the gateway and the WebSocket transport in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import sys
+import tomllib
+from typing import Any
+
+import click
+
+from eventstore.errors import SessionloopError
+
+DEFAULT_DATA = ".sessionloop"
+DEFAULT_PORT = 8765
+TOKEN_FILE = "token"
+
+log = logging.getLogger("sessionloop.serve")
+
+
+def read_or_create_token(data_dir: str) -> tuple[str, bool]:
+    """The owner token of ``data_dir`` (file mode 0600), generated on first start: (token, new)."""
+    path = os.path.join(data_dir, TOKEN_FILE)
+    try:
+        with open(path) as f:
+            token = f.read().strip()
+        if token:
+            return token, False
+    except FileNotFoundError:
+        pass
+    os.makedirs(data_dir, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token, True
+
+
+def load_apps(path: str) -> dict[str, Any]:
+    """``apps.toml``: one ``[apps.<id>]`` table per app (token, platform, sessions, containers)."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise click.ClickException(f"{path}: not valid TOML: {e}") from e
+    apps = doc.get("apps", {})
+    if not isinstance(apps, dict):
+        raise click.ClickException(f"{path}: [apps] must be a table of app tables")
+    return apps
+
+
+class Server:
+    """Everything ``serve`` runs, startable from tests and benchmarks in one process too."""
+
+    def __init__(self, data_dir: str, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                 token: str | None = None, apps_file: str | None = None, durability: str = "sync",
+                 allowed_origins: tuple[str, ...] = (), max_frame_mb: int = 64, max_outbox_mb: float = 8.0,
+                 **host_options: Any) -> None:
+        from actors.host import Host
+        from protocol.transport import TransportConfig
+
+        self.data_dir = os.path.abspath(data_dir)
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.token_is_new = False
+        if token is None:
+            token, self.token_is_new = read_or_create_token(self.data_dir)
+        self.token = token
+        self.host = Host.open(self.data_dir, durability=durability, **host_options)
+        apps = load_apps(apps_file or os.path.join(self.data_dir, "apps.toml"))
+        self.service = self._service(apps)
+        self.config = TransportConfig(host=host, port=port, owner_token=token,
+                                      app_tokens=self._app_tokens(apps), allowed_origins=list(allowed_origins),
+                                      max_frame_bytes=max_frame_mb * 1024 * 1024,
+                                      max_outbox_bytes=int(max_outbox_mb * 1024 * 1024))
+        self.transport: Any = None
+
+    def _service(self, apps: dict[str, Any]) -> Any:
+        from actors.gateway import SessionProtocolService
+
+        service = SessionProtocolService(self.host.rt)
+        for hook in service_hooks:
+            hook(self, service, apps)
+        return service
+
+    def _app_tokens(self, apps: dict[str, Any]) -> dict[str, Any]:
+        from protocol.transport import AppCredential
+
+        tokens = {}
+        for app_id, table in apps.items():
+            token = table.get("token") if isinstance(table, dict) else None
+            if not isinstance(token, str) or not token:
+                raise click.ClickException(f"apps file: [apps.{app_id}] needs a token")
+            tokens[token] = AppCredential(app_id=app_id, platform=str(table.get("platform", app_id)))
+        return tokens
+
+    async def start(self) -> int:
+        from protocol.transport import SessionServer
+
+        from .metrics import render_metrics
+
+        self.transport = SessionServer(self.service, self.config, metrics=lambda: render_metrics(self.host),
+                                       health=self.health)
+        return await self.transport.start()
+
+    def health(self) -> dict[str, Any]:
+        info = self.host.store.info()
+        return {"status": "ok", "epoch": self.host.epoch, "durability": info["durability"],
+                "liveActors": self.host.rt.directory.live_count()}
+
+    async def stop(self) -> None:
+        if self.transport is not None:
+            await self.transport.stop()
+        self.service.close()
+        self.host.close()
+
+
+#: Later layers (Session Loop API, approvals, settings) register themselves here: (server, service, apps).
+service_hooks: list[Any] = []
+
+
+async def _run(server: Server, quiet: bool) -> None:
+    port = await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    info = server.host.store.info()
+    print(f"sessionloop listening on ws://{server.config.host}:{port}/session "
+          f"(data {server.data_dir}, durability {info['durability']}, epoch {server.host.epoch})", flush=True)
+    if server.token_is_new and not quiet:
+        print(f"owner token (saved to {os.path.join(server.data_dir, TOKEN_FILE)}, mode 0600): {server.token}",
+              flush=True)
+    await stop.wait()
+    print("sessionloop stopping: finishing writes in flight and closing connections", flush=True)
+    await server.stop()
+
+
+@click.command("serve")
+@click.option("--data", "data_dir", default=DEFAULT_DATA, show_default=True, help="Data directory (LMDB store, token).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int, help="TCP port; 0 picks a free one.")
+@click.option("--token", envvar="SESSIONLOOP_TOKEN", default=None,
+              help="Owner token (default: generated once into DATA/token).")
+@click.option("--apps", "apps_file", default=None, help="Apps file (default DATA/apps.toml).")
+@click.option("--durability", type=click.Choice(["sync", "nosync"]), default="sync", show_default=True,
+              help="sync: fsync before every acknowledgement; nosync: faster, survives a process crash only.")
+@click.option("--model", default="mock", show_default=True, help="Model provider: mock, openai.")
+@click.option("--allow-origin", "allowed_origins", multiple=True, help="Extra browser Origin to accept.")
+@click.option("--max-frame-mb", default=64, show_default=True, type=int, help="Hard WebSocket frame limit.")
+@click.option("--max-outbox-mb", default=8.0, show_default=True, type=float,
+              help="Per-connection outgoing buffer; a client that falls this far behind is closed (4008).")
+@click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
+def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
+          model: str, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float, quiet: bool) -> None:
+    """Serve sessions over WebSocket at ws://HOST:PORT/session.
+
+    \b
+    Example:
+      sessionloop serve --data ./.sessionloop --port 8765
+      sessionloop chat            # in another terminal
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        server = Server(data_dir, host=host, port=port, token=token, apps_file=apps_file, durability=durability,
+                        allowed_origins=allowed_origins, max_frame_mb=max_frame_mb, max_outbox_mb=max_outbox_mb,
+                        model=model)
+    except SessionloopError as e:
+        raise click.ClickException(str(e)) from e
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    try:
+        asyncio.run(_run(server, quiet))
+    except OSError as e:
+        server.service.close()
+        server.host.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from e

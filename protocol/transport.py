@@ -1,0 +1,277 @@
+"""The WebSocket transport: the one I/O shell of protocol/ (STYLE rule 1).
+
+It moves text between sockets and a session-protocol service (the seed's
+``connect(peer, send) -> {receive, close}``) and serves three small HTTP endpoints. It imports
+no actor: the service is anything with ``connect``, ``resolve_file`` and ``can_read``.
+
+* ``/session`` — the protocol, after authentication (``Authorization: Bearer`` or ``?token=``;
+  401 before the upgrade for a missing or wrong token) and an Origin check (403 before the
+  upgrade for a browser page of another origin);
+* ``GET /api/session-file?sessionId=…&handle=…`` — an attachment, as ``application/octet-stream``,
+  only for a handle the service issued for that session in this epoch;
+* ``GET /metrics`` (Prometheus text) and ``GET /healthz``.
+
+Every connection has a bounded outbox: pushes from actor threads are queued without blocking
+them; a client that does not read lets its outbox grow to ``max_outbox_bytes``, then it is
+closed with code 4008 ("slow consumer") — memory stays bounded and other clients are unaffected
+(RELIABILITY, websockets). A frame above the socket's hard limit closes with 1009; frames below
+it but above the application limit get an ``invalidRequest`` reply from the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import http
+import logging
+import threading
+import urllib.parse
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import msgspec
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+log = logging.getLogger("sessionloop.transport")
+
+CLOSE_SLOW_CONSUMER = 4008
+DEFAULT_MAX_OUTBOX = 8 * 1024 * 1024
+
+
+class Peer(msgspec.Struct, kw_only=True):
+    """An authenticated connection (seed 004 ``SessionPeer``): who, on which approval surface,
+    and how the server asks the transport to close it."""
+
+    platform: str
+    user_id: str
+    surface: str = "cli"
+    app_id: str | None = None
+    disconnect: Any = None  # Callable[[int, str], None]
+
+    @property
+    def is_owner(self) -> bool:
+        return self.app_id is None
+
+
+class AppCredential(msgspec.Struct, frozen=True, kw_only=True):
+    app_id: str
+    platform: str
+
+
+class ProtocolService(Protocol):
+    def connect(self, peer: Peer, send: Callable[[str], None]) -> Any: ...
+
+    def resolve_file(self, session_id: str, handle: str) -> tuple[str, str] | None: ...
+
+    def can_read(self, peer: Peer, session_id: str) -> bool: ...
+
+
+class TransportConfig(msgspec.Struct, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 8765
+    owner_token: str
+    app_tokens: dict[str, AppCredential] = {}
+    allowed_origins: list[str] = []  # besides same-host http(s) origins and no Origin at all
+    max_frame_bytes: int = 64 * 1024 * 1024  # the socket's hard limit (close 1009 above it)
+    max_outbox_bytes: int = DEFAULT_MAX_OUTBOX
+    ping_interval: float | None = 20.0
+    ping_timeout: float | None = 20.0
+
+
+class Outbox:
+    """A connection's bounded queue of frames to send, filled from any thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self._loop = loop
+        self._limit = limit
+        self._frames: deque[str] = deque()
+        self._size = 0
+        self._lock = threading.Lock()
+        self._ready = asyncio.Event()
+        self.overflowed = False
+        self.closed = False
+
+    def put(self, frame: str) -> None:
+        with self._lock:
+            if self.closed or self.overflowed:
+                return
+            self._frames.append(frame)
+            self._size += len(frame)
+            wake = len(self._frames) == 1
+            if self._size > self._limit:
+                self.overflowed = True
+                wake = True
+        if wake:
+            self._loop.call_soon_threadsafe(self._ready.set)
+
+    def take(self) -> list[str]:
+        with self._lock:
+            frames = list(self._frames)
+            self._frames.clear()
+            self._size = 0
+            return frames
+
+    async def wait(self) -> None:
+        await self._ready.wait()
+        self._ready.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._frames.clear()
+            self._size = 0
+        self._loop.call_soon_threadsafe(self._ready.set)
+
+
+class SessionServer:
+    def __init__(self, service: ProtocolService, config: TransportConfig,
+                 metrics: Callable[[], bytes] | None = None,
+                 health: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.service = service
+        self.config = config
+        self.metrics = metrics
+        self.health = health
+        self._server: Server | None = None
+        self.port: int | None = None
+        self.connections: set[ServerConnection] = set()
+
+    async def start(self) -> int:
+        self._server = await serve(
+            self._handle, self.config.host, self.config.port,
+            process_request=self._process_request, max_size=self.config.max_frame_bytes,
+            ping_interval=self.config.ping_interval, ping_timeout=self.config.ping_timeout,
+            compression=None,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self, reason: str = "server shutting down") -> None:
+        if self._server is None:
+            return
+        for ws in list(self.connections):
+            await ws.close(1001, reason[:120])
+        self._server.close()
+        await self._server.wait_closed()
+
+    # --- HTTP side ------------------------------------------------------------------------------
+
+    def _authenticate(self, request: Request) -> Peer | None:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
+        token = None
+        auth = request.headers.get("Authorization", "")
+        if auth.lower().startswith("bearer "):
+            token = auth[7:].strip()
+        elif "token" in query:
+            token = query["token"][0]
+        if not token:
+            return None
+        surface = query.get("surface", ["cli"])[0]
+        surface = surface if surface in ("cli", "webui") else "cli"
+        if hmac.compare_digest(token.encode(), self.config.owner_token.encode()):
+            return Peer(platform="console", user_id="owner", surface=surface)
+        for app_token, cred in self.config.app_tokens.items():
+            if hmac.compare_digest(token.encode(), app_token.encode()):
+                return Peer(platform=cred.platform, user_id=cred.app_id, surface=surface, app_id=cred.app_id)
+        return None
+
+    def _origin_allowed(self, request: Request) -> bool:
+        origin = request.headers.get("Origin")
+        if origin is None:
+            return True  # not a browser: terminals and bots send no Origin
+        if origin in self.config.allowed_origins:
+            return True
+        host = request.headers.get("Host", "")
+        parsed = urllib.parse.urlsplit(origin)
+        return parsed.scheme in ("http", "https") and parsed.netloc == host
+
+    async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = urllib.parse.urlsplit(request.path).path
+        if path == "/healthz":
+            body = msgspec.json.encode(self.health() if self.health else {"status": "ok"})
+            return _response(200, body, "application/json")
+        if path == "/metrics":
+            return _response(200, self.metrics() if self.metrics else b"", "text/plain; version=0.0.4")
+        if path not in ("/session", "/api/session-file"):
+            return _response(404, b"not found\n", "text/plain")
+        peer = self._authenticate(request)
+        if peer is None:
+            return _response(401, b"missing or wrong token\n", "text/plain", {"WWW-Authenticate": "Bearer"})
+        if not self._origin_allowed(request):
+            return _response(403, b"forbidden origin\n", "text/plain")
+        if path == "/api/session-file":
+            return await self._file(peer, request)
+        connection.peer = peer  # type: ignore[attr-defined]
+        return None
+
+    async def _file(self, peer: Peer, request: Request) -> Response:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
+        session_id = query.get("sessionId", [""])[0]
+        handle = query.get("handle", [""])[0]
+        found = self.service.resolve_file(session_id, handle) if session_id and handle else None
+        if found is None or not self.service.can_read(peer, session_id):
+            return _response(404, b"no such file\n", "text/plain")
+        path, name = found
+        data = await asyncio.get_running_loop().run_in_executor(None, _read, path)
+        quoted = urllib.parse.quote(name)
+        return _response(200, data, "application/octet-stream",
+                         {"Content-Disposition": f"attachment; filename*=UTF-8''{quoted}"})
+
+    # --- WebSocket side ---------------------------------------------------------------------------
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        peer: Peer = ws.peer  # type: ignore[attr-defined]
+        loop = asyncio.get_running_loop()
+        outbox = Outbox(loop, self.config.max_outbox_bytes)
+
+        def disconnect(code: int, reason: str) -> None:
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(_close(ws, code, reason)))
+
+        peer.disconnect = disconnect
+        conn = self.service.connect(peer, outbox.put)
+        self.connections.add(ws)
+        writer = asyncio.ensure_future(self._write(ws, outbox))
+        try:
+            async for message in ws:
+                conn.receive(message)
+        except ConnectionClosed:
+            pass
+        finally:
+            self.connections.discard(ws)
+            outbox.close()
+            conn.close()
+            writer.cancel()
+
+    async def _write(self, ws: ServerConnection, outbox: Outbox) -> None:
+        try:
+            while True:
+                await outbox.wait()
+                if outbox.overflowed:
+                    await _close(ws, CLOSE_SLOW_CONSUMER, "slow consumer: outgoing buffer full")
+                    return
+                for frame in outbox.take():
+                    await ws.send(frame)
+                if outbox.closed:
+                    return
+        except ConnectionClosed:
+            return
+
+
+async def _close(ws: ServerConnection, code: int, reason: str) -> None:
+    encoded = reason.encode("utf-8")[:123].decode("utf-8", "ignore")  # close frames carry 123 bytes
+    await ws.close(code, encoded)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _response(status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> Response:
+    headers = Headers({"Content-Type": content_type, "Content-Length": str(len(body)), "Connection": "close"})
+    for key, value in (extra or {}).items():
+        headers[key] = value
+    return Response(status, http.HTTPStatus(status).phrase, headers, body)
