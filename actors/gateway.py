@@ -193,7 +193,8 @@ class SessionProtocolService:
     """What the transport talks to (seed 004 ``SessionProtocolService``): ``connect`` and
     ``resolve_file``. Owns the gateway actor, the listing index and the file-handle key."""
 
-    def __init__(self, runtime: Runtime, *, limits: Limits | None = None) -> None:
+    def __init__(self, runtime: Runtime, *, limits: Limits | None = None, host: Any = None) -> None:
+        from .gateway_loop import loop_handlers
         from .gateway_methods import build_handlers
 
         self.rt = runtime
@@ -207,6 +208,8 @@ class SessionProtocolService:
         self.connections: set[ClientConnection] = set()
         self._lock = threading.Lock()
         self.handlers = build_handlers(self)
+        if host is not None:
+            self.handlers.update(loop_handlers(self, host))
         runtime.listeners.append(self._on_commit)
         self.gateway = GatewayActor.start(self)
 

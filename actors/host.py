@@ -60,7 +60,18 @@ class Host:
     """
 
     def __init__(self, runtime: Runtime) -> None:
+        from .session_loop import AppRegistry, Watchers
+
+        from .session_loop import spawn_session_spec
+
         self.rt = runtime
+        runtime.host = self
+        if "spawn_session" not in runtime.tools:
+            runtime.tools.register(spawn_session_spec())
+        self.apps = AppRegistry()
+        self.loop_watchers = Watchers()
+        runtime.loop_watchers = self.loop_watchers
+        runtime.listeners.append(self._emit_loop_events)
         for session_id in runtime.store.flagged("active"):
             if session_id.startswith("session-"):
                 runtime.tell(session_id[len("session-"):], Query(lambda a: None, Reply()))
@@ -95,6 +106,41 @@ class Host:
     def store(self) -> Any:
         return self.rt.store
 
+    # --- the Session Loop API (seeds 000/001) ------------------------------------------------------
+
+    def register_app(self, app_id: str, *, platform: str = "", sessions: bool = True,
+                     containers: list[str] | tuple[str, ...] = (), token: str | None = None) -> None:
+        """Register an app (the seeds' minitool) with its manifest."""
+        from .session_loop import AppManifest
+
+        self.apps.register(AppManifest(id=app_id, platform=platform or app_id, sessions=sessions,
+                                       containers=list(containers), token=token))
+
+    def sessions(self, app: str) -> Any:
+        """The Session Loop API handle of a registered app (sync)."""
+        from .session_loop import SessionLoop
+
+        return SessionLoop(self, self.apps.get(app))
+
+    def async_sessions(self, app: str) -> Any:
+        """The same API with coroutines, for asyncio bots."""
+        from .session_loop import AsyncSessionLoop, SessionLoop
+
+        return AsyncSessionLoop(SessionLoop(self, self.apps.get(app)))
+
+    def _emit_loop_events(self, actor: Any, events: list[E.Event], result: Any) -> None:
+        from .session_loop import feed_event
+
+        app = actor.state.created.app_id if actor.state.created is not None else None
+        if app is None or not self.loop_watchers.any(app):
+            return
+        for i, event in enumerate(events):
+            recorded = RecordedEvent(actor.stream, result.first_version + i, result.first_position + i, result.at,
+                                     event)
+            loop_event = feed_event(recorded)
+            if loop_event is not None:
+                self.loop_watchers.emit(app, loop_event)
+
     # --- the session service (seed 002) -----------------------------------------------------------
 
     def create(self, *, title: str = "", name: str = "", permission_mode: str | None = None,
@@ -117,8 +163,8 @@ class Host:
         if initial_input is not None:
             initial = E.InputAccepted(at=now, input_id=new_id(), turn_id=new_id(), text=initial_input,
                                       idempotency_key=idempotency_key)
-        self.rt.ask(session_id, lambda r: Create(event, initial, r))
-        session = Session(self, session_id)
+        created_now = self.rt.ask(session_id, lambda r: Create(event, initial, r))
+        session = Session(self, created_now.session_id)
         session.initial_turn_id = initial.turn_id if initial is not None else None
         return session
 

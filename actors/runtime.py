@@ -92,6 +92,8 @@ class Runtime:
         self.disconnect_hooks: list[Callable[[Any], None]] = []
         self.approval_listers: list[Callable[[str], list[Any]]] = []
         self.settings_service: Any = None
+        self._app_lock = threading.Lock()
+        self.app_unfinished: dict[str, int] = {}
         self.compaction = Compaction(self)
         from .metrics import HostMetrics
 
@@ -219,6 +221,10 @@ class Runtime:
     def attention(self, session_id: str) -> bool:
         """Whether the session has a pushed, unsettled approval (the approvals layer answers)."""
         return any(probe(session_id) for probe in self.attention_probes)
+
+    def app_unfinished_add(self, app_id: str, delta: int) -> None:
+        with self._app_lock:
+            self.app_unfinished[app_id] = self.app_unfinished.get(app_id, 0) + delta
 
     def pending_approvals(self, session_id: str) -> list[Any]:
         """The session's pushed, unsettled approvals for a subscribe snapshot."""

@@ -26,6 +26,7 @@ import pykka
 from eventstore import IdempotencyClaim, SessionloopError, StoreError, WrongExpectedVersion
 from eventstore import events as E
 
+from .caller import CURRENT_CALL, CallerContext
 from .context import model_view
 from .errors import ActorError, NotFound, SessionParked
 from .pubsub import Reply, TurnOutcome
@@ -74,11 +75,15 @@ class Msg:
 
 
 class Create(Msg):
-    __slots__ = ("created", "initial")
+    """Create the session, with its first input in the same commit (no ghost session if that
+    fails); ``claim`` makes a retried create answer with the session it made the first time."""
 
-    def __init__(self, created: E.SessionCreated, initial: E.InputAccepted | None, reply: Reply) -> None:
+    __slots__ = ("created", "initial", "claim")
+
+    def __init__(self, created: E.SessionCreated, initial: E.InputAccepted | None, reply: Reply,
+                 claim: IdempotencyClaim | None = None) -> None:
         super().__init__(reply)
-        self.created, self.initial = created, initial
+        self.created, self.initial, self.claim = created, initial, claim
 
     def run(self, actor: SessionActor) -> None:
         actor.on_create(self)
@@ -209,6 +214,14 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
     retry_after_ms: int | None = None
 
 
+class Created(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    turn_id: str | None = None
+    duplicate: bool = False
+
+
+_created_enc = msgspec.msgpack.Encoder()
+_created_dec = msgspec.msgpack.Decoder(Created)
 _receipt_enc = msgspec.msgpack.Encoder()
 _receipt_dec = msgspec.msgpack.Decoder(Receipt)
 
@@ -240,6 +253,7 @@ class SessionActor(pykka.ThreadingActor):
         self._snapshot_version = 0
         self._active: bool | None = None
         self._workspace: Any = None
+        self._unfinished = 0
         self._config: tuple[tuple[int, int], AgentConfig] | None = None
         self.items: Any = None  # ItemsProjection, built on the first subscriber
         self.last_record: Any = None  # the listing record written by the latest commit
@@ -279,6 +293,10 @@ class SessionActor(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self._cancel_tasks()
+        app = self._app_id()
+        if app is not None and self._unfinished:
+            self.rt.app_unfinished_add(app, -self._unfinished)
+            self._unfinished = 0
 
     def _load(self) -> None:
         store = self.rt.store
@@ -292,6 +310,17 @@ class SessionActor(pykka.ThreadingActor):
         self._snapshot_version = snap.version if snap is not None and state.version >= snap.version else 0
         self._active = bool(state.current_turn or state.queue)
         self.items = None
+        self._account_unfinished()
+
+    def _account_unfinished(self) -> None:
+        """Keep the host's count of each app's unfinished turns (seed 000 quota: 200 per app)."""
+        app = self._app_id()
+        if app is None:
+            return
+        now = self.state.unfinished_turns()
+        if now != self._unfinished:
+            self.rt.app_unfinished_add(app, now - self._unfinished)
+            self._unfinished = now
 
     def _recover(self) -> None:
         """Reconcile after activation: close what a crash interrupted, then let the loop go on."""
@@ -428,11 +457,18 @@ class SessionActor(pykka.ThreadingActor):
 
     def _delta_sink(self, step_id: str) -> Any:
         channel, delta, sid = self.channel, self.rt.delta_payload, self.sid
+        app, watchers = self._app_id(), getattr(self.rt, "loop_watchers", None)
+        turn_id = self.state.current_turn
 
         def on_delta(kind: str, text: str) -> None:
             if channel.subscribers:
                 item_id = step_id if kind == "text" else f"{step_id}.thinking"
                 channel.publish("item/delta", delta(sid, item_id, text))
+            if app is not None and watchers is not None and kind == "text" and watchers.any(app):
+                from .session_loop import LoopEvent  # seed 000: assistant.delta is live only
+
+                watchers.emit(app, LoopEvent(cursor=0, session_id=sid, type="assistant.delta", at=now_ms(),
+                                             turn_id=turn_id, data={"text": text}))
 
         return on_delta
 
@@ -471,6 +507,7 @@ class SessionActor(pykka.ThreadingActor):
                 self._launch_model(event.turn_id, event.step_id)
             elif isinstance(event, E.ToolStarted):
                 self._launch_tool(event.turn_id, event.call_id, event.tool, event.args)
+        self._account_unfinished()
         self.rt.committed(self, events, result)
         if compaction is not None:
             self.rt.compaction.start_auto(self, compaction)
@@ -519,7 +556,10 @@ class SessionActor(pykka.ThreadingActor):
         ref = self.actor_ref
         ctx = self.rt.tool_context(self, turn_id, call_id)
 
+        caller = CallerContext(session_id=self.sid, turn_id=turn_id, call_id=call_id)
+
         async def run() -> None:
+            CURRENT_CALL.set(caller)  # this task's own context: only this tool sees it
             started = time.perf_counter()
             result = await self.rt.tools.execute(tool, args, ctx)
             ref.tell(ToolDone(turn_id, call_id, result, _ms_since(started)))
@@ -529,12 +569,24 @@ class SessionActor(pykka.ThreadingActor):
     # --- handlers -------------------------------------------------------------------------------
 
     def on_create(self, msg: Create) -> None:
+        assert msg.reply is not None
+        claim = msg.claim
+        if claim is not None:
+            known = self.rt.store.lookup_claim(claim)
+            if known is not None:
+                msg.reply.set(_created_dec.decode(known.receipt))
+                return
         events = decide_create(self.state, msg.created)
         if msg.initial is not None:
             events.append(msg.initial)
-        self._commit(events)
-        assert msg.reply is not None
-        msg.reply.set(self.sid)
+        created = Created(session_id=self.sid, turn_id=msg.initial.turn_id if msg.initial else None)
+        if claim is not None:
+            claim = IdempotencyClaim(claim.scope, claim.key, claim.request_hash, _created_enc.encode(created))
+        result, _ = self._commit(events, claim=claim)
+        if result is not None and result.duplicate:
+            msg.reply.set(msgspec.structs.replace(_created_dec.decode(result.receipt), duplicate=True))
+            return
+        msg.reply.set(created)
 
     def on_send(self, msg: Send) -> None:
         assert msg.reply is not None

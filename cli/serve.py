@@ -83,7 +83,13 @@ class Server:
     def _service(self, apps: dict[str, Any]) -> Any:
         from actors.gateway import SessionProtocolService
 
-        service = SessionProtocolService(self.host.rt)
+        service = SessionProtocolService(self.host.rt, host=self.host)
+        for app_id, table in apps.items():
+            if isinstance(table, dict):
+                self.host.register_app(app_id, platform=str(table.get("platform", app_id)),
+                                       sessions=bool(table.get("sessions", True)),
+                                       containers=[str(c) for c in table.get("containers", [])],
+                                       token=table.get("token"))
         for hook in service_hooks:
             hook(self, service, apps)
         return service

@@ -221,8 +221,6 @@ class SessionUnparked(Event, tag="session.unparked", kw_only=True):
 class InputAccepted(Event, tag="input.accepted", kw_only=True):
     """An input was accepted into the session's FIFO queue; it will open (or join) ``turn_id``."""
 
-    feed: ClassVar[bool] = True
-
     input_id: str
     turn_id: str
     text: str = ""

@@ -107,6 +107,7 @@ class LoopSendResult(Wire, frozen=True, kw_only=True):
     seq: int
     turn_id: str | None = None
     retry_after_ms: int | None = None
+    cursor: str | None = None  # ``loop/listEvents`` with ``after: cursor`` shows exactly this input's events
 
 
 class LoopWaitForTurnParams(Wire, frozen=True, kw_only=True):

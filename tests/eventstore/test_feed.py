@@ -7,6 +7,8 @@ import time
 from eventstore import EventStore
 from eventstore.events import InputAccepted, LlmStarted, TurnCompleted, TurnStarted
 
+assert not InputAccepted.feed  # inputs are not in the bots' feed; their turn events are
+
 
 def test_only_feed_visible_events_are_indexed_for_the_app(store):
     store.append("session-a", [TurnStarted(turn_id="t"), LlmStarted(turn_id="t", step_id="s"),
@@ -28,10 +30,10 @@ def test_the_feed_cursor_is_the_global_position(store):
 def test_the_feed_keeps_at_most_the_configured_events_per_app(store_path):
     with EventStore.open(store_path, durability="nosync", feed_max_events=10) as s:
         for i in range(25):
-            s.append("session-a", [InputAccepted(input_id=str(i), turn_id=str(i))], i, feed="bot")
+            s.append("session-a", [TurnStarted(turn_id=str(i))], i, feed="bot")
         s.append("session-b", [TurnStarted(turn_id="x")], 0, feed="other")
         feed = s.read_feed("bot", limit=100)
-        assert [e.event.input_id for e in feed] == [str(i) for i in range(15, 25)]
+        assert [e.event.turn_id for e in feed] == [str(i) for i in range(15, 25)]
         assert len(s.read_feed("other")) == 1
         # the log itself is never pruned
         assert s.stream_version("session-a") == 25

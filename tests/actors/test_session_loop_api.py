@@ -1,0 +1,298 @@
+"""Seeds 000/001, the Session Loop API: one named test per rule, on a real host."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from actors.errors import Forbidden, InvalidCommand, NotFound
+from eventstore import IdempotencyConflict
+from eventstore import events as E
+
+
+@pytest.fixture
+def loop_host(open_host):
+    host = open_host()
+    host.register_app("mybot", platform="telegram", containers=["inbox", "workers"])
+    host.register_app("other", platform="slack", containers=["inbox"])
+    return host
+
+
+@pytest.fixture
+def bot(loop_host):
+    return loop_host.sessions(app="mybot")
+
+
+def test_create_in_a_declared_container_makes_a_room_of_the_app(loop_host, bot):
+    s = bot.create(container_id="inbox", title="Chat with Alice")
+    record = loop_host.list()[0]
+    assert record.id == s.session_id and record.kind == "room"
+    created = loop_host.session(s.session_id).events()[0].event
+    assert (created.app_id, created.platform, created.instance, created.container_id) == (
+        "mybot", "telegram", "mybot", "inbox")
+
+
+def test_create_in_a_space_looks_like_an_owner_session_but_belongs_to_the_app(loop_host, bot):
+    s = bot.create(space={"spaceId": "home"})
+    created = loop_host.session(s.session_id).events()[0].event
+    assert (created.kind, created.space_id, created.app_id) == ("owner", "home", "mybot")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "exactly one placement"),
+    ({"container_id": "inbox", "space": {"spaceId": "x"}}, "exactly one placement"),
+    ({"container_id": "secret"}, "container 'secret' is not declared"),
+    ({"space": {"id": "x"}}, "spaceId"),
+    ({"container_id": "inbox", "activity": "sometimes"}, "activity"),
+])
+def test_placement_rules_are_enforced_with_an_error_naming_the_problem(bot, kwargs, message):
+    with pytest.raises(InvalidCommand, match=message):
+        bot.create(**kwargs)
+
+
+def test_an_app_without_permissions_sessions_is_refused(loop_host):
+    loop_host.register_app("muted", sessions=False)
+    with pytest.raises(Forbidden, match="permissions.sessions"):
+        loop_host.sessions(app="muted")
+
+
+def test_interactive_defaults_to_ask_and_background_to_accept_calls(loop_host, bot):
+    a = bot.create(container_id="inbox")
+    b = bot.create(container_id="inbox", activity="background")
+    modes = [loop_host.session(s.session_id).events()[0].event.permission_mode for s in (a, b)]
+    assert modes == ["ask", "acceptCalls"]
+
+
+def test_context_caller_outside_a_tool_execution_is_an_error(bot):
+    with pytest.raises(InvalidCommand, match="inside a tool's execution"):
+        bot.create(container_id="workers", context="caller")
+
+
+def test_create_with_an_initial_message_returns_its_turn_and_runs_it(bot):
+    s = bot.create(container_id="inbox", initial_message={"text": "Hello from the bot.", "idempotencyKey": "w-1"})
+    assert s.turn_id is not None
+    assert bot.wait_for_turn(s.session_id, s.turn_id).output_text == "echo: Hello from the bot."
+
+
+def test_create_with_an_initial_message_that_fails_leaves_no_session(loop_host, bot):
+    loop_host.rt.faults.arm("before-commit", RuntimeError("between the writes"))
+    with pytest.raises(Exception, match="between the writes"):
+        bot.create(container_id="inbox", initial_message={"text": "hi", "idempotencyKey": "ghost"})
+    assert loop_host.list() == []
+
+
+def test_a_retried_create_with_the_same_initial_key_returns_the_same_session(loop_host, bot):
+    first = bot.create(container_id="inbox", initial_message={"text": "hi", "idempotencyKey": "dup-create"})
+    again = bot.create(container_id="inbox", initial_message={"text": "hi", "idempotencyKey": "dup-create"})
+    assert (again.session_id, again.turn_id) == (first.session_id, first.turn_id)
+    assert len(loop_host.list()) == 1
+
+
+def test_send_requires_an_idempotency_key_of_at_most_512_characters(bot):
+    s = bot.create(container_id="inbox")
+    with pytest.raises(InvalidCommand, match="idempotency_key is required"):
+        bot.send(s.session_id, "hi", idempotency_key="")
+    with pytest.raises(InvalidCommand, match="at most 512"):
+        bot.send(s.session_id, "hi", idempotency_key="k" * 513)
+    assert bot.send(s.session_id, "hi", idempotency_key="k" * 512).state == "accepted"
+
+
+def test_text_is_limited_to_100000_characters(bot):
+    s = bot.create(container_id="inbox")
+    with pytest.raises(InvalidCommand, match="at most 100000"):
+        bot.send(s.session_id, "x" * 100_001, idempotency_key="big")
+
+
+def test_attachment_limits_are_ten_and_20_mb(bot):
+    s = bot.create(container_id="inbox")
+    ref = E.AttachmentRef(name="a", kind="file", mime="application/octet-stream", size=10, sha256="0" * 64)
+    with pytest.raises(InvalidCommand, match="at most 10"):
+        bot.send(s.session_id, "x", idempotency_key="a", attachments=[ref] * 11)
+    big = E.AttachmentRef(name="b", kind="file", mime="application/octet-stream", size=21 * 1024 * 1024, sha256="0" * 64)
+    with pytest.raises(InvalidCommand, match="20 MB each"):
+        bot.send(s.session_id, "x", idempotency_key="b", attachments=[big])
+    half = E.AttachmentRef(name="c", kind="file", mime="application/octet-stream", size=11 * 1024 * 1024, sha256="0" * 64)
+    with pytest.raises(InvalidCommand, match="together"):
+        bot.send(s.session_id, "x", idempotency_key="c", attachments=[half, half])
+
+
+def test_a_repeated_key_returns_the_original_receipt_and_starts_nothing(loop_host, bot):
+    s = bot.create(container_id="inbox")
+    first = bot.send(s.session_id, "What is the weather?", idempotency_key="msg-123")
+    again = bot.send(s.session_id, "What is the weather?", idempotency_key="msg-123")
+    assert first.state == "accepted" and again.state == "duplicate" and again.turn_id == first.turn_id
+    bot.wait_for_turn(s.session_id, first.turn_id)
+    turns = [e for e in loop_host.session(s.session_id).events() if isinstance(e.event, E.TurnStarted)]
+    assert len(turns) == 1
+
+
+def test_a_repeated_key_with_a_different_body_is_a_conflict(bot):
+    s = bot.create(container_id="inbox")
+    bot.send(s.session_id, "one thing", idempotency_key="k")
+    with pytest.raises(IdempotencyConflict):
+        bot.send(s.session_id, "another thing", idempotency_key="k")
+
+
+def test_the_same_key_sent_by_many_threads_at_once_makes_exactly_one_turn(loop_host, bot):
+    s = bot.create(container_id="inbox")
+    barrier = threading.Barrier(10)
+    receipts = []
+
+    def send() -> None:
+        barrier.wait()
+        receipts.append(bot.send(s.session_id, "once", idempotency_key="race"))
+
+    threads = [threading.Thread(target=send) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({r.turn_id for r in receipts}) == 1
+    assert sum(r.state != "duplicate" for r in receipts) == 1
+    bot.wait_for_turn(s.session_id, receipts[0].turn_id)
+    assert sum(isinstance(e.event, E.TurnStarted) for e in loop_host.session(s.session_id).events()) == 1
+
+
+def test_a_repeated_key_after_a_restart_returns_the_original_receipt(open_host, data_dir):
+    host = open_host()
+    host.register_app("mybot", containers=["inbox"])
+    bot = host.sessions(app="mybot")
+    s = bot.create(container_id="inbox")
+    first = bot.send(s.session_id, "hello", idempotency_key="persisted")
+    bot.wait_for_turn(s.session_id, first.turn_id)
+    host.close()
+    again_host = open_host()
+    again_host.register_app("mybot", containers=["inbox"])
+    again = again_host.sessions(app="mybot").send(s.session_id, "hello", idempotency_key="persisted")
+    assert again.state == "duplicate" and again.turn_id == first.turn_id
+
+
+def test_send_is_strict_fifo_under_50_concurrent_senders(loop_host, bot):
+    s = bot.create(container_id="inbox")
+    accepted: list = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(50)
+
+    def send(i: int) -> None:
+        barrier.wait()
+        while True:  # the quota (20 unfinished turns) rejects some: retry as the receipt says
+            r = bot.send(s.session_id, f"!sleep 5\nm{i}", idempotency_key=f"fifo-{i}")
+            if r.state != "rejected":
+                break
+            time.sleep(r.retry_after_ms / 20_000)
+        with lock:
+            accepted.append(r)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    by_acceptance = [r.turn_id for r in sorted(accepted, key=lambda r: r.position)]
+    for turn_id in by_acceptance:
+        assert bot.wait_for_turn(s.session_id, turn_id, timeout_ms=30_000).state == "completed"
+    started = [e.event.turn_id for e in loop_host.session(s.session_id).events() if isinstance(e.event, E.TurnStarted)]
+    assert started == by_acceptance and len(started) == 50
+
+
+def test_twenty_unfinished_turns_in_a_session_reject_with_retry_after(bot):
+    s = bot.create(container_id="inbox")
+    receipts = [bot.send(s.session_id, f"!sleep 2000\nm{i}", idempotency_key=f"q{i}") for i in range(21)]
+    assert [r.state for r in receipts[:20]].count("rejected") == 0
+    assert receipts[20].state == "rejected" and receipts[20].retry_after_ms == 1000 and receipts[20].turn_id is None
+    # a rejected send is not recorded: the same key can be sent again later
+    bot.send(s.session_id, "cancel everything", idempotency_key="unused")
+
+
+def test_two_hundred_unfinished_turns_of_an_app_reject_the_next_send(loop_host, bot):
+    sessions = [bot.create(container_id="inbox") for _ in range(11)]
+    states = []
+    for i, s in enumerate(sessions):
+        for j in range(20 if i < 10 else 1):
+            states.append(bot.send(s.session_id, f"!sleep 3000\nm{j}", idempotency_key=f"{i}-{j}").state)
+    assert states[:200].count("rejected") == 0 and states[200] == "rejected"
+    assert loop_host.rt.app_unfinished["mybot"] == 200
+
+
+def test_wait_for_turn_reports_completed_failed_and_timeout_without_cancelling(bot):
+    s = bot.create(container_id="inbox")
+    ok = bot.send(s.session_id, "fine", idempotency_key="a")
+    bad = bot.send(s.session_id, "!error broken", idempotency_key="b")
+    slow = bot.send(s.session_id, "!sleep 1500\nslow", idempotency_key="c")
+    assert bot.wait_for_turn(s.session_id, ok.turn_id).output_text == "echo: fine"
+    failed = bot.wait_for_turn(s.session_id, bad.turn_id)
+    assert (failed.state, failed.code) == ("failed", "model-error")
+    started = time.monotonic()
+    timed_out = bot.wait_for_turn(s.session_id, slow.turn_id, timeout_ms=10)  # clamped up to 1 s
+    assert timed_out.state == "timeout" and time.monotonic() - started >= 0.9
+    assert bot.wait_for_turn(s.session_id, slow.turn_id).output_text == "echo: slow"  # the turn went on
+
+
+def test_the_wait_timeout_is_clamped_to_1_to_600_seconds(bot):
+    assert bot.clamp_timeout_ms(None) == 60 and bot.clamp_timeout_ms(5) == 1 and bot.clamp_timeout_ms(10**9) == 600
+
+
+def test_an_app_cannot_see_send_to_or_wait_on_another_apps_sessions(loop_host, bot):
+    theirs = loop_host.sessions(app="other").create(container_id="inbox")
+    with pytest.raises(NotFound):
+        bot.send(theirs.session_id, "hi", idempotency_key="x")
+    with pytest.raises(NotFound):
+        bot.wait_for_turn(theirs.session_id, "t")
+    with pytest.raises(NotFound):
+        bot.list_events(session_id=theirs.session_id)
+
+
+def test_events_are_listed_by_cursor_and_deltas_are_never_stored(bot):
+    s = bot.create(container_id="inbox")
+    r = bot.send(s.session_id, "hi", idempotency_key="e1")
+    bot.wait_for_turn(s.session_id, r.turn_id)
+    page = bot.list_events(session_id=s.session_id)
+    assert [e.type for e in page.events] == ["turn.started", "assistant.message", "turn.completed"]
+    assert page.events[1].data["text"] == "echo: hi"
+    assert all(e.type != "assistant.delta" for e in page.events)
+    r2 = bot.send(s.session_id, "again", idempotency_key="e2")
+    bot.wait_for_turn(s.session_id, r2.turn_id)
+    later = bot.list_events(after=page.events[-1].cursor)
+    assert [e.type for e in later.events] == ["turn.started", "assistant.message", "turn.completed"]
+    assert all(e.cursor > page.events[-1].cursor for e in later.events)
+
+
+def test_the_receipt_cursor_shows_exactly_the_events_of_that_input(bot):
+    s = bot.create(container_id="inbox")
+    first = bot.send(s.session_id, "one", idempotency_key="c1")
+    bot.wait_for_turn(s.session_id, first.turn_id)
+    second = bot.send(s.session_id, "two", idempotency_key="c2")
+    bot.wait_for_turn(s.session_id, second.turn_id)
+    events = bot.list_events(after=second.position - 1).events
+    assert {e.turn_id for e in events} == {second.turn_id}
+
+
+def test_on_did_receive_event_sees_every_session_of_the_app_and_unsubscribes(loop_host, bot):
+    seen = []
+    unsubscribe = bot.on_did_receive_event(seen.append)
+    a = bot.create(container_id="inbox")
+    b = bot.create(container_id="inbox")
+    for s, key in ((a, "x"), (b, "y")):
+        bot.wait_for_turn(s.session_id, bot.send(s.session_id, "!sleep 50\nhi", idempotency_key=key).turn_id)
+    loop_host.sessions(app="other").create(container_id="inbox")
+    types = {(e.session_id, e.type) for e in seen}
+    assert {(a.session_id, "turn.completed"), (b.session_id, "turn.completed")} <= types
+    assert any(e.type == "assistant.delta" for e in seen)  # live streaming reaches bots
+    unsubscribe()
+    count = len(seen)
+    bot.wait_for_turn(a.session_id, bot.send(a.session_id, "more", idempotency_key="z").turn_id)
+    assert len(seen) == count
+
+
+def test_async_variants_send_and_wait(loop_host):
+    aloop = loop_host.async_sessions(app="mybot")
+
+    async def go():
+        s = await aloop.create(container_id="inbox")
+        receipt = await aloop.send(s.session_id, "async hi", idempotency_key="as-1")
+        return await aloop.wait_for_turn(s.session_id, receipt.turn_id)
+
+    assert asyncio.run(go()).output_text == "echo: async hi"
