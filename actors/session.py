@@ -644,6 +644,12 @@ class SessionActor(pykka.ThreadingActor):
                                   status="failed" if failed else "completed", output=r.output,
                                   exit_code=r.exit_code, duration_ms=msg.duration_ms)
         events = decide_tool_done(self.state, finished)
+        rec = self.state.tool_calls.get(msg.call_id)
+        if events and rec is not None and rec.tool == "update_plan" and not failed and isinstance(r.output, dict):
+            from .tools.builtin import plan_from_output  # seed 004: the plan item, replaced whole
+
+            entries, explanation = plan_from_output(r.output)
+            events.append(E.PlanUpdated(at=finished.at, entries=entries, explanation=explanation))
         if events:
             self._commit(events)
 

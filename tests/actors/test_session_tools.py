@@ -175,3 +175,12 @@ def test_a_new_run_first_closes_unanswered_calls_with_not_executed(open_host):
     assert [(r.call_id, r.not_executed) for r in repairs] == [("orphan", True)]
     sent = scripted.requests[-1].messages
     assert [m.role for m in sent] == ["assistant", "tool", "user"]
+
+
+def test_update_plan_replaces_the_sessions_plan(host):
+    s = host.create()
+    s.run('!tool update_plan {"entries": [{"text": "read", "status": "completed"}, '
+          '{"text": "write", "status": "pending"}]}')
+    state = s.snapshot()
+    assert [(e.text, e.status) for e in state.plan] == [("read", "completed"), ("write", "pending")]
+    assert any(isinstance(e.event, E.PlanUpdated) for e in s.events())
