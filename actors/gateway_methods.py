@@ -105,6 +105,8 @@ def build_handlers(svc: SessionProtocolService) -> dict[str, Handler]:
         "session/compress": h.compress,
         "turn/rewind": h.rewind,
         "plan/clear": h.plan_clear,
+        "presence/update": h.presence,
+        "approval/respond": h.approval_respond,
     }
 
 
@@ -352,6 +354,20 @@ class _Handlers:
     def plan_clear(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
         self.apply(conn, request_id, params.session_id,
                    lambda s, now: (ensure_usable(s), [E.PlanCleared(at=now)] if s.plan else [])[1], drive=False)
+
+
+def _presence(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    self.rt.approvals.update_presence(conn, params.active)
+    conn.result(request_id, EMPTY)
+
+
+def _approval_respond(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    self.rt.approvals.respond(conn, params.approval_id, params.decision, params.content_hash, params.note,
+                              answer(conn, request_id, lambda _: EMPTY))
+
+
+_Handlers.presence = _presence  # type: ignore[attr-defined]
+_Handlers.approval_respond = _approval_respond  # type: ignore[attr-defined]
 
 
 class _Do:

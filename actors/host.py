@@ -72,6 +72,7 @@ class Host:
         self.loop_watchers = Watchers()
         runtime.loop_watchers = self.loop_watchers
         runtime.listeners.append(self._emit_loop_events)
+        runtime.approvals.settle_leftovers()
         for session_id in runtime.store.flagged("active"):
             if session_id.startswith("session-"):
                 runtime.tell(session_id[len("session-"):], Query(lambda a: None, Reply()))

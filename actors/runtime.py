@@ -54,6 +54,10 @@ class HostOptions(msgspec.Struct, kw_only=True):
     request_timeout_s: float = 30.0
     workspace_root: str | None = None  # default: <data>/workspaces
     language: str = "en"
+    approval_wait_s: float = 300.0  # seed 004: 300 s total wait for an approval
+    approval_grace_s: float = 30.0  # seed 004: 30 s reconnect grace
+    presence_window_s: float = 600.0  # seed 004: present for 10 minutes after activity
+    approval_rate_limit: int = 10  # approvals per session per minute
 
 
 class DeltaPayload(msgspec.Struct, frozen=True):
@@ -99,6 +103,11 @@ class Runtime:
 
         self.metrics = HostMetrics(self)
         self.listeners.append(self.metrics.committed)
+        from .approvals import ApprovalService, ApprovalTiming
+
+        self.approvals = ApprovalService(self, ApprovalTiming(
+            wait_s=options.approval_wait_s, grace_s=options.approval_grace_s,
+            presence_s=options.presence_window_s, rate_limit=options.approval_rate_limit))
         self.directory = Directory(
             lambda sid: SessionActor.start(self, sid),
             Passivate,
@@ -189,7 +198,11 @@ class Runtime:
             except ToolError as e:
                 return ToolPolicy(exists=True, error=str(e))
             display = spec.display(checked, workspace()) if spec.describe is not None else None
-            return ToolPolicy(exists=True, needs_approval=spec.needs_approval, display=display)
+            if not spec.needs_approval:
+                return ToolPolicy(exists=True, display=display)
+            return ToolPolicy(exists=True, needs_approval=True, display=display,
+                              approvers_present=bool(self.approvals.present_approvers()),
+                              rate_limited=self.approvals.rate_limited(state.session_id))
 
         return check
 
@@ -221,6 +234,45 @@ class Runtime:
     def attention(self, session_id: str) -> bool:
         """Whether the session has a pushed, unsettled approval (the approvals layer answers)."""
         return any(probe(session_id) for probe in self.attention_probes)
+
+    def chain_of(self, state: Any) -> list[Any]:
+        """Seed 004 Approval.chain: for a session below its root, the sessions from just below the
+        root down to this one."""
+        from protocol.schemas_types import AncestorRef
+
+        from .projections import decode_summary_record
+
+        chain: list[Any] = []
+        created = state.created
+        parent = created.parent_id if created is not None else None
+        if parent is None:
+            return []
+        chain.append(AncestorRef(id=state.session_id, title=state.title or state.session_id))
+        seen = {state.session_id}
+        while parent is not None and parent not in seen:
+            seen.add(parent)
+            meta = self.store.stream_meta(f"session-{parent}")
+            if meta is None:
+                break
+            rec = decode_summary_record(meta)
+            if rec.parent_id is None:
+                break  # the root itself is not in the chain
+            chain.append(AncestorRef(id=rec.id, title=rec.title or rec.name or rec.id))
+            parent = rec.parent_id
+        return list(reversed(chain))
+
+    def approval_settled(self, approval: Any, settlement: E.Settlement) -> None:
+        """Tell the session how its approval ended; it runs or denies the call."""
+        from .session import Apply
+
+        def decide(state: Any, now: int) -> list[E.Event]:
+            rec = state.tool_calls.get(approval.call_id)
+            if rec is None or rec.settlement is not None or state.current_turn != approval.turn_id:
+                return []
+            return [E.ToolApprovalSettled(at=now, turn_id=approval.turn_id, call_id=approval.call_id,
+                                          approval_id=approval.id, settlement=settlement)]
+
+        self.tell(approval.session_id, Apply(decide, Reply()))
 
     def app_unfinished_add(self, app_id: str, delta: int) -> None:
         with self._app_lock:
@@ -268,6 +320,7 @@ class Runtime:
             self.worker.loop.call_later, self.options.retry_delay_s, ref.tell, message)
 
     def close(self) -> None:
+        self.approvals.shutdown()
         self.directory.close()
         self.worker.stop()
         self.store.close()

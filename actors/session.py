@@ -52,6 +52,7 @@ _TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
 _SUMMARY_EVENTS = (
     E.SessionCreated, E.SessionRenamed, E.SessionArchived, E.SessionUnarchived, E.SessionDeleted,
     E.SessionSeen, E.SessionParked, E.SessionUnparked, E.TurnStarted, *_TURN_END, E.MessagesImported,
+    E.ToolApprovalRequested, E.ToolApprovalSettled,
 )
 
 
@@ -482,9 +483,15 @@ class SessionActor(pykka.ThreadingActor):
             return None
         from .projections import encode_summary_record, summary_record
 
-        self.last_record = summary_record(self.state, self.rt.attention(self.sid), self.rt.background(self.sid))
+        self.last_record = summary_record(self.state, self._awaiting_approval(), self.rt.background(self.sid))
         self.record_dirty = True
         return encode_summary_record(self.last_record)
+
+    def _awaiting_approval(self) -> bool:
+        """Seed 004 attention: an approval was pushed and is not settled yet."""
+        state = self.state
+        return any((rec := state.tool_calls.get(c)) is not None and rec.approval_id is not None
+                   and rec.settlement is None for c in state.batch)
 
     def _flags(self) -> dict[str, bool] | None:
         active = bool(self.state.current_turn or self.state.queue)
@@ -507,6 +514,10 @@ class SessionActor(pykka.ThreadingActor):
                 self._launch_model(event.turn_id, event.step_id)
             elif isinstance(event, E.ToolStarted):
                 self._launch_tool(event.turn_id, event.call_id, event.tool, event.args)
+            elif isinstance(event, E.ToolApprovalRequested):
+                self.rt.approvals.open(self, event)
+            elif isinstance(event, E.ToolApprovalSettled) and event.settlement.source in ("turn-ended", "shutdown"):
+                self.rt.approvals.cancel(event.approval_id, event.settlement.source)
         self._account_unfinished()
         self.rt.committed(self, events, result)
         if compaction is not None:

@@ -45,6 +45,8 @@ class ToolPolicy(msgspec.Struct, frozen=True, kw_only=True):
     needs_approval: bool = False
     error: str | None = None  # argument validation failure, named by field
     display: E.ToolDisplay | None = None
+    approvers_present: bool = False  # someone who may answer an approval is present now
+    rate_limited: bool = False  # this session asked for too many approvals in the last minute
 
 
 ToolCheck = Callable[[str, Any], ToolPolicy]
@@ -91,6 +93,7 @@ def decide_cancel(state: SessionState, turn_id: str | None, reason: str, now: in
     events: list[E.Event] = []
     if state.pending_llm is not None:
         events.append(E.LlmFailed(at=now, turn_id=current, step_id=state.pending_llm, error="aborted", aborted=True))
+    events += pending_approval_settlements(state, current, "cancelled", "turn-ended", now)
     events += _close_open_calls(state, current, now, "aborted", "cancel",
                                 "aborted: the turn was stopped before this tool call finished")
     events.append(E.TurnAborted(at=now, turn_id=current, reason=reason))
@@ -108,6 +111,18 @@ def _close_open_calls(state: SessionState, turn_id: str, now: int, status: str, 
         out.append(E.ToolFinished(at=now, turn_id=turn_id, call_id=call_id, status=status,  # type: ignore[arg-type]
                                   output={"error": NOT_EXECUTED if never_ran else text},
                                   not_executed=never_ran, repair=repair))
+    return out
+
+
+def pending_approval_settlements(state: SessionState, turn_id: str, status: str, source: str,
+                                 now: int) -> list[E.Event]:
+    out: list[E.Event] = []
+    for call_id in state.batch:
+        rec = state.tool_calls.get(call_id)
+        if rec is not None and rec.approval_id is not None and rec.settlement is None:
+            settlement = E.Settlement(state=status, source=source, at=now)  # type: ignore[arg-type]
+            out.append(E.ToolApprovalSettled(at=now, turn_id=turn_id, call_id=call_id, approval_id=rec.approval_id,
+                                             settlement=settlement))
     return out
 
 
@@ -180,7 +195,8 @@ def drive(state: SessionState, cfg: AgentConfig, check: ToolCheck, now: int,
             return out
         nxt = next((rec for rec in waiting if rec.status == "generating"), None)
         if nxt is not None:
-            _start_call(state, cfg, check, nxt, now, emit)
+            if not _start_call(state, cfg, check, nxt, now, emit):
+                return out  # waiting for an approval
             continue
         if turn.llm_calls >= turn.max_steps_or(cfg.max_steps):
             emit(E.TurnLimitReached(at=now, turn_id=turn_id, max_steps=turn.max_steps_or(cfg.max_steps)))
@@ -237,29 +253,77 @@ def _start_model(state: SessionState, cfg: AgentConfig, turn_id: str, now: int,
 
 
 def _start_call(state: SessionState, cfg: AgentConfig, check: ToolCheck, rec: Any, now: int,
-                emit: Callable[[E.Event], None]) -> None:
+                emit: Callable[[E.Event], None]) -> bool:
+    """Start, refuse or hold one generated call; False while it waits for an approval."""
     turn_id = state.current_turn
     assert turn_id is not None
     policy = check(rec.tool, rec.args)
     if not policy.exists:
         emit(E.ToolFinished(at=now, turn_id=turn_id, call_id=rec.call_id, status="failed",
                             output={"error": f"unknown tool {rec.tool!r}"}))
-        return
+        return True
     if policy.error is not None:
         emit(E.ToolFinished(at=now, turn_id=turn_id, call_id=rec.call_id, status="failed",
                             output={"error": policy.error}))
-        return
+        return True
     if policy.needs_approval and cfg.permission_mode != "acceptCalls":
-        # permission mode ``deny`` refuses; ``ask`` with nobody to ask is the seed's "absent"
-        # settlement (approvals with presence come with the approval actor).
-        source = "ineligible" if cfg.permission_mode == "deny" else "absent"
-        settlement = E.Settlement(state="denied", source=source, at=now)  # type: ignore[arg-type]
-        why = "permission mode deny" if cfg.permission_mode == "deny" else "nobody was present to approve it"
-        emit(E.ToolFinished(at=now, turn_id=turn_id, call_id=rec.call_id, status="denied",
-                            output={"error": f"denied: {why}"}, settlement=settlement))
-        return
+        return _gate(state, cfg, policy, rec, turn_id, now, emit)
     emit(E.ToolStarted(at=now, turn_id=turn_id, call_id=rec.call_id, tool=rec.tool, args=rec.args,
                        display=policy.display))
+    return True
+
+
+def approval_id_of(session_id: str, turn_id: str, call_id: str) -> str:
+    """Unique per call; begins with the session id, so the approval's stream shares its shard."""
+    return f"{session_id}.{turn_id}.{call_id}"
+
+
+def _gate(state: SessionState, cfg: AgentConfig, policy: ToolPolicy, rec: Any, turn_id: str, now: int,
+          emit: Callable[[E.Event], None]) -> bool:
+    """Seed 004 审批: approved -> run; settled otherwise -> denied with the note for the model;
+    nobody present -> denied at once as ``absent`` (no push); else request and wait."""
+    settlement = rec.settlement
+    approval_id = rec.approval_id or approval_id_of(state.session_id, turn_id, rec.call_id)
+    if settlement is not None:
+        if settlement.state == "approved":
+            emit(E.ToolStarted(at=now, turn_id=turn_id, call_id=rec.call_id, tool=rec.tool, args=rec.args,
+                               display=policy.display))
+        else:
+            emit(_denied(turn_id, rec.call_id, approval_id, settlement, now))
+        return True
+    if rec.approval_id is not None:
+        return False
+    source = None
+    if cfg.permission_mode == "deny":
+        source = "ineligible"
+    elif not policy.approvers_present:
+        source = "absent"
+    elif policy.rate_limited:
+        source = "rate-limit"
+    if source is not None:
+        settled = E.Settlement(state="denied", source=source, at=now)  # type: ignore[arg-type]
+        emit(_denied(turn_id, rec.call_id, approval_id, settled, now))
+        return True
+    emit(E.ToolApprovalRequested(at=now, turn_id=turn_id, call_id=rec.call_id, approval_id=approval_id))
+    return False
+
+
+_DENIAL_TEXT = {
+    "ineligible": "the permission mode is deny",
+    "absent": "nobody was present to approve it",
+    "rate-limit": "too many approvals were asked for in a short time",
+    "timeout": "nobody answered in time",
+    "turn-ended": "the turn ended",
+    "shutdown": "the server restarted before the approval was answered",
+}
+
+
+def _denied(turn_id: str, call_id: str, approval_id: str, settlement: E.Settlement, now: int) -> E.ToolFinished:
+    why = _DENIAL_TEXT.get(settlement.source, settlement.state)
+    if settlement.source == "answer":
+        why = "the user denied it" + (f": {settlement.note}" if settlement.note else "")
+    return E.ToolFinished(at=now, turn_id=turn_id, call_id=call_id, status="denied",
+                          output={"error": f"denied: {why}"}, approval_id=approval_id, settlement=settlement)
 
 
 # --- recovery ---------------------------------------------------------------------------------
@@ -272,7 +336,7 @@ def repairs_after_restart(state: SessionState, now: int) -> list[E.Event]:
     turn_id = state.current_turn
     if turn_id is None:
         return []
-    events: list[E.Event] = []
+    events: list[E.Event] = pending_approval_settlements(state, turn_id, "cancelled", "shutdown", now)
     for call_id in state.batch:
         rec = state.tool_calls.get(call_id)
         if rec is not None and rec.status == "running":

@@ -33,7 +33,7 @@ def test_deny_mode_refuses_tools_that_need_approval_and_tells_the_model(open_hos
     s = host.create()
     result = s.run('!tool write_file {"path": "x.txt", "content": "no"}')
     [f] = finished(s)
-    assert f.status == "denied" and "permission mode deny" in f.output["error"]
+    assert f.status == "denied" and "permission mode is deny" in f.output["error"]
     assert f.settlement.state == "denied"
     assert result.output_text == "done: 1 tool calls"
     assert not os.path.exists(os.path.join(workspace_of(host, s), "x.txt"))
