@@ -29,9 +29,15 @@ def main() -> None:
 
 
 def _register() -> None:
+    from .chat import chat
     from .serve import serve
+    from .sessions_cmd import send, sessions, watch
 
     main.add_command(serve)
+    main.add_command(chat)
+    main.add_command(sessions)
+    main.add_command(watch)
+    main.add_command(send)
 
 
 _register()
