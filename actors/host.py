@@ -313,6 +313,8 @@ class Session:
         if found is not None:
             reply.set(found)
             return
+        if self.rt.results.is_expected(turn_id):
+            return  # a live session will end it: the waiter is registered, no message needed
         # not among recent outcomes: the session knows whether the turn ended long ago
         self.rt.tell(self.id, Query(lambda a: _known_turn(a.state, turn_id, self.rt, reply), Reply()))
 

@@ -181,11 +181,20 @@ class TurnResults:
         self._lock = threading.Lock()
         self._results: OrderedDict[str, TurnOutcome] = OrderedDict()
         self._waiters: dict[str, list[Callable[[TurnOutcome], None]]] = {}
+        self._expected: set[str] = set()  # turns accepted by a live session and not ended yet
         self._keep = keep
+
+    def expect(self, turn_ids: list[str]) -> None:
+        with self._lock:
+            self._expected.update(turn_ids)
+
+    def is_expected(self, turn_id: str) -> bool:
+        return turn_id in self._expected
 
     def complete(self, outcome: TurnOutcome) -> None:
         with self._lock:
             self._results[outcome.turn_id] = outcome
+            self._expected.discard(outcome.turn_id)
             if len(self._results) > self._keep:
                 self._results.popitem(last=False)
             waiters = self._waiters.pop(outcome.turn_id, [])

@@ -312,6 +312,7 @@ class SessionActor(pykka.ThreadingActor):
         self._active = bool(state.current_turn or state.queue)
         self.items = None
         self._account_unfinished()
+        self.rt.results.expect([q.turn_id for q in state.queue] + ([state.current_turn] if state.current_turn else []))
 
     def _account_unfinished(self) -> None:
         """Keep the host's count of each app's unfinished turns (seed 000 quota: 200 per app)."""
@@ -507,6 +508,9 @@ class SessionActor(pykka.ThreadingActor):
             self._save_snapshot()
         if self.items is not None or self.channel.has_subscribers:
             self._publish(events)
+        accepted = [e.turn_id for e in events if isinstance(e, E.InputAccepted)]
+        if accepted:
+            self.rt.results.expect(accepted)
         for event in events:
             if isinstance(event, _TURN_END):
                 self.rt.turn_ended(state, event)
