@@ -1,0 +1,442 @@
+"""Turn throughput, latency and memory of the session actors with the mock model (SPEC §10).
+
+    python benchmarks/bench_turns.py             # full run: 1000 sessions x 10 turns, 100,000 stored
+    python benchmarks/bench_turns.py --quick     # smoke run: 100 x 4, 2,000 stored (under a minute)
+
+Workload (every event persisted, mock model, permission mode ``acceptCalls``):
+
+* **throughput** (closed loop): N concurrent sessions (default 1,000), each sends M turns
+  (default 10) one after the other; every other turn is ``!tool list_files {"path": "."}`` (one
+  tool call, then ``done: 1 tool calls``), the others are plain text (``echo: ...``). Run for
+  ``nosync`` and ``sync``, unpinned and pinned to one CPU (``taskset -c 0``), each run in a fresh
+  child process (so peak RSS belongs to that run). Reported: turns/s, p50/p95/p99 turn latency
+  (send -> turn ended), events/s (store head position delta), appends and write transactions per
+  turn (store ``info()``: ``requests`` / ``batches``), peak RSS, CPU seconds per turn.
+  Targets: >= 5,000 turns/s ``nosync``, >= 3,000 turns/s ``sync``.
+* **half load** (open loop): turns arrive at a fixed rate, 50% of the turns/s measured above for
+  the same durability and pinning, spread round-robin over the N sessions; latency is counted from
+  each turn's scheduled time. Target: p99 < 50 ms.
+* **memory**: S stored sessions with one turn each (default 100,000; built once with
+  ``host.create(initial_input=...)`` and cached under ``benchmarks/results/.cache/``), the host
+  reopened with ``max_live`` capped (default 2,000), then 10,000 random sessions touched with one
+  turn each. Reported: open time (empty store vs the stored one: must not grow with S), touch
+  time (target: within a minute), RSS after, live actors. Targets: RSS < 1 GiB, live actors capped.
+
+Every run checks from the event log that each turn it sent has exactly one ``turn.started`` and
+one turn-end event, ended ``completed`` with the expected answer, and that each tool turn ran
+one tool; anything else fails the benchmark loudly.
+
+Actor messages per turn are not counted at run time; they follow from the design (see
+:func:`messages_per_turn`). Commits per turn are measured.
+
+Prints tables and writes ``benchmarks/results/turns.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from actors.host import Host, new_id
+from actors.pubsub import Reply
+from actors.session import Send, now_ms
+from eventstore import events as E
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+CACHE = os.path.join(RESULTS, ".cache")
+PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"
+TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
+TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
+TURN_TIMEOUT_S = 120.0
+
+
+def is_tool_turn(i: int) -> bool:
+    return i % 2 == 0
+
+
+def messages_per_turn(llm_latency_ms: float) -> dict[str, float]:
+    """Actor messages per turn, from the design (not counted at run time).
+
+    Without model latency the mock answers inline (``answer_now``) inside the commit, so a plain
+    turn is one ``Send`` (input, turn start, model step and turn end in one commit) and a tool
+    turn adds one ``ToolDone`` (second commit: tool result, second model step, turn end). The
+    driver's ``session.watch_turn`` also tells the actor a ``Query`` when the turn has not ended
+    by the time the receipt arrives: never for a plain turn, always for a tool turn. With model
+    latency every model step is a round trip through the worker loop: one ``ModelDone`` each.
+    """
+    plain, tool = 1.0, 3.0  # Send | Send + Query + ToolDone
+    if llm_latency_ms:
+        plain, tool = plain + 2, tool + 2  # + Query + ModelDone | + ModelDone x2
+    return {"plain": plain, "tool": tool, "mixed": (plain + tool) / 2}
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+
+def rss_now_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def rss_peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
+
+
+class Record:
+    """What the driver sent and saw: turn id -> (tool turn?, outcome), and latencies."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, bool] = {}
+        self.outcomes: dict[str, Any] = {}
+        self.latencies: list[float] = []
+
+    def summary(self) -> dict[str, float]:
+        lat = sorted(self.latencies)
+        return {"p50_ms": percentile(lat, 0.50) * 1000, "p95_ms": percentile(lat, 0.95) * 1000,
+                "p99_ms": percentile(lat, 0.99) * 1000, "max_ms": (lat[-1] if lat else 0) * 1000}
+
+
+async def one_turn(host: Host, session_id: str, tool: bool, started: float, rec: Record) -> None:
+    """Send one input the way the protocol layer does (a ``Send`` told through the directory),
+    then wait for the turn's end with ``watch_turn``; no thread per session."""
+    reply = Reply()
+    accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=new_id(),
+                               text=TOOL_TEXT if tool else PLAIN_TEXT)
+    rec.sent[accepted.turn_id] = tool
+    host.rt.tell(session_id, Send(accepted, None, reply))
+    receipt = await asyncio.wait_for(reply.future(), TURN_TIMEOUT_S)
+    watch = Reply()
+    host.session(session_id).watch_turn(receipt.turn_id, watch)
+    try:
+        outcome = await asyncio.wait_for(watch.future(), TURN_TIMEOUT_S)
+    except TimeoutError:
+        raise RuntimeError(f"turn {receipt.turn_id} of session {session_id} did not end "
+                           f"within {TURN_TIMEOUT_S:g} s") from None
+    rec.latencies.append(time.perf_counter() - started)
+    rec.outcomes[receipt.turn_id] = outcome
+
+
+async def closed_loop(host: Host, ids: list[str], turns_each: int, rec: Record) -> None:
+    async def session_loop(session_id: str) -> None:
+        for j in range(turns_each):
+            await one_turn(host, session_id, is_tool_turn(j), time.perf_counter(), rec)
+
+    await asyncio.gather(*(session_loop(s) for s in ids))
+
+
+async def open_loop(host: Host, ids: list[str], total: int, rate: float, rec: Record) -> None:
+    """``total`` turns at ``rate`` turns/s, round-robin over ``ids``; latency from schedule."""
+    tasks = []
+    t0 = time.perf_counter()
+    for i in range(total):
+        due = t0 + i / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tool = is_tool_turn(i // len(ids))
+        tasks.append(asyncio.ensure_future(one_turn(host, ids[i % len(ids)], tool, due, rec)))
+    await asyncio.gather(*tasks)
+
+
+async def bounded(host: Host, ids: list[str], concurrency: int, rec: Record) -> None:
+    """One turn per session in ``ids``, at most ``concurrency`` in flight."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def touch(i: int, session_id: str) -> None:
+        async with gate:
+            await one_turn(host, session_id, is_tool_turn(i), time.perf_counter(), rec)
+
+    await asyncio.gather(*(touch(i, s) for i, s in enumerate(ids)))
+
+
+def verify(host: Host, after: int, rec: Record) -> dict[str, int]:
+    """Check from the event log that no turn was lost or duplicated; raise loudly otherwise."""
+    started: Counter[str] = Counter()
+    ended: Counter[str] = Counter()
+    tools = 0
+    for recorded in host.store.iter_all(after):
+        ev = recorded.event
+        if isinstance(ev, E.TurnStarted):
+            started[ev.turn_id] += 1
+        elif isinstance(ev, TURN_END):
+            ended[ev.turn_id] += 1
+        elif isinstance(ev, E.ToolStarted):
+            tools += 1
+    problems = []
+    for name, seen in (("turn.started", started), ("turn end", ended)):
+        wrong = {t: seen[t] for t in set(seen) | set(rec.sent) if seen[t] != 1 or t not in rec.sent}
+        if wrong:
+            problems.append(f"{len(wrong)} turns without exactly one {name} (e.g. {list(wrong.items())[:5]})")
+    bad = [(t, o) for t, o in rec.outcomes.items()
+           if o.state != "completed" or o.output_text != (TOOL_ANSWER if rec.sent[t] else PLAIN_ANSWER)]
+    if bad or len(rec.outcomes) != len(rec.sent):
+        problems.append(f"{len(bad)} bad outcomes of {len(rec.sent)} sent, {len(rec.outcomes)} seen: {bad[:3]}")
+    if tools != sum(rec.sent.values()):
+        problems.append(f"{tools} tool calls started for {sum(rec.sent.values())} tool turns")
+    if problems:
+        raise RuntimeError("event log check FAILED: " + "; ".join(problems))
+    return {"turns_verified": len(rec.sent), "tool_calls_verified": tools}
+
+
+# --- jobs (each runs in its own child process) ----------------------------------------------------
+
+
+def open_host(data_dir: str, spec: dict[str, Any], max_live: int) -> Host:
+    return Host.open(data_dir, durability=spec["durability"], permission_mode="acceptCalls",
+                     max_live=max_live, model_options={"latency_ms": spec["llm_latency_ms"]})
+
+
+def create_sessions(host: Host, n: int, initial_input: str | None = None) -> list[str]:
+    def make(i: int) -> str:
+        return host.create(title=f"bench {i}", initial_input=initial_input).id
+
+    with ThreadPoolExecutor(16) as pool:
+        return list(pool.map(make, range(n), chunksize=64))
+
+
+def job_throughput(spec: dict[str, Any]) -> dict[str, Any]:
+    """Closed loop (``rate`` is None) or open loop at ``rate`` turns/s on a fresh store."""
+    data_dir = tempfile.mkdtemp(prefix="bench-turns-")
+    try:
+        host = open_host(data_dir, spec, max(4000, 2 * spec["sessions"]))
+        ids = create_sessions(host, spec["sessions"])
+        out = measure(host, spec, ids)
+        host.close()
+        return out
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def measure(host: Host, spec: dict[str, Any], ids: list[str]) -> dict[str, Any]:
+    rec = Record()
+    head0, info0 = host.store.head_position, host.store.info()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    if spec["rate"] is None:
+        asyncio.run(closed_loop(host, ids, spec["turns"], rec))
+    else:
+        total = len(ids) * spec["turns"] // 2
+        asyncio.run(open_loop(host, ids, total, spec["rate"], rec))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    info, turns = host.store.info(), len(rec.sent)
+    checked = verify(host, head0, rec)
+    return {"turns": turns, "seconds": wall, "turns_per_s": turns / wall, **rec.summary(),
+            "events_per_s": (host.store.head_position - head0) / wall,
+            "events_per_turn": (host.store.head_position - head0) / turns,
+            "appends_per_turn": (info["requests"] - info0["requests"]) / turns,
+            "write_txns_per_turn": (info["batches"] - info0["batches"]) / turns,
+            "cpu_ms_per_turn": cpu / turns * 1000, "peak_rss_mib": rss_peak_mib(), **checked}
+
+
+def job_build_stored(spec: dict[str, Any]) -> dict[str, Any]:
+    """Create ``stored`` sessions with one finished turn each, into ``path`` (the cache)."""
+    tmp = spec["path"] + ".building"
+    shutil.rmtree(tmp, ignore_errors=True)
+    t0 = time.perf_counter()
+    host = open_host(os.path.join(tmp, "data"), spec, spec["max_live"])
+    ids = create_sessions(host, spec["stored"], initial_input=PLAIN_TEXT)
+    host.close()
+    with open(os.path.join(tmp, "ids.json"), "w") as f:
+        json.dump(ids, f)
+    os.replace(tmp, spec["path"])
+    return {"built_sessions": len(ids), "build_s": time.perf_counter() - t0}
+
+
+def timed_open(data_dir: str, spec: dict[str, Any]) -> tuple[Host, float]:
+    """The host and the milliseconds ``Host.open`` took."""
+    t0 = time.perf_counter()
+    host = open_host(data_dir, spec, spec["max_live"])
+    return host, (time.perf_counter() - t0) * 1000
+
+
+def job_memory(spec: dict[str, Any]) -> dict[str, Any]:
+    """Reopen a copy of the cached store with ``max_live`` capped and touch ``touch`` sessions."""
+    work = tempfile.mkdtemp(prefix="bench-turns-mem-")
+    try:
+        empty, open_empty_ms = timed_open(os.path.join(work, "empty"), spec)
+        empty.close()
+        shutil.copytree(os.path.join(spec["path"], "data"), os.path.join(work, "data"))
+        with open(os.path.join(spec["path"], "ids.json")) as f:
+            ids = json.load(f)
+        host, open_ms = timed_open(os.path.join(work, "data"), spec)
+        out = {"stored_sessions": len(ids), "open_empty_ms": open_empty_ms, "open_stored_ms": open_ms,
+               "rss_after_open_mib": rss_now_mib(), **touch(host, ids, spec)}
+        host.close()
+        return out
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def touch(host: Host, ids: list[str], spec: dict[str, Any]) -> dict[str, Any]:
+    chosen = random.Random(42).sample(ids, min(spec["touch"], len(ids)))
+    rec, head0 = Record(), host.store.head_position
+    t0 = time.perf_counter()
+    asyncio.run(bounded(host, chosen, spec["concurrency"], rec))
+    touch_s = time.perf_counter() - t0
+    live = host.rt.directory.live_count()
+    rss = rss_now_mib()
+    time.sleep(2.0)
+    return {"touched": len(chosen), "touch_s": touch_s, "touched_within_a_minute": touch_s < 60,
+            "touch_turns_per_s": len(chosen) / touch_s, **{f"touch_{k}": v for k, v in rec.summary().items()},
+            "rss_after_touch_mib": rss, "peak_rss_mib": max(rss, rss_peak_mib()), "max_live": spec["max_live"],
+            "live_actors_after_touch": live, "live_actors_2s_later": host.rt.directory.live_count(),
+            "activations": host.rt.directory.activations, "passivations": host.rt.directory.passivations,
+            **verify(host, head0, rec)}
+
+
+JOBS = {"throughput": job_throughput, "build_stored": job_build_stored, "memory": job_memory}
+
+
+# --- the parent: children, medians, tables ------------------------------------------------------
+
+
+def run_child(spec: dict[str, Any], pinned: bool) -> dict[str, Any]:
+    """Run one job in a fresh process (under ``taskset -c 0`` when pinned); fail loudly."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
+    if pinned:
+        cmd = ["taskset", "-c", "0", *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"FAILED ({'pinned' if pinned else 'unpinned'}): {' '.join(cmd)}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def median_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: statistics.median(s[k] for s in samples) for k in samples[0]
+                           if isinstance(samples[0][k], (int, float)) and not isinstance(samples[0][k], bool)}
+    out["samples"] = samples
+    return out
+
+
+def pinnings(args: argparse.Namespace) -> list[tuple[str, bool]]:
+    modes = [("unpinned", False)]
+    if not args.no_pinned and shutil.which("taskset"):
+        modes.append(("pinned_cpu0", True))
+    return modes
+
+
+def throughput_runs(args: argparse.Namespace, base: dict[str, Any], rates: dict[str, dict[str, float]] | None) -> dict[str, Any]:
+    """Medians over ``repeats`` of every (durability, pinning), interleaved side by side."""
+    samples: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for _ in range(args.repeats):
+        for durability in ("nosync", "sync"):
+            for label, pinned in pinnings(args):
+                rate = None if rates is None else rates[durability][label] / 2
+                spec = {**base, "job": "throughput", "durability": durability, "rate": rate}
+                samples.setdefault((durability, label), []).append(run_child(spec, pinned))
+    out: dict[str, dict[str, Any]] = {}
+    for (durability, label), runs in samples.items():
+        out.setdefault(durability, {})[label] = median_of(runs)
+    return out
+
+
+def memory_run(args: argparse.Namespace, base: dict[str, Any]) -> dict[str, Any]:
+    path = os.path.join(CACHE, f"stored-{args.stored}")
+    spec = {**base, "job": "memory", "durability": "nosync", "path": path, "max_live": args.max_live,
+            "stored": args.stored, "touch": args.touch, "concurrency": args.touch_concurrency}
+    built = {}
+    if not os.path.exists(os.path.join(path, "ids.json")):
+        print(f"building the stored-session store ({args.stored:,} sessions, cached in {path}) ...", flush=True)
+        os.makedirs(CACHE, exist_ok=True)
+        built = run_child({**spec, "job": "build_stored", "max_live": 2000}, pinned=False)
+    return {**run_child(spec, pinned=False), **built}
+
+
+ROWS = [("turns_per_s", "turns/s", ",.0f"), ("p50_ms", "p50 turn latency (ms)", ",.1f"),
+        ("p95_ms", "p95 turn latency (ms)", ",.1f"), ("p99_ms", "p99 turn latency (ms)", ",.1f"),
+        ("events_per_s", "events/s", ",.0f"), ("events_per_turn", "events per turn", ".2f"),
+        ("appends_per_turn", "commits (appends) per turn", ".2f"),
+        ("write_txns_per_turn", "write transactions per turn", ".2f"),
+        ("cpu_ms_per_turn", "CPU ms per turn", ".3f"), ("peak_rss_mib", "peak RSS (MiB)", ",.0f")]
+
+
+def print_throughput(title: str, result: dict[str, dict[str, Any]], rows: list[tuple[str, str, str]]) -> None:
+    cols = [(d, p) for d in ("nosync", "sync") for p in result[d]]
+    print(f"\n{title}")
+    print(f"{'measure':<32}" + "".join(f"{d + ' ' + p:>22}" for d, p in cols))
+    print("-" * (32 + 22 * len(cols)))
+    for key, name, fmt in rows:
+        print(f"{name:<32}" + "".join(f"{format(result[d][p][key], fmt):>22}" for d, p in cols))
+
+
+def print_memory(mem: dict[str, Any]) -> None:
+    print("\nmemory with stored sessions (unpinned, nosync)")
+    print(f"{'measure':<40} {'value':>14}")
+    print("-" * 55)
+    for k, v in mem.items():
+        print(f"{k:<40} {v:>14,.2f}" if isinstance(v, float) else f"{k:<40} {v!s:>14}")
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 100 sessions x 4 turns, 2,000 stored")
+    ap.add_argument("--sessions", type=int, help="concurrent sessions (default 1000; 100 with --quick)")
+    ap.add_argument("--turns", type=int, help="turns per session (default 10; 4 with --quick)")
+    ap.add_argument("--stored", type=int, help="stored sessions (default 100000; 2000 with --quick)")
+    ap.add_argument("--touch", type=int, default=10_000, help="stored sessions touched (one turn each)")
+    ap.add_argument("--touch-concurrency", type=int, default=500, help="touches in flight")
+    ap.add_argument("--max-live", type=int, default=2000, help="live actor cap for the memory run")
+    ap.add_argument("--llm-latency", type=float, default=0.0, help="mock model latency per call (ms)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
+    ap.add_argument("--no-pinned", action="store_true", help="skip the runs pinned to CPU 0")
+    ap.add_argument("--no-memory", action="store_true", help="skip the stored-sessions memory run")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    for name, full, quick in (("sessions", 1000, 100), ("turns", 10, 4), ("stored", 100_000, 2000)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        spec = json.loads(args.child)
+        print(json.dumps(JOBS[spec["job"]](spec)))
+        return
+    base = {"sessions": args.sessions, "turns": args.turns, "llm_latency_ms": args.llm_latency}
+    results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick,
+                               "params": {**base, "repeats": args.repeats},
+                               "messages_per_turn_by_design": messages_per_turn(args.llm_latency)}
+    results["throughput"] = tp = throughput_runs(args, base, None)
+    print_throughput(f"throughput: {args.sessions} sessions x {args.turns} turns, half with a tool call "
+                     f"(medians of {args.repeats})", tp, ROWS)
+    rates = {d: {p: tp[d][p]["turns_per_s"] for p in tp[d]} for d in tp}
+    results["half_load"] = hl = throughput_runs(args, base, rates)
+    print_throughput("open loop at 50% of the measured turns/s (same durability and pinning)", hl, ROWS[:4])
+    mpt = results["messages_per_turn_by_design"]
+    print(f"\nactor messages per turn (by design): plain {mpt['plain']:g}, tool {mpt['tool']:g}, "
+          f"this mix {mpt['mixed']:g}; commits per turn: measured above")
+    if not args.no_memory:
+        results["memory"] = memory_run(args, base)
+        print_memory(results["memory"])
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, "turns.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
