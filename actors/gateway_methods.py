@@ -20,6 +20,8 @@ from eventstore import events as E
 from protocol.errors import RpcError
 from protocol.listing import compute_room_groups, list_sessions
 from protocol.schemas import (
+    BackgroundListResult,
+    BackgroundOutputResult,
     BatchFailure,
     Empty,
     HistoryResult,
@@ -107,6 +109,11 @@ def build_handlers(svc: SessionProtocolService) -> dict[str, Handler]:
         "plan/clear": h.plan_clear,
         "presence/update": h.presence,
         "approval/respond": h.approval_respond,
+        "background/list": h.background_list,
+        "background/watch": h.background_watch,
+        "background/output": h.background_output,
+        "background/stop": h.background_stop,
+        "background/stopAll": h.background_stop_all,
     }
 
 
@@ -366,6 +373,65 @@ def _approval_respond(self: _Handlers, conn: ClientConnection, request_id: Any, 
                               answer(conn, request_id, lambda _: EMPTY))
 
 
+def _background_list(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def work() -> msgspec.Struct:
+        tasks = [t for t in self.rt.tasks_service.listing() if self.rt.can_see(conn, t.session_id)]
+        return BackgroundListResult(tasks=tasks)
+
+    in_background(self.svc, conn, request_id, work)
+
+
+def _background_watch(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    self.rt.tasks_service.watch(conn)
+    conn.result(request_id, EMPTY)
+
+
+def _visible_task(self: _Handlers, conn: ClientConnection, task_id: str) -> Any:
+    task = self.rt.tasks_service.get(task_id)
+    if task is None or not self.rt.can_see(conn, task.session_id):
+        raise NotFound(f"background task {task_id} not found")
+    return task
+
+
+def _background_output(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    _visible_task(self, conn, params.task_id)
+    text, end, truncated = self.rt.tasks_service.output(params.task_id, params.after)
+    conn.result(request_id, BackgroundOutputResult(text=text, end=end, truncated=truncated))
+
+
+def _background_stop(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    _visible_task(self, conn, params.task_id)
+    self.rt.tasks_service.stop(params.task_id, answer(conn, request_id, lambda _: EMPTY))
+
+
+def _background_stop_all(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    """Seed 004: stop everything below a session: child sessions' turns and queued inputs, and
+    the session's and its children's tasks; the session's own turn is turn/abort's business."""
+    self.check(conn, params.session_id)
+    children = self.index.descendants(params.session_id)
+
+    def work() -> msgspec.Struct:
+        waits = []
+        for sid in children:
+            reply = Reply()
+            self.rt.tell(sid, Cancel(None, "stopped with the background work of its parent", reply, drop_queue=True))
+            waits.append(reply)
+        waits += self.rt.tasks_service.stop_session([params.session_id, *children])
+        for reply in waits:
+            try:
+                reply.result(10)
+            except NotFound:
+                pass
+        return EMPTY
+
+    in_background(self.svc, conn, request_id, work)
+
+
+_Handlers.background_list = _background_list  # type: ignore[attr-defined]
+_Handlers.background_watch = _background_watch  # type: ignore[attr-defined]
+_Handlers.background_output = _background_output  # type: ignore[attr-defined]
+_Handlers.background_stop = _background_stop  # type: ignore[attr-defined]
+_Handlers.background_stop_all = _background_stop_all  # type: ignore[attr-defined]
 _Handlers.presence = _presence  # type: ignore[attr-defined]
 _Handlers.approval_respond = _approval_respond  # type: ignore[attr-defined]
 

@@ -58,6 +58,7 @@ class HostOptions(msgspec.Struct, kw_only=True):
     approval_grace_s: float = 30.0  # seed 004: 30 s reconnect grace
     presence_window_s: float = 600.0  # seed 004: present for 10 minutes after activity
     approval_rate_limit: int = 10  # approvals per session per minute
+    exec_yield_s: float = 10.0  # exec runs in the foreground this long, then as a background task
 
 
 class DeltaPayload(msgspec.Struct, frozen=True):
@@ -108,6 +109,9 @@ class Runtime:
         self.approvals = ApprovalService(self, ApprovalTiming(
             wait_s=options.approval_wait_s, grace_s=options.approval_grace_s,
             presence_s=options.presence_window_s, rate_limit=options.approval_rate_limit))
+        from .tasks import TaskService
+
+        self.tasks_service = TaskService(self)
         self.directory = Directory(
             lambda sid: SessionActor.start(self, sid),
             Passivate,
@@ -222,9 +226,16 @@ class Runtime:
             ref.tell(Effect(lambda a: a_record_checkpoint(a, turn_id, call_id, path, existed, content), reply))
             await reply.future()
 
+        rec = actor.state.tool_calls.get(call_id)
+        tool, display = (rec.tool, rec.display) if rec is not None else ("exec", None)
+
+        def to_background(running: Any) -> str:
+            return self.tasks_service.adopt(running, sid, turn_id, call_id, tool, display)
+
         return ToolContext(workspace=workspace, turn_id=turn_id, call_id=call_id, session_id=sid,
                            on_output=on_output, record_before_image=record_before_image,
-                           extras={"runtime": self, "session_id": sid})
+                           extras={"runtime": self, "session_id": sid, "background": to_background,
+                                   "exec_yield_s": self.options.exec_yield_s})
 
     # --- publication hooks -----------------------------------------------------------------------
 
@@ -260,6 +271,38 @@ class Runtime:
             chain.append(AncestorRef(id=rec.id, title=rec.title or rec.name or rec.id))
             parent = rec.parent_id
         return list(reversed(chain))
+
+    def can_see(self, conn: Any, session_id: str) -> bool:
+        from .projections import decode_summary_record
+
+        meta = self.store.stream_meta(f"session-{session_id}")
+        if meta is None:
+            return False
+        record = decode_summary_record(meta)
+        return not record.deleted and conn.visible(record)
+
+    def task_notice(self, task: Any) -> None:
+        """A finished background task tells its session (seed 004: the background-task notice,
+        notice id = task id), which opens a turn so the agent hears of it."""
+        from .host import new_id
+        from .session import Apply
+
+        text = f"Background task {task.label} ({task.id}) {task.status}"
+        if task.exit_code is not None:
+            text += f" with exit code {task.exit_code}"
+        if task.last_line:
+            text += f"; last line: {task.last_line}"
+        facts = {"taskId": task.id, "status": task.status, "exitCode": task.exit_code, "lastLine": task.last_line}
+
+        def decide(state: Any, now: int) -> list[E.Event]:
+            if state.created is None or state.deleted:
+                return []
+            turn_id = new_id()
+            return [E.NoticePosted(at=now, notice_id=task.id, topic="background-task", text=text, facts=facts,
+                                   turn_id=turn_id, starts_turn=True),
+                    E.InputAccepted(at=now, input_id=new_id(), turn_id=turn_id, text=text, source="background-task")]
+
+        self.tell(task.session_id, Apply(decide, Reply()))
 
     def approval_settled(self, approval: Any, settlement: E.Settlement) -> None:
         """Tell the session how its approval ended; it runs or denies the call."""
@@ -321,6 +364,7 @@ class Runtime:
 
     def close(self) -> None:
         self.approvals.shutdown()
+        self.tasks_service.shutdown()
         self.directory.close()
         self.worker.stop()
         self.store.close()

@@ -105,11 +105,13 @@ class Send(Msg):
 
 
 class Cancel(Msg):
-    __slots__ = ("turn_id", "reason")
+    """Stop the running turn; with ``drop_queue`` the queued inputs go too (background/stopAll)."""
 
-    def __init__(self, turn_id: str | None, reason: str, reply: Reply) -> None:
+    __slots__ = ("turn_id", "reason", "drop_queue")
+
+    def __init__(self, turn_id: str | None, reason: str, reply: Reply, drop_queue: bool = False) -> None:
         super().__init__(reply)
-        self.turn_id, self.reason = turn_id, reason
+        self.turn_id, self.reason, self.drop_queue = turn_id, reason, drop_queue
 
     def run(self, actor: SessionActor) -> None:
         actor.on_cancel(self)
@@ -480,7 +482,8 @@ class SessionActor(pykka.ThreadingActor):
 
     def _meta(self, events: list[E.Event]) -> bytes | None:
         """The listing record, rewritten by commits that change what a listing shows."""
-        if not any(isinstance(e, _SUMMARY_EVENTS) for e in events):
+        if not any(isinstance(e, _SUMMARY_EVENTS) or (isinstance(e, E.ToolFinished) and e.task_id)
+                   or (isinstance(e, E.NoticePosted) and e.topic == "background-task") for e in events):
             return None
         from .projections import encode_summary_record, summary_record
 
@@ -630,7 +633,12 @@ class SessionActor(pykka.ThreadingActor):
         msg.reply.set(msgspec.structs.replace(receipt, position=result.first_position if result else 0))
 
     def on_cancel(self, msg: Cancel) -> None:
-        events = decide_cancel(self.state, msg.turn_id, msg.reason, now_ms())
+        now = now_ms()
+        events: list[E.Event] = []
+        if msg.drop_queue and self.state.created is not None:
+            events += [E.InputDropped(at=now, input_id=q.input_id, turn_id=q.turn_id, reason=msg.reason)
+                       for q in self.state.queue]
+        events += decide_cancel(self.state, msg.turn_id, msg.reason, now)
         if events:
             self._cancel_tasks()
             self._commit(events)
@@ -655,9 +663,11 @@ class SessionActor(pykka.ThreadingActor):
         self._tool_tasks.pop(msg.call_id, None)
         r = msg.result
         failed = r.is_error or (r.exit_code not in (None, 0))
+        task_id = r.output.get("taskId") if isinstance(r.output, dict) else None
         finished = E.ToolFinished(at=now_ms(), turn_id=msg.turn_id, call_id=msg.call_id,
                                   status="failed" if failed else "completed", output=r.output,
-                                  exit_code=r.exit_code, duration_ms=msg.duration_ms)
+                                  exit_code=r.exit_code, duration_ms=msg.duration_ms,
+                                  task_id=task_id if isinstance(task_id, str) else None)
         events = decide_tool_done(self.state, finished)
         rec = self.state.tool_calls.get(msg.call_id)
         if events and rec is not None and rec.tool == "update_plan" and not failed and isinstance(r.output, dict):

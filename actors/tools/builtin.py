@@ -49,6 +49,7 @@ DISPLAY_LIMIT = 64 * 1024
 #: After SIGTERM, a cancelled command's process group has this long before SIGKILL.
 KILL_GRACE_S = 1.0
 #: After the shell exits, output still buffered by children it left behind is read this long.
+DEFAULT_YIELD_S = 10.0  # seconds in the foreground before exec moves to the background
 DRAIN_GRACE_S = 0.2
 
 _READ_CHUNK = 8192
@@ -145,7 +146,17 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-async def _pump(stream: asyncio.StreamReader, ctx: ToolContext, tail: list[str]) -> None:
+class _Sink:
+    """Where output goes; redirected from the tool card to a background task's buffer."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def __call__(self, text: str) -> None:
+        self.target(text)
+
+
+async def _pump(stream: asyncio.StreamReader, out: Any, tail: list[str]) -> None:
     """Read the merged output to EOF, streaming it and keeping the last :data:`OUTPUT_TAIL` chars."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     while True:
@@ -153,7 +164,7 @@ async def _pump(stream: asyncio.StreamReader, ctx: ToolContext, tail: list[str])
         text = decoder.decode(data, final=not data)
         if text:
             tail[0] = (tail[0] + text)[-OUTPUT_TAIL:]
-            ctx.on_output(text)
+            out(text)
         if not data:
             return
 
@@ -228,17 +239,66 @@ class _Command:
         self.transport.close()
 
 
+class RunningCommand:
+    """A command handed to a background task: it keeps running after the tool call returned."""
+
+    def __init__(self, command: _Command, reader: asyncio.Future[None], sink: _Sink, tail: list[str]) -> None:
+        self._command = command
+        self._reader = reader
+        self._sink = sink
+        self._tail = tail
+
+    @property
+    def tail(self) -> str:
+        return self._tail[0]
+
+    def redirect(self, out: Any) -> None:
+        self._sink.target = out
+
+    async def wait(self) -> int:
+        """Wait for the exit (and the output's end, briefly); release the pipes; the exit code."""
+        await self._command.protocol.exited.wait()
+        done, _ = await asyncio.wait({self._reader}, timeout=DRAIN_GRACE_S)
+        if not done:
+            self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+        self._command.close()
+        return self._command.exit_code()
+
+    async def kill(self) -> None:
+        await self._command.kill_group()
+
+
 async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    """Run ``/bin/sh -c command`` in the workspace (or ``cwd`` inside it); see the module doc."""
+    """Run ``/bin/sh -c command`` in the workspace (or ``cwd`` inside it); see the module doc.
+
+    With a background-task service in ``ctx.extras["background"]``, a command still running after
+    the yield timeout (``ctx.extras["exec_yield_s"]``), or asked for with ``background: true``,
+    is handed to a background task: the call returns at once with the task id and the output so
+    far, and the command goes on (SPEC §4).
+    """
     cwd_arg = args.get("cwd") or "."
     cwd = ctx.workspace.resolve(cwd_arg)
     if not cwd.is_dir():
         raise ToolError(f"cwd {cwd_arg!r} is not a directory")
     command = await _Command.start(args["command"], cwd)
     tail = [""]
-    reader = asyncio.ensure_future(_pump(command.stdout, ctx, tail))
+    sink = _Sink(ctx.on_output)
+    reader = asyncio.ensure_future(_pump(command.stdout, sink, tail))
+    to_background = ctx.extras.get("background")
     try:
-        await command.protocol.exited.wait()
+        if to_background is not None and not args.get("background"):
+            try:
+                await asyncio.wait_for(asyncio.shield(command.protocol.exited.wait()),
+                                       ctx.extras.get("exec_yield_s", DEFAULT_YIELD_S))
+            except TimeoutError:
+                pass
+        elif to_background is None:
+            await command.protocol.exited.wait()
+        if to_background is not None and not command.protocol.exited.is_set():
+            task_id = to_background(RunningCommand(command, reader, sink, tail))
+            return ToolResult(output={"taskId": task_id, "status": "running", "output": tail[0],
+                                      "note": "the command goes on as a background task"})
         # Children left running in the background may hold the pipe open: do not wait for them.
         done, _ = await asyncio.wait({reader}, timeout=DRAIN_GRACE_S)
         if not done:
@@ -246,10 +306,11 @@ async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
     except BaseException:  # cancellation (seed 002: cancel reaches the tool) or anything else
         reader.cancel()
         await command.kill_group()
-        raise
-    finally:
         await asyncio.gather(reader, return_exceptions=True)
         command.close()
+        raise
+    await asyncio.gather(reader, return_exceptions=True)
+    command.close()
     code = command.exit_code()
     return ToolResult(output={"exitCode": code, "output": tail[0]}, exit_code=code)
 

@@ -1,0 +1,337 @@
+"""Background tasks (seed 004, 后台任务): commands that outlived their tool call, one actor each,
+persisted in their own stream (``task-<session>.<task id>``).
+
+``exec`` runs in the foreground up to the yield timeout (or until the model asks for the
+background); then the command is handed to a ``TaskActor``: the tool card completes with the
+output so far and the task id, the command keeps running, and its output goes into a bounded
+tail buffer addressed by character offset (``background/output {after}``). When it ends, the
+task records how (completed / failed on a non-zero exit), and posts a ``background-task`` notice
+to its session (notice id = task id) that opens a turn, so the agent hears of it; a task that
+was stopped sends the model no notice. After a restart, tasks that were running are recorded
+``aborted``; their exit code and display survive, their output does not (as the seed says).
+
+Pushes (``background/changed``): start, end, stop and removal at once; changes of only the last
+line are coalesced to at most one push per second per task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import pykka
+
+from eventstore import ANY_VERSION
+from eventstore import events as E
+from protocol.schemas import BackgroundChanged
+from protocol.schemas_types import BackgroundCall, BackgroundTask
+
+from .pubsub import Reply
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger("sessionloop.tasks")
+
+KEEP_ENDED = 20  # seed: each session keeps its 20 most recent ended tasks
+OUTPUT_KEEP = 256 * 1024  # characters of output kept per task (the tail)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _Output:
+    """The tail of a task's output, addressed by absolute character offsets."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.end = 0  # characters produced so far
+
+    def add(self, text: str) -> None:
+        self.text = (self.text + text)[-OUTPUT_KEEP:]
+        self.end += len(text)
+
+    def read(self, after: int | None) -> tuple[str, int, bool]:
+        start = self.end - len(self.text)
+        after = 0 if after is None else after
+        truncated = after < start
+        offset = max(0, after - start)
+        return self.text[offset:], self.end, truncated
+
+
+class TaskService:
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+        self._lock = threading.RLock()
+        self.tasks: OrderedDict[str, BackgroundTask] = OrderedDict()
+        self.outputs: dict[str, _Output] = {}
+        self.actors: dict[str, pykka.ActorRef[Any]] = {}
+        self.watchers: dict[Any, Any] = {}
+        self._line_pending: dict[str, float] = {}
+        self._loaded = False
+        runtime.background_probes.append(self.running_count)
+        runtime.disconnect_hooks.append(self.unwatch)
+        self.load()  # before any task of this run exists: what is flagged running now was left by a crash
+
+    # --- registry -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Read the tasks of earlier runs once; tasks left running by a crash become ``aborted``."""
+        with self._lock:
+            if self._loaded:
+                return
+            self._loaded = True
+        for stream in self.rt.store.flagged("task-running"):
+            started = self.rt.store.read_stream(stream, 1, 1)
+            if started and isinstance(started[0].event, E.TaskStarted):
+                ended = E.TaskEnded(at=now_ms(), task_id=started[0].event.task_id, status="aborted",
+                                    reason="the server stopped while the task was running")
+                self.rt.store.append(stream, [ended], ANY_VERSION, flags={"task-running": False})
+        after = None
+        while True:
+            page = self.rt.store.list_streams("task", after, 500)
+            for stream in page.streams:
+                self._restore(stream)
+            if page.next_after is None:
+                break
+            after = page.next_after
+
+    def _restore(self, stream: str) -> None:
+        task: BackgroundTask | None = None
+        for recorded in self.rt.store.read_stream(stream):
+            e = recorded.event
+            if isinstance(e, E.TaskStarted):
+                task = _task_of(e)
+            elif isinstance(e, E.TaskEnded) and task is not None:
+                task = _ended(task, e)
+        if task is not None:
+            with self._lock:
+                self.tasks.setdefault(task.id, task)
+
+    def running_count(self, session_id: str) -> int:
+        with self._lock:
+            return sum(1 for t in self.tasks.values() if t.session_id == session_id and t.status == "running")
+
+    def listing(self) -> list[BackgroundTask]:
+        self.load()
+        with self._lock:
+            return list(self.tasks.values())
+
+    def get(self, task_id: str) -> BackgroundTask | None:
+        self.load()
+        with self._lock:
+            return self.tasks.get(task_id)
+
+    def output(self, task_id: str, after: int | None) -> tuple[str, int, bool]:
+        with self._lock:
+            out = self.outputs.get(task_id)
+        if out is None:  # seed: a task from before a restart left no output
+            return "", 0, bool(after)
+        return out.read(after)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def adopt(self, running: Any, session_id: str, turn_id: str, call_id: str, tool: str,
+              display: E.ToolDisplay | None) -> str:
+        """Take over a running command from a tool call (called on the worker loop)."""
+        task_id = f"{session_id}.{call_id}.{turn_id}"
+        started = E.TaskStarted(at=now_ms(), task_id=task_id, session_id=session_id, label=tool,
+                                call=E.ToolCallRef(tool=tool, turn_id=turn_id, call_id=call_id), display=display)
+        output = _Output()
+        output.add(running.tail)
+        with self._lock:
+            self.outputs[task_id] = output
+            self.tasks[task_id] = _task_of(started)
+        running.redirect(lambda text: self._output(task_id, text))
+        self.actors[task_id] = TaskActor.start(self, started, running)
+        return task_id
+
+    def _output(self, task_id: str, text: str) -> None:
+        with self._lock:
+            out = self.outputs.get(task_id)
+            task = self.tasks.get(task_id)
+            if out is None or task is None:
+                return
+            out.add(text)
+            lines = [ln for ln in out.text.splitlines() if ln.strip()]
+            self.tasks[task_id] = msgspec.structs.replace(task, last_line=lines[-1][-500:] if lines else None,
+                                                          last_output_at=now_ms())
+            pending = task_id in self._line_pending
+            self._line_pending[task_id] = time.monotonic()
+        if not pending:  # seed: last-line changes are pushed at most once a second
+            loop = self.rt.worker.loop
+            loop.call_later(1.0, self._flush_line, task_id)
+
+    def _flush_line(self, task_id: str) -> None:
+        with self._lock:
+            if self._line_pending.pop(task_id, None) is None:
+                return
+            task = self.tasks.get(task_id)
+        if task is not None and task.status == "running":
+            self.changed([task], [])
+
+    def record(self, task: BackgroundTask) -> None:
+        with self._lock:
+            self.tasks[task.id] = task
+            self._line_pending.pop(task.id, None)  # merged into this push (seed)
+            removed = self._trim(task.session_id)
+        self.changed([task], removed)
+
+    def _trim(self, session_id: str) -> list[str]:
+        ended = [t for t in self.tasks.values() if t.session_id == session_id and t.status != "running"]
+        removed = [t.id for t in ended[:-KEEP_ENDED]] if len(ended) > KEEP_ENDED else []
+        for task_id in removed:
+            self.tasks.pop(task_id, None)
+            self.outputs.pop(task_id, None)
+        return removed
+
+    def finished(self, task_id: str) -> None:
+        with self._lock:
+            self.actors.pop(task_id, None)
+
+    def stop(self, task_id: str, reply: Reply, reason: str = "stopped") -> None:
+        ref = self.actors.get(task_id)
+        task = self.get(task_id)
+        if task is None:
+            from .errors import NotFound
+
+            reply.fail(NotFound(f"background task {task_id} not found"))
+            return
+        if ref is None or task.status != "running":
+            reply.set(None)
+            return
+        ref.tell(("stop", (reply, reason)))
+
+    def stop_session(self, session_ids: list[str]) -> list[Reply]:
+        with self._lock:
+            running = [t.id for t in self.tasks.values() if t.session_id in session_ids and t.status == "running"]
+        replies = []
+        for task_id in running:
+            reply = Reply()
+            self.stop(task_id, reply)
+            replies.append(reply)
+        return replies
+
+    def remove_session(self, session_id: str) -> None:
+        with self._lock:
+            gone = [t.id for t in self.tasks.values() if t.session_id == session_id and t.status != "running"]
+            for task_id in gone:
+                self.tasks.pop(task_id, None)
+                self.outputs.pop(task_id, None)
+        if gone:
+            self.changed([], gone)
+
+    # --- pushes ---------------------------------------------------------------------------------
+
+    def watch(self, conn: Any) -> None:
+        with self._lock:
+            self.watchers[conn] = conn
+
+    def unwatch(self, conn: Any) -> None:
+        with self._lock:
+            self.watchers.pop(conn, None)
+
+    def changed(self, upserts: list[BackgroundTask], removes: list[str]) -> None:
+        with self._lock:
+            watchers = list(self.watchers)
+        for conn in watchers:
+            visible = [t for t in upserts if self.rt.can_see(conn, t.session_id)]
+            if visible or removes:
+                conn.notify("background/changed", BackgroundChanged(upserts=visible, removes=removes))
+
+    def shutdown(self) -> None:
+        for task_id, ref in list(self.actors.items()):
+            reply = Reply()
+            self.stop(task_id, reply, reason="the server is shutting down")
+            try:
+                reply.result(5)
+                ref.stop(timeout=2)
+            except Exception:
+                pass
+
+
+class TaskActor(pykka.ThreadingActor):
+    """One running background task: its stream, its end, its stop."""
+
+    use_daemon_thread = True
+
+    def __init__(self, service: TaskService, started: E.TaskStarted, running: Any) -> None:
+        super().__init__()
+        self.svc = service
+        self.started = started
+        self.running = running
+        self.stream = f"task-{started.task_id}"
+        self.stopping: tuple[Reply, str] | None = None
+        self.ended = False
+
+    def on_start(self) -> None:
+        self.svc.rt.store.append(self.stream, [self.started], ANY_VERSION, flags={"task-running": True})
+        self.svc.changed([self.svc.tasks[self.started.task_id]], [])
+        ref = self.actor_ref
+
+        async def watch() -> None:
+            try:
+                code = await self.running.wait()
+            except Exception as e:  # the process could not be waited for: record it failed
+                log.exception("background task %s failed", self.started.task_id)
+                ref.tell(("exited", (None, str(e))))
+                return
+            ref.tell(("exited", (code, None)))
+
+        self.svc.rt.worker.call_soon(lambda: asyncio.ensure_future(watch()))
+
+    def on_receive(self, message: Any) -> Any:
+        kind, payload = message
+        if kind == "stop" and not self.ended:
+            self.stopping = payload
+            self.svc.rt.worker.call_soon(lambda: asyncio.ensure_future(self.running.kill()))
+        elif kind == "stop":
+            payload[0].set(None)
+        elif kind == "exited" and not self.ended:
+            self._end(*payload)
+        return None
+
+    def _end(self, exit_code: int | None, error: str | None) -> None:
+        self.ended = True
+        task = self.svc.tasks.get(self.started.task_id) or _task_of(self.started)
+        if self.stopping is not None:
+            status, reason = "stopped", self.stopping[1]
+        elif error is not None:
+            status, reason = "failed", error
+        else:
+            status, reason = ("completed" if exit_code == 0 else "failed"), None
+        ended = E.TaskEnded(at=now_ms(), task_id=self.started.task_id, status=status,  # type: ignore[arg-type]
+                            exit_code=exit_code, reason=reason, last_line=task.last_line,
+                            last_output_at=task.last_output_at)
+        try:
+            self.svc.rt.store.append(self.stream, [ended], ANY_VERSION, flags={"task-running": False})
+        except Exception:
+            log.exception("could not record the end of background task %s", self.started.task_id)
+        done = _ended(task, ended)
+        self.svc.record(done)
+        if self.stopping is not None:
+            self.stopping[0].set(None)
+        else:  # seed: a stopped task sends the model no end notice
+            self.svc.rt.task_notice(done)
+        self.svc.finished(self.started.task_id)
+        self.stop()
+
+
+def _task_of(e: E.TaskStarted) -> BackgroundTask:
+    from .projections import _display
+
+    call = BackgroundCall(tool=e.call.tool, turn_id=e.call.turn_id, call_id=e.call.call_id) if e.call else None
+    return BackgroundTask(id=e.task_id, session_id=e.session_id, kind="tool-call", label=e.label, call=call,
+                          status="running", started_at=e.at, display=_display(e.display))
+
+
+def _ended(task: BackgroundTask, e: E.TaskEnded) -> BackgroundTask:
+    return msgspec.structs.replace(task, status=e.status, ended_at=e.at, exit_code=e.exit_code, reason=e.reason,
+                                   last_line=e.last_line or task.last_line,
+                                   last_output_at=e.last_output_at or task.last_output_at)
