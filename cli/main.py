@@ -30,10 +30,15 @@ def main() -> None:
 
 def _register() -> None:
     from .chat import chat
+    from .replay_cmd import events, import_events, replay, rerun
     from .serve import serve
     from .sessions_cmd import send, sessions, watch
 
     main.add_command(serve)
+    main.add_command(replay)
+    main.add_command(rerun)
+    main.add_command(events)
+    main.add_command(import_events)
     main.add_command(chat)
     main.add_command(sessions)
     main.add_command(watch)
