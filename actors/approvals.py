@@ -163,6 +163,10 @@ class ApprovalService:
             self._approvals[event.approval_id] = approval
             self._actors[event.approval_id] = ApprovalActor.start(self, approval)
 
+    def pending_all(self) -> list[Approval]:
+        with self._lock:
+            return list(self._approvals.values())
+
     def pending_for(self, session_id: str) -> list[Approval]:
         with self._lock:
             return [a for a in self._approvals.values() if a.session_id == session_id]

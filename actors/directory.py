@@ -113,6 +113,12 @@ class Directory:
         with self._lock:
             return len(self._live)
 
+    def mailbox_depth(self) -> int:
+        """Messages queued in every live actor's mailbox (a gauge: growth means actors fall behind)."""
+        with self._lock:
+            refs = [e.ref for e in self._live.values()]
+        return sum(ref.actor_inbox.qsize() for ref in refs)
+
     def live_ids(self) -> list[str]:
         with self._lock:
             return list(self._live)

@@ -102,6 +102,7 @@ class ClientConnection:
                                    service.server_info, service.limits)
         self.subscriptions: set[str] = set()
         self.closed = False
+        self._methods: dict[Any, str] = {}  # request id -> method, for the frames metric
 
     # --- transport side ---------------------------------------------------------------------
 
@@ -112,6 +113,8 @@ class ClientConnection:
             if isinstance(out, Send):
                 self._send(out.text)
             elif isinstance(out, Dispatch):
+                with self._lock:
+                    self._methods[out.id] = out.method
                 self.service.gateway.tell(("request", self, out))
             elif isinstance(out, Close) and self.peer.disconnect is not None:
                 self.peer.disconnect(out.code, out.reason)
@@ -128,7 +131,9 @@ class ClientConnection:
 
     def result(self, request_id: Any, result: msgspec.Struct) -> None:
         with self._lock:
+            method = self._methods.pop(request_id, "?")
             text = self.protocol.result(request_id, result)
+        self.service.rt.metrics.frames.labels(method, "ok").inc()
         if text is not None:
             self._send(text)
 
@@ -137,7 +142,10 @@ class ClientConnection:
             log.exception("request failed", exc_info=error)
             error = RpcError.internal_error(f"{type(error).__name__}: {error}")
         with self._lock:
+            method = self._methods.pop(request_id, "?")
             text = self.protocol.error(request_id, error)
+        code = getattr(error, "data", {}).get("code") if isinstance(getattr(error, "data", None), dict) else None
+        self.service.rt.metrics.frames.labels(method, str(code or getattr(error, "code", "error"))).inc()
         if text is not None:
             self._send(text)
 
@@ -221,11 +229,15 @@ class SessionProtocolService:
         conn = ClientConnection(self, peer, send)
         with self._lock:
             self.connections.add(conn)
+        self.rt.metrics.connections.inc()
         return conn
 
     def forget(self, conn: ClientConnection) -> None:
         with self._lock:
+            if conn not in self.connections:
+                return
             self.connections.discard(conn)
+        self.rt.metrics.connections.dec()
         for session_id in list(conn.subscriptions):
             self.rt.channel(session_id).remove(conn)
         self.index.unwatch(conn)

@@ -73,6 +73,11 @@ class _Collector:
             ("sessionloop_store_last_batch_size", "Requests in the last group commit", info.get("last_batch_size", 0)),
             ("sessionloop_store_map_resizes", "LMDB map growths", info["map_resizes"]),
             ("sessionloop_actors_active", "Live session actors", rt.directory.live_count()),
+            ("sessionloop_mailbox_depth", "Messages waiting in all live session mailboxes", rt.directory.mailbox_depth()),
+            ("sessionloop_approvals_pending", "Approvals pushed and not settled", len(rt.approvals.pending_all())),
+            ("sessionloop_background_tasks_running", "Background tasks running", rt.tasks_service.running_total()),
+            ("sessionloop_store_mean_batch_size", "Mean requests per group commit",
+             info["requests"] / max(1, info["batches"])),
             ("sessionloop_actors_activations", "Session activations", rt.directory.activations),
             ("sessionloop_actors_passivations", "Session passivations", rt.directory.passivations),
         ):

@@ -118,6 +118,10 @@ class TaskService:
         with self._lock:
             return sum(1 for t in self.tasks.values() if t.session_id == session_id and t.status == "running")
 
+    def running_total(self) -> int:
+        with self._lock:
+            return sum(1 for t in self.tasks.values() if t.status == "running")
+
     def listing(self) -> list[BackgroundTask]:
         self.load()
         with self._lock:
