@@ -91,11 +91,49 @@ class Reply:
         loop = loop or asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
 
-        def transfer(reply: Reply) -> None:
-            loop.call_soon_threadsafe(_settle, fut, reply)
-
-        self.add_callback(transfer)
+        inbox = _LoopInbox.of(loop)
+        self.add_callback(lambda reply: inbox.put(fut, reply))
         return fut
+
+
+class _LoopInbox:
+    """Completions for one event loop, handed over in batches: one wake-up of the loop (a
+    self-pipe write) per batch instead of one per reply, which matters at thousands of turns/s."""
+
+    _by_loop: dict[int, _LoopInbox] = {}
+    _registry_lock = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.items: list[tuple[asyncio.Future[Any], Reply]] = []
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _LoopInbox:
+        key = id(loop)
+        inbox = cls._by_loop.get(key)
+        if inbox is None or inbox.loop is not loop:
+            with cls._registry_lock:
+                inbox = cls._by_loop.get(key)
+                if inbox is None or inbox.loop is not loop:
+                    inbox = cls._by_loop[key] = cls(loop)
+        return inbox
+
+    def put(self, fut: asyncio.Future[Any], reply: Reply) -> None:
+        with self.lock:
+            self.items.append((fut, reply))
+            first = len(self.items) == 1
+        if first:
+            try:
+                self.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+    def _drain(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for fut, reply in items:
+            _settle(fut, reply)
 
 
 def _settle(fut: asyncio.Future[Any], reply: Reply) -> None:
