@@ -220,6 +220,9 @@ class SessionProtocolService:
             self.handlers.update(loop_handlers(self, host))
         runtime.listeners.append(self._on_commit)
         self.gateway = GatewayActor.start(self)
+        from .gateway_settings import install_settings
+
+        install_settings(self)
 
     def _describe(self) -> tuple[Features, str]:
         return Features(send=True, rewind=True, compress=True, settings=self.rt.settings_service is not None), \

@@ -49,6 +49,7 @@ Handler = Callable[["ClientConnection", Any, Any], None]
 MAX_ATTACHMENTS = 10
 MAX_ATTACHMENT_BYTES = 20 * 1024 * 1024  # each, and all of one message together (seed 000)
 EMPTY = Empty()
+DEFAULT_WORKSPACE = E.PlaceRef(key="workspace:default", kind="workspace", name="Default workspace")
 
 
 def answer(conn: ClientConnection, request_id: Any, convert: Callable[[Any], msgspec.Struct]) -> Reply:
@@ -154,7 +155,9 @@ class _Handlers:
             def terms(s: Any) -> list[str]:
                 rec = records.get(s.id)
                 named = [t for t in (rec.title, rec.name) if t] if rec is not None else []
-                return [s.id, *named]  # default names do not match (seed 004, 搜索)
+                # a room's window key (``platform:account:group:number``) answers ``platform:group``
+                window = [s.place.key] if s.place is not None and s.place.kind == "window" else []
+                return [s.id, *named, *window]  # default names do not match (seed 004, 搜索)
 
             if params.parent_id is not None:
                 self.check(conn, params.parent_id)
@@ -170,7 +173,7 @@ class _Handlers:
     def changed(self, conn: ClientConnection, upserts: list[str], removes: list[str]) -> SessionsChanged:
         visible = [sid for sid in upserts if (rec := self.index.get(sid)) is not None and conn.visible(rec)]
         summaries = self.index.summaries_for(visible, conn.visible) if visible else []
-        rooms = self.index.summaries(lambda r: conn.visible(r) and r.kind == "room")
+        rooms = self.index.room_trees(conn.visible)
         return SessionsChanged(upserts=summaries, removes=removes, groups=compute_room_groups(rooms))
 
     # --- session lifecycle -------------------------------------------------------------------------
@@ -189,6 +192,8 @@ class _Handlers:
             at=now_ms(), session_id=session_id, name=params.name or "", kind="task" if params.parent_id else "owner",
             parent_id=params.parent_id, app_id=conn.peer.app_id, created_by=speaker,
             permission_mode=self.rt.options.permission_mode or "ask",
+            # seed 004 摘要 place: an owner's session lives in the default workspace
+            place=None if params.parent_id else DEFAULT_WORKSPACE,
         )
         self.rt.tell(session_id, Create(created, None,
                                         answer(conn, request_id, lambda _: SessionResult(session=self.summary(session_id)))))

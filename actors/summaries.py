@@ -126,7 +126,18 @@ class SummaryIndex:
                     nodes[sid] = self._records[sid]
         kept = {sid: r for sid, r in nodes.items() if visible is None or visible(r)}
         fields = compute_tree_fields(node_from_record(r) for r in kept.values())
-        return [summary_from_record(kept[sid], fields.get(sid)) for sid in wanted if sid in kept]
+        return [self._summary(kept[sid], fields, kept) for sid in wanted if sid in kept]
+
+    @staticmethod
+    def _summary(record: SummaryRecord, fields: dict[str, TreeFields], records: dict[str, SummaryRecord]) -> Any:
+        """A summary with its tree fields; a child takes chat and place from its root (seed 004)."""
+        tree = fields.get(record.id)
+        if tree is not None and tree.root_id != record.id:
+            root = records.get(tree.root_id)
+            if root is not None:
+                record = msgspec.structs.replace(record, chat=root.chat, place=root.place,
+                                                 platform=record.platform or root.platform)
+        return summary_from_record(record, tree)
 
     def watch(self, key: Any, watcher: Watcher) -> None:
         with self._lock:
@@ -145,7 +156,16 @@ class SummaryIndex:
     def summaries(self, visible: Callable[[SummaryRecord], bool] | None = None,
                   only: Iterable[str] | None = None) -> list[Any]:
         records, fields = self.tree(visible)
+        by_id = {r.id: r for r in records}
         if only is not None:
             wanted = set(only)
             records = [r for r in records if r.id in wanted]
-        return [summary_from_record(r, fields.get(r.id)) for r in records]
+        return [self._summary(r, fields, by_id) for r in records]
+
+    def room_trees(self, visible: Callable[[SummaryRecord], bool] | None = None) -> list[Any]:
+        """Summaries of every room and everything below it: what the room groups are counted from
+        (a room whose child waits on an approval counts as needing attention)."""
+        with self._lock:
+            rooms = [r.id for r in self._records.values() if r.kind == "room" and r.parent_id is None]
+            ids = [sid for room in rooms for sid in (room, *self._below(room))]
+        return self.summaries_for(ids, visible)

@@ -51,7 +51,7 @@ def test_the_token_is_accepted_in_the_query_and_the_surface_is_reported(server):
             return json.loads(await ws.recv())["result"]
     result = run(handshake())
     assert result["surface"] == "webui" and result["identity"] == {"platform": "console", "userId": "owner"}
-    assert result["features"] == {"send": True, "rewind": True, "compress": True, "settings": False}
+    assert result["features"] == {"send": True, "rewind": True, "compress": True, "settings": True}
 
 
 def test_an_incompatible_version_is_refused_with_unsupported_then_the_connection_closes(server):

@@ -1,0 +1,1083 @@
+"""Session settings (seed 004, 会话设置; SPEC §6): the fields plugins declare with a ``session``
+spec, the layers they are set on, and the effective values a session's agent runs with.
+
+Theory of operation
+-------------------
+A *field* is declared by a plugin instance (here ``agent``, ``llm`` and ``tools``); a row's
+identity is ``(plugin, key)``. Clients know no field: they render the declaration they are sent
+(:meth:`SettingField.wire`, function members left out).
+
+Layers, in the nominal order of ``session/config/layers`` (later ones win)::
+
+    global < platform < platformType < place < session
+
+The effective precedence for one session depends on its place (seed: 生效值)::
+
+    window place     global < platform < platformType < place < session
+    workspace place  global < place < platform < platformType < session
+
+A child session resolves platform, chat type and place through its root; its session layer is
+its own. Where each layer lives:
+
+* global, platform, platformType: the host configuration document ``<data>/config.toml``::
+
+      [plugins.<plugin>]                                   global (the plugin's configuration)
+      [sessionSettings.platform.<platform>.<plugin>]
+      [sessionSettings.platformType.<platform>.<type>.<plugin>]
+
+  written atomically (temp file, fsync, rename), keeping every other key (``name``...). A write
+  takes effect in memory first and is then saved; a failed save is not undone but reported as
+  ``unsaved`` (seed: 先在运行态生效再落盘;落盘失败时不撤回).
+* place: ``place.registered`` / ``place.setting.changed`` events in stream ``place-<key>``;
+* session: ``session.setting.changed`` events on the session (``state.settings``).
+
+Places: ``window`` (an IM group or someone's private chat, from ``SessionCreated.place``) and
+``workspace`` (the default workspace; a project workspace per folder, the session's ``cwd``). An
+owner root without a recorded place is in a workspace; a room without one has no place layer.
+A place is recorded (stream ``place-<key>``) when the first session in it is seen.
+
+Invalid input (unknown field, bad value, a field that does not apply to the session or layer,
+a session value for a ``narrowest: 'place'`` field, a bad layer, an unrecorded place key) raises
+:class:`InvalidSetting` before anything changes; ``null`` deletes and skips the scope rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import tempfile
+import threading
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from typing import Any
+
+import msgspec
+from msgspec import UNSET
+
+from eventstore import events as E
+from eventstore.errors import WrongExpectedVersion
+from protocol.schemas_types import (
+    GlobalLayer,
+    PlaceLayer,
+    PlatformLayer,
+    PlatformTypeLayer,
+    SettingActual,
+    SettingRow,
+)
+
+from .errors import InvalidCommand
+
+log = logging.getLogger("sessionloop.settings")
+
+Ident = tuple[str, str]  # (plugin, key)
+Chain = list[tuple[str, Mapping[Ident, Any]]]  # (source, values), lowest first
+Layer = GlobalLayer | PlatformLayer | PlatformTypeLayer | PlaceLayer
+
+OWNER_PLATFORM = "console"  # SPEC §6: the owner's identity is {platform: 'console'}
+DEFAULT_WORKSPACE = "workspace:default"
+PROMINENCE_RANK = {"composer": 0, "common": 1, "advanced": 2}
+COMPOSER_PER_GROUP = 2  # seed: composer 同一组最多两项,多出的已退到 common
+_MISSING: Any = object()
+
+
+class InvalidSetting(InvalidCommand):
+    """The peer asked for a write the rules refuse (the gateway answers ``invalidParams``)."""
+
+
+# --- texts (seed 004: human-facing text in the server's language) ---------------------------------
+
+_TEXTS: dict[str, dict[str, str]] = {
+    "en": {
+        "global": "Global (plugin configuration)", "platform": "Platform", "platformType": "Platform chat type",
+        "place": "Place", "session": "This session", "default-workspace": "Default workspace",
+        "workspace": 'Workspace "{name}"', "follow": "Follow the service preference (now: {model})",
+        "refused": "Applied, but not saved: the configuration file {path} may not be written; "
+                   "the change is lost on restart.",
+        "failed": "Applied, but not saved: writing the configuration file {path} failed ({error}); "
+                  "the change is lost on restart.",
+    },
+    "zh": {
+        "global": "全局(插件配置)", "platform": "平台档", "platformType": "平台类型档", "place": "场所",
+        "session": "本会话", "default-workspace": "默认工作区", "workspace": "工作区「{name}」",
+        "follow": "跟随服务偏好(此刻:{model})",
+        "refused": "已生效,但没有保存:配置文件 {path} 不许写入,重启后这项改动会丢失。",
+        "failed": "已生效,但没有保存:写入配置文件 {path} 失败({error}),重启后这项改动会丢失。",
+    },
+}
+
+
+def text(language: str, text_id: str, **values: Any) -> str:
+    table = _TEXTS.get(language, _TEXTS["en"])
+    return table.get(text_id, _TEXTS["en"][text_id]).format(**values)
+
+
+# --- fields ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SettingField:
+    """A field a plugin declares with a ``session`` spec (seed: WireSchemaField & {session})."""
+
+    plugin: str
+    key: str
+    type: str  # string | text | integer | number | boolean | enum | llm-ref
+    title: str
+    description: str = ""
+    default: Any = UNSET
+    options: tuple[str, ...] = ()  # enum values
+    minimum: float | None = None
+    maximum: float | None = None
+    max_length: int | None = None
+    prominence: str = "advanced"  # composer | common | advanced
+    order: int | None = None
+    applies_to: tuple[str, ...] | None = None  # session kinds: owner | room | task; None: all
+    narrowest: str | None = None  # 'place': cannot be set on one session
+    actual: Callable[[Any], SettingActual | None] | None = dc_field(default=None, compare=False)
+
+    @property
+    def ident(self) -> Ident:
+        return (self.plugin, self.key)
+
+    def wire(self) -> dict[str, Any]:
+        """The declaration as sent in ``SettingRow.field`` (function members left out)."""
+        out: dict[str, Any] = {"type": self.type, "title": self.title}
+        if self.description:
+            out["description"] = self.description
+        if self.default is not UNSET:
+            out["default"] = self.default
+        if self.options:
+            out["options"] = list(self.options)
+        for name, value in (("minimum", self.minimum), ("maximum", self.maximum), ("maxLength", self.max_length)):
+            if value is not None:
+                out[name] = value
+        session: dict[str, Any] = {"prominence": self.prominence}
+        if self.order is not None:
+            session["order"] = self.order
+        if self.applies_to is not None:
+            session["appliesTo"] = list(self.applies_to)
+        if self.narrowest is not None:
+            session["narrowest"] = self.narrowest
+        out["session"] = session
+        return out
+
+    def applies(self, kinds: frozenset[str] | None) -> bool:
+        return kinds is None or self.applies_to is None or bool(kinds.intersection(self.applies_to))
+
+
+def check_value(f: SettingField, value: Any) -> str | None:
+    """Why ``value`` does not fit ``f`` (a sentence naming the field), or None when it fits."""
+    name = f"{f.plugin}/{f.key}"
+    if f.type in ("string", "text", "llm-ref"):
+        if not isinstance(value, str):
+            return f"{name}: expected a string"
+        if f.type == "llm-ref" and not value.strip():
+            return f"{name}: expected a model id"
+        if f.max_length is not None and len(value) > f.max_length:
+            return f"{name}: at most {f.max_length} characters"
+        return None
+    if f.type == "boolean":
+        return None if isinstance(value, bool) else f"{name}: expected true or false"
+    if f.type == "enum":
+        return None if isinstance(value, str) and value in f.options else \
+            f"{name}: expected one of {', '.join(f.options)}"
+    if f.type in ("integer", "number"):
+        numeric = isinstance(value, int) or (f.type == "number" and isinstance(value, float))
+        if isinstance(value, bool) or not numeric or not math.isfinite(value):
+            return f"{name}: expected {'an integer' if f.type == 'integer' else 'a number'}"
+        if f.minimum is not None and value < f.minimum:
+            return f"{name}: at least {f.minimum:g}"
+        if f.maximum is not None and value > f.maximum:
+            return f"{name}: at most {f.maximum:g}"
+        return None
+    return f"{name}: unknown field type {f.type!r}"
+
+
+def default_fields(rt: Any) -> list[SettingField]:
+    """The fields of the agent runtime (``agent``), the model provider (``llm``) and the tool
+    policy (``tools``); defaults are the host's options."""
+    opts = rt.options
+
+    def model_actual(state: Any) -> SettingActual | None:
+        provider = rt.provider_for(state)
+        model = getattr(provider, "model", None) or rt.options.model
+        return SettingActual(value=f"{rt.options.model}/{model}",
+                             label=text(opts.language, "follow", model=model))
+
+    def permission_actual(state: Any) -> SettingActual | None:
+        return SettingActual(value=rt.default_permission(state)) if state is not None else None
+
+    def opt(value: Any) -> Any:
+        return UNSET if value is None else value
+
+    return [
+        SettingField("llm", "model", "llm-ref", "Model", "The model this session talks to.", prominence="composer",
+                     order=1, actual=model_actual),
+        SettingField("tools", "permissionMode", "enum", "Tool permission",
+                     "ask: approve risky calls; acceptCalls: run them; deny: refuse them.",
+                     # no default: unset, each session keeps the mode it was created with (actual)
+                     options=("ask", "acceptCalls", "deny"),
+                     prominence="composer", order=2, actual=permission_actual),
+        SettingField("agent", "maxSteps", "integer", "Model calls per turn",
+                     "After this many model calls a turn stops with a notice; continue resumes it.",
+                     default=opts.max_steps, minimum=1, maximum=1000, prominence="common", order=3),
+        SettingField("agent", "systemPrompt", "text", "System prompt", default=opt(opts.system_prompt),
+                     max_length=100_000, prominence="common", order=4),
+        SettingField("agent", "contextChars", "integer", "Context budget (characters)",
+                     "Older context is trimmed or summarised above this size.",
+                     default=opt(opts.context_chars), minimum=1000, maximum=100_000_000, order=5),
+        SettingField("tools", "execYieldSeconds", "number", "exec foreground seconds",
+                     "exec runs in the foreground this long, then as a background task.",
+                     default=opts.exec_yield_s, minimum=0, maximum=3600, order=6,
+                     applies_to=("owner", "task"), narrowest="place"),
+    ]
+
+
+def resolve(f: SettingField, chain: Chain) -> tuple[Any, str] | None:
+    """The effective value of ``f`` and its source: the highest layer with a valid value, then
+    the field's default, else None (seed: 默认值、actual、unset)."""
+    for source, values in reversed(chain):
+        value = values.get(f.ident, _MISSING)
+        if value is not _MISSING and check_value(f, value) is None:
+            return value, source
+    if f.default is not UNSET:
+        return f.default, "default"
+    return None
+
+
+def effective_prominence(fields: Iterable[SettingField]) -> dict[Ident, str]:
+    """Seed: at most two composer items per group (plugin); the rest fall back to common."""
+    out: dict[Ident, str] = {}
+    used: dict[str, int] = {}
+    for f in sorted(fields, key=lambda f: (f.order is None, f.order or 0)):
+        prominence = f.prominence
+        if prominence == "composer":
+            used[f.plugin] = used.get(f.plugin, 0) + 1
+            if used[f.plugin] > COMPOSER_PER_GROUP:
+                prominence = "common"
+        out[f.ident] = prominence
+    return out
+
+
+def sorted_fields(fields: Iterable[SettingField], prominence: Mapping[Ident, str]) -> list[SettingField]:
+    """Seed 排序: composer, common, then advanced; by declared order, those without one last."""
+    return sorted(fields, key=lambda f: (PROMINENCE_RANK[prominence[f.ident]], f.order is None, f.order or 0))
+
+
+def layer_kinds(layer: Layer, place_kind: str | None) -> frozenset[str] | None:
+    """Which sessions a layer's rows are for (seed 哪些行); None: every field."""
+    if isinstance(layer, PlatformTypeLayer):
+        return frozenset({"room", "task"})
+    if isinstance(layer, PlaceLayer):
+        return frozenset({"room"}) if place_kind == "window" else frozenset({"owner"})
+    return None
+
+
+def make_row(f: SettingField, prominence: str, own: Any, resolved: tuple[Any, str] | None,
+             actual: SettingActual | None) -> SettingRow:
+    return SettingRow(plugin=f.plugin, key=f.key, field=f.wire(), prominence=prominence,  # type: ignore[arg-type]
+                      value=UNSET if own is _MISSING else own,
+                      effective=resolved[0] if resolved is not None else UNSET,
+                      source=resolved[1] if resolved is not None else None,  # type: ignore[arg-type]
+                      actual=actual if resolved is None else None)
+
+
+# --- the host configuration document --------------------------------------------------------------
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _toml_str(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.fullmatch(key) else _toml_str(key)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
+    if isinstance(v, str):
+        return _toml_str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_key(str(k))} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    if hasattr(v, "isoformat"):  # dates and times read by tomllib
+        return str(v.isoformat())
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dump_toml(doc: Mapping[str, Any]) -> str:
+    """A TOML text for ``doc`` (what tomllib reads back as the same dict)."""
+    lines: list[str] = []
+
+    def table(path: list[str], d: Mapping[str, Any]) -> None:
+        scalars = [(k, v) for k, v in d.items() if not isinstance(v, dict)]
+        subs = [(k, v) for k, v in d.items() if isinstance(v, dict)]
+        if path and (scalars or not subs):
+            lines.append("[" + ".".join(_toml_key(p) for p in path) + "]")
+        lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in scalars)
+        if scalars or (path and not subs):
+            lines.append("")
+        for k, v in subs:
+            table([*path, k], v)
+
+    table([], doc)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+class ConfigDocument:
+    """``<data>/config.toml``: read when it changed on disk, written whole and atomically."""
+
+    def __init__(self, path: str, language: str = "en") -> None:
+        self.path = path
+        self.language = language
+        self.doc: dict[str, Any] = {}
+        self._signature: tuple[int, int, int] | None = None
+        self.refresh()
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def refresh(self) -> bool:
+        """Re-read the document if it changed on disk; True when it did."""
+        signature = self._stat()
+        if signature == self._signature:
+            return False
+        self._signature = signature
+        try:
+            with open(self.path, "rb") as f:
+                self.doc = tomllib.load(f)
+        except FileNotFoundError:
+            self.doc = {}
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            log.warning("cannot read %s: %s", self.path, e)
+            self.doc = {}
+        return True
+
+    def table(self, path: Iterable[str]) -> Any:
+        node: Any = self.doc
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        return node if isinstance(node, dict) else None
+
+    def values(self, path: list[str]) -> dict[Ident, Any]:
+        """``{(plugin, key): value}`` of the ``plugin -> {key: value}`` table at ``path``."""
+        out: dict[Ident, Any] = {}
+        for plugin, fields in (self.table(path) or {}).items():
+            if isinstance(fields, dict):
+                out.update({(plugin, key): value for key, value in fields.items()})
+        return out
+
+    def put(self, path: list[str], value: Any) -> None:
+        """Set (``value`` not None) or delete the key at ``path``, pruning emptied tables."""
+        node, trail = self.doc, []
+        for part in path[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                if value is None:
+                    return
+                child = node[part] = {}
+            trail.append((node, part))
+            node = child
+        if value is not None:
+            node[path[-1]] = value
+            return
+        node.pop(path[-1], None)
+        for parent, part in reversed(trail):
+            if parent[part]:
+                break
+            del parent[part]
+
+    def save(self, rendered: str) -> str | None:
+        """Write ``rendered`` (``dump_toml`` of the document) atomically; the ``unsaved``
+        sentence when that failed.
+
+        A document with no write permission bit is the owner's "do not touch" and is refused
+        even when this process could write it (root): the same answer as a refused write.
+        """
+        directory = os.path.dirname(self.path) or "."
+        tmp = None
+        try:
+            st = os.stat(self.path) if os.path.lexists(self.path) else None
+            if st is not None and os.path.isfile(self.path) and not st.st_mode & 0o222:
+                raise PermissionError(f"{self.path} is read-only")
+            fd, tmp = tempfile.mkstemp(prefix=".config.toml.", suffix=".tmp", dir=directory)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(rendered)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, (st.st_mode & 0o777) if st is not None else 0o644)
+            os.replace(tmp, self.path)
+            tmp = None
+        except PermissionError:
+            return text(self.language, "refused", path=self.path)
+        except OSError as e:
+            return text(self.language, "failed", path=self.path, error=e.strerror or str(e))
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+        self._signature = self._stat()
+        return None
+
+
+def layer_path(layer: Layer, plugin: str) -> list[str]:
+    """Where a config-document layer keeps ``plugin``'s values."""
+    if isinstance(layer, PlatformLayer):
+        return ["sessionSettings", "platform", layer.platform, plugin]
+    if isinstance(layer, PlatformTypeLayer):
+        return ["sessionSettings", "platformType", layer.platform, layer.type, plugin]
+    return ["plugins", plugin]
+
+
+# --- places and session context -------------------------------------------------------------------
+
+
+class PlaceFacts(msgspec.Struct, frozen=True, kw_only=True):
+    key: str
+    kind: str  # window | workspace
+    name: str
+    platform: str | None = None  # windows: the platform and chat type of their sessions
+    type: str | None = None
+
+
+class SessionContext(msgspec.Struct, frozen=True, kw_only=True):
+    """What resolution needs of a session: its own kind, and its root's platform, chat type and
+    place (seed: 子会话按根会话取)."""
+
+    kind: str
+    root_id: str
+    platform: str | None = None
+    chat_type: str | None = None
+    place: PlaceFacts | None = None
+
+
+def place_of(created: E.SessionCreated, default_name: str = "Default workspace") -> PlaceFacts | None:
+    """A root's place: the recorded one; else an owner session's workspace (its folder, or the
+    default workspace); a room without a recorded place has none."""
+    platform = created.platform
+    chat_type = created.chat.type if created.chat is not None else None
+    if created.place is not None:
+        p = created.place
+        if p.kind == "window":
+            return PlaceFacts(key=p.key, kind="window", name=p.name or p.key, platform=platform, type=chat_type)
+        return PlaceFacts(key=p.key, kind="workspace", name=p.name or p.key)
+    if created.kind != "owner":
+        return None
+    if created.cwd:
+        folder = os.path.abspath(created.cwd)
+        return PlaceFacts(key=f"workspace:{folder}", kind="workspace", name=os.path.basename(folder) or folder)
+    return PlaceFacts(key=DEFAULT_WORKSPACE, kind="workspace", name=default_name)
+
+
+def root_context(created: E.SessionCreated, default_name: str = "Default workspace") -> SessionContext:
+    """The context a root gives itself and its children. Platform: the birth platform, else the
+    platform it entered from (its creator's); chat type from its chat window."""
+    platform = created.platform or (created.created_by.platform if created.created_by is not None else None)
+    return SessionContext(kind=created.kind, root_id=created.session_id, platform=platform or None,
+                          chat_type=created.chat.type if created.chat is not None else None,
+                          place=place_of(created, default_name))
+
+
+def session_chain(ctx: SessionContext, platform: str | None, layer_values: Callable[[Layer], Mapping[Ident, Any]],
+                  own: Mapping[Ident, Any] | None) -> Chain:
+    """The layers a session resolves through, lowest first (seed: 生效值 and 取哪几层)."""
+    chain: Chain = [("global", layer_values(GlobalLayer()))]
+    place = ctx.place
+    if place is not None and place.kind == "workspace":
+        chain.append(("place", layer_values(PlaceLayer(key=place.key))))
+    if platform:
+        chain.append(("platform", layer_values(PlatformLayer(platform=platform))))
+        if ctx.chat_type:
+            chain.append(("platformType", layer_values(PlatformTypeLayer(platform=platform, type=ctx.chat_type))))
+    if place is not None and place.kind == "window":
+        chain.append(("place", layer_values(PlaceLayer(key=place.key))))
+    if own is not None:
+        chain.append(("session", own))
+    return chain
+
+
+def layer_chain(layer: Layer, place: PlaceFacts | None,
+                layer_values: Callable[[Layer], Mapping[Ident, Any]]) -> Chain:
+    """The layers up to and including ``layer`` (seed: 解析到这一层为止)."""
+    chain: Chain = [("global", layer_values(GlobalLayer()))]
+    if isinstance(layer, PlatformLayer):
+        chain.append(("platform", layer_values(layer)))
+    elif isinstance(layer, PlatformTypeLayer):
+        chain.append(("platform", layer_values(PlatformLayer(platform=layer.platform))))
+        chain.append(("platformType", layer_values(layer)))
+    elif isinstance(layer, PlaceLayer):
+        if place is not None and place.kind == "window" and place.platform:
+            chain.append(("platform", layer_values(PlatformLayer(platform=place.platform))))
+            if place.type:
+                chain.append(("platformType", layer_values(PlatformTypeLayer(platform=place.platform,
+                                                                              type=place.type))))
+        chain.append(("place", layer_values(layer)))
+    return chain
+
+
+def settings_of(state: Any) -> dict[Ident, Any]:
+    """A session's own layer, from ``state.settings`` (keys ``plugin/key``)."""
+    out: dict[Ident, Any] = {}
+    for name, value in state.settings.items():
+        plugin, _, key = name.partition("/")
+        out[(plugin, key)] = value
+    return out
+
+
+def session_setting_events(f: SettingField | None, plugin: str, key: str, kind: str, current: Any, value: Any,
+                           now: int) -> list[E.Event]:
+    """Decide a write to one session's layer (pure). Raises InvalidSetting, changing nothing."""
+    if f is None:
+        raise InvalidSetting(f"params.key: no session setting {plugin}/{key}")
+    if value is not None:
+        if f.narrowest == "place":
+            raise InvalidSetting(f"params.key: {plugin}/{key} can be set on a place at the narrowest, "
+                                 "not on one session")
+        if not f.applies(frozenset({kind})):
+            raise InvalidSetting(f"params.key: {plugin}/{key} does not apply to {kind} sessions")
+        problem = check_value(f, value)
+        if problem is not None:
+            raise InvalidSetting(f"params.value: {problem}")
+    if value is None:
+        return [] if current is _MISSING else [E.SessionSettingChanged(at=now, plugin=plugin, key=key, deleted=True)]
+    if current is not _MISSING and current == value and type(current) is type(value):
+        return []
+    return [E.SessionSettingChanged(at=now, plugin=plugin, key=key, value=value)]
+
+
+# --- the service ----------------------------------------------------------------------------------
+
+#: Effective values the agent runtime takes through ``Runtime.agent_config`` (values dict names).
+AGENT_VALUES: dict[Ident, str] = {
+    ("agent", "maxSteps"): "max_steps",
+    ("agent", "systemPrompt"): "system_prompt",
+    ("agent", "contextChars"): "context_chars",
+    ("tools", "permissionMode"): "permission_mode",
+}
+_ROOT_CACHE = 10_000
+
+
+class SettingsService:
+    """The session settings service of one runtime (``runtime.settings_service``).
+
+    Thread-safe. Session actor threads resolve (:meth:`resolve_config`, a runtime config
+    resolver) and report commits (:meth:`committed`, a runtime listener); the gateway's pool reads
+    rows and writes layers. Reads hold a short lock; writers are serialised by a second lock, and
+    store appends and file writes never run on an actor thread.
+    """
+
+    def __init__(self, rt: Any, index: Any, submit: Callable[[Callable[[], None]], Any]) -> None:
+        self.rt = rt
+        self.index = index
+        self._submit = submit
+        self.language: str = rt.options.language
+        self._lock = threading.RLock()
+        self._write_lock = threading.Lock()
+        self._scan_lock = threading.Lock()
+        self.fields: dict[Ident, SettingField] = {}
+        self.platform_types: dict[str, dict[str, str | None]] = {}
+        self.doc = ConfigDocument(os.path.join(rt.data_dir, "config.toml"), self.language)
+        self.default_name = text(self.language, "default-workspace")
+        self.places: dict[str, PlaceFacts] = {
+            DEFAULT_WORKSPACE: PlaceFacts(key=DEFAULT_WORKSPACE, kind="workspace", name=self.default_name)}
+        self.registered: set[str] = set()
+        self.place_values: dict[str, dict[Ident, Any]] = {}
+        self._roots: dict[str, SessionContext] = {}
+        self._session_values: dict[str, dict[Ident, tuple[int, Any]]] = {}
+        self._scanned = False
+        self.extras: dict[str, dict[str, Any]] = {}  # per session: model, exec_yield_s (see resolve_config)
+        self.on_change: list[Callable[[], None]] = []
+        self._seen_platforms: set[tuple[str | None, str | None]] = {(OWNER_PLATFORM, None)}
+        for f in default_fields(rt):
+            self.fields[f.ident] = f
+        self._load_places()
+
+    # --- declarations -------------------------------------------------------------------------
+
+    def declare(self, fields: Iterable[SettingField]) -> None:
+        """Register fields (a plugin came up); values already stored for them apply again."""
+        with self._lock:
+            for f in fields:
+                if not f.plugin or "/" in f.plugin or not f.key or f.prominence not in PROMINENCE_RANK:
+                    raise ValueError(f"bad session field declaration {f.plugin!r}/{f.key!r}")
+                self.fields[f.ident] = f
+        self._changed(generation=True)
+
+    def withdraw(self, plugin: str) -> None:
+        """A plugin went away: its rows are no longer listed; its values are kept (seed 哪些行)."""
+        with self._lock:
+            for ident in [i for i in self.fields if i[0] == plugin]:
+                del self.fields[ident]
+        self._changed(generation=True)
+
+    def declare_platform(self, platform: str, types: Mapping[str, str | None]) -> None:
+        """An adapter's platform and the chat types it declares, with their display names."""
+        with self._lock:
+            self.platform_types.setdefault(platform, {}).update(types)
+        self._changed(generation=False)
+
+    def plugins(self) -> set[str]:
+        with self._lock:
+            return {plugin for plugin, _ in self.fields}
+
+    def field(self, plugin: str, key: str) -> SettingField | None:
+        with self._lock:
+            return self.fields.get((plugin, key))
+
+    # --- places -------------------------------------------------------------------------------
+
+    def _load_places(self) -> None:
+        store, after = self.rt.store, None
+        while True:
+            page = store.list_streams("place", after, 500)
+            for stream in page.streams:
+                self._fold_place(stream[len("place-"):], [r.event for r in store.read_stream(stream)])
+            if page.next_after is None:
+                break
+            after = page.next_after
+        for rec in self.index.records():
+            if rec.parent_id is None and rec.platform:
+                self._seen_platforms.update({(rec.platform, None),
+                                             (rec.platform, rec.chat.type if rec.chat is not None else None)})
+            if rec.parent_id is None and rec.place is not None:
+                chat = rec.chat.type if rec.chat is not None else None
+                self.know_place(PlaceFacts(key=rec.place.key, kind=rec.place.kind, name=rec.place.name or rec.place.key,
+                                           platform=rec.platform if rec.place.kind == "window" else None,
+                                           type=chat if rec.place.kind == "window" else None), register=False)
+
+    def _fold_place(self, key: str, events: Iterable[Any]) -> None:
+        with self._lock:
+            for e in events:
+                if isinstance(e, E.PlaceRegistered):
+                    known = self.places.get(key)
+                    self.places[key] = PlaceFacts(key=key, kind=e.kind, name=e.name or key,
+                                                  platform=known.platform if known else None,
+                                                  type=known.type if known else None)
+                    self.registered.add(key)
+                elif isinstance(e, E.PlaceSettingChanged):
+                    values = self.place_values.setdefault(key, {})
+                    if e.deleted:
+                        values.pop((e.plugin, e.key), None)
+                    else:
+                        values[(e.plugin, e.key)] = e.value
+
+    def know_place(self, facts: PlaceFacts | None, register: bool = True) -> bool:
+        """Remember a place a session is in, and record it (stream ``place-<key>``) off this
+        thread; True when the list of layers changed (a new place, or a window's platform)."""
+        if facts is None:
+            return False
+        with self._lock:
+            known = self.places.get(facts.key)
+            grew = known is None or bool((facts.platform and not known.platform) or (facts.type and not known.type))
+            if known is None:
+                self.places[facts.key] = facts
+            elif grew:
+                self.places[facts.key] = msgspec.structs.replace(
+                    known, platform=known.platform or facts.platform, type=known.type or facts.type)
+            needed = register and facts.key not in self.registered
+        if needed:
+            self._submit(lambda: self._register(facts.key))
+        return grew
+
+    def _new_layers(self, created: E.SessionCreated) -> bool:
+        """Whether a new root adds a layer to ``session/config/layers`` (place, platform, type)."""
+        grew = self.know_place(place_of(created, self.default_name))
+        ctx = root_context(created, self.default_name)
+        seen = [(ctx.platform, None), (ctx.platform, ctx.chat_type)] if ctx.platform else []
+        with self._lock:
+            fresh = [pair for pair in seen if pair not in self._seen_platforms]
+            self._seen_platforms.update(fresh)
+        return grew or bool(fresh)
+
+    def _register(self, key: str) -> None:
+        with self._write_lock:
+            with self._lock:
+                facts = self.places.get(key)
+                if facts is None or key in self.registered:
+                    return
+            try:
+                self.rt.store.append(f"place-{key}", [E.PlaceRegistered(at=_now(), key=key, kind=facts.kind,  # type: ignore[arg-type]
+                                                                        name=facts.name)], expected_version=0)
+            except WrongExpectedVersion:
+                pass  # recorded meanwhile (another service on this runtime)
+            except Exception:
+                log.exception("could not record place %s", key)
+                return
+            with self._lock:
+                self.registered.add(key)
+
+    # --- session context ------------------------------------------------------------------------
+
+    def context_of(self, state: Any) -> SessionContext | None:
+        """The session's kind and its root's platform, chat type and place; None before creation."""
+        created = state.created
+        if created is None:
+            return None
+        if created.parent_id is None:
+            ctx = root_context(created, self.default_name)
+            self.know_place(ctx.place)
+            return ctx
+        root = self._root_context(self._root_of(created.parent_id))
+        if root is None:  # the root's events are gone: only global and the session's own layer
+            return SessionContext(kind=created.kind, root_id=created.session_id)
+        return msgspec.structs.replace(root, kind=created.kind)
+
+    def _root_of(self, session_id: str) -> str:
+        seen = {session_id}
+        rec = self.index.get(session_id)
+        while rec is not None and rec.parent_id is not None and rec.parent_id not in seen:
+            seen.add(rec.parent_id)
+            session_id = rec.parent_id
+            rec = self.index.get(session_id)
+        return session_id
+
+    def _root_context(self, root_id: str) -> SessionContext | None:
+        with self._lock:
+            cached = self._roots.get(root_id)
+        if cached is not None:
+            return cached
+        first = self.rt.store.read_stream(f"session-{root_id}", 1, 1)
+        if not first or not isinstance(first[0].event, E.SessionCreated):
+            return None
+        ctx = root_context(first[0].event, self.default_name)
+        self.know_place(ctx.place)
+        with self._lock:
+            if len(self._roots) >= _ROOT_CACHE:
+                self._roots.clear()
+            self._roots[root_id] = ctx
+        return ctx
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def layer_values(self, layer: Layer) -> Mapping[Ident, Any]:
+        """The values written on ``layer`` (call with the lock held)."""
+        if isinstance(layer, PlaceLayer):
+            return self.place_values.get(layer.key, {})
+        if isinstance(layer, PlatformLayer):
+            return self.doc.values(["sessionSettings", "platform", layer.platform])
+        if isinstance(layer, PlatformTypeLayer):
+            return self.doc.values(["sessionSettings", "platformType", layer.platform, layer.type])
+        return self.doc.values(["plugins"])
+
+    def refresh_host_config(self) -> None:
+        """Pick up an edit of the configuration document made by someone else."""
+        with self._lock:
+            changed = self.doc.refresh()
+        if changed:
+            self._changed(generation=True)
+
+    def effective(self, state: Any) -> dict[Ident, tuple[Any, str] | None]:
+        """The effective value and source of every field that applies to the session."""
+        ctx = self.context_of(state)
+        if ctx is None:
+            return {}
+        own = settings_of(state)
+        kinds = frozenset({ctx.kind})
+        with self._lock:
+            chain = session_chain(ctx, ctx.platform, self.layer_values, own)
+            return {f.ident: resolve(f, chain) for f in self.fields.values() if f.applies(kinds)}
+
+    def session_rows(self, state: Any, connection_platform: str | None) -> tuple[list[SettingRow], str | None]:
+        """``session/config/get``: the rows for this session and the platform its platform layer
+        used (the birth or entry platform, else the asking connection's; seed 取哪几层)."""
+        ctx = self.context_of(state)
+        assert ctx is not None, "ensure_usable first"
+        platform = ctx.platform or connection_platform
+        own = settings_of(state)
+        kinds = frozenset({ctx.kind})
+        with self._lock:
+            chain = session_chain(ctx, platform, self.layer_values, own)
+            prominence = effective_prominence(self.fields.values())
+            fields = [f for f in self.fields.values() if f.applies(kinds) and f.narrowest != "place"]
+        rows = [self._row(f, prominence, own.get(f.ident, _MISSING), resolve(f, chain), state)
+                for f in sorted_fields(fields, prominence)]
+        return rows, platform
+
+    def _row(self, f: SettingField, prominence: Mapping[Ident, str], own: Any, resolved: tuple[Any, str] | None,
+             state: Any) -> SettingRow:
+        actual = None
+        if resolved is None and f.actual is not None:
+            try:
+                actual = f.actual(state)
+            except Exception:  # a plugin's actual() must not fail the whole answer
+                log.exception("actual() of %s/%s failed", f.plugin, f.key)
+        return make_row(f, prominence[f.ident], own, resolved, actual)
+
+    def check_layer(self, layer: Layer) -> PlaceFacts | None:
+        """Raise InvalidSetting for a layer that cannot be read or written; a place's facts."""
+        names = [("platform", getattr(layer, "platform", None)), ("type", getattr(layer, "type", None))]
+        for name, value in names:
+            if value is not None and (not value.strip() or any(ord(c) < 0x20 for c in value)):
+                raise InvalidSetting(f"params.layer.{name}: not a {name} name")
+        if not isinstance(layer, PlaceLayer):
+            return None
+        with self._lock:
+            place = self.places.get(layer.key)
+        if place is None:
+            raise InvalidSetting(f"params.layer.key: no place is recorded with key {layer.key!r}")
+        return place
+
+    def layer_rows(self, layer: Layer) -> list[SettingRow]:
+        """``session/config/layer/get``: the rows of one layer, effective up to that layer."""
+        place = self.check_layer(layer)
+        kinds = layer_kinds(layer, place.kind if place is not None else None)
+        with self._lock:
+            chain = layer_chain(layer, place, self.layer_values)
+            own = dict(self.layer_values(layer))
+            prominence = effective_prominence(self.fields.values())
+            fields = [f for f in self.fields.values() if f.applies(kinds)]
+        return [self._row(f, prominence, own.get(f.ident, _MISSING), resolve(f, chain), None)
+                for f in sorted_fields(fields, prominence)]
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def session_events(self, state: Any, plugin: str, key: str, value: Any, now: int) -> list[E.Event]:
+        """The events of a write to one session's layer (run as the session's ``Apply``)."""
+        from .session_decide import ensure_usable
+
+        ensure_usable(state)
+        current = state.settings.get(f"{plugin}/{key}", _MISSING)
+        return session_setting_events(self.field(plugin, key), plugin, key, state.created.kind, current, value, now)
+
+    def update_layer(self, layer: Layer, plugin: str, key: str, value: Any) -> str | None:
+        """Write (or with ``None`` delete) a value on a layer; the ``unsaved`` sentence if the
+        configuration document could not be written. Raises InvalidSetting (nothing changed),
+        or a store error for a place (nothing changed either)."""
+        with self._write_lock:
+            self.refresh_host_config()
+            place = self.check_layer(layer)
+            f = self.field(plugin, key)
+            if f is None:
+                raise InvalidSetting(f"params.key: no session setting {plugin}/{key}")
+            if value is not None:
+                if not f.applies(layer_kinds(layer, place.kind if place is not None else None)):
+                    raise InvalidSetting(f"params.key: {plugin}/{key} does not apply to this layer")
+                problem = check_value(f, value)
+                if problem is not None:
+                    raise InvalidSetting(f"params.value: {problem}")
+            if place is not None:
+                self._write_place(place, f, value)
+                return None
+            return self._write_document(layer, f, value)
+
+    def _write_document(self, layer: Layer, f: SettingField, value: Any) -> str | None:
+        with self._lock:
+            current = self.layer_values(layer).get(f.ident, _MISSING)
+            if _same(current, value):
+                return None
+            self.doc.put([*layer_path(layer, f.plugin), f.key], value)
+            rendered = dump_toml(self.doc.doc)
+        self._changed(generation=True)  # seed: in effect first, then saved
+        return self.doc.save(rendered)
+
+    def _write_place(self, place: PlaceFacts, f: SettingField, value: Any) -> None:
+        key, now = place.key, _now()
+        with self._lock:
+            current = self.place_values.get(key, {}).get(f.ident, _MISSING)
+            registered = key in self.registered
+        if _same(current, value):
+            return
+        events: list[E.Event] = [] if registered else [
+            E.PlaceRegistered(at=now, key=key, kind=place.kind, name=place.name)]  # type: ignore[arg-type]
+        events.append(E.PlaceSettingChanged(at=now, plugin=f.plugin, key=f.key, value=value,
+                                            deleted=value is None))
+        self.rt.store.append(f"place-{key}", events)
+        self._fold_place(key, events)
+        self._changed(generation=True)
+
+    # --- the agent's side -----------------------------------------------------------------------
+
+    def resolve_config(self, state: Any, values: dict[str, Any]) -> None:
+        """A ``runtime.config_resolvers`` entry: the effective layered values replace the host's
+        options for the next decision (values from no layer leave the host's choice alone)."""
+        try:
+            effective = self.effective(state)
+        except Exception:  # resolving must never fail the session
+            log.exception("resolving the settings of %s failed", state.session_id)
+            return
+        for ident, name in AGENT_VALUES.items():
+            found = effective.get(ident)
+            if found is not None and found[1] != "default":
+                values[name] = found[0]
+        extras: dict[str, Any] = {}
+        model = effective.get(("llm", "model"))
+        if model is not None and model[1] != "default":
+            prefix = f"{self.rt.options.model}/"  # an entry id <provider instance>/<model id>
+            extras["model"] = model[0].removeprefix(prefix)
+        yield_s = effective.get(("tools", "execYieldSeconds"))
+        if yield_s is not None and yield_s[1] != "default":
+            extras["exec_yield_s"] = float(yield_s[0])
+        if extras:
+            self.extras[state.session_id] = extras
+        else:
+            self.extras.pop(state.session_id, None)
+
+    def committed(self, actor: Any, events: list[E.Event], result: Any) -> None:
+        """A ``runtime.listeners`` entry: places of new roots, the overrides index, and
+        ``session/config/changed`` when what clients show of settings changed: a session's own
+        value; a session created in a new place or platform (the layer list grows); a session
+        with own values deleted (overrides shrink). A session that changes neither pushes
+        nothing: clients only re-read settings, layers and quick switches on the push."""
+        changed = False
+        for i, e in enumerate(events):
+            if isinstance(e, E.SessionSettingChanged):
+                self._note(actor.sid, e, result.first_position + i)
+                changed = True
+            elif isinstance(e, E.SessionCreated) and e.parent_id is None:
+                changed = self._new_layers(e) or changed
+            elif isinstance(e, E.SessionDeleted):
+                with self._lock:
+                    self._session_values.pop(actor.sid, None)
+                self.extras.pop(actor.sid, None)
+                changed = changed or bool(actor.state.settings)
+        if changed:
+            self._changed(generation=False)
+
+    def _changed(self, generation: bool) -> None:
+        if generation:
+            with self._lock:
+                self.rt.config_generation += 1  # session actors drop their cached AgentConfig
+        for callback in list(self.on_change):
+            try:
+                callback()
+            except Exception:
+                log.exception("a session/config/changed listener failed")
+
+    # --- overrides ----------------------------------------------------------------------------
+
+    def _note(self, session_id: str, e: E.SessionSettingChanged, position: int) -> None:
+        with self._lock:
+            values = self._session_values.setdefault(session_id, {})
+            known = values.get((e.plugin, e.key))
+            if known is None or known[0] < position:
+                values[(e.plugin, e.key)] = (position, _MISSING if e.deleted else e.value)
+
+    def _scan_sessions(self) -> None:
+        """Index every session's own values once, from the log (lazy: only overrides needs it;
+        commits after the service started are noted as they happen, newer positions win)."""
+        with self._scan_lock:
+            if self._scanned:
+                return
+            for recorded in self.rt.store.iter_all():
+                e = recorded.event
+                if isinstance(e, E.SessionSettingChanged) and recorded.stream.startswith("session-"):
+                    self._note(recorded.stream[len("session-"):], e, recorded.position)
+            self._scanned = True
+
+    def overrides(self, plugin: str) -> dict[Ident, list[tuple[Layer | str, Any]]]:
+        """Where ``plugin``'s fields are set beyond global: layers, then sessions (by id)."""
+        if plugin not in self.plugins():
+            raise InvalidSetting(f"params.plugin: {plugin!r} declares no session settings")
+        self._scan_sessions()
+        with self._lock:
+            fields = sorted_fields([f for f in self.fields.values() if f.plugin == plugin],
+                                   effective_prominence(self.fields.values()))
+            layers = self._written_layers()
+            sessions = {sid: {i: v for i, (_, v) in vals.items() if v is not _MISSING}
+                        for sid, vals in self._session_values.items()}
+            found: dict[Ident, list[tuple[Layer | str, Any]]] = {}
+            for f in fields:
+                entries: list[tuple[Layer | str, Any]] = []
+                for layer in layers:
+                    value = self.layer_values(layer).get(f.ident, _MISSING)
+                    if value is not _MISSING:
+                        entries.append((layer, value))
+                for sid in sorted(sessions):
+                    if f.ident in sessions[sid] and self.index.get(sid) is not None:
+                        entries.append((sid, sessions[sid][f.ident]))
+                if entries:
+                    found[f.ident] = entries
+        return found
+
+    def _written_layers(self) -> list[Layer]:
+        platforms = self.doc.table(["sessionSettings", "platform"]) or {}
+        types = self.doc.table(["sessionSettings", "platformType"]) or {}
+        out: list[Layer] = [PlatformLayer(platform=p) for p in sorted(platforms)]
+        out += [PlatformTypeLayer(platform=p, type=t) for p in sorted(types)
+                if isinstance(types[p], dict) for t in sorted(types[p])]
+        out += [PlaceLayer(key=k) for k in self.ordered_places()]
+        return out
+
+    # --- listings -------------------------------------------------------------------------------
+
+    def ordered_places(self) -> list[str]:
+        """Every place key: workspaces first (the default one first), then windows."""
+        with self._lock:
+            places = list(self.places.values())
+        places.sort(key=lambda p: (p.kind != "workspace", p.key != DEFAULT_WORKSPACE, p.platform or "",
+                                   p.type or "", p.name, p.key))
+        return [p.key for p in places]
+
+    def known_platforms(self) -> tuple[list[str], dict[tuple[str, str], str | None]]:
+        """Platforms (adapters' and the owner's, those of sessions, those written in the
+        configuration) and chat types (declared by adapters, seen on rooms, or written)."""
+        platforms: set[str] = {OWNER_PLATFORM}
+        types: dict[tuple[str, str], str | None] = {}
+        for rec in self.index.records():
+            if rec.parent_id is None and rec.platform:
+                platforms.add(rec.platform)
+                if rec.chat is not None:
+                    types.setdefault((rec.platform, rec.chat.type), None)
+        with self._lock:
+            platforms.update(self.doc.table(["sessionSettings", "platform"]) or {})
+            written = self.doc.table(["sessionSettings", "platformType"]) or {}
+            for p, ts in written.items():
+                if isinstance(ts, dict):
+                    platforms.add(p)
+                    for t in ts:
+                        types.setdefault((p, t), None)
+            for p, declared in self.platform_types.items():
+                platforms.add(p)
+                for t, label in declared.items():
+                    types[(p, t)] = label or types.get((p, t))
+        return sorted(platforms), dict(sorted(types.items()))
+
+    def place(self, key: str) -> PlaceFacts | None:
+        with self._lock:
+            return self.places.get(key)
+
+
+def _same(current: Any, value: Any) -> bool:
+    if value is None:
+        return current is _MISSING
+    return current is not _MISSING and current == value and type(current) is type(value)
+
+
+def _now() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+__all__ = [
+    "AGENT_VALUES", "ConfigDocument", "InvalidSetting", "PlaceFacts", "SessionContext", "SettingField",
+    "SettingsService", "check_value", "default_fields", "dump_toml", "effective_prominence", "layer_chain",
+    "place_of", "resolve", "root_context", "session_chain", "session_setting_events", "sorted_fields",
+]
