@@ -16,6 +16,17 @@ Theory of operation (seed 004, 订阅与条目 and 回合控制)
 4. Ctrl-C during a turn sends ``turn/abort`` for it (a second Ctrl-C quits); Ctrl-C at the prompt
    and end of input quit. Everything shown is sanitized (``cli.output``).
 
+5. Presence and approvals (seed 004, 在场与审批): the chat reports ``presence/update {active: true}``
+   before the first line is read, again at least every minute while the user is active (typing, or
+   a turn of theirs running), ``{active: false}`` once after 10 idle minutes and when it ends (see
+   :class:`Presence`). An ``approval/requested`` (for any session the owner may answer, not only this
+   one) becomes a card: tool, command and cwd, file and diff, params, every fact through
+   ``sanitize_for_card``; then ``approve? [y/N]`` and ``note (enter to skip):`` are read from stdin
+   (piped input works: the answers are the next lines) and sent with ``approval/respond`` and the
+   card's ``contentHash``. Every ``approval/settled`` of a card shown is printed, whoever decided
+   it (this chat, another client first, nobody present, time out, the turn ended); a card settled
+   while its prompt waits stops being asked. End of input at the prompt answers no.
+
 A pump task reads pushes all the time, so messages from other clients of the same session appear
 while the prompt waits. Reading stdin happens on a short-lived daemon thread per line, so a pending
 read never keeps the process alive.
@@ -27,13 +38,18 @@ import asyncio
 import signal
 import sys
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import click
 
 from protocol.schemas import (
     AgentMessageItem,
+    Approval,
+    ApprovalRequested,
+    ApprovalSettled,
     ItemDelta,
     ItemPush,
     NoticeItem,
@@ -42,6 +58,7 @@ from protocol.schemas import (
     ToolCallItem,
     TurnItem,
     UserMessageItem,
+    is_unset,
 )
 
 from .client import (
@@ -55,13 +72,25 @@ from .client import (
     resolve_session,
     run,
 )
-from .output import clean, notice_line, speaker_name, timeline, tool_card
+from .output import (
+    approval_card,
+    approval_line,
+    clean,
+    notice_line,
+    settlement_text,
+    speaker_name,
+    timeline,
+    tool_card,
+)
 
-__all__ = ["SessionView", "chat", "pump", "subscribe", "wait_for_turn"]
+__all__ = ["Presence", "SessionView", "chat", "pump", "subscribe", "wait_for_turn"]
 
 Emit = Callable[[str, bool], None]  # (text, end the line)
 _ITEM_PUSHES = frozenset({"item/started", "item/completed", "item/delta"})
 _SILENT_DELTAS = frozenset({"tool-call", "reasoning"})  # shown on completion, not streamed
+PRESENCE_REFRESH_S: Final = 60.0  # re-report present at least this often while the user is active
+PRESENCE_IDLE_S: Final = 600.0  # seed: a report counts for 10 minutes; idle that long -> absent
+PRESENCE_STOP_TIMEOUT_S: Final = 2.0
 
 
 def _echo(text: str, newline: bool) -> None:
@@ -171,7 +200,9 @@ class SessionView:
             if show:
                 self._agent(item)
         elif isinstance(item, ToolCallItem):
-            if show:
+            # A denied call completes twice: once when the approval settles (no result yet), then
+            # with the result the model got ("denied: ... note"); the second is the card to show.
+            if show and not (item.status == "denied" and is_unset(item.result)):
                 self._line(tool_card(item), key=(item.item_id, item.status))
         elif isinstance(item, NoticeItem):
             if show:
@@ -202,6 +233,27 @@ class SessionView:
             self._end_line()
             self._write(text)
         self._end_line(force=True)
+
+    def say(self, text: str) -> None:
+        """Print a line of the chat's own (approval cards, settlements) between the session's output."""
+        self._end_line()
+        if self.emit is not None:
+            self.emit(text, True)
+
+    def ask(self, prompt: str) -> None:
+        """Print a prompt; its line stays open for the answer (output arriving meanwhile ends it)."""
+        self._end_line()
+        if self.emit is not None:
+            self.emit(prompt, False)
+            self._mid_line = True
+
+    def answered(self, echo: str | None) -> None:
+        """The answer to :meth:`ask` came: ``echo`` completes the prompt's line (piped input is not
+        echoed by a terminal); ``None`` when the terminal already ended it."""
+        if echo is not None and self._mid_line and self.emit is not None:
+            self.emit(echo, True)
+        self._mid_line = False
+        self._streaming = None
 
     def _line(self, text: str, key: tuple[str, str]) -> None:
         if key in self._shown:
@@ -242,16 +294,139 @@ async def wait_for_turn(client: Client, view: SessionView, timeout: float | None
     return view.turn_done.is_set()
 
 
-async def pump(client: Client, view: SessionView) -> None:
-    """Feed every push to ``view``; subscribe again when it asks (resync, new epoch)."""
+async def pump(client: Client, view: SessionView, on_push: Callable[[Notification], None] | None = None) -> None:
+    """Feed every push to ``view`` (and ``on_push``); subscribe again when the view asks (resync,
+    new epoch)."""
     while True:
-        view.feed(await client.next())
+        note = await client.next()
+        view.feed(note)
+        if on_push is not None:
+            on_push(note)
         if view.needs_resubscribe:
             view.reset(await subscribe(client, view.session_id))
 
 
+# --- presence -------------------------------------------------------------------------------------
+
+
+class Presence:
+    """``presence/update`` for one connection (seed 004, 在场): the owner can only be asked to approve
+    while a connection of theirs is present, and with nobody present a call is denied at once.
+
+    * ``active: true`` at the start, again on activity when the last report is older than
+      ``refresh_s`` (throttled), and every ``refresh_s`` while the user is active;
+    * the user is active while ``busy()`` holds (a turn they sent is running) or within ``idle_s``
+      of the last :meth:`touch` (a line typed); after that, one ``active: false`` -- the server stops
+      counting this connection as present at once, just as the seed's page gone to the background;
+    * ``active: false`` when the chat ends (:meth:`stop`).
+
+    Reports that fail because the connection ended are dropped: the pump reports the lost connection.
+    """
+
+    def __init__(self, client: Client, *, busy: Callable[[], bool] = lambda: False,
+                 refresh_s: float = PRESENCE_REFRESH_S, idle_s: float = PRESENCE_IDLE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client, self.busy, self.clock = client, busy, clock
+        self.refresh_s, self.idle_s = refresh_s, idle_s
+        self.active_at = clock()
+        self.reported: bool | None = None
+        self.reported_at = float("-inf")
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._beat: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Report present now (awaited: a turn sent right after must find us present), then beat.
+        A server without presence is told once: its approvals cannot reach this chat."""
+        try:
+            await self.report(True)
+        except RpcFailed as e:
+            click.echo(f"warning: approvals cannot be asked here: {e}", err=True)
+            return
+        self._beat = asyncio.create_task(self._heartbeat(), name="sessionloop-presence")
+
+    async def stop(self) -> None:
+        """Report not present (best effort, briefly) and stop beating."""
+        if self._beat is not None:
+            self._beat.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        try:
+            await asyncio.wait_for(self.report(False), PRESENCE_STOP_TIMEOUT_S)
+        except (ClientError, TimeoutError):
+            pass
+
+    def touch(self) -> None:
+        """The user did something: report present unless a fresh report already says so."""
+        self.active_at = self.clock()
+        if self.reported is not True or self.active_at - self.reported_at >= self.refresh_s:
+            task = asyncio.ensure_future(self._quietly(True))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def active(self) -> bool:
+        return self.busy() or self.clock() - self.active_at < self.idle_s
+
+    async def tick(self) -> None:
+        """One beat: re-report present while active; report absent once when the user went idle."""
+        if self.active():
+            await self._quietly(True)
+        elif self.reported:
+            await self._quietly(False)
+
+    async def report(self, active: bool) -> None:
+        await self.client.call("presence/update", {"active": active})
+        self.reported, self.reported_at = active, self.clock()
+
+    async def _quietly(self, active: bool) -> None:
+        try:
+            await self.report(active)
+        except ClientError:
+            pass
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            await self.tick()
+
+
+# --- the chat -------------------------------------------------------------------------------------
+
+
+_CARD: Final = object()  # _until: an approval card is waiting to be asked
+_SETTLED: Final = object()  # _prompt: the approval being asked was settled meanwhile
+
+
+class _Lines:
+    """Stdin, one line at a time, shared by the message prompt and the approval prompts.
+
+    A read that was started but not taken (an approval card interrupted the message prompt) stays
+    pending and is the next one taken, so no typed or piped line is lost or read twice.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._pending: asyncio.Future[str] | None = None
+
+    def next(self, prompt: str | None) -> asyncio.Future[str]:
+        """The pending read (after printing ``prompt``); wrap it in ``asyncio.shield`` to wait."""
+        if self._pending is None:
+            self._pending = _read_line(self.loop, prompt)
+        elif prompt:
+            click.echo(prompt, nl=False)
+        return self._pending
+
+    def taken(self) -> None:
+        """The pending read's line was used."""
+        self._pending = None
+
+
 class _Chat:
-    """The read-send-stream loop; returns the exit code."""
+    """The read-send-stream loop, and the approval desk; returns the exit code.
+
+    Approval pushes are handled by :meth:`_on_push` (on the pump): a request is queued as a card, a
+    settlement is printed (and ends the prompt of its card). The cards are asked one at a time by the
+    main loop, whether it waits at the message prompt or for a turn to end.
+    """
 
     def __init__(self, client: Client, view: SessionView, interactive: bool) -> None:
         self.client, self.view, self.interactive = client, view, interactive
@@ -260,20 +435,36 @@ class _Chat:
         self.abort_sent = False
         self.failed = False
         self.eof = False
+        self.presence = Presence(client, busy=lambda: self.in_turn)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._lines: _Lines | None = None
+        # the approval desk
+        self._cards: deque[Approval] = deque()
+        self._card_ready = asyncio.Event()
+        self._known: dict[str, Approval] = {}  # every approval pushed to us, by id
+        self._shown: set[str] = set()  # cards printed
+        self._settled: dict[str, ApprovalSettled] = {}
+        self._ours: set[str] = set()  # settled by our answer
+        self._asking: str | None = None
+        self._answering: str | None = None  # the card whose approval/respond is on its way
+        self._asking_settled = asyncio.Event()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        self._lines = _Lines(loop)
         handled = _install_sigint(loop, self._interrupt)
-        pumping = asyncio.create_task(pump(self.client, self.view))
+        pumping = asyncio.create_task(pump(self.client, self.view, self._on_push))
+        await self.presence.start()
         try:
             while not self.quit.is_set():
-                text = await self._read_message(loop, pumping)
+                text = await self._read_message(pumping)
                 if text is None:
                     break
                 if text.strip():
                     await self._turn(pumping, text)
         finally:
+            if not pumping.done():
+                await self.presence.stop()
             pumping.cancel()
             if handled:
                 loop.remove_signal_handler(signal.SIGINT)
@@ -281,18 +472,28 @@ class _Chat:
             click.echo()
         return 1 if self.failed else 0
 
-    async def _read_message(self, loop: asyncio.AbstractEventLoop, pumping: asyncio.Task[None]) -> str | None:
+    async def _read_message(self, pumping: asyncio.Task[None]) -> str | None:
         """The next message: one line, or several joined where a line ends with a backslash.
-        None at end of input or when the user quits."""
+        None at end of input or when the user quits. Approval cards arriving meanwhile are asked."""
+        assert self._lines is not None
         parts: list[str] = []
         while not self.eof:
+            if self._cards:
+                await self._ask_cards(pumping)
+                continue
             prompt = ("... " if parts else "> ") if self.interactive else None
-            line = await self._until(pumping, _read_line(loop, prompt))
+            line = await self._until(pumping, asyncio.shield(self._lines.next(prompt)), cards=True)
+            if line is _CARD:
+                if self.interactive:
+                    click.echo()  # the message prompt's line
+                continue
             if line is None:
                 return None
+            self._lines.taken()
             if line == "":
                 self.eof = True
                 break
+            self.presence.touch()
             line = line.rstrip("\r\n")
             if not line.endswith("\\"):
                 parts.append(line)
@@ -310,23 +511,138 @@ class _Chat:
                 click.echo(f"error: {e}", err=True)
                 self.failed = True
                 return
-            await self._until(pumping, self.view.turn_done.wait())
+            while not self.quit.is_set():
+                if await self._until(pumping, self.view.turn_done.wait(), cards=True) is not _CARD:
+                    break
+                await self._ask_cards(pumping)
         finally:
             self.in_turn = False
 
-    async def _until(self, pumping: asyncio.Task[None], awaitable: Any) -> Any:
-        """``awaitable``'s result; None when the user quits; the pump's error if the connection ends."""
+    async def _until(self, pumping: asyncio.Task[None], awaitable: Any, *, cards: bool = False) -> Any:
+        """``awaitable``'s result; None when the user quits; :data:`_CARD` when ``cards`` and an
+        approval card is waiting first; the pump's error if the connection ends."""
         waiting = asyncio.ensure_future(awaitable)
         quitting = asyncio.create_task(self.quit.wait())
+        carding = asyncio.create_task(self._card_ready.wait()) if cards else None
         try:
-            await asyncio.wait({waiting, quitting, pumping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({waiting, quitting, pumping} | ({carding} if carding else set()),
+                               return_when=asyncio.FIRST_COMPLETED)
         finally:
             quitting.cancel()
+            if carding is not None:
+                carding.cancel()
             if not waiting.done():
                 waiting.cancel()
         if pumping.done():
             pumping.result()  # raises ConnectionLost (or whatever ended it)
-        return waiting.result() if waiting.done() and not waiting.cancelled() else None
+        if waiting.done() and not waiting.cancelled():
+            return waiting.result()
+        if carding is not None and self._card_ready.is_set() and not self.quit.is_set():
+            return _CARD
+        return None
+
+    # --- approvals ------------------------------------------------------------------------------
+
+    def _on_push(self, note: Notification) -> None:
+        params = note.params
+        if note.method == "approval/requested" and isinstance(params, ApprovalRequested):
+            a = params.approval
+            if a.id in self._known or a.id in self._settled or a.state != "pending":
+                return  # seed: the same card may be pushed again; take it once by id
+            self._known[a.id] = a
+            self._cards.append(a)
+            self._card_ready.set()
+        elif note.method == "approval/settled" and isinstance(params, ApprovalSettled):
+            if params.approval_id in self._settled:
+                return
+            self._settled[params.approval_id] = params
+            if params.approval_id in self._shown:
+                self.view.say(self._settlement_line(params))
+            if params.approval_id == self._asking:
+                self._asking_settled.set()
+
+    def _settlement_line(self, s: ApprovalSettled) -> str:
+        a = self._known.get(s.approval_id)
+        what = f" {clean(a.tool)}" if a else ""
+        # The push may come before the reply to our answer (and even after the turn's end): while
+        # the answer is on its way, the settlement is taken as ours; the reply corrects it if not.
+        ours = None if s.approval_id == self._answering else s.approval_id in self._ours
+        return f"[approval{what} {settlement_text(s, ours=ours)}]"
+
+    async def _ask_cards(self, pumping: asyncio.Task[None]) -> None:
+        """Ask every waiting card, in the order they came."""
+        while self._cards and not self.quit.is_set():
+            a = self._cards.popleft()
+            if not self._cards:
+                self._card_ready.clear()
+            settled = self._settled.get(a.id)
+            if settled is not None:  # settled before we got to it: say so, once
+                what = approval_line(a).split("] ", 1)[1]
+                self.view.say(f"[approval {settlement_text(settled)}] {what}")
+                continue
+            await self._ask(pumping, a)
+
+    async def _ask(self, pumping: asyncio.Task[None], a: Approval) -> None:
+        """Show the card, ask ``approve? [y/N]`` and a note, answer with the card's content hash."""
+        self._shown.add(a.id)
+        self._asking = a.id
+        self._asking_settled.clear()
+        try:
+            for line in approval_card(a):
+                self.view.say(line)
+            answer = await self._prompt(pumping, "approve? [y/N] ")
+            if answer is None or answer is _SETTLED:
+                return
+            approve = answer.strip().lower() in ("y", "yes")
+            note = "" if self.eof else await self._prompt(pumping, "note (enter to skip): ")
+            if note is None or note is _SETTLED:
+                return
+        finally:
+            self._asking = None
+        params: dict[str, Any] = {"approvalId": a.id, "decision": "approve" if approve else "deny",
+                                  "contentHash": a.content_hash}
+        if note.strip():
+            params["note"] = note.strip()
+        self._answering = a.id
+        try:
+            await self.client.call("approval/respond", params)
+            self._ours.add(a.id)
+        except RpcFailed as e:
+            if e.data_code == "approval-settled":  # its approval/settled says how
+                self.view.say(f"[approval {clean(a.tool)}: settled before this answer arrived; it did not count]")
+            else:
+                self.view.say(f"error: {e}")
+        finally:
+            self._answering = None
+
+    async def _prompt(self, pumping: asyncio.Task[None], prompt: str) -> Any:
+        """One answer line (stripped of its newline; "" at end of input), :data:`_SETTLED` when the
+        card was settled elsewhere first, None when the user quits."""
+        assert self._lines is not None
+        if self._asking_settled.is_set():
+            return _SETTLED
+        self.view.ask(prompt)
+        pending = self._lines.next(None)
+        settled = asyncio.create_task(self._asking_settled.wait())
+        try:
+            line = await self._until(pumping, asyncio.wait({asyncio.shield(pending), settled},
+                                                           return_when=asyncio.FIRST_COMPLETED))
+        finally:
+            settled.cancel()
+        if line is None:
+            self.view.answered("" if not self.interactive else None)
+            return None
+        if not pending.done():  # settled elsewhere first; the pending line goes to whoever reads next
+            self.view.answered("" if not self.interactive else None)
+            return _SETTLED
+        self._lines.taken()
+        text = pending.result()
+        if text == "":
+            self.eof = True
+        self.presence.touch()
+        text = text.rstrip("\r\n")
+        self.view.answered(None if self.interactive else clean(text))
+        return text
 
     def _interrupt(self) -> None:
         if self.in_turn and not self.abort_sent:
@@ -421,12 +737,17 @@ def chat(session: str | None, name: str | None, history: int, endpoint: Endpoint
     one-line cards, notices as [notice topic] lines. Ctrl-C stops a running turn (turn/abort);
     Ctrl-C at the prompt or Ctrl-D quits. Reads stdin, so it works in pipes.
 
+    While it runs the chat reports you present, so tool calls that need approval (sessions in
+    permissionMode ask: exec, write_file...) are shown as a card and asked: `approve? [y/N]`, then an
+    optional note (given to the model when you deny). With nobody present they are denied at once.
+
     \b
     Examples:
       sessionloop chat                       # a new session
       sessionloop chat 1a2266 --history 50   # continue one, with more context
       printf 'hello\\n' | sessionloop chat
       printf '!sleep 2000\\\\\\nslowly\\n' | sessionloop chat   # a two-line message
+      printf '!tool exec {"command": "ls"}\\ny\\n\\n' | sessionloop chat   # approve, no note
     """
     code = run(_chat(endpoint, session, name, history))
     if code:

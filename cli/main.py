@@ -29,10 +29,12 @@ def main() -> None:
 
 
 def _register() -> None:
+    from .bench_cmd import bench
     from .chat import chat
     from .replay_cmd import events, import_events, replay, rerun
     from .serve import serve
     from .sessions_cmd import send, sessions, watch
+    from .tasks_cmd import tasks
 
     main.add_command(serve)
     main.add_command(replay)
@@ -43,6 +45,8 @@ def _register() -> None:
     main.add_command(sessions)
     main.add_command(watch)
     main.add_command(send)
+    main.add_command(tasks)
+    main.add_command(bench)
 
 
 _register()

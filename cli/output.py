@@ -25,6 +25,9 @@ from protocol.sanitize import REMOVED_CODEPOINTS, sanitize_for_card, sanitize_te
 from protocol.schemas import (
     AgentMessageItem,
     Approval,
+    ApprovalSettled,
+    ApprovalSettlement,
+    BackgroundTask,
     CommandDisplay,
     FileChangeDisplay,
     NoticeItem,
@@ -38,6 +41,8 @@ from protocol.schemas import (
 )
 
 __all__ = [
+    "TASK_HEADERS",
+    "approval_card",
     "args_summary",
     "clean",
     "echo_json",
@@ -48,9 +53,12 @@ __all__ = [
     "item_lines",
     "notice_line",
     "session_status",
+    "settlement_text",
     "shorten",
     "speaker_name",
     "summary_lines",
+    "task_row",
+    "task_status",
     "to_plain",
     "tool_card",
 ]
@@ -58,6 +66,15 @@ __all__ = [
 _JSON_ESCAPES: Final = {cp: f"\\u{cp:04x}" for cp in REMOVED_CODEPOINTS}
 ARGS_WIDTH: Final = 80
 TITLE_WIDTH: Final = 40
+# Why an approval was settled without an answer (settlement.source), in words.
+_SOURCES: Final = {
+    "absent": "nobody was present",
+    "timeout": "nobody answered in time",
+    "ineligible": "nobody present may answer it",
+    "rate-limit": "too many approvals in a minute",
+    "turn-ended": "the turn ended",
+    "shutdown": "the server shut down",
+}
 
 
 # --- primitives -----------------------------------------------------------------------------------
@@ -202,6 +219,13 @@ def _result_error(result: Any) -> str | None:
     return None
 
 
+def _result_output(result: Any) -> str:
+    """The ``output`` text of a tool result (exec's ``{exitCode, output}``), if it has one."""
+    if isinstance(result, dict) and isinstance(result.get("output"), str):
+        return str(result["output"])
+    return ""
+
+
 def tool_card(item: ToolCallItem, *, label: bool = True) -> str:
     """A tool call on one line: tool, what it was asked (command, path or arguments), how it ended.
 
@@ -223,12 +247,15 @@ def tool_card(item: ToolCallItem, *, label: bool = True) -> str:
     if item.duration_ms is not None:
         facts.append(f"{item.duration_ms} ms")
     if item.settlement is not None:
-        facts.append(f"approval {item.settlement.state}")
+        why = _SOURCES.get(item.settlement.source)
+        facts.append(f"approval {item.settlement.state}" + (f" ({why})" if why else ""))
+    if item.task_id:
+        facts.append(f"background task {clean(item.task_id)}")
     error = _result_error(item.result) if not is_unset(item.result) else None
     if error:
         facts.append(shorten(clean(error), 60))
-    elif item.output:
-        last = [line for line in clean(item.output).splitlines() if line.strip()]
+    elif item.output or _result_output(item.result):
+        last = [line for line in clean(item.output or _result_output(item.result)).splitlines() if line.strip()]
         if last:
             facts.append("… " + shorten(last[-1], 60))
     head = (f"[tool {clean(item.tool)}]" if label else clean(item.tool)) + (f" {what}" if what else "")
@@ -247,6 +274,90 @@ def notice_line(item: NoticeItem, *, label: bool = True) -> str:
 def approval_line(a: Approval) -> str:
     what = clean(a.facts.command) if a.facts.command else args_summary(a.facts.params)
     return f"[approval {a.state}] {clean(a.tool)}: {shorten(what, ARGS_WIDTH)} (id {a.id})"
+
+
+CARD_INDENT: Final = "  "
+
+
+def _card_field(label: str, text: str) -> list[str]:
+    """``label: text``; the lines of a multi-line ``text`` are indented under its first line, so a
+    newline in a fact can never start a line that looks like the card's own."""
+    head = f"{CARD_INDENT}{label + ':':<8} "
+    lines = text.split("\n") or [""]
+    return [head + lines[0]] + [" " * len(head) + line for line in lines[1:]]
+
+
+def approval_card(a: Approval, now_ms: int | None = None) -> list[str]:
+    """An approval request as card lines: tool, command and cwd, the file and its diff, the params.
+
+    Every fact goes through :func:`sanitize_for_card` first (seed 004, 显示): the facts are the
+    tool's arguments verbatim. Nothing is shortened: the owner approves what the card shows.
+    """
+    facts = sanitize_for_card(to_plain(a.facts))
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    left = max(0, (a.expires_at - now_ms) // 1000)
+    where = f"session {clean(a.session_id)}"
+    if a.chain:
+        where += " (" + " › ".join(clean(c.title) for c in a.chain) + ")"
+    lines = [f"[approval requested] {clean(a.tool)} in {where}, expires {fmt_clock(a.expires_at)} (in {left} s)"]
+    if facts.get("command") is not None:
+        lines += _card_field("command", facts["command"])
+    if facts.get("cwd") is not None:
+        lines += _card_field("cwd", facts["cwd"])
+    diff = facts.get("diff")
+    if isinstance(diff, dict):
+        lines += _card_field("file", str(diff.get("path", "")))
+        patch = str(diff.get("patch", "")).rstrip("\n")
+        lines.append(f"{CARD_INDENT}diff:")
+        lines += [f"{CARD_INDENT}  {line}" for line in patch.split("\n")] if patch else []
+    lines += _card_field("params", json.dumps(facts.get("params", {}), ensure_ascii=False))
+    return lines
+
+
+
+
+def settlement_text(s: ApprovalSettled | ApprovalSettlement, *, ours: bool | None = None) -> str:
+    """How an approval ended, in words: ``approved by owner``, ``denied (nobody was present)``...
+
+    ``ours`` says whether this client's answer decided it (False: another client answered first).
+    """
+    if s.source == "answer":
+        who = clean(s.by.nickname or s.by.user_id or s.by.platform) if s.by else "someone"
+        text = f"{s.state} by {who}"
+        if ours is False:
+            text += " on another client"
+    else:
+        text = f"{s.state} ({_SOURCES.get(s.source, clean(s.source))})"
+    return text
+
+
+# --- background tasks -----------------------------------------------------------------------------
+
+
+TASK_HEADERS: Final = ("ID", "STATUS", "STARTED", "TASK", "LAST LINE")
+
+
+def task_status(t: BackgroundTask) -> str:
+    """``running``, ``completed (exit 0)``, ``failed (exit 2: why)``..."""
+    extra = [f"exit {t.exit_code}"] if t.exit_code is not None else []
+    if t.reason and t.status in ("failed", "aborted"):
+        extra.append(shorten(clean(t.reason), 40))
+    return t.status + (f" ({', '.join(extra)})" if extra else "")
+
+
+def task_what(t: BackgroundTask) -> str:
+    """The task's label and what it runs (``exec: $ sleep 30``)."""
+    display = t.display
+    if isinstance(display, CommandDisplay):
+        return f"{clean(t.label)}: $ {shorten(clean(display.command), ARGS_WIDTH)}"
+    if isinstance(display, FileChangeDisplay):
+        return f"{clean(t.label)}: {shorten(clean(display.path), ARGS_WIDTH)}"
+    return clean(t.label)
+
+
+def task_row(t: BackgroundTask) -> list[str]:
+    """One ``tasks ls`` row."""
+    return [t.id, task_status(t), fmt_ago(t.started_at), task_what(t), shorten(clean(t.last_line), 60)]
 
 
 def speaker_name(item: UserMessageItem) -> str:

@@ -1,0 +1,430 @@
+"""sessionloop vs a LangGraph agent with its SQLite checkpointer, same workload, one run (SPEC §10).
+
+    pip install -e '.[bench]'                          # langgraph, langgraph-checkpoint-sqlite
+    python benchmarks/compare_langgraph.py             # full: 1000 sessions x 10 turns
+    python benchmarks/compare_langgraph.py --quick     # smoke: 100 sessions x 4 turns
+
+Workload, the same on both sides: N sessions (LangGraph: one thread id per session), each sends M
+turns one after the other, at most ``--concurrency`` turns in flight (default: one per session).
+A share ``--tool-ratio`` of the turns (spread evenly, the rule of ``sessionloop bench``) is
+``!tool list_files {"path": "."}``: the model asks for one ``list_files`` call (a directory listing),
+then answers ``done: 1 tool calls``; the other turns are ``hello world`` -> ``echo: hello world``.
+
+* **LangGraph**: a ``StateGraph(MessagesState)`` with an ``agent`` node (the fake model) and a
+  ``ToolNode`` joined by ``tools_condition`` (the topology of ``create_react_agent``, which is
+  deprecated in LangGraph 1.x in favour of ``langchain.agents``), compiled with the SQLite
+  checkpointer on a file (``journal_mode=WAL``, SQLite's default ``synchronous=FULL``: durable), and
+  LangGraph's default durability mode (``async``: a checkpoint per step, all written before the
+  call returns). The fake model is a ``BaseChatModel`` that answers exactly like sessionloop's mock
+  model (:class:`MockChatModel`). Driven with asyncio (``ainvoke``, ``AsyncSqliteSaver``) by
+  default, or a thread pool (``invoke``, ``SqliteSaver``) with ``--lg-driver threads``.
+* **sessionloop**: ``sessionloop bench --via inprocess`` (:func:`cli.bench_cmd.run_bench`) with
+  ``durability sync`` (fsync before every acknowledgement, like-for-like with SQLite's FULL) and
+  ``nosync``; every event persisted, mock model, ``acceptCalls``.
+
+Each run is a fresh child process (so peak RSS is that run's), unpinned and pinned to one CPU
+(``taskset -c 0``); runs are interleaved across ``--repeats`` and medians reported. Both sides check
+their result: sessionloop from its event log (``bench``'s lost/duplicated check), LangGraph from
+each thread's final checkpoint (every turn's human message once, with the expected answer, and the
+expected number of tool messages). Prints one table per pinning and the ratios; writes
+``benchmarks/results/compare_langgraph.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from cli.bench_cmd import (
+    EXPECTED,
+    PLAIN_TEXT,
+    TOOL_TEXT,
+    BenchConfig,
+    is_tool_turn,
+    percentile,
+    run_bench,
+)
+
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# --- LangGraph side -------------------------------------------------------------------------------
+
+
+def langgraph_agent(checkpointer: Any, workspace: str, latency_ms: float) -> Any:
+    """The graph: agent (fake model) -> tools_condition -> ToolNode -> agent."""
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langchain_core.messages import (
+        AIMessage,
+        BaseMessage,
+        HumanMessage,
+        ToolMessage,
+    )
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.runnables import RunnableLambda
+    from langchain_core.tools import StructuredTool
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    class MockChatModel(BaseChatModel):
+        """sessionloop's mock model grammar, the part the workload uses: the latest human message's
+        ``!tool NAME {json}`` lines become tool calls while no tool result follows it, then
+        ``done: N tool calls``; a message without directives gets ``echo: <text>``."""
+
+        latency_ms: float = 0.0
+
+        @property
+        def _llm_type(self) -> str:
+            return "sessionloop-mock"
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+        def _answer(self, messages: list[BaseMessage]) -> AIMessage:
+            last = max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage))
+            text = str(messages[last].content)
+            results = sum(isinstance(m, ToolMessage) for m in messages[last + 1:])
+            lines = text.splitlines()
+            tools = [ln[len("!tool "):] for ln in lines if ln.startswith("!tool ")]
+            chars = sum(len(str(m.content)) for m in messages)
+            if tools and not results:
+                n = sum(len(m.tool_calls) for m in messages if isinstance(m, AIMessage))
+                calls = []
+                for k, spec in enumerate(tools):
+                    name, _, raw = spec.partition(" ")
+                    calls.append({"name": name, "args": json.loads(raw or "{}"), "id": f"call_{n + k}",
+                                  "type": "tool_call"})
+                out = AIMessage(content="", tool_calls=calls)
+            elif tools:
+                out = AIMessage(content=f"done: {results} tool calls")
+            else:
+                plain = "\n".join(ln for ln in lines if not ln.startswith("!")).strip()
+                out = AIMessage(content=f"echo: {plain}")
+            out.usage_metadata = {"input_tokens": chars // 4, "output_tokens": len(str(out.content)) // 4,
+                                  "total_tokens": chars // 4 + len(str(out.content)) // 4}
+            return out
+
+        def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                      **kwargs: Any) -> ChatResult:
+            if self.latency_ms:
+                time.sleep(self.latency_ms / 1000)
+            return ChatResult(generations=[ChatGeneration(message=self._answer(messages))])
+
+        async def _agenerate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                             **kwargs: Any) -> ChatResult:
+            if self.latency_ms:
+                await asyncio.sleep(self.latency_ms / 1000)
+            return ChatResult(generations=[ChatGeneration(message=self._answer(messages))])
+
+    def list_files(path: str = ".") -> dict[str, Any]:
+        """The entries of a directory, sorted, directories with a trailing '/'."""
+        real = os.path.realpath(os.path.join(workspace, path))
+        with os.scandir(real) as scan:
+            entries = sorted((e.name + "/" if e.is_dir() else e.name) for e in scan)
+        return {"path": path, "entries": entries[:1000], "truncated": len(entries) > 1000}
+
+    async def alist_files(path: str = ".") -> dict[str, Any]:
+        return list_files(path)
+
+    tool = StructuredTool.from_function(func=list_files, coroutine=alist_files, name="list_files")
+    model = MockChatModel(latency_ms=latency_ms)
+
+    def call_model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    async def acall_model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", RunnableLambda(call_model, afunc=acall_model, name="agent"))
+    builder.add_node("tools", ToolNode([tool]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=checkpointer)
+
+
+def turn_input(text: str) -> dict[str, Any]:
+    from langchain_core.messages import HumanMessage
+
+    return {"messages": [HumanMessage(content=text)]}
+
+
+def check_threads(states: dict[str, Any], sent: dict[str, list[bool]]) -> dict[str, Any]:
+    """Each thread's final checkpoint holds every turn once: its human message, then (for a tool
+    turn) one tool call and one tool result, then the expected answer."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    lost = dup = wrong = 0
+    problems: list[str] = []
+    for tid, tools in sent.items():
+        messages = states[tid].values.get("messages", []) if states.get(tid) is not None else []
+        humans = [i for i, m in enumerate(messages) if isinstance(m, HumanMessage)]
+        if len(humans) != len(tools):
+            lost += max(0, len(tools) - len(humans))
+            dup += max(0, len(humans) - len(tools))
+            problems.append(f"thread {tid}: {len(tools)} turns sent, {len(humans)} in the checkpoint")
+        for k, start in enumerate(humans[:len(tools)]):
+            end = humans[k + 1] if k + 1 < len(humans) else len(messages)
+            text = TOOL_TEXT if tools[k] else PLAIN_TEXT
+            turn = messages[start:end]
+            answer = turn[-1].content if turn and isinstance(turn[-1], AIMessage) else None
+            n_tools = sum(isinstance(m, ToolMessage) for m in turn)
+            if turn[0].content != text or answer != EXPECTED[text] or n_tools != int(tools[k]):
+                wrong += 1
+                problems.append(f"thread {tid} turn {k + 1}: {turn[0].content!r} -> {answer!r}, {n_tools} tools")
+    return {"ok": not (lost or dup or wrong), "turns_verified": sum(len(t) for t in sent.values()),
+            "lost": lost, "duplicated": dup, "wrong": wrong, "problems": problems[:10]}
+
+
+def sqlite_counts(path: str) -> dict[str, int]:
+    with sqlite3.connect(path) as conn:
+        return {"checkpoints": conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0],
+                "writes": conn.execute("SELECT count(*) FROM writes").fetchone()[0]}
+
+
+def job_langgraph(spec: dict[str, Any]) -> dict[str, Any]:
+    work = tempfile.mkdtemp(prefix="bench-langgraph-")
+    try:
+        workspace = os.path.join(work, "workspace")
+        os.makedirs(workspace)
+        db = os.path.join(work, "checkpoints.sqlite")
+        run = lg_threads if spec["lg_driver"] == "threads" else lg_asyncio
+        out = run(spec, db, workspace)
+        counts = sqlite_counts(db)
+        out["checkpoint_rows"] = counts["checkpoints"]
+        out["checkpoint_rows_per_s"] = counts["checkpoints"] / out["seconds"]
+        out["writes_rows_per_s"] = counts["writes"] / out["seconds"]
+        out["checkpoint_rows_per_turn"] = counts["checkpoints"] / out["turns"]
+        out["db_mib"] = sum(os.path.getsize(os.path.join(work, f)) for f in os.listdir(work)
+                            if f.startswith("checkpoints")) / 2**20
+        return out
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def summarize(spec: dict[str, Any], latencies: list[float], wall: float, cpu: float) -> dict[str, Any]:
+    lat = sorted(latencies)
+    return {"turns": len(lat), "seconds": wall, "turns_per_s": len(lat) / wall,
+            "p50_ms": percentile(lat, 0.50) * 1000, "p95_ms": percentile(lat, 0.95) * 1000,
+            "p99_ms": percentile(lat, 0.99) * 1000, "cpu_ms_per_turn": cpu / len(lat) * 1000,
+            "peak_rss_mib": peak_rss_mib()}
+
+
+def lg_asyncio(spec: dict[str, Any], db: str, workspace: str) -> dict[str, Any]:
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    n, m = spec["sessions"], spec["turns"]
+    sent: dict[str, list[bool]] = {f"thread-{i}": [] for i in range(n)}
+    latencies: list[float] = []
+
+    async def main() -> tuple[float, float, dict[str, Any]]:
+        async with AsyncSqliteSaver.from_conn_string(db) as saver:
+            await saver.setup()
+            graph = langgraph_agent(saver, workspace, spec["llm_latency_ms"])
+            gate = asyncio.Semaphore(spec["concurrency"] or n)
+
+            async def session(i: int) -> None:
+                tid = f"thread-{i}"
+                config = {"configurable": {"thread_id": tid}}
+                for j in range(m):
+                    tool = is_tool_turn(spec["tool_ratio"], i, j, n)
+                    async with gate:
+                        sent[tid].append(tool)
+                        t0 = time.perf_counter()
+                        await graph.ainvoke(turn_input(TOOL_TEXT if tool else PLAIN_TEXT), config)
+                        latencies.append(time.perf_counter() - t0)
+
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            await asyncio.gather(*(session(i) for i in range(n)))
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            states = {tid: await graph.aget_state({"configurable": {"thread_id": tid}}) for tid in sent}
+            return wall, cpu, states
+
+    wall, cpu, states = asyncio.run(main())
+    return {**summarize(spec, latencies, wall, cpu), "check": check_threads(states, sent)}
+
+
+def lg_threads(spec: dict[str, Any], db: str, workspace: str) -> dict[str, Any]:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    n, m = spec["sessions"], spec["turns"]
+    sent: dict[str, list[bool]] = {f"thread-{i}": [] for i in range(n)}
+    latencies: list[float] = []
+    conn = sqlite3.connect(db, check_same_thread=False)
+    saver = SqliteSaver(conn)
+    saver.setup()
+    graph = langgraph_agent(saver, workspace, spec["llm_latency_ms"])
+    workers = min(spec["concurrency"] or n, spec["lg_workers"])
+
+    def session(i: int) -> None:
+        tid = f"thread-{i}"
+        config = {"configurable": {"thread_id": tid}}
+        for j in range(m):
+            tool = is_tool_turn(spec["tool_ratio"], i, j, n)
+            sent[tid].append(tool)
+            t0 = time.perf_counter()
+            graph.invoke(turn_input(TOOL_TEXT if tool else PLAIN_TEXT), config)
+            latencies.append(time.perf_counter() - t0)
+
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(session, range(n)))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    states = {tid: graph.get_state({"configurable": {"thread_id": tid}}) for tid in sent}
+    conn.close()
+    return {**summarize(spec, latencies, wall, cpu), "workers": workers, "check": check_threads(states, sent)}
+
+
+# --- sessionloop side -----------------------------------------------------------------------------
+
+
+def job_sessionloop(spec: dict[str, Any]) -> dict[str, Any]:
+    cfg = BenchConfig(sessions=spec["sessions"], turns=spec["turns"], concurrency=spec["concurrency"],
+                      tool_ratio=spec["tool_ratio"], via="inprocess", durability=spec["durability"],
+                      llm_latency_ms=spec["llm_latency_ms"], progress=False)
+    report = run_bench(cfg)
+    report.pop("params")
+    return report
+
+
+JOBS = {"langgraph": job_langgraph, "sessionloop": job_sessionloop}
+
+
+# --- the parent -----------------------------------------------------------------------------------
+
+
+def run_child(spec: dict[str, Any], pinned: bool) -> dict[str, Any]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
+    if pinned:
+        cmd = ["taskset", "-c", "0", *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False, cwd=REPO)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"FAILED ({'pinned' if pinned else 'unpinned'}): {' '.join(cmd)}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not out["check"]["ok"]:
+        raise SystemExit(f"{spec['system']}: result check FAILED: {out['check']}")
+    return out  # type: ignore[no-any-return]
+
+
+def median_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: statistics.median(s[k] for s in samples) for k in samples[0]
+                           if isinstance(samples[0][k], (int, float)) and not isinstance(samples[0][k], bool)}
+    out["check"] = samples[-1]["check"]
+    out["samples"] = samples
+    return out
+
+
+def systems(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    drivers = ["asyncio", "threads"] if args.lg_driver == "both" else [args.lg_driver]
+    out = [(f"langgraph {d}", {"system": "langgraph", "lg_driver": d, "lg_workers": args.lg_workers})
+           for d in drivers]
+    out += [(f"sessionloop {d}", {"system": "sessionloop", "durability": d}) for d in ("sync", "nosync")]
+    return out
+
+
+ROWS = [("turns_per_s", "turns/s", ",.0f"), ("p50_ms", "p50 turn latency (ms)", ",.1f"),
+        ("p95_ms", "p95 turn latency (ms)", ",.1f"), ("p99_ms", "p99 turn latency (ms)", ",.1f"),
+        ("cpu_ms_per_turn", "CPU ms per turn", ".3f"), ("events_per_s", "events/s (sessionloop)", ",.0f"),
+        ("checkpoint_rows_per_s", "checkpoints/s (langgraph)", ",.0f"), ("peak_rss_mib", "peak RSS (MiB)", ",.0f"),
+        ("seconds", "seconds", ",.1f")]
+
+
+def print_table(title: str, results: dict[str, dict[str, Any]]) -> None:
+    names = list(results)
+    w = max(22, *(len(n) + 2 for n in names))
+    print(f"\n{title}")
+    print(f"{'measure':<30}" + "".join(f"{n:>{w}}" for n in names))
+    print("-" * (30 + w * len(names)))
+    for key, label, fmt in ROWS:
+        cells = [format(results[n][key], fmt) if key in results[n] else "-" for n in names]
+        print(f"{label:<30}" + "".join(f"{c:>{w}}" for c in cells))
+    base = [n for n in names if n.startswith("langgraph")]
+    best = max(base, key=lambda n: results[n]["turns_per_s"])
+    cells = [f"{results[n]['turns_per_s'] / results[best]['turns_per_s']:.1f}x" for n in names]
+    print(f"{'ratio vs ' + best + ' (turns/s)':<30}" + "".join(f"{c:>{w}}" for c in cells))
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 100 sessions x 4 turns")
+    ap.add_argument("--sessions", type=int, help="sessions / LangGraph threads (default 1000; 100 with --quick)")
+    ap.add_argument("--turns", type=int, help="turns per session (default 10; 4 with --quick)")
+    ap.add_argument("--concurrency", type=int, default=None, help="turns in flight at most (default: all)")
+    ap.add_argument("--tool-ratio", type=float, default=0.5, help="share of turns with one list_files call")
+    ap.add_argument("--llm-latency", type=float, default=0.0, help="fake model delay per call (ms), both sides")
+    ap.add_argument("--lg-driver", choices=["asyncio", "threads", "both"], default="asyncio",
+                    help="LangGraph concurrency: asyncio (ainvoke) or a thread pool (invoke)")
+    ap.add_argument("--lg-workers", type=int, default=32, help="thread pool size for --lg-driver threads")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per figure; the median is reported")
+    ap.add_argument("--no-pinned", action="store_true", help="skip the runs pinned to CPU 0")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    for name, full, quick in (("sessions", 1000, 100), ("turns", 10, 4)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        spec = json.loads(args.child)
+        print(json.dumps(JOBS[spec["system"]](spec)))
+        return
+    base = {"sessions": args.sessions, "turns": args.turns, "concurrency": args.concurrency,
+            "tool_ratio": args.tool_ratio, "llm_latency_ms": args.llm_latency}
+    pinnings = [("unpinned", False)]
+    if not args.no_pinned and shutil.which("taskset"):
+        pinnings.append(("pinned_cpu0", True))
+    samples: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for _ in range(args.repeats):
+        for label, pinned in pinnings:
+            for name, extra in systems(args):
+                print(f"running {name} ({label}) ...", file=sys.stderr, flush=True)
+                samples.setdefault((label, name), []).append(run_child({**base, **extra}, pinned))
+    results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick,
+                               "params": {**base, "repeats": args.repeats, "lg_driver": args.lg_driver},
+                               "runs": {}}
+    for label, _ in pinnings:
+        table = {name: median_of(samples[(label, name)]) for name, _ in systems(args)}
+        results["runs"][label] = table
+        lg = max((n for n in table if n.startswith("langgraph")), key=lambda n: table[n]["turns_per_s"])
+        results["runs"][label]["ratios"] = {n: table[n]["turns_per_s"] / table[lg]["turns_per_s"]
+                                            for n in table if n.startswith("sessionloop")}
+        print_table(f"{args.sessions} sessions x {args.turns} turns, tool ratio {args.tool_ratio:g}, "
+                    f"llm latency {args.llm_latency:g} ms, {label} (medians of {args.repeats})",
+                    {n: r for n, r in table.items() if n != "ratios"})
+    print("\ntarget (SPEC §10): sessionloop >= 20x LangGraph, same run")
+    for label, _ in pinnings:
+        ratios = results["runs"][label]["ratios"]
+        print(f"  {label}: " + ", ".join(f"{n} {r:.1f}x" for n, r in ratios.items()))
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, "compare_langgraph.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,647 @@
+"""``sessionloop bench``: the load benchmark of SPEC §10, driving the real stack.
+
+N sessions each send M turns one after the other (at most ``--concurrency`` turns in flight over
+all sessions), through the mock model: plain turns are ``hello world`` -> ``echo: hello world``,
+tool turns (``--tool-ratio`` of them, spread evenly) are ``!tool list_files {"path": "."}`` -> one
+tool call, then ``done: 1 tool calls``. Every event is persisted (``--durability``).
+
+* ``--via inprocess``: the driver tells each input to the session actor as the protocol layer does
+  (a ``Send`` through the directory) and waits for the turn's end (``watch_turn``), on one asyncio
+  loop: no thread per session (the approach of ``benchmarks/bench_turns.py``).
+* ``--via ws``: an in-process :class:`cli.serve.Server` on 127.0.0.1, port 0, driven by real
+  WebSocket clients (``--per-connection`` sessions share one connection): ``session/create``,
+  ``session/subscribe``, then ``turn/send`` and the ``item/completed`` push of the ``turn`` item.
+
+At the end the event log written during the run is read back and checked: each turn sent was
+accepted once, started once, ended once with the expected answer, ran one tool when it was a tool
+turn, and its end reached the client once. Any lost or duplicated turn fails the command with one
+line (exit 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import click
+
+from eventstore import RecordedEvent
+from eventstore import events as E
+
+PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"
+TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
+EXPECTED = {PLAIN_TEXT: PLAIN_ANSWER, TOOL_TEXT: TOOL_ANSWER}
+TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
+BENCH_TOKEN = "sessionloop-bench-token"
+
+
+class NotAccepted(Exception):
+    """The server answered ``turn/send`` with an error: the input was not accepted (not a lost turn)."""
+
+
+class Rejected(Exception):
+    """Back-pressure (``rejected`` with ``retryAfterMs``): the server's per-connection rate limit."""
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+
+@dataclass
+class BenchConfig:
+    sessions: int = 100
+    turns: int | None = 10  # per session; None: until ``duration_s``
+    concurrency: int | None = None  # turns in flight at most; None: one per session
+    tool_ratio: float = 0.5
+    via: str = "inprocess"
+    durability: str = "sync"
+    llm_latency_ms: float = 0.0
+    duration_s: float | None = None
+    data_dir: str | None = None
+    per_connection: int | None = None  # None: auto (see :func:`sessions_per_connection`)
+    turn_timeout_s: float = 60.0
+    max_live: int | None = None
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.sessions < 1:
+            raise click.BadParameter("must be at least 1", param_hint="--sessions")
+        if self.turns is not None and self.turns < 1:
+            raise click.BadParameter("must be at least 1", param_hint="--turns")
+        if self.turns is None and self.duration_s is None:
+            raise click.BadParameter("give --turns, --duration or both", param_hint="--turns")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise click.BadParameter("must be at least 1", param_hint="--concurrency")
+        if not 0.0 <= self.tool_ratio <= 1.0:
+            raise click.BadParameter("must be between 0 and 1", param_hint="--tool-ratio")
+        if self.llm_latency_ms < 0:
+            raise click.BadParameter("must be >= 0", param_hint="--llm-latency")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise click.BadParameter("must be > 0", param_hint="--duration")
+        if self.per_connection is not None and self.per_connection < 1:
+            raise click.BadParameter("must be at least 1", param_hint="--per-connection")
+
+
+def sessions_per_connection(cfg: BenchConfig) -> int:
+    """``--per-connection``, or by default enough connections (up to 50 sessions each, at least 20
+    connections when there are sessions for them) that the server's per-connection request rate
+    limit (100 requests/s, burst 200; one request per turn) is not what the run measures."""
+    return cfg.per_connection or max(1, min(50, cfg.sessions // 20))
+
+
+def is_tool_turn(ratio: float, session_index: int, turn_index: int, sessions: int) -> bool:
+    """Tool turns spread evenly: of the global sequence k = turn * sessions + session, exactly
+    ``floor((k + 1) * ratio) - floor(k * ratio)`` is 1 for a tool turn (so ratio 0.5 alternates,
+    and every session gets its share even with one turn each)."""
+    k = turn_index * sessions + session_index
+    return int((k + 1) * ratio + 1e-9) - int(k * ratio + 1e-9) == 1
+
+
+# --- what the driver sent and saw ---------------------------------------------------------------
+
+
+@dataclass
+class SessionRecord:
+    session_id: str
+    sent: list[bool] = field(default_factory=list)  # tool turn?, in the order sent
+    seen: list[str] = field(default_factory=list)  # turn ids whose end reached the client
+    states: dict[str, str] = field(default_factory=dict)  # turn id -> state the client saw
+
+
+@dataclass
+class Record:
+    sessions: list[SessionRecord]
+    latencies: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    in_flight: int = 0
+
+    @property
+    def done(self) -> int:
+        return len(self.latencies)
+
+    @property
+    def sent(self) -> int:
+        return sum(len(s.sent) for s in self.sessions)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+# --- the driver ---------------------------------------------------------------------------------
+
+#: Sends one turn of session ``index`` (tool turn or not) and returns (turn id, state) at its end.
+SendTurn = Callable[[int, bool], Awaitable[tuple[str, str]]]
+
+
+async def drive(cfg: BenchConfig, rec: Record, send_turn: SendTurn) -> float:
+    """Every session sends its turns one after another, at most ``concurrency`` in flight; new
+    turns stop after ``duration_s``. Returns the wall seconds."""
+    gate = asyncio.Semaphore(cfg.concurrency or cfg.sessions)
+    t0 = time.perf_counter()
+    deadline = t0 + cfg.duration_s if cfg.duration_s is not None else None
+
+    async def session_loop(i: int) -> None:
+        srec = rec.sessions[i]
+        for j in itertools.count() if cfg.turns is None else range(cfg.turns):
+            async with gate:
+                if deadline is not None and time.perf_counter() >= deadline:
+                    return
+                tool = is_tool_turn(cfg.tool_ratio, i, j, cfg.sessions)
+                srec.sent.append(tool)
+                rec.in_flight += 1
+                started = time.perf_counter()
+                try:
+                    turn_id, state = await asyncio.wait_for(send_turn(i, tool), cfg.turn_timeout_s)
+                except NotAccepted as e:
+                    srec.sent.pop()  # refused, so not a turn: counted as a driver error, not as lost
+                    rec.errors.append(f"session {srec.session_id}: turn {j + 1} refused: {e}")
+                    return
+                except TimeoutError:
+                    rec.errors.append(f"session {srec.session_id}: turn {j + 1} did not end within "
+                                      f"{cfg.turn_timeout_s:g} s")
+                    return  # a later input would queue behind it; this session stops sending
+                except Exception as e:  # noqa: BLE001 - reported, and the check fails the run
+                    rec.errors.append(f"session {srec.session_id}: turn {j + 1}: {type(e).__name__}: {e}")
+                    return
+                finally:
+                    rec.in_flight -= 1
+                rec.latencies.append(time.perf_counter() - started)
+                srec.seen.append(turn_id)
+                srec.states[turn_id] = state
+
+    await asyncio.gather(*(session_loop(i) for i in range(cfg.sessions)))
+    return time.perf_counter() - t0
+
+
+async def show_progress(cfg: BenchConfig, rec: Record, stream: Any) -> None:
+    """A one-line counter on stderr, rewritten in place on a terminal (a line every 5 s otherwise)."""
+    tty = stream.isatty()
+    total = cfg.sessions * cfg.turns if cfg.turns is not None else None
+    t0 = time.perf_counter()
+    last_line = 0.0
+    width = 30
+    try:
+        while True:
+            await asyncio.sleep(0.2)
+            elapsed = time.perf_counter() - t0
+            done = rec.done
+            if total is not None:
+                frac = min(1.0, done / total)
+            else:
+                frac = min(1.0, elapsed / cfg.duration_s) if cfg.duration_s else 0.0
+            bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+            of = f"/{total:,}" if total is not None else ""
+            text = (f"[{bar}] {done:,}{of} turns  {done / elapsed if elapsed else 0:,.0f} turns/s  "
+                    f"in flight {rec.in_flight:,}  {elapsed:,.1f} s")
+            if tty:
+                stream.write("\r" + text + "\x1b[K")
+                stream.flush()
+            elif elapsed - last_line >= 5.0:
+                last_line = elapsed
+                stream.write(text + "\n")
+                stream.flush()
+    except asyncio.CancelledError:
+        if tty:
+            stream.write("\r\x1b[K")
+            stream.flush()
+        raise
+
+
+# --- in process -----------------------------------------------------------------------------------
+
+
+def open_host(data_dir: str, cfg: BenchConfig) -> Any:
+    from actors.host import Host
+
+    return Host.open(data_dir, durability=cfg.durability, permission_mode="acceptCalls",
+                     max_live=cfg.max_live or max(4000, 2 * cfg.sessions),
+                     model_options={"latency_ms": cfg.llm_latency_ms})
+
+
+def inprocess_sender(host: Any, ids: list[str]) -> SendTurn:
+    """A ``Send`` told through the directory (as the protocol layer does), then ``watch_turn``."""
+    from actors.host import new_id
+    from actors.pubsub import Reply
+    from actors.session import Send, now_ms
+
+    async def send(i: int, tool: bool) -> tuple[str, str]:
+        session_id = ids[i]
+        reply = Reply()
+        accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=new_id(),
+                                   text=TOOL_TEXT if tool else PLAIN_TEXT)
+        host.rt.tell(session_id, Send(accepted, None, reply))
+        receipt = await reply.future()
+        watch = Reply()
+        host.session(session_id).watch_turn(receipt.turn_id, watch)
+        outcome = await watch.future()
+        return receipt.turn_id, outcome.state
+
+    return send
+
+
+def create_sessions(host: Any, n: int) -> list[str]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(lambda i: host.create(title=f"bench {i}").id, range(n), chunksize=64))
+
+
+async def run_inprocess(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
+    host = open_host(data_dir, cfg)
+    try:
+        ids = await asyncio.to_thread(create_sessions, host, cfg.sessions)
+        rec = Record([SessionRecord(s) for s in ids])
+        return await measure(cfg, host, rec, inprocess_sender(host, ids))
+    finally:
+        host.close()
+
+
+# --- over WebSocket -------------------------------------------------------------------------------
+
+
+class WsClient:
+    """One multiplexed WebSocket connection: JSON-RPC calls by id, and per session a waiter for
+    the ``item/completed`` push of its ``turn`` item (one turn at a time per session)."""
+
+    def __init__(self, ws: Any) -> None:
+        import msgspec
+
+        self.ws = ws
+        self.ids = itertools.count(1)
+        self.calls: dict[int, asyncio.Future[Any]] = {}
+        self.turn_waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self.unexpected: list[str] = []
+        self.rejected = 0  # turn/send requests refused by the rate limit, then retried
+        self.decode = msgspec.json.Decoder().decode
+        self.encode = msgspec.json.Encoder().encode
+        self.reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for raw in self.ws:
+                msg = self.decode(raw)
+                rid = msg.get("id")
+                if rid is not None and "method" not in msg:
+                    fut = self.calls.pop(rid, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                    continue
+                if msg.get("method") != "item/completed":
+                    continue
+                params = msg.get("params") or {}
+                item = params.get("item") or {}
+                if item.get("kind") != "turn":
+                    continue
+                waiter = self.turn_waiters.pop(str(params.get("sessionId")), None)
+                if waiter is None or waiter.done():
+                    self.unexpected.append(f"session {params.get('sessionId')}: unexpected turn end "
+                                           f"{item.get('itemId')}")
+                else:
+                    waiter.set_result(item)
+        except Exception as e:  # noqa: BLE001 - the connection closed: fail everything waiting
+            error: BaseException = e
+        else:
+            error = ConnectionError("the server closed the connection")
+        for fut in [*self.calls.values(), *self.turn_waiters.values()]:
+            if not fut.done():
+                fut.set_exception(error)
+
+    async def call(self, method: str, params: dict[str, Any]) -> Any:
+        rid = next(self.ids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.calls[rid] = fut
+        await self.ws.send(self.encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}).decode())
+        msg = await fut
+        if "error" in msg:
+            error, data = msg["error"], msg["error"].get("data") or {}
+            if data.get("code") == "rejected":
+                raise Rejected(f"{method}: {error.get('message')}", int(data.get("retryAfterMs", 100)))
+            raise NotAccepted(f"{method}: {error.get('message')}")
+        return msg["result"]
+
+    async def turn(self, session_id: str, text: str) -> tuple[str, str]:
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.turn_waiters[session_id] = waiter
+        try:
+            while True:
+                try:
+                    await self.call("turn/send", {"sessionId": session_id, "content": text})
+                    break
+                except Rejected as e:  # as a well-behaved client: wait as told, send again
+                    self.rejected += 1
+                    await asyncio.sleep(e.retry_after_ms / 1000)
+        except BaseException:
+            self.turn_waiters.pop(session_id, None)
+            raise
+        item = await waiter
+        outcome = item.get("outcome")
+        return str(item["itemId"]), "completed" if outcome in ("replied", "silent") else str(outcome)
+
+    async def close(self) -> None:
+        await self.ws.close()
+        self.reader.cancel()
+        try:
+            await self.reader
+        except asyncio.CancelledError:
+            pass
+
+
+async def run_ws(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
+    from websockets.asyncio.client import connect
+
+    from protocol.handshake import SESSION_PROTOCOL_VERSION
+
+    from .serve import Server
+
+    server = Server(data_dir, port=0, token=BENCH_TOKEN, durability=cfg.durability, permission_mode="acceptCalls",
+                    max_live=cfg.max_live or max(4000, 2 * cfg.sessions),
+                    model_options={"latency_ms": cfg.llm_latency_ms})
+    clients: list[WsClient] = []
+    try:
+        port = await server.start()
+        per_conn = sessions_per_connection(cfg)
+        n_conn = -(-cfg.sessions // per_conn)
+        for _ in range(n_conn):
+            ws = await connect(f"ws://127.0.0.1:{port}/session", max_size=None, compression=None,
+                               additional_headers={"Authorization": f"Bearer {BENCH_TOKEN}"})
+            client = WsClient(ws)
+            clients.append(client)
+            await client.call("initialize", {"protocolVersion": SESSION_PROTOCOL_VERSION,
+                                             "client": {"name": "sessionloop-bench", "version": "1"}})
+
+        async def create(i: int) -> str:
+            client = clients[i // per_conn]
+            sid = (await client.call("session/create", {"name": f"bench {i}"}))["session"]["id"]
+            await client.call("session/subscribe", {"sessionId": sid})
+            return str(sid)
+
+        ids = []
+        for start in range(0, cfg.sessions, 200):  # in waves: the setup is not measured
+            ids += await asyncio.gather(*(create(i) for i in range(start, min(cfg.sessions, start + 200))))
+        rec = Record([SessionRecord(s) for s in ids])
+
+        async def send(i: int, tool: bool) -> tuple[str, str]:
+            return await clients[i // per_conn].turn(ids[i], TOOL_TEXT if tool else PLAIN_TEXT)
+
+        out = await measure(cfg, server.host, rec, send, clients)
+        out["connections"] = n_conn
+        out["sessions_per_connection"] = per_conn
+        out["rejected_and_retried"] = sum(c.rejected for c in clients)
+        return out
+    finally:
+        for client in clients:
+            try:
+                await client.close()
+            except Exception:  # noqa: BLE001,S110 - closing after a failure
+                pass
+        await server.stop()
+
+
+# --- measuring and checking -----------------------------------------------------------------------
+
+
+async def measure(cfg: BenchConfig, host: Any, rec: Record, send: SendTurn,
+                  clients: list[WsClient] | None = None) -> dict[str, Any]:
+    store = host.store
+    head0, info0 = store.head_position, store.info()
+    cpu0 = time.process_time()
+    progress = asyncio.ensure_future(show_progress(cfg, rec, sys.stderr)) if cfg.progress else None
+    try:
+        wall = await drive(cfg, rec, send)
+    finally:
+        if progress is not None:
+            progress.cancel()
+            try:
+                await progress
+            except asyncio.CancelledError:
+                pass
+    cpu = time.process_time() - cpu0
+    if clients:
+        await asyncio.sleep(0.05)  # a stray (duplicate) push would arrive now
+        for c in clients:
+            rec.errors += c.unexpected
+    events = store.head_position - head0
+    info = store.info()
+    check = check_log(rec, iter_log(store, head0))
+    turns = rec.done
+    lat = sorted(rec.latencies)
+    return {
+        "turns": turns,
+        "tool_turns": sum(sum(s.sent) for s in rec.sessions),
+        "seconds": wall,
+        "turns_per_s": turns / wall if wall else 0.0,
+        "events": events,
+        "events_per_s": events / wall if wall else 0.0,
+        "events_per_turn": events / turns if turns else 0.0,
+        "write_txns_per_turn": (info["batches"] - info0["batches"]) / turns if turns else 0.0,
+        "p50_ms": percentile(lat, 0.50) * 1000,
+        "p95_ms": percentile(lat, 0.95) * 1000,
+        "p99_ms": percentile(lat, 0.99) * 1000,
+        "max_ms": (lat[-1] if lat else 0.0) * 1000,
+        "cpu_ms_per_turn": cpu / turns * 1000 if turns else 0.0,
+        "peak_rss_mib": peak_rss_mib(),
+        "check": check,
+    }
+
+
+def iter_log(store: Any, after: int) -> Iterator[RecordedEvent]:
+    """The events written during the run (a seam for tests)."""
+    return store.iter_all(after)  # type: ignore[no-any-return]
+
+
+@dataclass
+class _Log:
+    inputs: list[tuple[str, str]] = field(default_factory=list)  # (turn id, text)
+    started: Counter[str] = field(default_factory=Counter)
+    ended: Counter[str] = field(default_factory=Counter)
+    answers: dict[str, str | None] = field(default_factory=dict)  # turn id -> output text (None: not completed)
+    tools: Counter[str] = field(default_factory=Counter)
+
+
+def check_log(rec: Record, events: Iterable[RecordedEvent]) -> dict[str, Any]:
+    """Compare what the driver sent and saw with the event log: lost, duplicated and wrong turns.
+
+    * lost: a turn sent with no input accepted, no ``turn.started`` or no turn end in the log, or
+      whose end never reached the client (or the driver gave up waiting for it);
+    * duplicated: more inputs accepted than sent, a turn started or ended more than once, or its
+      end reported to the client more than once;
+    * wrong: a turn that ended otherwise than completed with the expected answer, or ran a number
+      of tools other than its script's.
+    """
+    logs: dict[str, _Log] = defaultdict(_Log)
+    for recorded in events:
+        if not recorded.stream.startswith("session-"):
+            continue
+        log = logs[recorded.stream[len("session-"):]]
+        ev = recorded.event
+        if isinstance(ev, E.InputAccepted):
+            log.inputs.append((ev.turn_id, ev.text))
+        elif isinstance(ev, E.TurnStarted):
+            log.started[ev.turn_id] += 1
+        elif isinstance(ev, TURN_END):
+            log.ended[ev.turn_id] += 1
+            log.answers[ev.turn_id] = ev.output_text if isinstance(ev, E.TurnCompleted) else None
+        elif isinstance(ev, E.ToolStarted):
+            log.tools[ev.turn_id] += 1
+    lost: list[str] = []
+    dup: list[str] = []
+    wrong: list[str] = []
+    verified = 0
+    for srec in rec.sessions:
+        sid = srec.session_id
+        log = logs.pop(sid, _Log())
+        accepted = [t for t, _ in log.inputs]
+        if len(log.inputs) < len(srec.sent):
+            lost += [f"session {sid}: {len(srec.sent)} turns sent, {len(log.inputs)} inputs accepted"]
+        elif len(log.inputs) > len(srec.sent):
+            dup += [f"session {sid}: {len(srec.sent)} turns sent, {len(log.inputs)} inputs accepted"]
+        texts = [TOOL_TEXT if tool else PLAIN_TEXT for tool in srec.sent]
+        if [text for _, text in log.inputs[:len(texts)]] != texts[:len(log.inputs)]:
+            wrong.append(f"session {sid}: inputs in the log differ from the turns sent")
+        seen = Counter(srec.seen)
+        for turn_id, text in log.inputs:
+            where = f"session {sid} turn {turn_id}"
+            for name, counts in (("turn.started", log.started), ("turn end", log.ended)):
+                if counts[turn_id] == 0:
+                    lost.append(f"{where}: no {name} in the log")
+                elif counts[turn_id] > 1:
+                    dup.append(f"{where}: {counts[turn_id]}x {name} in the log")
+            if seen[turn_id] == 0:
+                lost.append(f"{where}: its end never reached the client")
+            elif seen[turn_id] > 1:
+                dup.append(f"{where}: its end reached the client {seen[turn_id]}x")
+            if log.ended[turn_id] and log.answers.get(turn_id) != EXPECTED.get(text):
+                wrong.append(f"{where}: ended with {log.answers.get(turn_id)!r}, expected {EXPECTED.get(text)!r}")
+            elif srec.states.get(turn_id, "completed") != "completed":
+                wrong.append(f"{where}: the client saw it end {srec.states[turn_id]!r}")
+            want_tools = 1 if text == TOOL_TEXT else 0
+            if log.tools[turn_id] != want_tools:
+                wrong.append(f"{where}: {log.tools[turn_id]} tool calls, expected {want_tools}")
+            verified += 1
+        for turn_id in set(log.started) | set(log.ended) | set(seen):
+            if turn_id not in accepted:
+                dup.append(f"session {sid} turn {turn_id}: started, ended or reported without an input sent")
+    for sid, log in logs.items():
+        if log.inputs or log.started:
+            dup.append(f"session {sid}: turns in the log of a session the benchmark did not drive")
+    lost_or_dup = [*rec.errors]
+    return {"ok": not (lost or dup or wrong or rec.errors), "turns_verified": verified, "lost": len(lost),
+            "duplicated": len(dup), "wrong": len(wrong), "errors": len(rec.errors),
+            "problems": [*lost_or_dup, *lost, *dup, *wrong][:20]}
+
+
+def failure_line(check: dict[str, Any]) -> str:
+    first = check["problems"][0] if check["problems"] else "?"
+    return (f"event log check FAILED: {check['lost']} lost, {check['duplicated']} duplicated, {check['wrong']} "
+            f"wrong, {check['errors']} driver errors (first: {first})")
+
+
+# --- running and printing -------------------------------------------------------------------------
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Run one benchmark and return its report (``check.ok`` false on any lost/duplicated turn)."""
+    cfg.validate()
+    data_dir = cfg.data_dir or tempfile.mkdtemp(prefix="sessionloop-bench-")
+    try:
+        runner = run_ws if cfg.via == "ws" else run_inprocess
+        result = asyncio.run(runner(cfg, data_dir))
+    finally:
+        if cfg.data_dir is None:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    params = {k: v for k, v in asdict(cfg).items() if k not in ("data_dir", "progress")}
+    return {"params": {**params, "data_dir": cfg.data_dir, "cpus": len(os.sched_getaffinity(0))}, **result}
+
+
+ROWS = [("turns", "turns", ",.0f"), ("seconds", "seconds", ",.2f"), ("turns_per_s", "turns/s", ",.0f"),
+        ("events_per_s", "events/s", ",.0f"), ("p50_ms", "p50 turn latency (ms)", ",.1f"),
+        ("p95_ms", "p95 turn latency (ms)", ",.1f"), ("p99_ms", "p99 turn latency (ms)", ",.1f"),
+        ("events_per_turn", "events per turn", ".2f"), ("write_txns_per_turn", "write transactions per turn", ".2f"),
+        ("cpu_ms_per_turn", "CPU ms per turn", ".3f"), ("peak_rss_mib", "peak RSS (MiB)", ",.0f")]
+
+
+def format_table(report: dict[str, Any]) -> str:
+    p = report["params"]
+    turns = f"{p['turns']} turns" if p["turns"] is not None else "turns"
+    limit = f" for {p['duration_s']:g} s" if p["duration_s"] is not None else ""
+    lines = [(f"sessionloop bench: {p['sessions']} sessions x {turns}{limit}, concurrency "
+              f"{p['concurrency'] or p['sessions']}, tool ratio {p['tool_ratio']:g}, via {p['via']}, "
+              f"durability {p['durability']}, llm latency {p['llm_latency_ms']:g} ms"),
+             f"{'measure':<30}{'value':>14}", "-" * 44]
+    lines += [f"{name:<30}{format(report[key], fmt):>14}" for key, name, fmt in ROWS]
+    if "connections" in report:
+        lines += [f"{'WebSocket connections':<30}{report['connections']:>14,}",
+                  f"{'sends refused (rate), retried':<30}{report['rejected_and_retried']:>14,}"]
+    check = report["check"]
+    verdict = (f"ok: {check['turns_verified']:,} turns, none lost or duplicated" if check["ok"]
+               else failure_line(check))
+    lines.append(f"{'check (event log)':<30}  {verdict}")
+    return "\n".join(lines)
+
+
+@click.command("bench")
+@click.option("--sessions", default=100, show_default=True, type=int, help="Concurrent sessions.")
+@click.option("--turns", default=None, type=int,
+              help="Turns per session, one after the other [default: 10; with --duration: until it ends].")
+@click.option("--concurrency", default=None, type=int, help="Turns in flight at most [default: one per session].")
+@click.option("--tool-ratio", default=0.5, show_default=True, type=float,
+              help="Share of turns (0..1) that make one list_files tool call.")
+@click.option("--via", type=click.Choice(["inprocess", "ws"]), default="inprocess", show_default=True,
+              help="inprocess: tell the session actors directly; ws: a server on port 0 and WebSocket clients.")
+@click.option("--durability", type=click.Choice(["sync", "nosync"]), default="sync", show_default=True,
+              help="sync: fsync before every acknowledgement; nosync: no fsync.")
+@click.option("--llm-latency", "llm_latency_ms", default=0.0, show_default=True, type=float,
+              help="Mock model delay per call in ms (to model a real provider).")
+@click.option("--duration", "duration_s", default=None, type=float, help="Stop sending new turns after S seconds.")
+@click.option("--data", "data_dir", default=None, help="Data directory [default: a temporary one, removed after].")
+@click.option("--per-connection", default=None, type=int,
+              help="With --via ws: sessions sharing one WebSocket connection [default: sessions/20, "
+                   "between 1 and 50; the server allows 100 requests/s per connection].")
+@click.option("--turn-timeout", "turn_timeout_s", default=60.0, show_default=True, type=float,
+              help="A turn not ended after this long counts as lost.")
+@click.option("--no-progress", is_flag=True, help="No live progress line on stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def bench(sessions: int, turns: int | None, concurrency: int | None, tool_ratio: float, via: str, durability: str,
+          llm_latency_ms: float, duration_s: float | None, data_dir: str | None, per_connection: int | None,
+          turn_timeout_s: float, no_progress: bool, as_json: bool) -> None:
+    """Load benchmark: drive sessions through the real stack with the mock model.
+
+    Prints turns/s, events/s, p50/p95/p99 turn latency and peak RSS; then checks the event log
+    and exits 1 on any lost or duplicated turn.
+
+    \b
+    Example:
+      sessionloop bench --sessions 1000 --turns 10 --durability sync
+      sessionloop bench --via ws --sessions 200 --duration 30 --llm-latency 50 --json
+    """
+    if turns is None and duration_s is None:
+        turns = 10
+    cfg = BenchConfig(sessions=sessions, turns=turns, concurrency=concurrency, tool_ratio=tool_ratio, via=via,
+                      durability=durability, llm_latency_ms=llm_latency_ms, duration_s=duration_s,
+                      data_dir=data_dir, per_connection=per_connection, turn_timeout_s=turn_timeout_s,
+                      progress=not no_progress)
+    report = run_bench(cfg)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(format_table(report))
+    if not report["check"]["ok"]:
+        raise click.ClickException(failure_line(report["check"]))

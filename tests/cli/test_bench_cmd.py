@@ -1,0 +1,126 @@
+"""``sessionloop bench`` at a small size: the report's fields and the lost/duplicated check, not speed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner, Result
+
+from cli import bench_cmd
+from cli.main import main
+from eventstore import RecordedEvent
+from eventstore import events as E
+
+FIELDS = {"turns": int, "tool_turns": int, "seconds": float, "turns_per_s": float, "events": int,
+          "events_per_s": float, "events_per_turn": float, "p50_ms": float, "p95_ms": float, "p99_ms": float,
+          "max_ms": float, "cpu_ms_per_turn": float, "peak_rss_mib": float, "check": dict}
+
+
+def bench(*args: str) -> Result:
+    return CliRunner().invoke(main, ["bench", *args], catch_exceptions=False)
+
+
+def report_of(result: Result) -> dict:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def check_report(report: dict, turns: int, tool_turns: int) -> None:
+    for name, kind in FIELDS.items():
+        assert isinstance(report[name], kind), (name, report[name])
+    assert report["turns"] == turns and report["tool_turns"] == tool_turns
+    assert report["check"] == {"ok": True, "turns_verified": turns, "lost": 0, "duplicated": 0, "wrong": 0,
+                               "errors": 0, "problems": []}
+    # at least input, turn start, model step and turn end per turn, plus the tool's two
+    assert report["events"] >= 4 * turns + 2 * tool_turns
+    assert report["turns_per_s"] > 0 and report["events_per_s"] > report["turns_per_s"]
+    assert 0 < report["p50_ms"] <= report["p95_ms"] <= report["p99_ms"] <= report["max_ms"]
+    assert report["peak_rss_mib"] > 10
+
+
+def test_inprocess_small_run_reports_every_field_and_checks_the_log() -> None:
+    report = report_of(bench("--sessions", "5", "--turns", "2", "--durability", "nosync", "--json"))
+    check_report(report, turns=10, tool_turns=5)
+    assert report["params"]["via"] == "inprocess" and report["params"]["durability"] == "nosync"
+    assert report["params"]["sessions"] == 5 and report["params"]["turns"] == 2
+
+
+def test_ws_small_run_over_real_websocket_connections() -> None:
+    report = report_of(bench("--sessions", "5", "--turns", "2", "--via", "ws", "--per-connection", "2",
+                             "--concurrency", "3", "--json"))
+    check_report(report, turns=10, tool_turns=5)
+    assert report["connections"] == 3 and report["params"]["durability"] == "sync"
+
+
+def test_ws_honours_the_servers_rate_limit_and_loses_nothing() -> None:
+    """500 sends on one connection exceed the server's 100 requests/s (burst 200): the client waits
+    ``retryAfterMs`` and sends again; a refused send is not a turn, so nothing counts as lost."""
+    report = report_of(bench("--sessions", "5", "--turns", "100", "--via", "ws", "--per-connection", "5",
+                             "--durability", "nosync", "--tool-ratio", "0", "--no-progress", "--json"))
+    assert report["connections"] == 1 and report["rejected_and_retried"] > 0
+    assert report["turns"] == 500 and report["check"]["ok"]
+
+
+def test_table_output_and_tool_ratio() -> None:
+    result = bench("--sessions", "4", "--turns", "3", "--tool-ratio", "0", "--durability", "nosync")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for label in ("turns/s", "events/s", "p50 turn latency", "p95 turn latency", "p99 turn latency",
+                  "peak RSS (MiB)", "ok: 12 turns, none lost or duplicated"):
+        assert label in out, out
+    assert "tool ratio 0," in out
+
+
+def test_duration_stops_sending_new_turns() -> None:
+    result = bench("--sessions", "3", "--duration", "0.3", "--llm-latency", "20", "--durability", "nosync",
+                   "--tool-ratio", "1", "--json")
+    report = report_of(result)
+    assert report["params"]["turns"] is None and report["params"]["duration_s"] == 0.3
+    assert 3 <= report["turns"] < 100 and report["tool_turns"] == report["turns"]
+    assert report["check"]["ok"] and report["seconds"] < 5
+
+
+def test_a_lost_or_duplicated_turn_fails_with_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = bench_cmd.iter_log
+
+    def tampered(store, after):
+        dropped = duplicated = False
+        for rec in real(store, after):
+            if isinstance(rec.event, E.TurnCompleted) and not dropped:
+                dropped = True  # this turn's end is lost
+                continue
+            yield rec
+            if isinstance(rec.event, E.TurnStarted) and not duplicated:
+                duplicated = True  # this turn started twice
+                yield RecordedEvent(rec.stream, rec.version, rec.position, rec.at, rec.event)
+
+    monkeypatch.setattr(bench_cmd, "iter_log", tampered)
+    result = bench("--sessions", "3", "--turns", "2", "--durability", "nosync", "--no-progress")
+    assert result.exit_code == 1
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith("Error: event log check FAILED: 1 lost, 1 duplicated")
+
+
+def test_check_log_counts_client_side_losses_and_duplicates() -> None:
+    """A turn whose end never reached the client is lost; one reported twice is duplicated."""
+    sid, turns = "s1", ["t1", "t2"]
+    log = []
+    for n, t in enumerate(turns):
+        for ev in (E.InputAccepted(at=1, input_id=f"i{n}", turn_id=t, text=bench_cmd.PLAIN_TEXT),
+                   E.TurnStarted(at=1, turn_id=t),
+                   E.TurnCompleted(at=1, turn_id=t, output_text=bench_cmd.PLAIN_ANSWER)):
+            log.append(RecordedEvent(f"session-{sid}", len(log) + 1, len(log) + 1, 1, ev))
+    rec = bench_cmd.Record([bench_cmd.SessionRecord(sid, sent=[False, False], seen=["t1", "t1"])])
+    check = bench_cmd.check_log(rec, log)
+    assert not check["ok"] and check["lost"] == 1 and check["duplicated"] == 1 and check["wrong"] == 0
+    rec = bench_cmd.Record([bench_cmd.SessionRecord(sid, sent=[False, False, False], seen=["t1", "t2"])])
+    assert bench_cmd.check_log(rec, log)["lost"] == 1  # a third input never accepted
+
+
+def test_help_has_an_example_and_bad_options_fail_clearly() -> None:
+    result = bench("--help")
+    assert result.exit_code == 0 and "Example:" in result.output and "sessionloop bench --sessions" in result.output
+    result = bench("--tool-ratio", "2")
+    assert result.exit_code == 2 and "must be between 0 and 1" in result.output
