@@ -325,15 +325,17 @@ class ApprovalActor(pykka.ThreadingActor):
             reply.fail(RpcError.hash_mismatch(f"the content hash does not match approval {self.approval.id}"))
             return
         by = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
-        self._settle("approved" if decision == "approve" else "denied", "answer", by, note)
-        reply.set(None)
+        self._settle("approved" if decision == "approve" else "denied", "answer", by, note, reply)
 
-    def _settle(self, state: str, source: str, by: E.Speaker | None, note: str | None) -> None:
+    def _settle(self, state: str, source: str, by: E.Speaker | None, note: str | None,
+                reply: Reply | None = None) -> None:
         settlement = E.Settlement(state=state, source=source, at=now_ms(), by=by, note=note)  # type: ignore[arg-type]
         self.svc.rt.store.append(self.stream, [E.ApprovalSettled(at=settlement.at, approval_id=self.approval.id,
                                                                  settlement=settlement)],
                                  ANY_VERSION, flags={"approval-pending": False})
         self.settled = settlement
+        if reply is not None:  # the answer is recorded: acknowledge it before anything it causes
+            reply.set(None)
         frame = ApprovalSettledParams.of(self.approval.id, wire_settlement(settlement))
         for conn in self.got:
             conn.notify("approval/settled", frame)

@@ -611,8 +611,9 @@ class SessionActor(pykka.ThreadingActor):
         claim = msg.claim
         if claim is not None:
             known = self.rt.store.lookup_claim(claim)  # IdempotencyConflict for another body
-            if known is not None:
-                msg.reply.set(msgspec.structs.replace(_receipt_dec.decode(known.receipt), state="duplicate"))
+            if known is not None:  # the original receipt, with the cursor of the original input
+                msg.reply.set(msgspec.structs.replace(_receipt_dec.decode(known.receipt), state="duplicate",
+                                                      position=known.first_position))
                 return
         if msg.check is not None:
             rejected = msg.check(self.state)
@@ -628,7 +629,8 @@ class SessionActor(pykka.ThreadingActor):
             claim = IdempotencyClaim(claim.scope, claim.key, claim.request_hash, _receipt_enc.encode(receipt))
         result, _ = self._commit(events, claim=claim)
         if result is not None and result.duplicate:
-            msg.reply.set(msgspec.structs.replace(_receipt_dec.decode(result.receipt), state="duplicate"))
+            msg.reply.set(msgspec.structs.replace(_receipt_dec.decode(result.receipt), state="duplicate",
+                                                  position=result.first_position))
             return
         msg.reply.set(msgspec.structs.replace(receipt, position=result.first_position if result else 0))
 

@@ -296,3 +296,10 @@ def test_async_variants_send_and_wait(loop_host):
         return await aloop.wait_for_turn(s.session_id, receipt.turn_id)
 
     assert asyncio.run(go()).output_text == "echo: async hi"
+
+
+def test_a_duplicate_receipt_carries_the_cursor_of_the_original_input(bot):
+    s = bot.create(container_id="inbox")
+    first = bot.send(s.session_id, "hi", idempotency_key="cur")
+    again = bot.send(s.session_id, "hi", idempotency_key="cur")
+    assert again.state == "duplicate" and again.position == first.position > 0
