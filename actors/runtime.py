@@ -59,6 +59,7 @@ class HostOptions(msgspec.Struct, kw_only=True):
     presence_window_s: float = 600.0  # seed 004: present for 10 minutes after activity
     approval_rate_limit: int = 10  # approvals per session per minute
     exec_yield_s: float = 10.0  # exec runs in the foreground this long, then as a background task
+    dispatcher_threads: int = 16  # session actors share N threads (0: a thread per live session actor)
 
 
 class DeltaPayload(msgspec.Struct, frozen=True):
@@ -71,7 +72,7 @@ class DeltaPayload(msgspec.Struct, frozen=True):
 
 class Runtime:
     def __init__(self, data_dir: str, options: HostOptions, *, store: EventStore | None = None) -> None:
-        from .session import Passivate, SessionActor
+        from .session import Passivate, PooledSessionActor, SessionActor
 
         self.data_dir = os.path.abspath(data_dir)
         self.options = options
@@ -112,8 +113,15 @@ class Runtime:
         from .tasks import TaskService
 
         self.tasks_service = TaskService(self)
+        actor_class: Any = SessionActor
+        self.dispatcher = None
+        if options.dispatcher_threads > 0:
+            from .dispatch import Dispatcher
+
+            self.dispatcher = Dispatcher(options.dispatcher_threads)
+            actor_class = type("PooledSessionActor", (PooledSessionActor,), {"dispatcher": self.dispatcher})
         self.directory = Directory(
-            lambda sid: SessionActor.start(self, sid),
+            lambda sid: actor_class.start(self, sid),
             Passivate,
             idle_timeout=options.idle_timeout_s,
             max_live=options.max_live,
@@ -366,6 +374,8 @@ class Runtime:
         self.approvals.shutdown()
         self.tasks_service.shutdown()
         self.directory.close()
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
         self.worker.stop()
         self.store.close()
 

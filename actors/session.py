@@ -28,6 +28,7 @@ from eventstore import events as E
 
 from .caller import CURRENT_CALL, CallerContext
 from .context import model_view
+from .dispatch import PooledActor
 from .errors import ActorError, NotFound, SessionParked
 from .pubsub import Reply, TurnOutcome
 from .session_decide import (
@@ -232,15 +233,11 @@ _receipt_dec = msgspec.msgpack.Decoder(Receipt)
 # --- the actor --------------------------------------------------------------------------------
 
 
-class SessionActor(pykka.ThreadingActor):
-    use_daemon_thread = True
+class SessionBehaviour:
+    """The session actor's behaviour, independent of the pykka runtime that runs it: a thread per
+    actor (:class:`SessionActor`) or a shared pool (:class:`PooledSessionActor`)."""
 
-    @staticmethod
-    def _create_actor_inbox() -> Any:
-        # pykka's documented override point: the C ``SimpleQueue`` has the put/get/empty pykka
-        # uses and hands a message to a sleeping actor thread several times cheaper than the
-        # Condition-based ``queue.Queue`` (a few messages per turn, thousands of turns/s).
-        return queue.SimpleQueue()
+    actor_ref: Any
 
     def __init__(self, runtime: Runtime, session_id: str) -> None:
         super().__init__()
@@ -696,6 +693,21 @@ class SessionActor(pykka.ThreadingActor):
             self._save_snapshot()
         if self.rt.directory.retire(self.sid, self.actor_ref, msg.routed):
             self.stop()
+
+
+class SessionActor(SessionBehaviour, pykka.ThreadingActor):
+    use_daemon_thread = True
+
+    @staticmethod
+    def _create_actor_inbox() -> Any:
+        # pykka's documented override point: the C ``SimpleQueue`` has the put/get/empty pykka
+        # uses and hands a message to a sleeping actor thread several times cheaper than the
+        # Condition-based ``queue.Queue`` (a few messages per turn, thousands of turns/s).
+        return queue.SimpleQueue()
+
+
+class PooledSessionActor(SessionBehaviour, PooledActor):
+    """The same session actor on a shared pool of threads (``HostOptions.dispatcher_threads``)."""
 
 
 def _no_delta(kind: str, text: str) -> None:

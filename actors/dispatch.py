@@ -1,0 +1,175 @@
+"""A pooled runtime for pykka actors: many mailboxes, few threads (an Akka-style dispatcher).
+
+pykka's ``ThreadingActor`` gives every actor an OS thread. With a thousand busy sessions that
+means a thousand runnable threads handing the GIL to one another, and the CPU per turn doubles
+under load (README, benchmarks). ``PooledActor`` keeps pykka's actor model — one mailbox per
+actor, messages handled one at a time in order, ``tell``/``ask``/``stop``, ``on_start``,
+``on_stop``, ``on_failure``, the registry — but runs actors on a fixed pool of threads: a message
+to an idle actor puts the actor on the pool's run queue; a pool thread then handles up to
+``BUDGET`` of its messages and puts it back at the end of the queue if more are waiting, so a
+busy actor cannot starve the others.
+
+It implements pykka's documented runtime hooks (``_create_actor_inbox``, ``_create_future``,
+``_start_actor_loop``), like pykka's own gevent and eventlet runtimes do.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sys
+import threading
+from collections import deque
+from typing import Any
+
+import pykka
+from pykka import messages
+from pykka._threading import ThreadingFuture
+
+log = logging.getLogger("sessionloop.dispatch")
+
+BUDGET = 32  # messages an actor may handle before yielding its pool thread
+
+
+class Dispatcher:
+    """A run queue of actors with messages, served by ``threads`` daemon threads."""
+
+    def __init__(self, threads: int, name: str = "sessionloop-pool") -> None:
+        if threads < 1:
+            raise ValueError("a dispatcher needs at least one thread")
+        self._runq: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
+                         for i in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, actor: Any) -> None:
+        self._runq.put(actor)
+
+    def _serve(self) -> None:
+        while True:
+            actor = self._runq.get()
+            if actor is None:
+                return
+            try:
+                actor._run_slice()  # noqa: SLF001 - the dispatcher is the actor's runtime
+            except BaseException:  # a runtime bug must not take a pool thread down
+                log.exception("actor %s failed outside its handlers", actor)
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._runq.put(None)
+
+
+class PooledInbox:
+    """A mailbox that schedules its actor on the dispatcher when a message arrives while idle."""
+
+    __slots__ = ("_q", "_lock", "scheduled", "owner")
+
+    def __init__(self) -> None:
+        self._q: deque[Any] = deque()
+        self._lock = threading.Lock()
+        self.scheduled = False
+        self.owner: PooledActor | None = None
+
+    def put(self, envelope: Any) -> None:
+        with self._lock:
+            self._q.append(envelope)
+            if self.scheduled:
+                return
+            self.scheduled = True
+        assert self.owner is not None
+        self.owner.dispatcher.submit(self.owner)
+
+    def take_or_idle(self) -> Any:
+        """The next message, or None after marking the actor idle (atomically with ``put``)."""
+        with self._lock:
+            if self._q:
+                return self._q.popleft()
+            self.scheduled = False
+            return None
+
+    def get(self) -> Any:
+        with self._lock:
+            return self._q.popleft()
+
+    def empty(self) -> bool:
+        return not self._q
+
+    def qsize(self) -> int:
+        return len(self._q)
+
+
+class PooledActor(pykka.Actor):
+    """A pykka actor run by a :class:`Dispatcher`; set ``dispatcher`` before starting it."""
+
+    dispatcher: Dispatcher
+
+    @staticmethod
+    def _create_actor_inbox() -> Any:
+        return PooledInbox()
+
+    @staticmethod
+    def _create_future() -> Any:
+        return ThreadingFuture()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.actor_inbox.owner = self  # type: ignore[attr-defined]
+        self._started = False
+
+    def _start_actor_loop(self) -> None:
+        inbox: PooledInbox = self.actor_inbox  # type: ignore[assignment]
+        with inbox._lock:  # noqa: SLF001
+            inbox.scheduled = True
+        self.dispatcher.submit(self)
+
+    def _run_slice(self) -> None:
+        if not self._started:
+            self._started = True
+            self._actor_loop_setup()
+        inbox: PooledInbox = self.actor_inbox  # type: ignore[assignment]
+        for _ in range(BUDGET):
+            if self.actor_stopped.is_set():
+                self._actor_loop_teardown()
+                return  # stays "scheduled": a stopped actor is never run again
+            envelope = inbox.take_or_idle()
+            if envelope is None:
+                return
+            self._handle_envelope(envelope)
+        if self.actor_stopped.is_set():
+            self._actor_loop_teardown()
+            return
+        self.dispatcher.submit(self)  # more waiting: back of the queue, others get a turn
+
+    def _handle_envelope(self, envelope: Any) -> None:
+        """pykka's per-message rules (``Actor._actor_loop_running``), for one message."""
+        try:
+            response = self._handle_receive(envelope.message)
+            if envelope.reply_to is not None:
+                envelope.reply_to.set(response)
+        except Exception:
+            if envelope.reply_to is not None:
+                envelope.reply_to.set_exception()
+            else:
+                self._handle_failure(*sys.exc_info())
+                try:
+                    self.on_failure(*sys.exc_info())
+                except Exception:  # noqa: BLE001
+                    self._handle_failure(*sys.exc_info())
+        except BaseException:  # noqa: BLE001 - pykka: SystemExit and the like stop every actor
+            self._stop()
+            pykka.ActorRegistry.stop_all()
+
+    def _actor_loop_teardown(self) -> None:
+        inbox: PooledInbox = self.actor_inbox  # type: ignore[assignment]
+        while not inbox.empty():
+            envelope = inbox.get()
+            if envelope.reply_to is None:
+                continue
+            if isinstance(envelope.message, messages._ActorStop):  # noqa: SLF001
+                envelope.reply_to.set(None)
+            else:
+                envelope.reply_to.set_exception(exc_info=(
+                    pykka.ActorDeadError, pykka.ActorDeadError(f"{self.actor_ref} stopped before handling the message"),
+                    None))

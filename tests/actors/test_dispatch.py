@@ -1,0 +1,103 @@
+"""The pooled pykka runtime: pykka's actor semantics on a few shared threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pykka
+import pytest
+
+from actors.dispatch import Dispatcher, PooledActor
+
+
+@pytest.fixture
+def dispatcher():
+    d = Dispatcher(2)
+    yield d
+    d.stop()
+
+
+def actor_class(dispatcher, **body):
+    return type("Probe", (PooledActor,), {"dispatcher": dispatcher, **body})
+
+
+def test_messages_are_handled_one_at_a_time_in_order_and_asks_are_answered(dispatcher):
+    seen: list[int] = []
+
+    def on_receive(self, message):
+        seen.append(message)
+        return message * 2
+
+    ref = actor_class(dispatcher, on_receive=on_receive).start()
+    for i in range(100):
+        ref.tell(i)
+    assert ref.ask(100, timeout=5) == 200
+    assert seen == list(range(101))
+    ref.stop(timeout=5)
+
+
+def test_many_actors_share_the_pool_threads(dispatcher):
+    threads: set[str] = set()
+    lock = threading.Lock()
+
+    def on_receive(self, message):
+        with lock:
+            threads.add(threading.current_thread().name)
+
+    refs = [actor_class(dispatcher, on_receive=on_receive).start() for _ in range(200)]
+    for ref in refs:
+        ref.ask("ping", timeout=5)
+    assert len(threads) <= 2 and all(name.startswith("sessionloop-pool") for name in threads)
+    for ref in refs:
+        ref.stop(timeout=5)
+
+
+def test_a_busy_actor_does_not_starve_the_others(dispatcher):
+    def slow(self, message):
+        time.sleep(0.01)
+
+    busy = actor_class(dispatcher, on_receive=slow).start()
+    for _ in range(200):  # two seconds of work queued on one actor
+        busy.tell("work")
+    quick = actor_class(dispatcher, on_receive=lambda self, m: "ok").start()
+    started = time.monotonic()
+    assert quick.ask("hi", timeout=5) == "ok"
+    assert time.monotonic() - started < 1.0
+    busy.stop(block=False)
+    quick.stop(timeout=5)
+
+
+def test_start_and_stop_hooks_run_and_a_stopped_actor_refuses_messages(dispatcher):
+    events: list[str] = []
+    cls = actor_class(dispatcher, on_start=lambda self: events.append("start"),
+                      on_stop=lambda self: events.append("stop"), on_receive=lambda self, m: events.append(m))
+    ref = cls.start()
+    ref.tell("hello")
+    ref.stop(timeout=5)
+    assert events == ["start", "hello", "stop"]
+    assert not ref.is_alive()
+    with pytest.raises(pykka.ActorDeadError):
+        ref.tell("late")
+
+
+def test_an_exception_in_an_ask_goes_back_to_the_caller_and_the_actor_lives_on(dispatcher):
+    def on_receive(self, message):
+        if message == "boom":
+            raise ValueError("bad message")
+        return "fine"
+
+    ref = actor_class(dispatcher, on_receive=on_receive).start()
+    with pytest.raises(ValueError, match="bad message"):
+        ref.ask("boom", timeout=5)
+    assert ref.ask("again", timeout=5) == "fine"
+    ref.stop(timeout=5)
+
+
+@pytest.mark.parametrize("threads", [0, 4])
+def test_sessions_run_turns_on_either_runtime(open_host, threads):
+    host = open_host(permission_mode="acceptCalls", dispatcher_threads=threads)
+    sessions = [host.create() for _ in range(20)]
+    results = [s.run(f'!tool list_files {{"path": "."}}\nm{i}') for i, s in enumerate(sessions)]
+    assert all(r.output_text == "done: 1 tool calls" for r in results)
+    assert all(s.run("x").output_text == "echo: x" for s in sessions)
