@@ -30,14 +30,15 @@ class HostMetrics:
                               ["method", "code"], registry=r)
         self.connections = Gauge("sessionloop_connections", "Open protocol connections", registry=r)
         r.register(_Collector(self))
+        self._outcome = {cls: self.turns.labels(name) for cls, name in _TURN_END.items()}
 
     def committed(self, actor: Any, events: list[E.Event], result: Any) -> None:
         self.commits.inc()
         self.events.inc(len(events))
         for event in events:
-            outcome = _TURN_END.get(type(event))
+            outcome = self._outcome.get(type(event))
             if outcome is not None:
-                self.turns.labels(outcome).inc()
+                outcome.inc()
                 turn = actor.state.turns.get(event.turn_id)  # type: ignore[attr-defined]
                 if turn is not None and turn.ended_at is not None:
                     self.turn_seconds.observe(max(0, turn.ended_at - turn.started_at) / 1000)

@@ -46,6 +46,8 @@ class Workspace:
         if not path.is_dir():
             raise ValueError(f"workspace root {path} is not a directory")
         self.root = path.resolve()
+        self._root = str(self.root)
+        self._prefix = self._root.rstrip(os.sep) + os.sep
 
     def __repr__(self) -> str:
         return f"Workspace({str(self.root)!r})"
@@ -59,16 +61,16 @@ class Workspace:
         text = os.fspath(path)
         if "\x00" in text:
             raise ToolError(f"path {text!r} contains a NUL character")
-        candidate = Path(text)  # "~" is a name like any other: no home expansion for tools
-        if not candidate.is_absolute():
-            candidate = self.root / candidate
+        # os.path rather than pathlib: this runs for every file a tool touches. ``~`` is a name
+        # like any other (no home expansion for tools).
+        joined = text if os.path.isabs(text) else os.path.join(self._root, text)
         try:
-            real = candidate.resolve(strict=False)  # follows every symlink that exists
-        except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before 3.13)
+            real = os.path.realpath(joined)  # follows every symlink that exists
+        except (RuntimeError, OSError) as e:
             raise ToolError(f"path {text!r} cannot be resolved: {e}") from e
-        if real != self.root and not real.is_relative_to(self.root):
+        if real != self._root and not real.startswith(self._prefix):
             raise ToolError(f"path {text!r} is outside the workspace")
-        return real
+        return Path(real)
 
     def relative(self, path: str | os.PathLike[str]) -> str:
         """The workspace-relative POSIX form of ``path`` (``"."`` for the root), after :meth:`resolve`.
