@@ -2,13 +2,44 @@
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from eventstore.errors import SessionloopError
 
 
+#: Commands are imported when used: ``serve`` does not load the client, and the client does not
+#: load the server (click's documented lazy-loading pattern).
+COMMANDS: dict[str, str] = {
+    "serve": "cli.serve:serve",
+    "chat": "cli.chat:chat",
+    "sessions": "cli.sessions_cmd:sessions",
+    "watch": "cli.sessions_cmd:watch",
+    "send": "cli.sessions_cmd:send",
+    "tasks": "cli.tasks_cmd:tasks",
+    "replay": "cli.replay_cmd:replay",
+    "rerun": "cli.replay_cmd:rerun",
+    "events": "cli.replay_cmd:events",
+    "import": "cli.replay_cmd:import_events",
+    "bench": "cli.bench_cmd:bench",
+}
+
+
 class CleanErrors(click.Group):
     """Every error a user can cause becomes one clear line on stderr and a non-zero exit."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        command = getattr(importlib.import_module(module), attr)
+        assert isinstance(command, click.Command)
+        return command
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -27,29 +58,6 @@ def main() -> None:
       sessionloop serve --data ./.sessionloop
     """
 
-
-def _register() -> None:
-    from .bench_cmd import bench
-    from .chat import chat
-    from .replay_cmd import events, import_events, replay, rerun
-    from .serve import serve
-    from .sessions_cmd import send, sessions, watch
-    from .tasks_cmd import tasks
-
-    main.add_command(serve)
-    main.add_command(replay)
-    main.add_command(rerun)
-    main.add_command(events)
-    main.add_command(import_events)
-    main.add_command(chat)
-    main.add_command(sessions)
-    main.add_command(watch)
-    main.add_command(send)
-    main.add_command(tasks)
-    main.add_command(bench)
-
-
-_register()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -61,16 +61,32 @@ class Workspace:
         text = os.fspath(path)
         if "\x00" in text:
             raise ToolError(f"path {text!r} contains a NUL character")
-        # os.path rather than pathlib: this runs for every file a tool touches. ``~`` is a name
-        # like any other (no home expansion for tools).
-        joined = text if os.path.isabs(text) else os.path.join(self._root, text)
-        try:
-            real = os.path.realpath(joined)  # follows every symlink that exists
-        except (RuntimeError, OSError) as e:
-            raise ToolError(f"path {text!r} cannot be resolved: {e}") from e
+        # os.path rather than pathlib, and only the components below the (already real) root are
+        # looked at: this runs for every file a tool touches. ``~`` is a name like any other.
+        if os.path.isabs(text):
+            rel = os.path.relpath(os.path.normpath(text), self._root)
+        else:
+            rel = os.path.normpath(text)
+        if rel == ".":
+            return self.root
+        if rel == ".." or rel.startswith(".." + os.sep):
+            raise ToolError(f"path {text!r} is outside the workspace")
+        real = self._follow(text, rel)
         if real != self._root and not real.startswith(self._prefix):
             raise ToolError(f"path {text!r} is outside the workspace")
         return Path(real)
+
+    def _follow(self, text: str, rel: str) -> str:
+        """The real path of ``root/rel``: as is when no component is a symlink, else resolved."""
+        current = self._root
+        for part in rel.split(os.sep):
+            current = os.path.join(current, part)
+            if os.path.islink(current):
+                try:
+                    return os.path.realpath(os.path.join(self._root, rel))
+                except (RuntimeError, OSError) as e:  # a symlink loop
+                    raise ToolError(f"path {text!r} cannot be resolved: {e}") from e
+        return current
 
     def relative(self, path: str | os.PathLike[str]) -> str:
         """The workspace-relative POSIX form of ``path`` (``"."`` for the root), after :meth:`resolve`.
