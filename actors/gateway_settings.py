@@ -19,7 +19,6 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 
 from eventstore.errors import SessionloopError
 from protocol.errors import RpcError
@@ -70,7 +69,6 @@ def install_settings(service: SessionProtocolService) -> None:
         rt.settings_service = settings
         rt.config_resolvers.append(settings.resolve_config)
         rt.listeners.append(settings.committed)
-        _use_extras(rt, settings)
     settings.on_change.append(_Broadcast(service))
     service.handlers.update(settings_handlers(service, settings))
 
@@ -83,29 +81,6 @@ def _submitter(service: SessionProtocolService) -> Any:
             log.debug("settings work dropped at shutdown")
 
     return submit
-
-
-def _use_extras(rt: Any, settings: SettingsService) -> None:
-    """The two effective values ``AgentConfig`` has no field for: the model of each request and
-    exec's foreground budget. The runtime has no hook for them, so its two methods are wrapped
-    on this instance (the resolver computed the values with the session's cached config)."""
-    model_request, tool_context = rt.model_request, rt.tool_context
-
-    def request(state: Any, messages: Any) -> Any:
-        req = model_request(state, messages)
-        model = settings.extras.get(state.session_id, {}).get("model")
-        return msgspec.structs.replace(req, model=model) if model else req
-
-    def context(actor: Any, turn_id: str, call_id: str) -> Any:
-        ctx = tool_context(actor, turn_id, call_id)
-        actor.config()  # current extras for this session
-        yield_s = settings.extras.get(actor.sid, {}).get("exec_yield_s")
-        if yield_s is not None:
-            ctx.extras = {**ctx.extras, "exec_yield_s": yield_s}
-        return ctx
-
-    rt.model_request = request
-    rt.tool_context = context
 
 
 class _Broadcast:

@@ -161,6 +161,8 @@ class Runtime:
             "max_steps": opts.max_steps,
             "context_chars": opts.context_chars,
             "permission_mode": self.default_permission(state),
+            "model": state.created.model if state.created is not None else None,
+            "exec_yield_s": opts.exec_yield_s,
         }
         for resolve in self.config_resolvers:
             resolve(state, values)
@@ -185,9 +187,8 @@ class Runtime:
         """Use ``provider`` for every session (scripted/replay providers, tests, ``rerun``)."""
         self._providers[self.options.model] = provider
 
-    def model_request(self, state: Any, messages: list[E.Message]) -> ModelRequest:
-        model = state.created.model if state.created is not None else None
-        return ModelRequest(messages=messages, tools=self.tools.schemas(), model=model)
+    def model_request(self, cfg: AgentConfig, messages: list[E.Message]) -> ModelRequest:
+        return ModelRequest(messages=messages, tools=self.tools.schemas(), model=cfg.model)
 
     # --- tools -----------------------------------------------------------------------------------
 
@@ -243,7 +244,7 @@ class Runtime:
         return ToolContext(workspace=workspace, turn_id=turn_id, call_id=call_id, session_id=sid,
                            on_output=on_output, record_before_image=record_before_image,
                            extras={"runtime": self, "session_id": sid, "background": to_background,
-                                   "exec_yield_s": self.options.exec_yield_s})
+                                   "exec_yield_s": actor.config().exec_yield_s})
 
     # --- publication hooks -----------------------------------------------------------------------
 

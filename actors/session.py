@@ -454,7 +454,7 @@ class SessionBehaviour:
             messages = system_messages(cfg) + state.messages
         else:
             messages, _ = model_view(system_messages(cfg) + state.messages, cfg.context_chars)
-        return self.rt.model_request(state, messages)
+        return self.rt.model_request(cfg, messages)
 
     def _delta_sink(self, step_id: str) -> Any:
         channel, delta, sid = self.channel, self.rt.delta_payload, self.sid

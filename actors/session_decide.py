@@ -36,6 +36,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_steps: int = 20
     context_chars: int | None = None
     permission_mode: str = "acceptCalls"
+    model: str | None = None  # None: the provider's own default
+    exec_yield_s: float = 10.0  # exec's foreground budget before it becomes a background task
 
 
 class ToolPolicy(msgspec.Struct, frozen=True, kw_only=True):

@@ -612,7 +612,6 @@ class SettingsService:
         self._roots: dict[str, SessionContext] = {}
         self._session_values: dict[str, dict[Ident, tuple[int, Any]]] = {}
         self._scanned = False
-        self.extras: dict[str, dict[str, Any]] = {}  # per session: model, exec_yield_s (see resolve_config)
         self.on_change: list[Callable[[], None]] = []
         self._seen_platforms: set[tuple[str | None, str | None]] = {(OWNER_PLATFORM, None)}
         for f in default_fields(rt):
@@ -926,18 +925,13 @@ class SettingsService:
             found = effective.get(ident)
             if found is not None and found[1] != "default":
                 values[name] = found[0]
-        extras: dict[str, Any] = {}
         model = effective.get(("llm", "model"))
         if model is not None and model[1] != "default":
             prefix = f"{self.rt.options.model}/"  # an entry id <provider instance>/<model id>
-            extras["model"] = model[0].removeprefix(prefix)
+            values["model"] = model[0].removeprefix(prefix)
         yield_s = effective.get(("tools", "execYieldSeconds"))
         if yield_s is not None and yield_s[1] != "default":
-            extras["exec_yield_s"] = float(yield_s[0])
-        if extras:
-            self.extras[state.session_id] = extras
-        else:
-            self.extras.pop(state.session_id, None)
+            values["exec_yield_s"] = float(yield_s[0])
 
     def committed(self, actor: Any, events: list[E.Event], result: Any) -> None:
         """A ``runtime.listeners`` entry: places of new roots, the overrides index, and
@@ -955,7 +949,6 @@ class SettingsService:
             elif isinstance(e, E.SessionDeleted):
                 with self._lock:
                     self._session_values.pop(actor.sid, None)
-                self.extras.pop(actor.sid, None)
                 changed = changed or bool(actor.state.settings)
         if changed:
             self._changed(generation=False)

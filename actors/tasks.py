@@ -153,7 +153,8 @@ class TaskService:
             self.outputs[task_id] = output
             self.tasks[task_id] = _task_of(started)
         running.redirect(lambda text: self._output(task_id, text))
-        self.actors[task_id] = TaskActor.start(self, started, running)
+        with self._lock:  # registered before its first push can reach a client (who may stop it)
+            self.actors[task_id] = TaskActor.start(self, started, running)
         return task_id
 
     def _output(self, task_id: str, text: str) -> None:
@@ -200,7 +201,8 @@ class TaskService:
             self.actors.pop(task_id, None)
 
     def stop(self, task_id: str, reply: Reply, reason: str = "stopped") -> None:
-        ref = self.actors.get(task_id)
+        with self._lock:
+            ref = self.actors.get(task_id)
         task = self.get(task_id)
         if task is None:
             from .errors import NotFound
