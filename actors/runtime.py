@@ -241,8 +241,15 @@ class Runtime:
         def to_background(running: Any) -> str:
             return self.tasks_service.adopt(running, sid, turn_id, call_id, tool, display)
 
+        async def record_images(images: list[tuple[str, bool, bytes | None]]) -> None:
+            reply = Reply()
+            ref.tell(Effect(lambda a: [a_record_checkpoint(a, turn_id, call_id, p, existed, content)
+                                       for p, existed, content in images], reply))
+            await reply.future()
+
         return ToolContext(workspace=workspace, turn_id=turn_id, call_id=call_id, session_id=sid,
                            on_output=on_output, record_before_image=record_before_image,
+                           record_images=record_images,
                            extras={"runtime": self, "session_id": sid, "background": to_background,
                                    "exec_yield_s": actor.config().exec_yield_s})
 

@@ -239,6 +239,48 @@ class _Command:
         self.transport.close()
 
 
+SNAPSHOT_MAX_FILES = 2000
+SNAPSHOT_MAX_FILE = 1024 * 1024
+SNAPSHOT_MAX_TOTAL = 20 * 1024 * 1024
+SNAPSHOT_SKIP = {".git", "node_modules", "__pycache__", ".venv"}
+
+
+def snapshot_files(root: str) -> dict[str, tuple[int, int, bytes | None]]:
+    """rel path -> (mtime_ns, size, content) of the workspace's files, bounded; content only for
+    files up to 1 MB and 20 MB in all (larger changes are seen, not restorable)."""
+    out: dict[str, tuple[int, int, bytes | None]] = {}
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in SNAPSHOT_SKIP]
+        for name in filenames:
+            if len(out) >= SNAPSHOT_MAX_FILES:
+                return out
+            full = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(full)
+                content = None
+                if st.st_size <= SNAPSHOT_MAX_FILE and total + st.st_size <= SNAPSHOT_MAX_TOTAL:
+                    with open(full, "rb") as f:
+                        content = f.read()
+                    total += len(content)
+            except OSError:
+                continue
+            out[os.path.relpath(full, root)] = (st.st_mtime_ns, st.st_size, content)
+    return out
+
+
+def changed_images(before: dict[str, tuple[int, int, bytes | None]],
+                   after: dict[str, tuple[int, int, bytes | None]]) -> list[tuple[str, bool, bytes | None]]:
+    """The before-images of files the command created, changed or removed."""
+    images: list[tuple[str, bool, bytes | None]] = []
+    for path, (mtime, size, content) in before.items():
+        now = after.get(path)
+        if now is None or now[0] != mtime or now[1] != size:
+            images.append((path, True, content))
+    images += [(path, False, None) for path in after if path not in before]
+    return sorted(images)
+
+
 class RunningCommand:
     """A command handed to a background task: it keeps running after the tool call returned."""
 
@@ -281,6 +323,8 @@ async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
     cwd = ctx.workspace.resolve(cwd_arg)
     if not cwd.is_dir():
         raise ToolError(f"cwd {cwd_arg!r} is not a directory")
+    root = str(ctx.workspace.root)
+    before = await asyncio.to_thread(snapshot_files, root) if ctx.record_images is not None else None
     command = await _Command.start(args["command"], cwd)
     tail = [""]
     sink = _Sink(ctx.on_output)
@@ -312,6 +356,12 @@ async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
     await asyncio.gather(reader, return_exceptions=True)
     command.close()
     code = command.exit_code()
+    if before is not None and ctx.record_images is not None:
+        images = changed_images(before, await asyncio.to_thread(snapshot_files, root))
+        if images:  # SPEC §6 checkpoints: what the command changed can be rewound
+            outcome = ctx.record_images(images)
+            if outcome is not None:
+                await outcome
     return ToolResult(output={"exitCode": code, "output": tail[0]}, exit_code=code)
 
 

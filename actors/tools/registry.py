@@ -80,6 +80,9 @@ class ToolContext:
     session_id: str | None = None
     on_output: Callable[[str], None] = _noop_output
     record_before_image: Callable[[str], Awaitable[None] | None] = _noop_before_image
+    #: ``record_images([(path, existed, content)])``: before-images taken earlier (exec compares the
+    #: workspace before and after the command, which cannot name its files in advance).
+    record_images: Callable[[list[tuple[str, bool, bytes | None]]], Awaitable[None] | None] | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     async def before_change(self, path: str) -> None:

@@ -184,3 +184,16 @@ def test_update_plan_replaces_the_sessions_plan(host):
     state = s.snapshot()
     assert [(e.text, e.status) for e in state.plan] == [("read", "completed"), ("write", "pending")]
     assert any(isinstance(e.event, E.PlanUpdated) for e in s.events())
+
+
+def test_exec_records_the_before_images_of_the_files_it_changes_and_rewind_restores_them(host):
+    s = host.create()
+    s.run('!tool write_file {"path": "keep.txt", "content": "original"}')
+    turn = s.run('!tool exec {"command": "echo changed > keep.txt; echo new > made.txt"}')
+    ws = workspace_of(host, s)
+    assert open(os.path.join(ws, "keep.txt")).read() == "changed\n"
+    images = {c.path: (c.existed, c.content) for c in s.snapshot().checkpoints if c.turn_id == turn.turn_id}
+    assert images == {"keep.txt": (True, b"original"), "made.txt": (False, None)}
+    result = s.rewind(turn.turn_id, "code")
+    assert result["restored"] == ["keep.txt"] and result["removed"] == ["made.txt"]
+    assert open(os.path.join(ws, "keep.txt")).read() == "original"
