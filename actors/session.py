@@ -460,10 +460,14 @@ class SessionBehaviour:
         channel, delta, sid = self.channel, self.rt.delta_payload, self.sid
         app, watchers = self._app_id(), getattr(self.rt, "loop_watchers", None)
         turn_id = self.state.current_turn
+        started: set[str] = set()
 
         def on_delta(kind: str, text: str) -> None:
             if channel.subscribers:
                 item_id = step_id if kind == "text" else f"{step_id}.thinking"
+                if item_id not in started:  # seed 004: item/started first, then its deltas
+                    started.add(item_id)
+                    channel.publish("item/started", _streaming_item(kind, item_id, turn_id))
                 channel.publish("item/delta", delta(sid, item_id, text))
             if app is not None and watchers is not None and kind == "text" and watchers.any(app):
                 from .session_loop import LoopEvent  # seed 000: assistant.delta is live only
@@ -708,6 +712,15 @@ class SessionActor(SessionBehaviour, pykka.ThreadingActor):
 
 class PooledSessionActor(SessionBehaviour, PooledActor):
     """The same session actor on a shared pool of threads (``HostOptions.dispatcher_threads``)."""
+
+
+def _streaming_item(kind: str, item_id: str, turn_id: str | None) -> Any:
+    """The live-only start of a streamed message or reasoning; ``item/completed`` brings the whole."""
+    from protocol.schemas_types import AgentMessageItem, ReasoningItem
+
+    if kind == "text":
+        return AgentMessageItem(item_id=item_id, at=now_ms(), turn_id=turn_id, text="")
+    return ReasoningItem(item_id=item_id, at=now_ms(), turn_id=turn_id, text="")
 
 
 def _no_delta(kind: str, text: str) -> None:

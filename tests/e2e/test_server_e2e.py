@@ -105,7 +105,11 @@ def test_streaming_deltas_arrive_for_a_slow_model_and_abort_stops_the_turn(serve
             sid = (await c.result("session/create", {}))["session"]["id"]
             await c.result("session/subscribe", {"sessionId": sid})
             await c.result("turn/send", {"sessionId": sid, "content": "!sleep 2000\nslow answer here"})
+            first = await c.push(lambda m: m["method"] in ("item/delta", "item/started")
+                                 and m["params"].get("item", {}).get("kind", "agent-message") == "agent-message")
+            assert first["method"] == "item/started"  # seed 004: started, then deltas
             delta = await c.push(lambda m: m["method"] == "item/delta")
+            assert delta["params"]["itemId"] == first["params"]["item"]["itemId"]
             turn_started = await c.push(lambda m: m["method"] == "item/started"
                                         and m["params"]["item"]["kind"] == "turn")
             wrong = await c.call("turn/abort", {"sessionId": sid, "turnId": "not-this-one"})
