@@ -333,6 +333,15 @@ class Runtime:
 
         self.tell(approval.session_id, Apply(decide, Reply()))
 
+    def app_reserve(self, app_id: str, limit: int) -> bool:
+        """Take one of the app's unfinished-turn slots if fewer than ``limit`` are taken."""
+        with self._app_lock:
+            taken = self.app_unfinished.get(app_id, 0)
+            if taken >= limit:
+                return False
+            self.app_unfinished[app_id] = taken + 1
+            return True
+
     def app_unfinished_add(self, app_id: str, delta: int) -> None:
         with self._app_lock:
             self.app_unfinished[app_id] = self.app_unfinished.get(app_id, 0) + delta

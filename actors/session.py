@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sessionloop.session")
 
+_SINGLETONS = frozenset({"queue", "plan", "usage"})  # items replaced whole (seed 004)
 _TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
 _SUMMARY_EVENTS = (
     E.SessionCreated, E.SessionRenamed, E.SessionArchived, E.SessionUnarchived, E.SessionDeleted,
@@ -256,6 +257,7 @@ class SessionBehaviour:
         self._unfinished = 0
         self._config: tuple[tuple[int, int], AgentConfig] | None = None
         self.items: Any = None  # ItemsProjection, built on the first subscriber
+        self._sent_queue: Any = []  # the queue entries last pushed
         self.last_record: Any = None  # the listing record written by the latest commit
         self.record_dirty = False
 
@@ -538,8 +540,30 @@ class SessionBehaviour:
         pushes: list[tuple[str, Any]] = []
         for event in events:
             pushes.extend(self.items.apply(event))
+        pushes = self._coalesce(pushes)
         if pushes:
             self.channel.publish_many(pushes)
+
+    def _coalesce(self, pushes: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """One commit's pushes, with the whole-replacement items (queue, plan, usage) sent once,
+        in their last state; a queue that did not change since it was last sent is not sent
+        (an input that opens a turn at once never shows as queued)."""
+        last: dict[str, int] = {}
+        for i, (_, item) in enumerate(pushes):
+            if item.item_id in _SINGLETONS:
+                last[item.item_id] = i
+        out = []
+        for i, (method, item) in enumerate(pushes):
+            if item.item_id in _SINGLETONS:
+                if last[item.item_id] != i:
+                    continue
+                if item.item_id == "queue":
+                    entries = msgspec.to_builtins(item.entries)
+                    if entries == self._sent_queue:
+                        continue
+                    self._sent_queue = entries
+            out.append((method, item))
+        return out
 
     def _save_snapshot(self) -> None:
         self.rt.store.save_snapshot(self.stream, self.state.version, encode_state(self.state))
@@ -621,8 +645,17 @@ class SessionBehaviour:
             if rejected is not None:
                 msg.reply.set(rejected)
                 return
+            if self._app_id() is not None:
+                # the check took the app's slot for this input: count it as ours already, so the
+                # accounting after the commit does not add it twice (a reload gives it back)
+                self._unfinished += 1
         accepted = msg.accepted
-        events = decide_input(self.state, accepted)
+        try:
+            events = decide_input(self.state, accepted)
+        except BaseException:
+            if msg.check is not None and self._app_id() is not None:
+                self._account_unfinished()  # refused before any append: the slot goes back
+            raise
         state = "accepted" if not self.state.is_busy and not self.state.queue else "queued"
         receipt = Receipt(state=state, turn_id=accepted.turn_id, input_id=accepted.input_id,
                           epoch=self.rt.epoch, seq=self.channel.seq)

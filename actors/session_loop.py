@@ -296,9 +296,16 @@ class SessionLoop:
         return Send(accepted, claim, reply, self._quota)
 
     def _quota(self, state: Any) -> Receipt | None:
-        """Seed 000 配额: 20 unfinished turns per session, 200 per app -> ``rejected`` (not stored)."""
-        if state.unfinished_turns() >= SESSION_QUOTA or self.rt.app_unfinished.get(self.app.id, 0) >= APP_QUOTA:
-            return Receipt(state="rejected", retry_after_ms=RETRY_AFTER_MS, epoch=self.rt.epoch)
+        """Seed 000 配额: 20 unfinished turns per session, 200 per app -> ``rejected`` (not stored).
+
+        Runs on the session's thread. The app's count is shared by all its sessions, so the slot
+        is taken atomically here (``app_reserve``); the session's own accounting then counts the
+        input as already there, and a failed or duplicate append gives the slot back."""
+        rejected = Receipt(state="rejected", retry_after_ms=RETRY_AFTER_MS, epoch=self.rt.epoch)
+        if state.unfinished_turns() >= SESSION_QUOTA:
+            return rejected
+        if not self.rt.app_reserve(self.app.id, APP_QUOTA):
+            return rejected
         return None
 
     def send(self, session_id: str, text: str, idempotency_key: str, attachments: list[Any] | None = None) -> Receipt:

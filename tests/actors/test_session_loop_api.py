@@ -303,3 +303,16 @@ def test_a_duplicate_receipt_carries_the_cursor_of_the_original_input(bot):
     first = bot.send(s.session_id, "hi", idempotency_key="cur")
     again = bot.send(s.session_id, "hi", idempotency_key="cur")
     assert again.state == "duplicate" and again.position == first.position > 0
+
+
+def test_the_app_quota_holds_when_many_sessions_send_at_once(loop_host):
+    aloop = loop_host.async_sessions(app="mybot")
+
+    async def go():
+        sids = [(await aloop.create(container_id="inbox")).session_id for _ in range(50)]
+        return await asyncio.gather(*(aloop.send(sid, f"!sleep 3000\nx{k}", idempotency_key=f"{i}-{k}")
+                                      for k in range(10) for i, sid in enumerate(sids)))
+
+    receipts = asyncio.run(go())
+    assert sum(r.state != "rejected" for r in receipts) == 200
+    assert loop_host.rt.app_unfinished["mybot"] == 200

@@ -27,17 +27,22 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         env = dict(os.environ, **(self.env or {}))
+        # the server's log goes to a file: a pipe nobody drains would block a chatty server
+        log_path = os.path.join(os.path.dirname(os.path.abspath(self.data_dir)), f"server-{os.getpid()}.log")
+        self.log = open(log_path, "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "serve", "--data", self.data_dir, "--port", "0", "--token", TOKEN,
              "--durability", "nosync", *self.extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
         )
         line = self.proc.stdout.readline()
         match = re.search(r"127\.0\.0\.1:(\d+)/session", line)
         if not match:
             self.proc.kill()
-            raise RuntimeError(f"server did not start: {line!r} {self.proc.stderr.read()}")
+            self.log.flush()
+            with open(self.log.name) as f:
+                raise RuntimeError(f"server did not start: {line!r} {f.read()[-2000:]}")
         self.port = int(match.group(1))
         self.epoch = int(re.search(r"epoch (\d+)", line).group(1))
         return self
