@@ -48,7 +48,6 @@ import json
 import os
 import random
 import re
-import resource
 import shutil
 import signal
 import statistics
@@ -65,43 +64,23 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from actors.session_loop import APP_QUOTA  # noqa: E402  (seed 000: unfinished turns per app)
+from benchmarks.measure import now, percentile, proc_cpu_s, proc_rss_mib, rss_peak_mib  # noqa: E402
+
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 OWNER_TOKEN = "sessionloop-bots-owner"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
-APP_QUOTA = 200  # seed 000: unfinished turns per app
 HEAD_SLEEP_MS = 2000  # the first overload input of a session: nothing ends while the rest are sent
 SLEEP_MS = 20
 WAIT_MS = 120_000
 
 
-def now() -> float:
-    return time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
 
 
-def proc_cpu_s(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        return float("nan")
 
 
-def proc_rss_mib(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
 
 
 def app_id(bot: int) -> str:
@@ -526,10 +505,6 @@ def check_log(store: Any, rec: Record) -> dict[str, Any]:
 # --- jobs -------------------------------------------------------------------------------------------------------
 
 
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def summarize(rec: Record, wall: float, spec: dict[str, Any], cpu_s: float) -> dict[str, Any]:
     lat = sorted(rec.latencies)
     tp = [op for op in rec.ops if op.phase == "throughput"]
@@ -577,7 +552,7 @@ def job_inprocess(spec: dict[str, Any]) -> dict[str, Any]:
             out["overload"] = asyncio.run(overload(api, rec, spec))
             time.sleep(0.2)
             out["check"] = check_log(host.store, rec)
-            out["peak_rss_mib"] = peak_rss_mib()
+            out["peak_rss_mib"] = rss_peak_mib()
             return out
         finally:
             host.close()

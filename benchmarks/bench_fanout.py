@@ -75,41 +75,19 @@ sys.path.insert(0, ROOT)
 
 import msgspec
 
+from benchmarks.measure import now, percentile, proc_cpu_s, proc_rss_mib  # noqa: E402
+
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 TOKEN = "sessionloop-fanout-token"
 PROTOCOL_VERSION = "0.2.0"
 
 
-def now() -> float:
-    """CLOCK_MONOTONIC in seconds: one clock for every process of the machine."""
-    return time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
 
 
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (from /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        return float("nan")
 
 
-def proc_rss_mib(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
 
 
 # --- a subscriber process -----------------------------------------------------------------------

@@ -39,7 +39,6 @@ import asyncio
 import json
 import os
 import random
-import resource
 import shutil
 import statistics
 import subprocess
@@ -52,7 +51,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from actors.host import Host, new_id
+from actors.host import Host, new_id  # noqa: E402
+from benchmarks.measure import percentile, rss_peak_mib  # noqa: E402
 from actors.pubsub import Reply
 from actors.session import Send, now_ms
 from eventstore import events as E
@@ -93,14 +93,8 @@ def rss_now_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def rss_peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
 
 
 class Record:
