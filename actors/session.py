@@ -541,6 +541,9 @@ class SessionBehaviour:
         for event in events:
             pushes.extend(self.items.apply(event))
         pushes = self._coalesce(pushes)
+        if any(isinstance(e, E.TurnRewound) and e.chat_deleted for e in events):
+            # seed 004: the history was rewritten; what clients hold is void, they resubscribe
+            pushes.append(("session/resync", None))
         if pushes:
             self.channel.publish_many(pushes)
 

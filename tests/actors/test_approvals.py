@@ -227,3 +227,4 @@ def test_after_a_restart_a_pending_approval_is_settled_shutdown_and_the_call_den
     approval_events = again.store.read_stream(f"approval-{f.approval_id}")
     assert [E.event_tag(e.event) for e in approval_events] == ["approval.requested", "approval.settled"]
     assert again.store.flagged("approval-pending") == []
+
