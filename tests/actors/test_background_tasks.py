@@ -139,3 +139,17 @@ def test_after_a_restart_running_tasks_are_recorded_aborted_and_keep_their_displ
     assert task.status == "aborted" and "stopped while the task was running" in task.reason
     assert task.display.command == "sleep 30"
     assert again.store.flagged("task-running") == []
+
+
+def test_output_older_than_the_kept_tail_is_reported_truncated(bg):
+    host, svc, c = bg
+    c.result("background/watch", {})
+    sid = new_session(c)
+    c.result("turn/send", {"sessionId": sid, "content":
+                           '!tool exec {"command": "head -c 300000 /dev/zero | tr \\"\\\\\\\\0\\" a", "background": true}'})
+    done = wait_task(c, "completed")
+    whole = c.result("background/output", {"taskId": done["id"]})
+    assert whole["end"] == 300_000 and whole["truncated"] is True
+    assert len(whole["text"]) == 256 * 1024 and set(whole["text"]) == {"a"}
+    recent = c.result("background/output", {"taskId": done["id"], "after": 299_990})
+    assert recent == {"text": "a" * 10, "end": 300_000, "truncated": False}
