@@ -195,8 +195,7 @@ class Runtime:
     def workspace(self, state: Any) -> Workspace:
         created = state.created
         root = created.cwd if created is not None and created.cwd else os.path.join(self.workspace_root, state.session_id)
-        os.makedirs(root, exist_ok=True)
-        return Workspace(root)
+        return Workspace(root, create=True)
 
     def tool_checker(self, state: Any, workspace: Callable[[], Workspace]) -> Callable[[str, Any], ToolPolicy]:
         """``drive``'s view of the registry for one session: existence, argument validation,

@@ -482,7 +482,8 @@ class _Rerun:
         if self.shared_workspace:
             return
         self.fork_workspace = self.rt.workspace(self.fork.snapshot())
-        shutil.copytree(self.original_workspace.root, self.fork_workspace.root, symlinks=True, dirs_exist_ok=True)
+        if self.original_workspace.exists():  # a session whose tools never wrote has none
+            shutil.copytree(self.original_workspace.root, self.fork_workspace.root, symlinks=True, dirs_exist_ok=True)
         if self.plan.turns:
             _, _, conflicts = restore_before(original, self.plan.turns[0].turn_id, self.fork_workspace)
             self.problems.extend(f"could not restore {p} in the fork's workspace" for p in conflicts)

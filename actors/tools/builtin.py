@@ -67,6 +67,8 @@ async def list_files(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """The entries of a directory, sorted, directories with a trailing ``/``."""
     path = args.get("path") or "."
     real = ctx.workspace.resolve(path)
+    if real == ctx.workspace.root and not real.exists():
+        return {"path": ".", "entries": [], "truncated": False}  # not created until first written
     if not real.exists():
         raise ToolError(f"{path!r} does not exist")
     if not real.is_dir():
@@ -320,6 +322,7 @@ async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
     far, and the command goes on (SPEC §4).
     """
     cwd_arg = args.get("cwd") or "."
+    ctx.workspace.ensure()
     cwd = ctx.workspace.resolve(cwd_arg)
     if not cwd.is_dir():
         raise ToolError(f"cwd {cwd_arg!r} is not a directory")

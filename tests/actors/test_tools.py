@@ -130,6 +130,28 @@ def test_the_refusal_names_the_given_path_not_the_servers_directories(ws: Worksp
 def test_a_workspace_root_must_be_a_directory(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         Workspace(tmp_path / "missing")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="not a directory"):
+        Workspace(tmp_path / "file", create=True)
+
+
+def test_a_session_workspace_is_created_only_when_a_tool_writes(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path / "later", create=True)
+    ctx = ToolContext(workspace=ws)
+    listed = call("list_files", {}, ctx)
+    assert not listed.is_error and listed.output == {"path": ".", "entries": [], "truncated": False}
+    missing = call("read_file", {"path": "a.txt"}, ctx)
+    assert missing.is_error and "does not exist" in missing.output["error"]
+    assert not ws.exists()
+    assert not call("write_file", {"path": "a.txt", "content": "hi"}, ctx).is_error
+    assert ws.exists() and (tmp_path / "later" / "a.txt").read_text() == "hi"
+
+
+def test_exec_creates_a_missing_session_workspace(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path / "later", create=True)
+    result = call("exec", {"command": "pwd"}, ToolContext(workspace=ws))
+    assert not result.is_error and ws.exists()
+    assert result.output["output"].strip() == str(ws.root)
 
 
 def test_file_tools_refuse_paths_outside_the_workspace(ws: Workspace) -> None:
