@@ -70,21 +70,21 @@ def next_status(current: Status, tag: str) -> Status:
 # --- state -----------------------------------------------------------------------------------
 
 
-class QueuedInput(msgspec.Struct, kw_only=True):
+class QueuedInput(msgspec.Struct, kw_only=True, gc=False):
     input_id: str
     turn_id: str
     text: str
-    attachments: list[E.AttachmentRef] = []
+    attachments: tuple[E.AttachmentRef, ...] = ()
     speaker: E.Speaker | None = None
     source: str | None = None
     idempotency_key: str | None = None
     at: int = 0
 
 
-class TurnRecord(msgspec.Struct, kw_only=True):
+class TurnRecord(msgspec.Struct, kw_only=True, gc=False):
     turn_id: str
     status: str = "running"  # running | completed | failed | aborted | limit
-    input_ids: list[str] = []
+    input_ids: tuple[str, ...] = ()
     source: str | None = None
     started_at: int = 0
     ended_at: int | None = None
@@ -103,7 +103,7 @@ class TurnRecord(msgspec.Struct, kw_only=True):
         return self.max_steps if self.max_steps is not None else default
 
 
-class ToolCallRecord(msgspec.Struct, kw_only=True):
+class ToolCallRecord(msgspec.Struct, kw_only=True, gc=False):
     call_id: str
     turn_id: str
     tool: str
@@ -122,7 +122,7 @@ class ToolCallRecord(msgspec.Struct, kw_only=True):
     step_id: str = ""
 
 
-class StepRecord(msgspec.Struct, kw_only=True):
+class StepRecord(msgspec.Struct, kw_only=True, gc=False):
     """Seed 002 AgentStep: ``thinking``, ``llm`` or ``tool``, the unit of debugging and billing."""
 
     step_id: str
@@ -135,7 +135,7 @@ class StepRecord(msgspec.Struct, kw_only=True):
     call_id: str | None = None
 
 
-class Checkpoint(msgspec.Struct, kw_only=True):
+class Checkpoint(msgspec.Struct, kw_only=True, gc=False):
     turn_id: str
     call_id: str
     path: str
@@ -286,7 +286,7 @@ def _parked(s: SessionState, e: E.Event) -> None:
 
 
 def _input(s: SessionState, e: E.InputAccepted) -> None:
-    s.queue.append(QueuedInput(input_id=e.input_id, turn_id=e.turn_id, text=e.text, attachments=e.attachments,
+    s.queue.append(QueuedInput(input_id=e.input_id, turn_id=e.turn_id, text=e.text, attachments=tuple(e.attachments),
                                speaker=e.speaker, source=e.source, idempotency_key=e.idempotency_key, at=e.at))
 
 
@@ -295,7 +295,7 @@ def _input_dropped(s: SessionState, e: E.InputDropped) -> None:
 
 
 def _turn_started(s: SessionState, e: E.TurnStarted) -> None:
-    turn = TurnRecord(turn_id=e.turn_id, input_ids=list(e.input_ids), source=e.source, started_at=e.at,
+    turn = TurnRecord(turn_id=e.turn_id, input_ids=tuple(e.input_ids), source=e.source, started_at=e.at,
                       max_steps=e.max_steps, message_start=len(s.messages))
     taken = set(e.input_ids)
     for q in s.queue:
@@ -368,7 +368,7 @@ def _llm_completed(s: SessionState, e: E.LlmCompleted) -> None:
     if e.reasoning:
         s.steps.append(StepRecord(step_id=f"{e.step_id}.thinking", type="thinking", turn_id=e.turn_id,
                                   status="completed", started_at=e.at, ended_at=e.at))
-    s.messages.append(E.Message(role="assistant", content=e.text, tool_calls=list(e.tool_calls), turn_id=e.turn_id))
+    s.messages.append(E.Message(role="assistant", content=e.text, tool_calls=tuple(e.tool_calls), turn_id=e.turn_id))
     s.batch = [c.call_id for c in e.tool_calls]
     for call in e.tool_calls:
         s.tool_calls[call.call_id] = ToolCallRecord(call_id=call.call_id, turn_id=e.turn_id, tool=call.name,

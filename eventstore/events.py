@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
+class Event(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True, tag_field="type"):
     """Base of all events. ``at`` is the time of the fact in epoch milliseconds."""
 
     at: int = 0
@@ -35,7 +35,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_f
 # --- shared value objects ---------------------------------------------------------------------
 
 
-class Speaker(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class Speaker(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
     """Who said something or answered an approval (seed 004, user-message speaker / settlement.by)."""
 
     platform: str
@@ -45,7 +45,7 @@ class Speaker(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     app_id: str | None = None
 
 
-class AttachmentRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class AttachmentRef(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
     """An attachment stored as a content-addressed blob in the data directory."""
 
     name: str
@@ -55,7 +55,7 @@ class AttachmentRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     sha256: str
 
 
-class ToolCallSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class ToolCallSpec(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
     """A tool call as the model produced it."""
 
     call_id: str
@@ -63,12 +63,12 @@ class ToolCallSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     args: Any = None
 
 
-class Usage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class Usage(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
 
-class Settlement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class Settlement(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
     """How an approval ended (seed 004, ApprovalSettlement)."""
 
     state: Literal["approved", "denied", "expired", "cancelled"]
@@ -78,7 +78,7 @@ class Settlement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     note: str | None = None
 
 
-class ToolDisplay(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class ToolDisplay(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
     """Seed 004 tool display: ``command`` (command, cwd, exitCode) or ``file-change`` (path, removed, added)."""
 
     kind: Literal["command", "file-change"]
@@ -90,39 +90,41 @@ class ToolDisplay(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     added: str | None = None
 
 
-class PlanEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class PlanEntry(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
     text: str
     status: Literal["pending", "in_progress", "completed"] = "pending"
 
 
-class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class Message(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
     """A model-visible message, as copied into a fork."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
-    tool_calls: list[ToolCallSpec] = []
+    #: a tuple, so the many messages without calls share ``()`` and a session's history holds
+    #: no container the cyclic collector must walk (the messages themselves are untracked)
+    tool_calls: tuple[ToolCallSpec, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
     turn_id: str | None = None
 
 
-class ChatInfo(msgspec.Struct, frozen=True, kw_only=True):
+class ChatInfo(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     type: str
     multi_party: bool = False
 
 
-class PlaceRef(msgspec.Struct, frozen=True, kw_only=True):
+class PlaceRef(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     key: str
     kind: Literal["window", "workspace"]
     name: str
 
 
-class OriginInfo(msgspec.Struct, frozen=True, kw_only=True):
+class OriginInfo(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     kind: Literal["hand", "autonomous"]
     participants: list[Speaker] = []
 
 
-class ApprovalFacts(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class ApprovalFacts(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
     params: dict[str, Any] = {}
     command: str | None = None
     cwd: str | None = None
@@ -130,12 +132,12 @@ class ApprovalFacts(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     diff_patch: str | None = None
 
 
-class ChainLink(msgspec.Struct, frozen=True, kw_only=True):
+class ChainLink(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     id: str
     title: str
 
 
-class ToolCallRef(msgspec.Struct, frozen=True, kw_only=True):
+class ToolCallRef(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     tool: str
     turn_id: str
     call_id: str
@@ -496,7 +498,7 @@ class PlaceSettingChanged(Event, tag="place.setting.changed", kw_only=True):
     deleted: bool = False
 
 
-class UnknownEvent(msgspec.Struct, frozen=True):
+class UnknownEvent(msgspec.Struct, frozen=True, gc=False):
     """A payload whose tag this release does not know: kept as raw bytes, skipped by folds."""
 
     type: str
