@@ -3,6 +3,7 @@ benchmarks) never collide. Counters move from the commit path; gauges are read w
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -81,6 +82,8 @@ class _Collector:
              info["requests"] / max(1, info["batches"])),
             ("sessionloop_actors_activations", "Session activations", rt.directory.activations),
             ("sessionloop_actors_passivations", "Session passivations", rt.directory.passivations),
+            ("sessionloop_gc_frozen_objects", "Objects kept out of the cyclic GC's full passes (frozen at startup)",
+             gc.get_freeze_count()),
         ):
             g = GaugeMetricFamily(name, help_text)
             g.add_metric([], float(value))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import secrets
@@ -132,6 +133,10 @@ service_hooks: list[Any] = []
 
 async def _run(server: Server, quiet: bool) -> None:
     port = await server.start()
+    # What exists now (modules, the host, the transport) lives as long as the process: out of the
+    # cyclic collector's view, a full collection walks only what sessions made since. A full pass
+    # stops every thread; over ~30k startup objects it cost ~15 ms of every such pause.
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -52,3 +52,5 @@ def test_counters_move_by_the_turns_events_and_frames_of_a_few_turns(server):
     assert after["sessionloop_store_position"] >= 16
     assert after['sessionloop_store_info{durability="nosync",fsync_per_commit="false",shards="16"}'] == 1
     assert bad["error"]["data"]["code"] == "not-found"
+    # the server froze its startup objects out of the collector's full passes (cli/serve.py)
+    assert after["sessionloop_gc_frozen_objects"] > 10_000
