@@ -19,7 +19,6 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-
 from eventstore.errors import SessionloopError
 from protocol.errors import RpcError
 from protocol.schemas import (
@@ -44,11 +43,13 @@ from protocol.schemas_types import (
 
 from .errors import NotFound
 from .gateway_methods import _as_rpc, answer, in_background
-from .projections import summary_from_record
 from .pubsub import Reply
 from .session import Apply, Query
 from .session_decide import ensure_usable
-from .settings import DEFAULT_WORKSPACE, SettingsService, text
+from .settings import SettingsService
+from .settings_context import DEFAULT_WORKSPACE
+from .settings_texts import text
+from .summary_records import summary_from_record
 
 if TYPE_CHECKING:
     from .gateway import ClientConnection, SessionProtocolService

@@ -185,7 +185,7 @@ class Host:
     def list(self) -> list[SessionInfo]:
         """Every stored session, newest activity first, read from the listing records (no actor
         is activated)."""
-        from .projections import decode_summary_record
+        from .summary_records import decode_summary_record
 
         out = []
         for stream, meta in self.rt.store.scan_stream_meta():

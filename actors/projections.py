@@ -1,14 +1,13 @@
 """Projections of a session's events into what the session protocol shows (seed 004, SPEC §6).
 
-Two pure projections, both deterministic folds with no I/O, no clock and no randomness, so the
-gateway can rebuild them by replaying a session's log and get the same items, ids and pages:
+A pure projection, a deterministic fold with no I/O, no clock and no randomness, so the
+gateway can rebuild it by replaying a session's log and get the same items, ids and pages:
 
 * :class:`ItemsProjection` turns events into timeline items (seed 004, 订阅与条目): every event
   gives the ``item/started`` / ``item/completed`` pushes it causes, and the projection keeps the
   current items for ``session/subscribe`` snapshots and ``session/history`` pages.
-* :func:`summary_of` / :func:`summary_record` turn a :class:`SessionState` into a
-  :class:`SessionSummary` (seed 004, 摘要), either directly or through a small stored
-  :class:`SummaryRecord`, so ``sessions/list`` can be served without activating every actor.
+
+The session summaries (seed 004, 摘要) live in :mod:`actors.summary_records`.
 
 Theory of operation of the items. The timeline is one list ordered by *ordinal*: the position at
 which an item first appeared, which is the order of the events in the log (so "merged by time").
@@ -32,33 +31,21 @@ import msgspec
 from msgspec import UNSET
 
 from eventstore import events as E
-from protocol.listing import (
-    SessionNode,
-    TreeFields,
-    apply_tree_fields,
-    completed_unread,
-)
 from protocol.schemas_types import (
     AgentMessageItem,
     AgentModel,
     ApprovalSettlement,
-    ChatInfo,
     CommandDisplay,
     FileChangeDisplay,
     ItemAttachment,
-    LastTurn,
     NoticeItem,
-    PlaceInfo,
     PlanEntry,
     PlanItem,
     QueueEntry,
     QueueItem,
     ReasoningItem,
     SessionItem,
-    SessionKind,
-    SessionSummary,
     Speaker,
-    TokenCount,
     ToolCallItem,
     ToolDisplay,
     TurnItem,
@@ -71,7 +58,6 @@ from protocol.schemas_types import (
 
 from .context import is_summary, summary_text
 from .errors import NotFound
-from .session_model import SessionState
 
 __all__ = [
     "HISTORY_DEFAULT_LIMIT",
@@ -80,19 +66,10 @@ __all__ = [
     "Page",
     "Push",
     "PushMethod",
-    "SummaryRecord",
-    "decode_summary_record",
-    "encode_summary_record",
-    "node_from_record",
-    "summary_from_record",
-    "summary_node",
-    "summary_of",
-    "summary_record",
 ]
 
 HISTORY_DEFAULT_LIMIT: Final = 100  # seed 004 session/history: limit 缺省 100、最大 200
 HISTORY_MAX_LIMIT: Final = 200
-DEFAULT_TITLE: Final = "New session"
 
 PushMethod = Literal["item/started", "item/completed"]
 Push = tuple[PushMethod, SessionItem]
@@ -812,186 +789,3 @@ def _imported_call(
     status: Literal["completed", "failed"] = "failed" if _failed_result(output, None) else "completed"
     return ToolCallItem(item_id=call.call_id, at=at, turn_id=turn_id, tool=call.name, status=status,
                         args=call.args, result=output)
-
-
-# --- summaries -----------------------------------------------------------------------------------------
-
-
-class SummaryRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True, omit_defaults=True):
-    """What :func:`summary_from_record` needs of one session, small enough to keep for every
-    stored session (no messages), so ``sessions/list`` never activates an actor (SPEC §2.5).
-
-    Encoded as a msgpack array: **append new fields at the end, with defaults**, never reorder or
-    retype (records written before a field then still decode). ``title`` and ``name`` are kept
-    apart because search leaves default names out (seed 004, 列表的规则: 搜索).
-    """
-
-    id: str
-    title: str = ""
-    name: str = ""
-    kind: SessionKind = "owner"
-    parent_id: str | None = None
-    platform: str | None = None
-    instance: str | None = None
-    account: str | None = None
-    chat: E.ChatInfo | None = None
-    place: E.PlaceRef | None = None
-    created_at: int = 0
-    updated_at: int = 0
-    last_reply_at: int | None = None
-    seen_at: int = 0
-    running: bool = False
-    archived: bool = False
-    attention: bool = False
-    background: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    metered: bool = False  # a model call was accounted (tokens may still be 0/0)
-    last_outcome: TurnOutcome | None = None
-    last_ended_at: int | None = None
-    last_reason: str | None = None
-    deleted: bool = False  # the Session Loop API's listing skips deleted sessions
-    status: str = "idle"  # seed 002 session status (``session_model.Status``), for SessionInfo
-    app_id: str | None = None  # the app that created it (SPEC §5: an app sees only its own)
-    activity: str = "interactive"
-
-
-_record_encoder: Final = msgspec.msgpack.Encoder()
-_record_decoder: Final = msgspec.msgpack.Decoder(SummaryRecord)
-
-
-def encode_summary_record(record: SummaryRecord) -> bytes:
-    return _record_encoder.encode(record)
-
-
-def decode_summary_record(data: bytes) -> SummaryRecord:
-    """Raises ``msgspec.DecodeError`` / ``msgspec.ValidationError`` on bytes that are not a record."""
-    return _record_decoder.decode(data)
-
-
-def _last_turn(state: SessionState) -> tuple[TurnOutcome | None, int | None, str | None]:
-    """Seed 004 lastTurn/reason: the latest ended turn; one without an outcome counts as silent;
-    the reason only for an error, and only when the agent gave one."""
-    turn = state.last_turn()
-    if turn is None:
-        return None, None, None
-    outcome = turn.outcome if turn.outcome in ("replied", "silent", "aborted", "error") else "silent"
-    reason = (turn.reason or None) if outcome == "error" else None
-    return cast(TurnOutcome, outcome), turn.ended_at, reason
-
-
-def summary_record(state: SessionState, attention: bool = False, background: int = 0) -> SummaryRecord:
-    """The record of ``state``. ``attention`` (unsettled pushed approvals) and ``background``
-    (running background tasks) live in other streams, so the caller passes them."""
-    created = state.created
-    outcome, ended_at, reason = _last_turn(state)
-    return SummaryRecord(
-        id=state.session_id,
-        title=state.title,
-        name=created.name if created is not None else "",
-        kind=created.kind if created is not None else "owner",
-        parent_id=created.parent_id if created is not None else None,
-        platform=created.platform if created is not None else None,
-        instance=created.instance if created is not None else None,
-        account=created.account if created is not None else None,
-        chat=created.chat if created is not None else None,
-        place=created.place if created is not None else None,
-        created_at=state.created_at,
-        updated_at=state.updated_at,
-        last_reply_at=state.last_reply_at,
-        seen_at=state.seen_at,
-        running=state.current_turn is not None,
-        archived=state.archived,
-        attention=attention,
-        background=background,
-        tokens_in=state.tokens_in,
-        tokens_out=state.tokens_out,
-        metered=state.last_usage is not None,
-        last_outcome=outcome,
-        last_ended_at=ended_at,
-        last_reason=reason,
-        deleted=state.deleted,
-        status=state.status.value,
-        app_id=created.app_id if created is not None else None,
-        activity=created.activity if created is not None else "interactive",
-    )
-
-
-def _title(record: SummaryRecord) -> str:
-    """Seed 004 摘要 title: 标题,没有时是会话名 (and a default name when it has neither)."""
-    return record.title or record.name or DEFAULT_TITLE
-
-
-def _own_tokens(record: SummaryRecord) -> TokenCount | None:
-    """Seed 004 tokens: 都还没有记账时没有."""
-    if not record.metered and not record.tokens_in and not record.tokens_out:
-        return None
-    return TokenCount(input=record.tokens_in, output=record.tokens_out)
-
-
-def node_from_record(record: SummaryRecord) -> SessionNode:
-    """The input of ``protocol.listing.compute_tree_fields`` for this session."""
-    return SessionNode(
-        id=record.id,
-        title=_title(record),
-        parent_id=record.parent_id,
-        kind=record.kind,
-        attention=record.attention,
-        background=record.background,
-        running=record.running,
-        tokens=_own_tokens(record),
-    )
-
-
-def summary_from_record(record: SummaryRecord, tree: TreeFields | None = None) -> SessionSummary:
-    """The ``SessionSummary`` of a record (seed 004, 摘要), with the tree fields from ``tree``.
-
-    Without ``tree`` the session stands alone: its own attention, background and tokens, no
-    children, and a task's section is ``owner`` (a task takes its root's section, which only the
-    tree knows). ``unread`` follows the section (seed 004, 完成未读: rooms never unread).
-    """
-    section: Literal["owner", "rooms"] = "rooms" if record.kind == "room" else "owner"
-    if tree is not None:
-        section = tree.section
-    last_turn = None
-    if record.last_outcome is not None and record.last_ended_at is not None:
-        last_turn = LastTurn(outcome=record.last_outcome, ended_at=record.last_ended_at)
-    chat, place = record.chat, record.place
-    summary = SessionSummary(
-        id=record.id,
-        title=_title(record),
-        parent_id=record.parent_id,
-        child_count=0,
-        kind=record.kind,
-        section=section,
-        platform=record.platform,
-        instance=record.instance,
-        account=record.account,
-        chat=ChatInfo(type=chat.type, multi_party=chat.multi_party) if chat is not None else None,
-        place=PlaceInfo(key=place.key, kind=place.kind, name=place.name) if place is not None else None,
-        created_at=record.created_at,
-        updated_at=record.updated_at,
-        last_reply_at=record.last_reply_at,
-        running=record.running,
-        error=record.last_outcome == "error",
-        unread=completed_unread(section, record.last_reply_at, record.seen_at or None),
-        attention=record.attention,
-        archived=record.archived,
-        background=record.background,
-        tokens=_own_tokens(record),
-        last_turn=last_turn,
-        reason=record.last_reason if record.last_outcome == "error" else None,
-    )
-    return apply_tree_fields(summary, tree) if tree is not None else summary
-
-
-def summary_of(
-    state: SessionState, tree: TreeFields | None = None, *, attention: bool = False, background: int = 0
-) -> SessionSummary:
-    """The ``SessionSummary`` of a live session; same result as going through its record."""
-    return summary_from_record(summary_record(state, attention, background), tree)
-
-
-def summary_node(state: SessionState, *, attention: bool = False, background: int = 0) -> SessionNode:
-    """The tree node of a live session (what it knows about itself, seed 按会话树算的字段)."""
-    return node_from_record(summary_record(state, attention, background))

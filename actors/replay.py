@@ -39,13 +39,13 @@ from eventstore import events as E
 from eventstore.records import RecordedEvent, Snapshot
 
 from .context import turn_starts
-from .projections import (
-    ItemsProjection,
+from .projections import ItemsProjection
+from .session_model import SessionState, decode_state, evolve, new_state
+from .summary_records import (
     SummaryRecord,
     decode_summary_record,
     summary_record,
 )
-from .session_model import SessionState, decode_state, evolve, new_state
 
 __all__ = [
     "ABSENT",

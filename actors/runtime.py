@@ -266,7 +266,7 @@ class Runtime:
         root down to this one."""
         from protocol.schemas_types import AncestorRef
 
-        from .projections import decode_summary_record
+        from .summary_records import decode_summary_record
 
         chain: list[Any] = []
         created = state.created
@@ -288,7 +288,7 @@ class Runtime:
         return list(reversed(chain))
 
     def can_see(self, conn: Any, session_id: str) -> bool:
-        from .projections import decode_summary_record
+        from .summary_records import decode_summary_record
 
         meta = self.store.stream_meta(f"session-{session_id}")
         if meta is None:

@@ -488,7 +488,7 @@ class SessionBehaviour:
         if not any(isinstance(e, _SUMMARY_EVENTS) or (isinstance(e, E.ToolFinished) and e.task_id)
                    or (isinstance(e, E.NoticePosted) and e.topic == "background-task") for e in events):
             return None
-        from .projections import encode_summary_record, summary_record
+        from .summary_records import encode_summary_record, summary_record
 
         self.last_record = summary_record(self.state, self._awaiting_approval(), self.rt.background(self.sid))
         self.record_dirty = True

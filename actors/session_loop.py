@@ -273,7 +273,7 @@ class SessionLoop:
             raise NotFound(f"session {session_id} not found")
 
     def _record(self, session_id: str) -> Any:
-        from .projections import decode_summary_record
+        from .summary_records import decode_summary_record
 
         try:
             meta = self.rt.store.stream_meta(f"session-{session_id}")
@@ -478,7 +478,7 @@ def _depth(rt: Any, state: Any) -> int:
         meta = rt.store.stream_meta(f"session-{parent_id}")
         if meta is None:
             break
-        from .projections import decode_summary_record
+        from .summary_records import decode_summary_record
 
         parent_id = decode_summary_record(meta).parent_id
     return depth

@@ -46,10 +46,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
-import tempfile
 import threading
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -61,7 +58,6 @@ from msgspec import UNSET
 from eventstore import events as E
 from eventstore.errors import WrongExpectedVersion
 from protocol.schemas_types import (
-    GlobalLayer,
     PlaceLayer,
     PlatformLayer,
     PlatformTypeLayer,
@@ -70,15 +66,25 @@ from protocol.schemas_types import (
 )
 
 from .errors import InvalidCommand
+from .settings_context import (
+    DEFAULT_WORKSPACE,
+    Chain,
+    Ident,
+    Layer,
+    PlaceFacts,
+    SessionContext,
+    layer_chain,
+    place_of,
+    root_context,
+    session_chain,
+    settings_of,
+)
+from .settings_document import ConfigDocument, dump_toml, layer_path
+from .settings_texts import text
 
 log = logging.getLogger("sessionloop.settings")
 
-Ident = tuple[str, str]  # (plugin, key)
-Chain = list[tuple[str, Mapping[Ident, Any]]]  # (source, values), lowest first
-Layer = GlobalLayer | PlatformLayer | PlatformTypeLayer | PlaceLayer
-
 OWNER_PLATFORM = "console"  # SPEC §6: the owner's identity is {platform: 'console'}
-DEFAULT_WORKSPACE = "workspace:default"
 PROMINENCE_RANK = {"composer": 0, "common": 1, "advanced": 2}
 COMPOSER_PER_GROUP = 2  # seed: composer 同一组最多两项,多出的已退到 common
 _MISSING: Any = object()
@@ -86,33 +92,6 @@ _MISSING: Any = object()
 
 class InvalidSetting(InvalidCommand):
     """The peer asked for a write the rules refuse (the gateway answers ``invalidParams``)."""
-
-
-# --- texts (seed 004: human-facing text in the server's language) ---------------------------------
-
-_TEXTS: dict[str, dict[str, str]] = {
-    "en": {
-        "global": "Global (plugin configuration)", "platform": "Platform", "platformType": "Platform chat type",
-        "place": "Place", "session": "This session", "default-workspace": "Default workspace",
-        "workspace": 'Workspace "{name}"', "follow": "Follow the service preference (now: {model})",
-        "refused": "Applied, but not saved: the configuration file {path} may not be written; "
-                   "the change is lost on restart.",
-        "failed": "Applied, but not saved: writing the configuration file {path} failed ({error}); "
-                  "the change is lost on restart.",
-    },
-    "zh": {
-        "global": "全局(插件配置)", "platform": "平台档", "platformType": "平台类型档", "place": "场所",
-        "session": "本会话", "default-workspace": "默认工作区", "workspace": "工作区「{name}」",
-        "follow": "跟随服务偏好(此刻:{model})",
-        "refused": "已生效,但没有保存:配置文件 {path} 不许写入,重启后这项改动会丢失。",
-        "failed": "已生效,但没有保存:写入配置文件 {path} 失败({error}),重启后这项改动会丢失。",
-    },
-}
-
-
-def text(language: str, text_id: str, **values: Any) -> str:
-    table = _TEXTS.get(language, _TEXTS["en"])
-    return table.get(text_id, _TEXTS["en"][text_id]).format(**values)
 
 
 # --- fields ---------------------------------------------------------------------------------------
@@ -283,272 +262,6 @@ def make_row(f: SettingField, prominence: str, own: Any, resolved: tuple[Any, st
                       effective=resolved[0] if resolved is not None else UNSET,
                       source=resolved[1] if resolved is not None else None,  # type: ignore[arg-type]
                       actual=actual if resolved is None else None)
-
-
-# --- the host configuration document --------------------------------------------------------------
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def _toml_str(s: str) -> str:
-    out = []
-    for ch in s:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def _toml_key(key: str) -> str:
-    return key if _BARE_KEY.fullmatch(key) else _toml_str(key)
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
-    if isinstance(v, str):
-        return _toml_str(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_toml_key(str(k))} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    if hasattr(v, "isoformat"):  # dates and times read by tomllib
-        return str(v.isoformat())
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def dump_toml(doc: Mapping[str, Any]) -> str:
-    """A TOML text for ``doc`` (what tomllib reads back as the same dict)."""
-    lines: list[str] = []
-
-    def table(path: list[str], d: Mapping[str, Any]) -> None:
-        scalars = [(k, v) for k, v in d.items() if not isinstance(v, dict)]
-        subs = [(k, v) for k, v in d.items() if isinstance(v, dict)]
-        if path and (scalars or not subs):
-            lines.append("[" + ".".join(_toml_key(p) for p in path) + "]")
-        lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in scalars)
-        if scalars or (path and not subs):
-            lines.append("")
-        for k, v in subs:
-            table([*path, k], v)
-
-    table([], doc)
-    return "\n".join(lines).rstrip("\n") + "\n"
-
-
-class ConfigDocument:
-    """``<data>/config.toml``: read when it changed on disk, written whole and atomically."""
-
-    def __init__(self, path: str, language: str = "en") -> None:
-        self.path = path
-        self.language = language
-        self.doc: dict[str, Any] = {}
-        self._signature: tuple[int, int, int] | None = None
-        self.refresh()
-
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-    def refresh(self) -> bool:
-        """Re-read the document if it changed on disk; True when it did."""
-        signature = self._stat()
-        if signature == self._signature:
-            return False
-        self._signature = signature
-        try:
-            with open(self.path, "rb") as f:
-                self.doc = tomllib.load(f)
-        except FileNotFoundError:
-            self.doc = {}
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            log.warning("cannot read %s: %s", self.path, e)
-            self.doc = {}
-        return True
-
-    def table(self, path: Iterable[str]) -> Any:
-        node: Any = self.doc
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
-        return node if isinstance(node, dict) else None
-
-    def values(self, path: list[str]) -> dict[Ident, Any]:
-        """``{(plugin, key): value}`` of the ``plugin -> {key: value}`` table at ``path``."""
-        out: dict[Ident, Any] = {}
-        for plugin, fields in (self.table(path) or {}).items():
-            if isinstance(fields, dict):
-                out.update({(plugin, key): value for key, value in fields.items()})
-        return out
-
-    def put(self, path: list[str], value: Any) -> None:
-        """Set (``value`` not None) or delete the key at ``path``, pruning emptied tables."""
-        node, trail = self.doc, []
-        for part in path[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                if value is None:
-                    return
-                child = node[part] = {}
-            trail.append((node, part))
-            node = child
-        if value is not None:
-            node[path[-1]] = value
-            return
-        node.pop(path[-1], None)
-        for parent, part in reversed(trail):
-            if parent[part]:
-                break
-            del parent[part]
-
-    def save(self, rendered: str) -> str | None:
-        """Write ``rendered`` (``dump_toml`` of the document) atomically; the ``unsaved``
-        sentence when that failed.
-
-        A document with no write permission bit is the owner's "do not touch" and is refused
-        even when this process could write it (root): the same answer as a refused write.
-        """
-        directory = os.path.dirname(self.path) or "."
-        tmp = None
-        try:
-            st = os.stat(self.path) if os.path.lexists(self.path) else None
-            if st is not None and os.path.isfile(self.path) and not st.st_mode & 0o222:
-                raise PermissionError(f"{self.path} is read-only")
-            fd, tmp = tempfile.mkstemp(prefix=".config.toml.", suffix=".tmp", dir=directory)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(rendered)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, (st.st_mode & 0o777) if st is not None else 0o644)
-            os.replace(tmp, self.path)
-            tmp = None
-        except PermissionError:
-            return text(self.language, "refused", path=self.path)
-        except OSError as e:
-            return text(self.language, "failed", path=self.path, error=e.strerror or str(e))
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-        self._signature = self._stat()
-        return None
-
-
-def layer_path(layer: Layer, plugin: str) -> list[str]:
-    """Where a config-document layer keeps ``plugin``'s values."""
-    if isinstance(layer, PlatformLayer):
-        return ["sessionSettings", "platform", layer.platform, plugin]
-    if isinstance(layer, PlatformTypeLayer):
-        return ["sessionSettings", "platformType", layer.platform, layer.type, plugin]
-    return ["plugins", plugin]
-
-
-# --- places and session context -------------------------------------------------------------------
-
-
-class PlaceFacts(msgspec.Struct, frozen=True, kw_only=True):
-    key: str
-    kind: str  # window | workspace
-    name: str
-    platform: str | None = None  # windows: the platform and chat type of their sessions
-    type: str | None = None
-
-
-class SessionContext(msgspec.Struct, frozen=True, kw_only=True):
-    """What resolution needs of a session: its own kind, and its root's platform, chat type and
-    place (seed: 子会话按根会话取)."""
-
-    kind: str
-    root_id: str
-    platform: str | None = None
-    chat_type: str | None = None
-    place: PlaceFacts | None = None
-
-
-def place_of(created: E.SessionCreated, default_name: str = "Default workspace") -> PlaceFacts | None:
-    """A root's place: the recorded one; else an owner session's workspace (its folder, or the
-    default workspace); a room without a recorded place has none."""
-    platform = created.platform
-    chat_type = created.chat.type if created.chat is not None else None
-    if created.place is not None:
-        p = created.place
-        if p.kind == "window":
-            return PlaceFacts(key=p.key, kind="window", name=p.name or p.key, platform=platform, type=chat_type)
-        return PlaceFacts(key=p.key, kind="workspace", name=p.name or p.key)
-    if created.kind != "owner":
-        return None
-    if created.cwd:
-        folder = os.path.abspath(created.cwd)
-        return PlaceFacts(key=f"workspace:{folder}", kind="workspace", name=os.path.basename(folder) or folder)
-    return PlaceFacts(key=DEFAULT_WORKSPACE, kind="workspace", name=default_name)
-
-
-def root_context(created: E.SessionCreated, default_name: str = "Default workspace") -> SessionContext:
-    """The context a root gives itself and its children. Platform: the birth platform, else the
-    platform it entered from (its creator's); chat type from its chat window."""
-    platform = created.platform or (created.created_by.platform if created.created_by is not None else None)
-    return SessionContext(kind=created.kind, root_id=created.session_id, platform=platform or None,
-                          chat_type=created.chat.type if created.chat is not None else None,
-                          place=place_of(created, default_name))
-
-
-def session_chain(ctx: SessionContext, platform: str | None, layer_values: Callable[[Layer], Mapping[Ident, Any]],
-                  own: Mapping[Ident, Any] | None) -> Chain:
-    """The layers a session resolves through, lowest first (seed: 生效值 and 取哪几层)."""
-    chain: Chain = [("global", layer_values(GlobalLayer()))]
-    place = ctx.place
-    if place is not None and place.kind == "workspace":
-        chain.append(("place", layer_values(PlaceLayer(key=place.key))))
-    if platform:
-        chain.append(("platform", layer_values(PlatformLayer(platform=platform))))
-        if ctx.chat_type:
-            chain.append(("platformType", layer_values(PlatformTypeLayer(platform=platform, type=ctx.chat_type))))
-    if place is not None and place.kind == "window":
-        chain.append(("place", layer_values(PlaceLayer(key=place.key))))
-    if own is not None:
-        chain.append(("session", own))
-    return chain
-
-
-def layer_chain(layer: Layer, place: PlaceFacts | None,
-                layer_values: Callable[[Layer], Mapping[Ident, Any]]) -> Chain:
-    """The layers up to and including ``layer`` (seed: 解析到这一层为止)."""
-    chain: Chain = [("global", layer_values(GlobalLayer()))]
-    if isinstance(layer, PlatformLayer):
-        chain.append(("platform", layer_values(layer)))
-    elif isinstance(layer, PlatformTypeLayer):
-        chain.append(("platform", layer_values(PlatformLayer(platform=layer.platform))))
-        chain.append(("platformType", layer_values(layer)))
-    elif isinstance(layer, PlaceLayer):
-        if place is not None and place.kind == "window" and place.platform:
-            chain.append(("platform", layer_values(PlatformLayer(platform=place.platform))))
-            if place.type:
-                chain.append(("platformType", layer_values(PlatformTypeLayer(platform=place.platform,
-                                                                              type=place.type))))
-        chain.append(("place", layer_values(layer)))
-    return chain
-
-
-def settings_of(state: Any) -> dict[Ident, Any]:
-    """A session's own layer, from ``state.settings`` (keys ``plugin/key``)."""
-    out: dict[Ident, Any] = {}
-    for name, value in state.settings.items():
-        plugin, _, key = name.partition("/")
-        out[(plugin, key)] = value
-    return out
 
 
 def session_setting_events(f: SettingField | None, plugin: str, key: str, kind: str, current: Any, value: Any,
@@ -1070,7 +783,6 @@ def _now() -> int:
 
 
 __all__ = [
-    "AGENT_VALUES", "ConfigDocument", "InvalidSetting", "PlaceFacts", "SessionContext", "SettingField",
-    "SettingsService", "check_value", "default_fields", "dump_toml", "effective_prominence", "layer_chain",
-    "place_of", "resolve", "root_context", "session_chain", "session_setting_events", "sorted_fields",
+    "AGENT_VALUES", "InvalidSetting", "SettingField", "SettingsService", "check_value", "default_fields",
+    "effective_prominence", "resolve", "session_setting_events", "sorted_fields",
 ]

@@ -19,7 +19,7 @@ import msgspec
 
 from protocol.listing import TreeFields, compute_tree_fields
 
-from .projections import SummaryRecord, decode_summary_record, node_from_record, summary_from_record
+from .summary_records import SummaryRecord, decode_summary_record, node_from_record, summary_from_record
 
 log = logging.getLogger("sessionloop.summaries")
 

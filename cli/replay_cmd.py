@@ -821,7 +821,7 @@ def import_events(file: Any, data_dir: str, as_id: str | None) -> None:
       sessionloop events 18f3a2c0d41e5b7a90c1d --json > s.jsonl
       sessionloop import s.jsonl --data ./other --as copy-of-s
     """
-    from actors.projections import encode_summary_record, summary_record
+    from actors.summary_records import encode_summary_record, summary_record
     from actors.replay import fold_events
 
     session_id, parsed = _parse_import(file.read(), as_id)

@@ -16,6 +16,9 @@ from actors.projections import (
     HISTORY_MAX_LIMIT,
     ItemsProjection,
     Push,
+)
+from actors.session_model import SessionState, evolve, new_state
+from actors.summary_records import (
     SummaryRecord,
     decode_summary_record,
     encode_summary_record,
@@ -24,7 +27,6 @@ from actors.projections import (
     summary_of,
     summary_record,
 )
-from actors.session_model import SessionState, evolve, new_state
 from eventstore import events as E
 from protocol.listing import compute_tree_fields
 from protocol.schemas_types import (

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors.projections import encode_summary_record, summary_record
+from actors.summary_records import encode_summary_record, summary_record
 from actors.replay import (
     ABSENT,
     build_timeline,

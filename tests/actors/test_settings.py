@@ -13,7 +13,8 @@ import pytest
 from actors.gateway import SessionProtocolService
 from actors.model import MockProvider
 from actors.session import Create
-from actors.settings import SettingField, dump_toml
+from actors.settings import SettingField
+from actors.settings_document import dump_toml
 from eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 

@@ -20,7 +20,7 @@ from click.testing import CliRunner, Result
 
 from actors.host import Host
 from actors.model import ScriptedProvider
-from actors.projections import decode_summary_record, encode_summary_record
+from actors.summary_records import decode_summary_record, encode_summary_record
 from actors.session_model import encode_state
 from cli.main import main
 from eventstore import EventStore
@@ -231,7 +231,7 @@ def test_verify_ignores_listing_fields_that_come_from_other_streams(recorded) ->
     with EventStore.open(os.path.join(data_dir, "store"), durability="nosync") as store:
         record = decode_summary_record(store.stream_meta(stream))
         events = store.read_stream(stream)
-        from actors.projections import summary_record
+        from actors.summary_records import summary_record
         from actors.replay import fold_events
 
         state = fold_events(session_id, events)
