@@ -33,7 +33,7 @@ from protocol import file_handles
 from protocol.connection import Close, Connection, Dispatch, Limits, Send, ServerInfo
 from protocol.errors import RpcError
 from protocol.frames import notification_frame
-from protocol.schemas import ItemDelta, ItemPush, SessionResync
+from protocol.schemas import FeaturesChanged, ItemDelta, ItemPush, SessionResync
 from protocol.schemas_types import Features, Identity, ItemAttachment, UserMessageItem
 from protocol.transport import Peer
 
@@ -279,6 +279,16 @@ class SessionProtocolService:
         if record is not None and actor.record_dirty:
             actor.record_dirty = False
             self.index.update(record)
+
+    def going_offline(self) -> None:
+        """Seed 004: when the services behind the feature bits go away, every connection is told
+        with ``features/changed`` (all off), so a client disables its input while the server
+        drains instead of finding out from a dropped socket."""
+        off = FeaturesChanged(features=Features(send=False, rewind=False, compress=False, settings=False))
+        with self._lock:
+            conns = list(self.connections)
+        for conn in conns:
+            conn.notify("features/changed", off)
 
     def close(self) -> None:
         with self._lock:

@@ -69,6 +69,8 @@ class ProtocolService(Protocol):
 
     def can_read(self, peer: Peer, session_id: str) -> bool: ...
 
+    def going_offline(self) -> None: ...
+
 
 class TransportConfig(msgspec.Struct, kw_only=True):
     host: str = "127.0.0.1"
@@ -115,6 +117,11 @@ class Outbox:
             self._size = 0
             return frames
 
+    async def drained(self) -> None:
+        """Return once the writer has taken every queued frame (or the outbox closed)."""
+        while self._frames and not self.closed:
+            await asyncio.sleep(0.005)
+
     async def wait(self) -> None:
         await self._ready.wait()
         self._ready.clear()
@@ -137,7 +144,7 @@ class SessionServer:
         self.health = health
         self._server: Server | None = None
         self.port: int | None = None
-        self.connections: set[ServerConnection] = set()
+        self.connections: dict[ServerConnection, Outbox] = {}
 
     async def start(self) -> int:
         self._server = await serve(
@@ -149,9 +156,18 @@ class SessionServer:
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
-    async def stop(self, reason: str = "server shutting down") -> None:
+    async def stop(self, reason: str = "server shutting down", drain_s: float = 1.0) -> None:
+        """Tell every connection the features went away, let the writers send what is queued
+        (``drain_s`` at most: a client that does not read is not waited for), then close 1001."""
         if self._server is None:
             return
+        self.service.going_offline()
+        outboxes = [o for o in self.connections.values() if not o.closed]
+        if outboxes:
+            try:
+                await asyncio.wait_for(asyncio.gather(*(o.drained() for o in outboxes)), drain_s)
+            except TimeoutError:
+                pass
         for ws in list(self.connections):
             await ws.close(1001, reason[:120])
         self._server.close()
@@ -232,7 +248,7 @@ class SessionServer:
 
         peer.disconnect = disconnect
         conn = self.service.connect(peer, outbox.put)
-        self.connections.add(ws)
+        self.connections[ws] = outbox
         writer = asyncio.ensure_future(self._write(ws, outbox))
         try:
             async for message in ws:
@@ -240,7 +256,7 @@ class SessionServer:
         except ConnectionClosed:
             pass
         finally:
-            self.connections.discard(ws)
+            self.connections.pop(ws, None)
             outbox.close()
             conn.close()
             writer.cancel()

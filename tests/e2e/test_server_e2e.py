@@ -274,3 +274,26 @@ def test_a_client_that_never_reads_is_closed_as_a_slow_consumer_and_others_are_u
 
 def test_sigterm_stops_the_server_cleanly(server):
     assert server.stop() == 0
+
+
+def test_a_stopping_server_turns_every_feature_off_before_it_closes_the_connection(server):
+    """Seed 004: when the services behind the feature bits go away, each connection gets
+    features/changed; then the close is 1001 (going away)."""
+
+    async def go():
+        async with open_client(server) as ws:
+            c = await initialized(ws)
+            await c.result("session/create", {})
+            stopper = asyncio.get_running_loop().run_in_executor(None, server.stop)
+            changed = await c.push(lambda m: m["method"] == "features/changed", timeout=10)
+            try:
+                while True:
+                    await asyncio.wait_for(ws.recv(), 10)
+            except ConnectionClosed as e:
+                code = e.rcvd.code if e.rcvd is not None else None
+            return changed, code, await stopper
+
+    changed, code, exit_code = run(go())
+    assert changed["params"]["features"] == {"send": False, "rewind": False, "compress": False, "settings": False}
+    assert code == 1001
+    assert exit_code == 0
