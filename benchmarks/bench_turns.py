@@ -51,10 +51,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from actors.host import Host, new_id  # noqa: E402
-from benchmarks.measure import percentile, rss_peak_mib  # noqa: E402
-from actors.pubsub import Reply
-from actors.session import Send, now_ms
+from actors.host import Host
+from benchmarks.measure import percentile, rss_peak_mib
+from cli.bench_cmd import inprocess_turn
 from eventstore import events as E
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -111,37 +110,32 @@ class Record:
                 "p99_ms": percentile(lat, 0.99) * 1000, "max_ms": (lat[-1] if lat else 0) * 1000}
 
 
-async def one_turn(host: Host, session_id: str, tool: bool, started: float, rec: Record) -> None:
-    """Send one input the way the protocol layer does (a ``Send`` told through the directory),
-    then wait for the turn's end with ``watch_turn``; no thread per session."""
-    reply = Reply()
-    accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=new_id(),
-                               text=TOOL_TEXT if tool else PLAIN_TEXT)
-    rec.sent[accepted.turn_id] = tool
-    host.rt.tell(session_id, Send(accepted, None, reply))
-    receipt = await asyncio.wait_for(reply.future(), TURN_TIMEOUT_S)
-    watch = Reply()
-    host.session(session_id).watch_turn(receipt.turn_id, watch)
+async def one_turn(turn: Any, session_id: str, tool: bool, started: float, rec: Record) -> None:
+    """One turn the way ``sessionloop bench`` drives it in process (:func:`cli.bench_cmd.inprocess_turn`:
+    a ``Send`` told through the directory, the turn's end awaited; no thread per session)."""
     try:
-        outcome = await asyncio.wait_for(watch.future(), TURN_TIMEOUT_S)
+        async with asyncio.timeout(TURN_TIMEOUT_S):
+            outcome = await turn(session_id, TOOL_TEXT if tool else PLAIN_TEXT)
     except TimeoutError:
-        raise RuntimeError(f"turn {receipt.turn_id} of session {session_id} did not end "
-                           f"within {TURN_TIMEOUT_S:g} s") from None
+        raise RuntimeError(f"a turn of session {session_id} did not end within {TURN_TIMEOUT_S:g} s") from None
     rec.latencies.append(time.perf_counter() - started)
-    rec.outcomes[receipt.turn_id] = outcome
+    rec.sent[outcome.turn_id] = tool
+    rec.outcomes[outcome.turn_id] = outcome
 
 
 async def closed_loop(host: Host, ids: list[str], turns_each: int, rec: Record) -> None:
+    turn = inprocess_turn(host)
+
     async def session_loop(session_id: str) -> None:
         for j in range(turns_each):
-            await one_turn(host, session_id, is_tool_turn(j), time.perf_counter(), rec)
+            await one_turn(turn, session_id, is_tool_turn(j), time.perf_counter(), rec)
 
     await asyncio.gather(*(session_loop(s) for s in ids))
 
 
 async def open_loop(host: Host, ids: list[str], total: int, rate: float, rec: Record) -> None:
     """``total`` turns at ``rate`` turns/s, round-robin over ``ids``; latency from schedule."""
-    tasks = []
+    turn, tasks = inprocess_turn(host), []
     t0 = time.perf_counter()
     for i in range(total):
         due = t0 + i / rate
@@ -149,17 +143,17 @@ async def open_loop(host: Host, ids: list[str], total: int, rate: float, rec: Re
         if delay > 0:
             await asyncio.sleep(delay)
         tool = is_tool_turn(i // len(ids))
-        tasks.append(asyncio.ensure_future(one_turn(host, ids[i % len(ids)], tool, due, rec)))
+        tasks.append(asyncio.ensure_future(one_turn(turn, ids[i % len(ids)], tool, due, rec)))
     await asyncio.gather(*tasks)
 
 
 async def bounded(host: Host, ids: list[str], concurrency: int, rec: Record) -> None:
     """One turn per session in ``ids``, at most ``concurrency`` in flight."""
-    gate = asyncio.Semaphore(concurrency)
+    gate, turn = asyncio.Semaphore(concurrency), inprocess_turn(host)
 
     async def touch(i: int, session_id: str) -> None:
         async with gate:
-            await one_turn(host, session_id, is_tool_turn(i), time.perf_counter(), rec)
+            await one_turn(turn, session_id, is_tool_turn(i), time.perf_counter(), rec)
 
     await asyncio.gather(*(touch(i, s) for i, s in enumerate(ids)))
 

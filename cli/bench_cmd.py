@@ -169,7 +169,8 @@ async def drive(cfg: BenchConfig, rec: Record, send_turn: SendTurn) -> float:
                 rec.in_flight += 1
                 started = time.perf_counter()
                 try:
-                    turn_id, state = await asyncio.wait_for(send_turn(i, tool), cfg.turn_timeout_s)
+                    async with asyncio.timeout(cfg.turn_timeout_s):  # no task per turn, unlike wait_for
+                        turn_id, state = await send_turn(i, tool)
                 except NotAccepted as e:
                     srec.sent.pop()  # refused, so not a turn: counted as a driver error, not as lost
                     rec.errors.append(f"session {srec.session_id}: turn {j + 1} refused: {e}")
@@ -236,23 +237,47 @@ def open_host(data_dir: str, cfg: BenchConfig) -> Any:
                      model_options={"latency_ms": cfg.llm_latency_ms})
 
 
-def inprocess_sender(host: Any, ids: list[str]) -> SendTurn:
-    """A ``Send`` told through the directory (as the protocol layer does), then ``watch_turn``."""
+def inprocess_turn(host: Any) -> Callable[[str, str], Awaitable[Any]]:
+    """``turn(session_id, text) -> TurnOutcome``: a ``Send`` told through the directory (as the
+    protocol layer does). The driver picks the turn id, so it waits for the turn's end from before
+    the send: one wake-up of the driver per turn; the receipt only matters when it is a refusal,
+    which ends the wait with :class:`NotAccepted`."""
     from actors.host import new_id
     from actors.pubsub import Reply
     from actors.session import Send, now_ms
 
+    results = host.rt.results
+
+    async def turn(session_id: str, text: str) -> Any:
+        turn_id = new_id()
+        accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=turn_id, text=text)
+        ended = Reply()
+        results.wait(turn_id, ended.set)
+
+        def refused(receipt: Reply) -> None:
+            value, error = receipt.outcome()
+            if error is not None:
+                ended.fail(NotAccepted(f"{type(error).__name__}: {error}"))
+            elif value.turn_id != turn_id:
+                ended.fail(NotAccepted(f"accepted as turn {value.turn_id}, not {turn_id}"))
+
+        receipt = Reply()
+        receipt.add_callback(refused)
+        host.rt.tell(session_id, Send(accepted, None, receipt))
+        try:
+            return await ended.future()
+        finally:
+            results.cancel_wait(turn_id, ended.set)
+
+    return turn
+
+
+def inprocess_sender(host: Any, ids: list[str]) -> SendTurn:
+    turn = inprocess_turn(host)
+
     async def send(i: int, tool: bool) -> tuple[str, str]:
-        session_id = ids[i]
-        reply = Reply()
-        accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=new_id(),
-                                   text=TOOL_TEXT if tool else PLAIN_TEXT)
-        host.rt.tell(session_id, Send(accepted, None, reply))
-        receipt = await reply.future()
-        watch = Reply()
-        host.session(session_id).watch_turn(receipt.turn_id, watch)
-        outcome = await watch.future()
-        return receipt.turn_id, outcome.state
+        outcome = await turn(ids[i], TOOL_TEXT if tool else PLAIN_TEXT)
+        return outcome.turn_id, outcome.state
 
     return send
 

@@ -124,3 +124,23 @@ def test_help_has_an_example_and_bad_options_fail_clearly() -> None:
     assert result.exit_code == 0 and "Example:" in result.output and "sessionloop bench --sessions" in result.output
     result = bench("--tool-ratio", "2")
     assert result.exit_code == 2 and "must be between 0 and 1" in result.output
+
+
+def test_a_refused_send_ends_the_drivers_wait_with_not_accepted_at_once(tmp_path) -> None:
+    """The in-process driver waits for the turn's end from before the send; a refusal (here: a
+    session that does not exist) must end that wait with the error, not a timeout."""
+    import asyncio
+    import time
+
+    from actors.host import Host
+
+    host = Host.open(str(tmp_path / "data"), durability="nosync")
+    try:
+        send = bench_cmd.inprocess_sender(host, ["no-such-session"])
+        started = time.perf_counter()
+        with pytest.raises(bench_cmd.NotAccepted, match="no-such-session|not found|does not exist"):
+            asyncio.run(asyncio.wait_for(send(0, False), 10))
+        assert time.perf_counter() - started < 5
+        assert not host.rt.results._waiters
+    finally:
+        host.close()
