@@ -350,3 +350,23 @@ def test_concurrent_runs_on_many_sessions_all_complete(host):
     for t in threads:
         t.join()
     assert len(results) == 100 and all(r.state == "completed" for r in results)
+
+
+def test_a_sessions_history_holds_nothing_the_cyclic_gc_must_walk(open_host):
+    """A full GC pass stops every thread and walks every tracked object (README, Turns: the
+    latency tail). Events, messages and per-turn records are untracked msgspec structs, and a
+    message's calls are a tuple, so a long conversation does not lengthen those pauses."""
+    import gc
+
+    host = open_host(permission_mode="acceptCalls")
+    session = host.create(title="gc")
+    session.run("hello")
+    session.run('!tool list_files {"path": "."}')
+    state = session.snapshot()
+    records = [*state.messages, *state.turns.values(), *state.tool_calls.values(), *state.steps]
+    assert records and not any(gc.is_tracked(r) for r in records)
+    assert all(isinstance(m.tool_calls, tuple) for m in state.messages)
+    assert any(m.tool_calls for m in state.messages)  # the tool turn's call is among them
+    assert all(isinstance(t.input_ids, tuple) for t in state.turns.values())
+    events = [r.event for r in session.events()]
+    assert events and not any(gc.is_tracked(e) for e in events)
