@@ -527,12 +527,14 @@ def test_overrides_list_every_place_beyond_global_grouped_by_key(world):
     set_session(c, parent, "agent", "maxSteps", 3)
     set_session(c, child, "agent", "maxSteps", 2)
     got = c.result("session/config/overrides", {"plugin": "agent"})["items"]
+    # sessions come in id order; two ids made in the same millisecond need not be in creation order
+    sessions = sorted([
+        {"target": {"scope": "session", "sessionId": parent, "title": "Plans"}, "value": 3},
+        {"target": {"scope": "session", "sessionId": child, "title": "Research",
+                    "parent": {"id": parent, "title": "Plans"}}, "value": 2}], key=lambda e: e["target"]["sessionId"])
     assert got == [
         {"key": "maxSteps", "entries": [
-            {"target": {"scope": "platform", "platform": "onebot"}, "value": 8},
-            {"target": {"scope": "session", "sessionId": parent, "title": "Plans"}, "value": 3},
-            {"target": {"scope": "session", "sessionId": child, "title": "Research",
-                        "parent": {"id": parent, "title": "Plans"}}, "value": 2}]},
+            {"target": {"scope": "platform", "platform": "onebot"}, "value": 8}, *sessions]},
         {"key": "systemPrompt", "entries": [
             {"target": {"scope": "place", "key": "workspace:default"}, "value": "Hi"}]},
     ]
