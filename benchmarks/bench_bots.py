@@ -47,9 +47,7 @@ import asyncio
 import json
 import os
 import random
-import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -66,6 +64,7 @@ sys.path.insert(0, ROOT)
 
 from actors.session_loop import APP_QUOTA  # noqa: E402  (seed 000: unfinished turns per app)
 from benchmarks.measure import now, percentile, proc_cpu_s, proc_rss_mib, rss_peak_mib  # noqa: E402
+from benchmarks.server_proc import ServerProc
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 OWNER_TOKEN = "sessionloop-bots-owner"
@@ -560,39 +559,6 @@ def job_inprocess(spec: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-class ServerProc:
-    """``sessionloop serve`` with the bots' apps file, in its own process (output drained)."""
-
-    def __init__(self, data_dir: str, durability: str, cpus: str | None) -> None:
-        cmd = [sys.executable, "-m", "cli.main", "serve", "--data", data_dir, "--port", "0", "--token", OWNER_TOKEN,
-               "--durability", durability]
-        if cpus is not None:
-            cmd = ["taskset", "-c", cpus, *cmd]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
-        match = re.search(r"127\.0\.0\.1:(\d+)/session", line)
-        if not match:
-            self.proc.kill()
-            raise RuntimeError(f"server did not start: {line!r} {self.proc.stderr.read()}")  # type: ignore[union-attr]
-        self.port = int(match.group(1))
-        self.tail: list[str] = []
-        for stream in (self.proc.stdout, self.proc.stderr):
-            threading.Thread(target=self._drain, args=(stream,), daemon=True).start()
-
-    def _drain(self, stream: Any) -> None:
-        for line in stream:
-            self.tail = (self.tail + [line.rstrip()])[-40:]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
-
-
 def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
     from eventstore import EventStore
 
@@ -603,7 +569,7 @@ def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
     with open(os.path.join(data_dir, "apps.toml"), "w") as f:
         f.writelines(f'[apps.{app_id(b)}]\ntoken = "{app_token(b)}"\nplatform = "bench"\ncontainers = ["inbox"]\n\n'
                      for b in range(spec["bots"]))
-    server = ServerProc(data_dir, spec["durability"], "0" if pinned else None)
+    server = ServerProc(data_dir, OWNER_TOKEN, ["--durability", spec["durability"]], "0" if pinned else None)
     try:
         rec = Record()
         api = WsApi(server.port, rec)

@@ -58,14 +58,11 @@ import asyncio
 import json
 import math
 import os
-import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter, defaultdict
 from typing import Any
@@ -76,6 +73,7 @@ sys.path.insert(0, ROOT)
 import msgspec
 
 from benchmarks.measure import now, percentile, proc_cpu_s, proc_rss_mib  # noqa: E402
+from benchmarks.server_proc import ServerProc
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 TOKEN = "sessionloop-fanout-token"
@@ -240,43 +238,6 @@ async def subscriber_main(spec: dict[str, Any]) -> None:
 
 
 # --- the server process ---------------------------------------------------------------------------
-
-
-class ServerProc:
-    """``sessionloop serve`` in its own process; its output is drained (tail kept)."""
-
-    def __init__(self, data_dir: str, cpus: str | None) -> None:
-        cmd = [sys.executable, "-m", "cli.main", "serve", "--data", data_dir, "--port", "0", "--token", TOKEN,
-               "--durability", "nosync", "--max-outbox-mb", "64"]
-        if cpus is not None:
-            cmd = ["taskset", "-c", cpus, *cmd]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
-        match = re.search(r"127\.0\.0\.1:(\d+)/session", line)
-        if not match:
-            self.proc.kill()
-            raise RuntimeError(f"server did not start: {line!r} {self.proc.stderr.read()}")  # type: ignore[union-attr]
-        self.port = int(match.group(1))
-        self.tail: list[str] = []
-        for stream in (self.proc.stdout, self.proc.stderr):
-            threading.Thread(target=self._drain, args=(stream,), daemon=True).start()
-
-    def _drain(self, stream: Any) -> None:
-        for line in stream:
-            self.tail = (self.tail + [line.rstrip()])[-40:]
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
 
 
 class SubscriberProc:
@@ -558,7 +519,7 @@ def job_fanout(spec: dict[str, Any]) -> dict[str, Any]:
     if pinned:
         os.sched_setaffinity(0, {1})
     data_dir = tempfile.mkdtemp(prefix="bench-fanout-")
-    server = ServerProc(data_dir, "0" if pinned else None)
+    server = ServerProc(data_dir, TOKEN, ["--durability", "nosync", "--max-outbox-mb", "64"], "0" if pinned else None)
     subscribers: list[SubscriberProc] = []
     try:
         return asyncio.run(_fanout(spec, server, subscribers, data_dir, "1" if pinned else None))

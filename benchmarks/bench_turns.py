@@ -52,7 +52,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from actors.host import Host
-from benchmarks.measure import percentile, rss_peak_mib
+from benchmarks.measure import percentile, proc_rss_mib, rss_peak_mib
 from cli.bench_cmd import inprocess_turn
 from eventstore import events as E
 
@@ -85,15 +85,6 @@ def messages_per_turn(llm_latency_ms: float) -> dict[str, float]:
 
 
 # --- measuring ----------------------------------------------------------------------------------
-
-
-def rss_now_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-
-
 
 
 class Record:
@@ -268,7 +259,7 @@ def job_memory(spec: dict[str, Any]) -> dict[str, Any]:
             ids = json.load(f)
         host, open_ms = timed_open(os.path.join(work, "data"), spec)
         out = {"stored_sessions": len(ids), "open_empty_ms": open_empty_ms, "open_stored_ms": open_ms,
-               "rss_after_open_mib": rss_now_mib(), **touch(host, ids, spec)}
+               "rss_after_open_mib": proc_rss_mib(os.getpid()), **touch(host, ids, spec)}
         host.close()
         return out
     finally:
@@ -282,7 +273,7 @@ def touch(host: Host, ids: list[str], spec: dict[str, Any]) -> dict[str, Any]:
     asyncio.run(bounded(host, chosen, spec["concurrency"], rec))
     touch_s = time.perf_counter() - t0
     live = host.rt.directory.live_count()
-    rss = rss_now_mib()
+    rss = proc_rss_mib(os.getpid())
     time.sleep(2.0)
     return {"touched": len(chosen), "touch_s": touch_s, "touched_within_a_minute": touch_s < 60,
             "touch_turns_per_s": len(chosen) / touch_s, **{f"touch_{k}": v for k, v in rec.summary().items()},

@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import shutil
 import sqlite3
 import statistics
@@ -50,6 +49,7 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.measure import rss_peak_mib
 from cli.bench_cmd import (
     EXPECTED,
     PLAIN_TEXT,
@@ -61,10 +61,6 @@ from cli.bench_cmd import (
 )
 
 RESULTS = os.path.join(REPO, "benchmarks", "results")
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # --- LangGraph side -------------------------------------------------------------------------------
@@ -227,7 +223,7 @@ def summarize(spec: dict[str, Any], latencies: list[float], wall: float, cpu: fl
     return {"turns": len(lat), "seconds": wall, "turns_per_s": len(lat) / wall,
             "p50_ms": percentile(lat, 0.50) * 1000, "p95_ms": percentile(lat, 0.95) * 1000,
             "p99_ms": percentile(lat, 0.99) * 1000, "cpu_ms_per_turn": cpu / len(lat) * 1000,
-            "peak_rss_mib": peak_rss_mib()}
+            "peak_rss_mib": rss_peak_mib()}
 
 
 def lg_asyncio(spec: dict[str, Any], db: str, workspace: str) -> dict[str, Any]:

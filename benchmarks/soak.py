@@ -44,6 +44,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.measure import proc_rss_mib
 from eventstore import EventStore
 from eventstore import events as E
 from tests.e2e.conftest import ServerProcess
@@ -52,17 +53,6 @@ from tests.reliability import harness
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 APP = "loadbot"  # the harness's app (harness.APPS)
 TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
-
-
-def rss_mib(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
 
 
 def dir_mib(path: str) -> float:
@@ -123,7 +113,7 @@ def kill_sampling(server: ServerProcess, delay: float, out: dict[str, float]) ->
     """``harness.kill_after``, sampling the server's RSS just before the SIGKILL."""
     time.sleep(delay)
     if server.proc is not None and server.proc.poll() is None:
-        out["rss_mib"] = rss_mib(server.proc.pid)
+        out["rss_mib"] = proc_rss_mib(server.proc.pid)
     harness.kill_after(server, 0.0)
 
 
@@ -214,7 +204,7 @@ def main() -> int:
     epochs = [server.epoch]
     readies = [ready]
     rss_kill: list[float] = []
-    rss_settled: list[float] = [rss_mib(server.proc.pid)]  # type: ignore[union-attr]
+    rss_settled: list[float] = [proc_rss_mib(server.proc.pid)]  # type: ignore[union-attr]
     settle_s: list[float] = []
     in_flight = committed = 0
     failures: list[str] = []
@@ -256,7 +246,7 @@ def main() -> int:
                 break
             settle_s.append(time.perf_counter() - t0)
             committed += resent["duplicate"]
-            rss_settled.append(rss_mib(server.proc.pid))  # type: ignore[union-attr]
+            rss_settled.append(proc_rss_mib(server.proc.pid))  # type: ignore[union-attr]
             counts = count_problems(data, rec)
             try:
                 harness.audit(data, rec)
@@ -275,7 +265,7 @@ def main() -> int:
                 break
     finally:
         if server.proc is not None and server.proc.poll() is None:
-            rss_end = rss_mib(server.proc.pid)
+            rss_end = proc_rss_mib(server.proc.pid)
             server.stop()
         else:
             rss_end = float("nan")
