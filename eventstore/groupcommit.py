@@ -7,28 +7,40 @@ wakes each of them with its result and promotes the first writer queued since to
 group. A lone writer therefore commits in its own thread with no hand-off, and many writers pay
 one fsync per group instead of one each. Every caller returns only after the transaction that
 holds its request committed (or failed).
+
+``submit_async`` is the same without the wait, for callers that have other work while the group
+commits (a pooled session actor hands its pool thread to other sessions, as Akka Persistence's
+``persist`` stashes commands until the journal confirms): the request is queued and a dedicated
+writer thread leads the groups that no waiting caller leads; ``done(result, error)`` is called
+on the leading thread once the request's transaction committed or failed.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from .errors import StoreClosed
 
+log = logging.getLogger("sessionloop.eventstore")
+
 
 class Request:
     """One unit of work for the writer; ``apply`` runs inside the group's write transaction."""
 
-    __slots__ = ("payload", "result", "error", "_wake", "_promoted")
+    __slots__ = ("payload", "result", "error", "_wake", "_promoted", "done")
 
-    def __init__(self, payload: Any) -> None:
+    def __init__(self, payload: Any, done: Callable[[Any, BaseException | None], None] | None = None) -> None:
         self.payload = payload
         self.result: Any = None
         self.error: BaseException | None = None
-        self._wake = threading.Lock()
-        self._wake.acquire()
+        self.done = done  # set for an asynchronous request: nobody waits on ``_wake``
+        if done is None:
+            self._wake = threading.Lock()
+            self._wake.acquire()
         self._promoted = False
 
 
@@ -48,6 +60,8 @@ class GroupCommitter:
         self._idle = threading.Condition(self._lock)
         self.batches = 0
         self.requests = 0
+        self._writer_wake: queue.SimpleQueue[bool] = queue.SimpleQueue()  # the writer thread sleeps on it
+        self._writer: threading.Thread | None = None
 
     def submit(self, payload: Any) -> Any:
         """Queue ``payload``, wait until its group committed, return its result or raise its error."""
@@ -68,7 +82,33 @@ class GroupCommitter:
             raise req.error
         return req.result
 
-    def _lead(self, own: Request) -> None:
+    def submit_async(self, payload: Any, done: Callable[[Any, BaseException | None], None]) -> None:
+        """Queue ``payload`` and return at once; ``done(result, error)`` follows the commit.
+
+        ``done`` runs on the thread that led the group (the writer thread or a waiting caller)
+        and must be quick: it should only hand the outcome on.
+        """
+        req = Request(payload, done)
+        with self._lock:
+            if self._closed:
+                raise StoreClosed()
+            self._queue.append(req)
+            if self._leading:
+                return
+            self._leading = True
+            self._ensure_writer()
+        self._writer_wake.put(True)
+
+    def _ensure_writer(self) -> None:
+        if self._writer is None:  # started on first use: a store only read never has one
+            self._writer = threading.Thread(target=self._write_loop, name="sessionloop-writer", daemon=True)
+            self._writer.start()
+
+    def _write_loop(self) -> None:
+        while self._writer_wake.get():
+            self._lead(None)
+
+    def _lead(self, own: Request | None) -> None:
         while True:
             with self._lock:
                 batch = self._queue[: self._max_batch]
@@ -81,22 +121,34 @@ class GroupCommitter:
             self.batches += 1
             self.requests += len(batch)
             for req in batch:
-                if req is not own:
+                if req.done is not None:
+                    try:
+                        req.done(req.result, req.error)
+                    except BaseException:  # noqa: BLE001 - one caller's hand-off must not stall the group
+                        log.exception("commit callback failed")
+                elif req is not own:
                     req._wake.release()
             with self._lock:
-                if own in batch:
-                    if self._queue:
-                        nxt = self._queue[0]
-                        nxt._promoted = True
-                        nxt._wake.release()
-                    else:
+                if own is None or own in batch:
+                    if not self._queue:
                         self._leading = False
                         self._idle.notify_all()
-                    return
-            # ``own`` was beyond the first max_batch: keep leading until it is committed.
+                        return
+                    nxt = self._queue[0]
+                    if nxt.done is None:  # a caller waits for it: it leads the next group itself
+                        nxt._promoted = True
+                        nxt._wake.release()
+                        return
+                    if own is not None:  # only asynchronous requests wait: the writer thread leads
+                        self._ensure_writer()
+                        self._writer_wake.put(True)
+                        return
+            # the writer thread, or ``own`` beyond the first max_batch: keep leading.
 
     def close(self, timeout: float = 10.0) -> None:
         """Refuse new requests and wait for the group under way to finish."""
         with self._lock:
             self._closed = True
             self._idle.wait_for(lambda: not self._leading, timeout=timeout)
+        if self._writer is not None:
+            self._writer_wake.put(False)

@@ -273,11 +273,18 @@ class LmdbRecorder:
     # --- writes ---------------------------------------------------------------------------------
 
     def submit(self, op: AppendOp | SnapshotOp | MetaOp) -> Any:
+        self._check_writable()
+        return self._committer.submit(op)
+
+    def submit_async(self, op: AppendOp, done: Any) -> None:
+        self._check_writable()
+        self._committer.submit_async(op, done)
+
+    def _check_writable(self) -> None:
         if self._closed:
             raise StoreClosed()
         if self.readonly:
             raise ReadOnlyStore(self.path)
-        return self._committer.submit(op)
 
     def _commit_batch(self, batch: list[Request]) -> None:
         while True:

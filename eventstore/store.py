@@ -7,7 +7,7 @@ snapshots; everything LMDB-specific stays in ``lmdb_recorder.py``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -157,14 +157,30 @@ class EventStore:
         Returns only after the commit (fsynced in ``sync`` mode). Raises WrongExpectedVersion,
         IdempotencyConflict, StorageFull or StorageError; on any of them nothing was written.
         """
-        if not events:
-            raise ValueError("append needs at least one event")
-        raw_stream = K.validate_stream(stream)
-        feed_flags = [type(e).feed for e in events] if feed is not None else []
-        op = AppendOp(stream, raw_stream, list(events), feed_flags, expected_version, commit_id, idempotency,
-                      feed, meta, flags)
+        op = _append_op(stream, events, expected_version, commit_id, idempotency, feed, meta, flags)
         result: AppendResult = self._rec.submit(op)
         return result
+
+    def append_async(
+        self,
+        stream: str,
+        events: Sequence[Event],
+        expected_version: int,
+        done: Callable[[AppendResult | None, BaseException | None], None],
+        *,
+        idempotency: IdempotencyClaim | None = None,
+        feed: str | None = None,
+        meta: bytes | None = None,
+        flags: dict[str, bool] | None = None,
+    ) -> None:
+        """``append`` without waiting: ``done(result, None)`` or ``done(None, error)`` is called
+        once the group holding the append committed (fsynced in ``sync``) or failed.
+
+        ``done`` runs on the store's writing thread and must only hand the outcome on. Bad
+        arguments and a closed or read-only store raise here, before anything is queued.
+        """
+        op = _append_op(stream, events, expected_version, None, idempotency, feed, meta, flags)
+        self._rec.submit_async(op, done)
 
     def append_encoded(
         self,
@@ -316,6 +332,17 @@ class EventStore:
                     "event": event_to_builtins(ev.event),
                 }
             ) + b"\n"
+
+
+def _append_op(stream: str, events: Sequence[Event], expected_version: int, commit_id: str | None,
+               idempotency: IdempotencyClaim | None, feed: str | None, meta: bytes | None,
+               flags: dict[str, bool] | None) -> AppendOp:
+    if not events:
+        raise ValueError("append needs at least one event")
+    raw_stream = K.validate_stream(stream)
+    feed_flags = [type(e).feed for e in events] if feed is not None else []
+    return AppendOp(stream, raw_stream, list(events), feed_flags, expected_version, commit_id, idempotency,
+                    feed, meta, flags)
 
 
 def _expand(rec: CommitRecordIn) -> Iterator[RecordedEvent]:

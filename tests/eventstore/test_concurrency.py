@@ -5,7 +5,9 @@ from __future__ import annotations
 import random
 import threading
 
-from eventstore import WrongExpectedVersion
+import pytest
+
+from eventstore import StoreClosed, WrongExpectedVersion
 from eventstore.events import TurnStarted
 
 
@@ -86,3 +88,81 @@ def test_concurrent_appends_are_grouped_into_fewer_transactions(store):
     info = store.info()
     assert store.head_position == 1000
     assert info["batches"] < 1000
+
+
+def test_async_appends_from_many_threads_are_committed_in_order_and_each_is_told_once(store):
+    outcomes: list = []
+    lock = threading.Lock()
+    all_done = threading.Event()
+    total = 8 * 100
+
+    def done(result, error) -> None:
+        with lock:
+            outcomes.append((result, error))
+            if len(outcomes) == total:
+                all_done.set()
+
+    def writer(i: int) -> None:
+        for j in range(100):  # each thread owns a stream and chains expected versions unseen
+            store.append_async(f"session-a{i}", [TurnStarted(turn_id=f"{i}:{j}")], j, done)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all_done.wait(10), f"{len(outcomes)} of {total} callbacks arrived"
+    assert all(error is None for _, error in outcomes)
+    for i in range(8):
+        assert [e.event.turn_id for e in store.read_stream(f"session-a{i}")] == [f"{i}:{j}" for j in range(100)]
+    assert store.info()["batches"] < store.info()["requests"]
+
+
+def test_an_async_append_with_a_wrong_expected_version_is_told_the_error_and_writes_nothing(store):
+    store.append("session-w", [TurnStarted(turn_id="a")])
+    got: list = []
+    arrived = threading.Event()
+
+    def done(result, error) -> None:
+        got.append((result, error))
+        arrived.set()
+
+    store.append_async("session-w", [TurnStarted(turn_id="b")], 0, done)
+    assert arrived.wait(5)
+    result, error = got[0]
+    assert result is None and isinstance(error, WrongExpectedVersion)
+    assert [e.event.turn_id for e in store.read_stream("session-w")] == ["a"]
+
+
+def test_async_and_waiting_appends_mixed_all_commit(store):
+    """A waiting caller behind asynchronous requests is woken by the writer thread and vice versa."""
+    arrived = threading.Semaphore(0)
+
+    def done(result, error) -> None:
+        assert error is None
+        arrived.release()
+
+    def mixed(i: int) -> None:
+        for j in range(50):
+            store.append_async(f"session-m{i}", [TurnStarted(turn_id=f"async{j}")], 2 * j, done)
+            store.append(f"session-n{i}", [TurnStarted(turn_id=f"sync{j}")], j)
+            store.append_async(f"session-m{i}", [TurnStarted(turn_id=f"async{j}b")], 2 * j + 1, done)
+
+    threads = [threading.Thread(target=mixed, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for _ in range(6 * 100):
+        assert arrived.acquire(timeout=10)
+    for i in range(6):
+        assert store.stream_version(f"session-m{i}") == 100
+        assert store.stream_version(f"session-n{i}") == 50
+
+
+def test_async_append_refuses_bad_input_and_a_closed_store_at_once(store):
+    with pytest.raises(ValueError, match="at least one event"):
+        store.append_async("session-x", [], 0, lambda r, e: None)
+    store.close()
+    with pytest.raises(StoreClosed):
+        store.append_async("session-x", [TurnStarted(turn_id="a")], 0, lambda r, e: None)
