@@ -9,6 +9,12 @@ to an idle actor puts the actor on the pool's run queue; a pool thread then hand
 ``BUDGET`` of its messages and puts it back at the end of the queue if more are waiting, so a
 busy actor cannot starve the others.
 
+An actor may also *suspend* itself while a commit it started is under way (Akka Persistence's
+``persist``): its mailbox is not served, but its pool thread goes back to the pool instead of
+sleeping until the store answers; ``_resume(fn)`` (from any thread) runs ``fn`` on the actor
+before any further message. Messages that arrive meanwhile wait in order, so the actor still
+handles one thing at a time.
+
 It implements pykka's documented runtime hooks (``_create_actor_inbox``, ``_create_future``,
 ``_start_actor_loop``), like pykka's own gevent and eventlet runtimes do.
 """
@@ -64,13 +70,16 @@ class Dispatcher:
 class PooledInbox:
     """A mailbox that schedules its actor on the dispatcher when a message arrives while idle."""
 
-    __slots__ = ("_q", "_lock", "scheduled", "owner")
+    __slots__ = ("_q", "_lock", "scheduled", "owner", "suspended", "parked", "resume")
 
     def __init__(self) -> None:
         self._q: deque[Any] = deque()
         self._lock = threading.Lock()
-        self.scheduled = False
+        self.scheduled = False  # on the run queue, running, or suspended: ``put`` need not submit
         self.owner: PooledActor | None = None
+        self.suspended = False  # waiting for a ``resume``; messages are not taken meanwhile
+        self.parked = False  # suspended and off every pool thread: ``resume`` must submit it
+        self.resume: Any = None  # the continuation handed in by ``resume_with``
 
     def put(self, envelope: Any) -> None:
         with self._lock:
@@ -82,12 +91,32 @@ class PooledInbox:
         self.owner.dispatcher.submit(self.owner)
 
     def take_or_idle(self) -> Any:
-        """The next message, or None after marking the actor idle (atomically with ``put``)."""
+        """The next message (a continuation first), or None after marking the actor idle or
+        parked (atomically with ``put`` and ``resume_with``)."""
         with self._lock:
+            if self.resume is not None:
+                fn, self.resume, self.suspended = self.resume, None, False
+                return _Resume(fn)
+            if self.suspended:
+                self.parked = True
+                return None
             if self._q:
                 return self._q.popleft()
             self.scheduled = False
             return None
+
+    def suspend(self) -> None:
+        with self._lock:
+            self.suspended = True
+
+    def resume_with(self, fn: Any) -> None:
+        with self._lock:
+            self.resume = fn
+            if not self.parked:
+                return  # the thread running the actor takes it before its next message
+            self.parked = False
+        assert self.owner is not None
+        self.owner.dispatcher.submit(self.owner)
 
     def get(self) -> Any:
         with self._lock:
@@ -98,6 +127,13 @@ class PooledInbox:
 
     def qsize(self) -> int:
         return len(self._q)
+
+
+class _Resume:
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
 
 
 class PooledActor(pykka.Actor):
@@ -136,11 +172,35 @@ class PooledActor(pykka.Actor):
             envelope = inbox.take_or_idle()
             if envelope is None:
                 return
-            self._handle_envelope(envelope)
+            if type(envelope) is _Resume:
+                self._run_continuation(envelope.fn)
+            else:
+                self._handle_envelope(envelope)
         if self.actor_stopped.is_set():
             self._actor_loop_teardown()
             return
         self.dispatcher.submit(self)  # more waiting: back of the queue, others get a turn
+
+    def _suspend(self) -> None:
+        """Serve no further message until ``_resume``; call it from the actor's own handler."""
+        self.actor_inbox.suspend()  # type: ignore[attr-defined]
+
+    def _resume(self, fn: Any) -> None:
+        """Run ``fn`` on the actor (before its next message) and serve its mailbox again."""
+        self.actor_inbox.resume_with(fn)  # type: ignore[attr-defined]
+
+    def _run_continuation(self, fn: Any) -> None:
+        try:
+            fn()
+        except Exception:
+            self._handle_failure(*sys.exc_info())
+            try:
+                self.on_failure(*sys.exc_info())
+            except Exception:  # noqa: BLE001
+                self._handle_failure(*sys.exc_info())
+        except BaseException:  # noqa: BLE001 - as for a message
+            self._stop()
+            pykka.ActorRegistry.stop_all()
 
     def _handle_envelope(self, envelope: Any) -> None:
         """pykka's per-message rules (``Actor._actor_loop_running``), for one message."""

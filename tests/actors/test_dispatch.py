@@ -94,6 +94,74 @@ def test_an_exception_in_an_ask_goes_back_to_the_caller_and_the_actor_lives_on(d
     ref.stop(timeout=5)
 
 
+def test_a_suspended_actor_takes_no_message_until_resumed_and_frees_its_pool_thread():
+    """Akka Persistence's persist: the mailbox waits while a commit is under way, the thread does not."""
+    d = Dispatcher(1)  # one pool thread: another actor can only run if the suspended one let go of it
+    try:
+        seen: list[str] = []
+        holder: dict[str, object] = {}
+
+        def on_receive(self, message):
+            seen.append(message)
+            if message == "commit":
+                self._suspend()
+                holder["actor"] = self
+
+        ref = actor_class(d, on_receive=on_receive).start()
+        other = actor_class(d, on_receive=lambda self, m: m).start()
+        ref.tell("commit")
+        answer = ref.ask("after", block=False)
+        assert other.ask("ping", timeout=5) == "ping"  # the pool thread is free
+        with pytest.raises(pykka.Timeout):  # "after" waits for the resume
+            answer.get(timeout=0.05)
+        assert seen == ["commit"]
+        actor = holder["actor"]
+        threading.Thread(target=lambda: actor._resume(lambda: seen.append("resumed"))).start()
+        answer.get(timeout=5)
+        assert seen == ["commit", "resumed", "after"]
+        ref.stop(timeout=5)
+        other.stop(timeout=5)
+    finally:
+        d.stop()
+
+
+def test_a_resume_that_arrives_before_the_handler_returns_runs_next(dispatcher):
+    seen: list[str] = []
+
+    def on_receive(self, message):
+        seen.append(message)
+        if message == "commit":
+            self._suspend()
+            self._resume(lambda: seen.append("resumed"))  # the store answered at once
+            seen.append("handler done")
+
+    ref = actor_class(dispatcher, on_receive=on_receive).start()
+    ref.tell("commit")
+    ref.ask("after", timeout=5)
+    assert seen == ["commit", "handler done", "resumed", "after"]
+    ref.stop(timeout=5)
+
+
+def test_an_exception_in_a_continuation_is_handled_like_one_in_a_tell(dispatcher):
+    """pykka's rule for a failing message nobody waits on: on_failure runs and the actor stops."""
+    failures: list[str] = []
+
+    def on_receive(self, message):
+        if message == "commit":
+            self._suspend()
+            self._resume(lambda: 1 / 0)
+        return message
+
+    def on_failure(self, exc_type, exc, tb):
+        failures.append(exc_type.__name__)
+
+    ref = actor_class(dispatcher, on_receive=on_receive, on_failure=on_failure).start()
+    ref.tell("commit")
+    with pytest.raises(pykka.ActorDeadError):
+        ref.ask("after", timeout=5)
+    assert failures == ["ZeroDivisionError"]
+
+
 @pytest.mark.parametrize("threads", [0, 4])
 def test_sessions_run_turns_on_either_runtime(open_host, threads):
     host = open_host(permission_mode="acceptCalls", dispatcher_threads=threads)
