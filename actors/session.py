@@ -280,8 +280,12 @@ class SessionBehaviour:
         return None
 
     def _handle(self, message: Any) -> None:
+        self._guarded(message, lambda: message.run(self))
+
+    def _guarded(self, message: Any, step: Any) -> None:
+        """Run ``step`` (a message's handler or the rest of it after a commit) under supervision."""
         try:
-            message.run(self)
+            step()
         except SessionloopError as e:
             # A refused command (the state is untouched) or a store failure (``_commit`` has
             # reloaded the state): the request fails with the error; an internal message
@@ -380,34 +384,82 @@ class SessionBehaviour:
         taken into the same commit: a plain turn is then one commit (SPEC §10: "commit once
         per step or per turn").
         """
+        pending = self._prepare(events, run_drive)
+        if pending is None:
+            return None, []
+        try:
+            result = self.rt.store.append(self.stream, pending.events, pending.version, idempotency=claim,
+                                          feed=self._app_id(), meta=self._meta(pending.events),
+                                          flags=self._flags())
+        except BaseException:
+            self._reload()
+            raise
+        return self._committed(pending, result)
+
+    def _commit_then(self, message: Msg, events: list[E.Event], then: Any, *,
+                     claim: IdempotencyClaim | None = None) -> None:
+        """``_commit``, then ``then(result)``; on the pooled runtime the pool thread is not held
+        while the group commits: the actor suspends (its mailbox waits, other sessions run) and
+        resumes with the outcome, so a few threads keep many commits in flight."""
+        if not isinstance(self, PooledActor):
+            result, _ = self._commit(events, claim=claim)
+            then(result)
+            return
+        pending = self._prepare(events, True)
+        if pending is None:
+            then(None)
+            return
+        resume = self._resume
+
+        def done(result: Any, error: BaseException | None) -> None:  # on the store's writing thread
+            resume(lambda: self._guarded(message, lambda: self._resumed(pending, result, error, then)))
+
+        self._suspend()
+        try:
+            self.rt.store.append_async(self.stream, pending.events, pending.version, done, idempotency=claim,
+                                       feed=self._app_id(), meta=self._meta(pending.events), flags=self._flags())
+        except BaseException:
+            self._resume(_nothing)
+            self._reload()
+            raise
+
+    def _resumed(self, pending: _Pending, result: Any, error: BaseException | None, then: Any) -> None:
+        if error is not None:
+            self._reload()
+            raise error
+        committed, _ = self._committed(pending, result)
+        then(committed)
+
+    def _prepare(self, events: list[E.Event], run_drive: bool) -> _Pending | None:
         state = self.state
         version = state.version
-        now = now_ms()
-        inline: set[str] = set()
-        compaction: str | None = None
         try:
             for event in events:
                 evolve(state, event)
             all_events = list(events)
+            compaction = None
+            inline: set[str] = set()
             if run_drive:
-                compaction = self._drive(all_events, inline, now)
+                compaction = self._drive(all_events, inline, now_ms())
             if not all_events:
-                return None, []
+                return None
             self.rt.faults.hit("before-commit")
-            result = self.rt.store.append(
-                self.stream, all_events, version, idempotency=claim, feed=self._app_id(),
-                meta=self._meta(all_events), flags=self._flags(),
-            )
         except BaseException:
-            self.record_dirty = False
-            self._load()
+            self._reload()
             raise
+        return _Pending(all_events, version, inline, compaction)
+
+    def _reload(self) -> None:
+        self.record_dirty = False
+        self._load()
+
+    def _committed(self, pending: _Pending, result: Any) -> tuple[Any, list[E.Event]]:
         if result.duplicate:
             self._load()
             return result, []
         self.rt.faults.hit("after-commit")
-        self._after_commit(all_events, inline, compaction, result)
-        return result, all_events
+        self._after_commit(pending.events, pending.inline, pending.compaction, result)
+        return result, pending.events
 
     def _drive(self, out: list[E.Event], inline: set[str], now: int) -> str | None:
         state, cfg = self.state, self.config()
@@ -628,11 +680,15 @@ class SessionBehaviour:
         created = Created(session_id=self.sid, turn_id=msg.initial.turn_id if msg.initial else None)
         if claim is not None:
             claim = IdempotencyClaim(claim.scope, claim.key, claim.request_hash, _created_enc.encode(created))
-        result, _ = self._commit(events, claim=claim)
-        if result is not None and result.duplicate:
-            msg.reply.set(msgspec.structs.replace(_created_dec.decode(result.receipt), duplicate=True))
-            return
-        msg.reply.set(created)
+        reply = msg.reply
+
+        def answer(result: Any) -> None:
+            if result is not None and result.duplicate:
+                reply.set(msgspec.structs.replace(_created_dec.decode(result.receipt), duplicate=True))
+            else:
+                reply.set(created)
+
+        self._commit_then(msg, events, answer, claim=claim)
 
     def on_send(self, msg: Send) -> None:
         assert msg.reply is not None
@@ -664,12 +720,16 @@ class SessionBehaviour:
                           epoch=self.rt.epoch, seq=self.channel.seq)
         if claim is not None:
             claim = IdempotencyClaim(claim.scope, claim.key, claim.request_hash, _receipt_enc.encode(receipt))
-        result, _ = self._commit(events, claim=claim)
-        if result is not None and result.duplicate:
-            msg.reply.set(msgspec.structs.replace(_receipt_dec.decode(result.receipt), state="duplicate",
+        reply = msg.reply
+
+        def answer(result: Any) -> None:
+            if result is not None and result.duplicate:
+                reply.set(msgspec.structs.replace(_receipt_dec.decode(result.receipt), state="duplicate",
                                                   position=result.first_position))
-            return
-        msg.reply.set(msgspec.structs.replace(receipt, position=result.first_position if result else 0))
+            else:
+                reply.set(msgspec.structs.replace(receipt, position=result.first_position if result else 0))
+
+        self._commit_then(msg, events, answer, claim=claim)
 
     def on_cancel(self, msg: Cancel) -> None:
         now = now_ms()
@@ -696,7 +756,7 @@ class SessionBehaviour:
             completed = E.LlmCompleted(at=now, turn_id=state.current_turn, step_id=msg.step_id, text=r.text,
                                        reasoning=r.reasoning, tool_calls=list(r.tool_calls), usage=r.usage,
                                        model=r.model, provider=r.provider, duration_ms=msg.duration_ms)
-        self._commit(decide_model_done(state, msg.step_id, completed, msg.error, now))
+        self._commit_then(msg, decide_model_done(state, msg.step_id, completed, msg.error, now), _ignore)
 
     def on_tool_done(self, msg: ToolDone) -> None:
         self._tool_tasks.pop(msg.call_id, None)
@@ -715,7 +775,7 @@ class SessionBehaviour:
             entries, explanation = plan_from_output(r.output)
             events.append(E.PlanUpdated(at=finished.at, entries=entries, explanation=explanation))
         if events:
-            self._commit(events)
+            self._commit_then(msg, events, _ignore)
 
     def on_apply(self, msg: Apply) -> None:
         events = msg.decide(self.state, now_ms())
@@ -748,6 +808,26 @@ class SessionActor(SessionBehaviour, pykka.ThreadingActor):
 
 class PooledSessionActor(SessionBehaviour, PooledActor):
     """The same session actor on a shared pool of threads (``HostOptions.dispatcher_threads``)."""
+
+
+class _Pending:
+    """A commit under way: the events decided (already applied to the state) and what to do after."""
+
+    __slots__ = ("events", "version", "inline", "compaction")
+
+    def __init__(self, events: list[E.Event], version: int, inline: set[str], compaction: str | None) -> None:
+        self.events = events
+        self.version = version  # the stream's version the append expects
+        self.inline = inline  # model steps answered inside this commit: no model call to start
+        self.compaction = compaction
+
+
+def _nothing() -> None:
+    return None
+
+
+def _ignore(result: Any) -> None:
+    return None
 
 
 def _streaming_item(kind: str, item_id: str, turn_id: str | None) -> Any:

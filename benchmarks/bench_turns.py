@@ -182,8 +182,9 @@ def verify(host: Host, after: int, rec: Record) -> dict[str, int]:
 
 
 def open_host(data_dir: str, spec: dict[str, Any], max_live: int) -> Host:
+    threads = {} if spec.get("threads") is None else {"dispatcher_threads": spec["threads"]}
     return Host.open(data_dir, durability=spec["durability"], permission_mode="acceptCalls",
-                     max_live=max_live, model_options={"latency_ms": spec["llm_latency_ms"]})
+                     max_live=max_live, model_options={"latency_ms": spec["llm_latency_ms"]}, **threads)
 
 
 def create_sessions(host: Host, n: int, initial_input: str | None = None) -> list[str]:
@@ -377,6 +378,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--touch-concurrency", type=int, default=500, help="touches in flight")
     ap.add_argument("--max-live", type=int, default=2000, help="live actor cap for the memory run")
     ap.add_argument("--llm-latency", type=float, default=0.0, help="mock model latency per call (ms)")
+    ap.add_argument("--threads", type=int, help="pool threads for session actors (HostOptions.dispatcher_threads; "
+                                                "0: a thread per actor; default: the host's default)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
     ap.add_argument("--no-pinned", action="store_true", help="skip the runs pinned to CPU 0")
     ap.add_argument("--no-memory", action="store_true", help="skip the stored-sessions memory run")
@@ -394,7 +397,8 @@ def main() -> None:
         spec = json.loads(args.child)
         print(json.dumps(JOBS[spec["job"]](spec)))
         return
-    base = {"sessions": args.sessions, "turns": args.turns, "llm_latency_ms": args.llm_latency}
+    base = {"sessions": args.sessions, "turns": args.turns, "llm_latency_ms": args.llm_latency,
+            "threads": args.threads}
     results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick,
                                "params": {**base, "repeats": args.repeats},
                                "messages_per_turn_by_design": messages_per_turn(args.llm_latency)}
