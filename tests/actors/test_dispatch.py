@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 
 import pykka
@@ -169,3 +170,18 @@ def test_sessions_run_turns_on_either_runtime(open_host, threads):
     results = [s.run(f'!tool list_files {{"path": "."}}\nm{i}') for i, s in enumerate(sessions)]
     assert all(r.output_text == "done: 1 tool calls" for r in results)
     assert all(s.run("x").output_text == "echo: x" for s in sessions)
+
+
+def test_one_pool_thread_keeps_many_sessions_commits_in_one_group(open_host):
+    """A session waiting for its commit does not hold the pool thread: with a single thread and
+    durable (fsynced) commits, concurrent sessions still share write transactions."""
+    host = open_host(permission_mode="acceptCalls", dispatcher_threads=1, durability="sync")
+    sessions = [host.create() for _ in range(40)]
+    before = host.store.info()
+    with ThreadPoolExecutor(40) as pool:
+        results = list(pool.map(lambda s: s.run(f'!tool list_files {{"path": "."}}\n{s.id}'), sessions))
+    assert all(r.output_text == "done: 1 tool calls" for r in results)
+    info = host.store.info()
+    commits, transactions = info["requests"] - before["requests"], info["batches"] - before["batches"]
+    assert commits >= 80  # the input's commit and the tool result's, per session
+    assert transactions < commits / 2, f"{transactions} transactions for {commits} commits"
