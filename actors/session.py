@@ -648,7 +648,7 @@ class SessionBehaviour:
             else:
                 ref.tell(ModelDone(step_id, response, None, _ms_since(started)))
 
-        self._model_task = self.rt.worker.submit(call())
+        self._model_task = self.rt.worker.start(call())
 
     def _launch_tool(self, turn_id: str, call_id: str, tool: str, args: Any) -> None:
         ref = self.actor_ref
@@ -662,7 +662,7 @@ class SessionBehaviour:
             result = await self.rt.tools.execute(tool, args, ctx)
             ref.tell(ToolDone(turn_id, call_id, result, _ms_since(started)))
 
-        self._tool_tasks[call_id] = self.rt.worker.submit(run())
+        self._tool_tasks[call_id] = self.rt.worker.start(run())
 
     # --- handlers -------------------------------------------------------------------------------
 

@@ -16,9 +16,30 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+class TaskHandle:
+    """What ``WorkerLoop.start`` gives back: ``cancel()`` from any thread cancels the task."""
+
+    __slots__ = ("_worker", "task", "cancelled")
+
+    def __init__(self, worker: WorkerLoop) -> None:
+        self._worker = worker
+        self.task: asyncio.Task[Any] | None = None  # set on the loop when the task is made
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True  # a task not made yet is never started
+        self._worker.call_soon(self._cancel_on_loop)
+
+    def _cancel_on_loop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
 class WorkerLoop:
     def __init__(self, name: str = "sessionloop-worker") -> None:
         self.loop = asyncio.new_event_loop()
+        self._incoming: list[tuple[Coroutine[Any, Any, Any], TaskHandle]] = []
+        self._incoming_lock = threading.Lock()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -32,6 +53,31 @@ class WorkerLoop:
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run ``coro`` on the loop; thread-safe; the future's ``cancel()`` cancels the task."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def start(self, coro: Coroutine[Any, Any, Any]) -> TaskHandle:
+        """Run ``coro`` on the loop as a task whose outcome the coroutine itself hands on.
+
+        The cheap path for the many short effects of turns (a tool run, a model call): no
+        ``concurrent.futures.Future`` per call, and the coroutines started while the loop has
+        not woken yet ride one wake-up (one self-pipe write) in a batch.
+        """
+        handle = TaskHandle(self)
+        with self._incoming_lock:
+            self._incoming.append((coro, handle))
+            wake = len(self._incoming) == 1
+        if wake:
+            self.loop.call_soon_threadsafe(self._take_incoming)
+        return handle
+
+    def _take_incoming(self) -> None:
+        with self._incoming_lock:
+            batch, self._incoming = self._incoming, []
+        create = self.loop.create_task
+        for coro, handle in batch:
+            if handle.cancelled:
+                coro.close()
+                continue
+            handle.task = create(coro)
 
     def call_soon(self, fn: Any, *args: Any) -> None:
         self.loop.call_soon_threadsafe(fn, *args)
@@ -58,4 +104,8 @@ class WorkerLoop:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout)
         if not self._thread.is_alive():
+            with self._incoming_lock:
+                never_started, self._incoming = self._incoming, []
+            for coro, _ in never_started:
+                coro.close()
             self.loop.close()
