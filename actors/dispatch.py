@@ -68,49 +68,66 @@ class Dispatcher:
 
 
 class PooledInbox:
-    """A mailbox that schedules its actor on the dispatcher when a message arrives while idle."""
+    """A mailbox that schedules its actor on the dispatcher when a message arrives while idle.
 
-    __slots__ = ("_q", "_lock", "scheduled", "owner", "suspended", "parked", "resume")
+    ``put`` takes no lock a consumer holds: senders (the driver, the gateway, the worker loop)
+    would otherwise queue behind a pool thread that lost the GIL while holding it, a convoy that
+    costs a GIL hand-off per message. The deque's ``append``/``popleft`` are atomic, and the
+    right to run the actor is a lock taken without blocking (``_run``): the sender that gets it
+    submits the actor, the pool thread gives it back when the mailbox is empty and checks once
+    more afterwards, so no message is left behind unscheduled. Suspension has a lock of its own,
+    touched once per commit and never by ``put``.
+    """
+
+    __slots__ = ("_q", "_run", "_park", "owner", "suspended", "parked", "resume")
 
     def __init__(self) -> None:
         self._q: deque[Any] = deque()
-        self._lock = threading.Lock()
-        self.scheduled = False  # on the run queue, running, or suspended: ``put`` need not submit
+        self._run = threading.Lock()  # held while the actor is on the run queue, running or suspended
+        self._park = threading.Lock()
         self.owner: PooledActor | None = None
         self.suspended = False  # waiting for a ``resume``; messages are not taken meanwhile
         self.parked = False  # suspended and off every pool thread: ``resume`` must submit it
         self.resume: Any = None  # the continuation handed in by ``resume_with``
 
     def put(self, envelope: Any) -> None:
-        with self._lock:
-            self._q.append(envelope)
-            if self.scheduled:
-                return
-            self.scheduled = True
-        assert self.owner is not None
-        self.owner.dispatcher.submit(self.owner)
+        self._q.append(envelope)
+        if self._run.acquire(False):
+            assert self.owner is not None
+            self.owner.dispatcher.submit(self.owner)
+
+    def claim(self) -> bool:
+        """Take the right to run, unless a message sent first already took it (and submitted)."""
+        return self._run.acquire(False)
 
     def take_or_idle(self) -> Any:
         """The next message (a continuation first), or None after marking the actor idle or
-        parked (atomically with ``put`` and ``resume_with``)."""
-        with self._lock:
+        parked; called only by the thread running the actor."""
+        while True:
             if self.resume is not None:
                 fn, self.resume, self.suspended = self.resume, None, False
                 return _Resume(fn)
             if self.suspended:
-                self.parked = True
-                return None
-            if self._q:
+                with self._park:
+                    if self.resume is None:
+                        self.parked = True
+                        return None
+                continue
+            try:
                 return self._q.popleft()
-            self.scheduled = False
-            return None
+            except IndexError:
+                pass
+            self._run.release()
+            # a message put between the failed popleft and the release found the lock held
+            # and did not submit: take it now, unless a sender has already taken the lock
+            if not self._q or not self._run.acquire(False):
+                return None
 
     def suspend(self) -> None:
-        with self._lock:
-            self.suspended = True
+        self.suspended = True
 
     def resume_with(self, fn: Any) -> None:
-        with self._lock:
+        with self._park:
             self.resume = fn
             if not self.parked:
                 return  # the thread running the actor takes it before its next message
@@ -119,8 +136,7 @@ class PooledInbox:
         self.owner.dispatcher.submit(self.owner)
 
     def get(self) -> Any:
-        with self._lock:
-            return self._q.popleft()
+        return self._q.popleft()
 
     def empty(self) -> bool:
         return not self._q
@@ -156,9 +172,8 @@ class PooledActor(pykka.Actor):
 
     def _start_actor_loop(self) -> None:
         inbox: PooledInbox = self.actor_inbox  # type: ignore[assignment]
-        with inbox._lock:  # noqa: SLF001
-            inbox.scheduled = True
-        self.dispatcher.submit(self)
+        if inbox.claim():
+            self.dispatcher.submit(self)
 
     def _run_slice(self) -> None:
         if not self._started:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 import time
@@ -185,3 +186,76 @@ def test_one_pool_thread_keeps_many_sessions_commits_in_one_group(open_host):
     commits, transactions = info["requests"] - before["requests"], info["batches"] - before["batches"]
     assert commits >= 80  # the input's commit and the tool result's, per session
     assert transactions < commits / 2, f"{transactions} transactions for {commits} commits"
+
+
+def test_many_senders_racing_an_actor_going_idle_lose_no_message(dispatcher):
+    """``put`` takes no lock the consumer holds: a message sent while the actor goes idle must
+    still be handled, exactly once, in each sender's order, by one thread at a time."""
+    seen: list[tuple[int, int]] = []
+    inside: dict[int, int] = {}  # per actor: handlers running now
+    overlaps: list[int] = []
+
+    def on_receive(self, message):
+        me = id(self)
+        inside[me] = inside.get(me, 0) + 1
+        if inside[me] != 1:
+            overlaps.append(inside[me])
+        time.sleep(0) if isinstance(message, tuple) and message[1] % 500 == 0 else None
+        seen.append(message)
+        inside[me] -= 1
+
+    refs = [actor_class(dispatcher, on_receive=on_receive).start() for _ in range(4)]
+
+    def sender(k: int) -> None:
+        for j in range(3000):
+            refs[j % 4].tell((k, j))
+            if j % 97 == 0:
+                time.sleep(0)  # let the actors drain and go idle now and then
+
+    threads = [threading.Thread(target=sender, args=(k,)) for k in range(6)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: widen every race window
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    deadline = time.monotonic() + 10
+    while len(seen) < 6 * 3000 and time.monotonic() < deadline:  # nothing more is sent to wake them
+        time.sleep(0.01)
+    got = list(seen)
+    assert len(got) == 6 * 3000 and len(set(got)) == len(got)
+    for k in range(6):
+        mine = [j for (s, j) in got if s == k]
+        for a in range(4):
+            assert [j for j in mine if j % 4 == a] == list(range(a, 3000, 4))
+    assert not overlaps
+    for ref in refs:
+        ref.stop(timeout=5)
+
+
+def test_a_message_sent_just_as_the_actor_goes_idle_is_still_handled(dispatcher):
+    """The sender sends the next message the moment the previous one is handled, i.e. while the
+    pool thread is finding the mailbox empty and letting the actor go idle: none may be stranded."""
+    seen: list[int] = []
+    ref = actor_class(dispatcher, on_receive=lambda self, m: seen.append(m)).start()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    stranded = None
+    try:
+        for i in range(3000):
+            ref.tell(i)
+            deadline = time.monotonic() + 2
+            while len(seen) <= i:
+                if time.monotonic() > deadline:
+                    stranded = i
+                    break
+            if stranded is not None:
+                break
+    finally:
+        sys.setswitchinterval(interval)
+    assert stranded is None, f"message {stranded} was never handled"
+    assert seen == list(range(3000))
+    ref.stop(timeout=5)
