@@ -31,13 +31,14 @@ class Reply:
     under a microsecond, against several for a ``threading.Event``, and a turn makes a few.
     """
 
-    __slots__ = ("_gate", "_done", "_value", "_error", "_callbacks")
-
-    _guard = threading.Lock()  # completion and callback registration are rare and short
+    __slots__ = ("_gate", "_guard", "_done", "_value", "_error", "_callbacks")
 
     def __init__(self) -> None:
         self._gate = threading.Lock()
         self._gate.acquire()
+        # its own guard: one shared by every reply made convoys of actor, worker and driver
+        # threads queueing for it whenever its holder lost the GIL
+        self._guard = threading.Lock()
         self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
@@ -50,7 +51,7 @@ class Reply:
         self._complete(None, error)
 
     def _complete(self, value: Any, error: BaseException | None) -> None:
-        with Reply._guard:
+        with self._guard:
             if self._done:
                 return
             self._value, self._error, self._done = value, error, True
@@ -75,7 +76,7 @@ class Reply:
         return self._value
 
     def add_callback(self, cb: Callable[[Reply], None]) -> None:
-        with Reply._guard:
+        with self._guard:
             if not self._done:
                 if self._callbacks is None:
                     self._callbacks = []
