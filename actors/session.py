@@ -51,11 +51,11 @@ log = logging.getLogger("sessionloop.session")
 
 _SINGLETONS = frozenset({"queue", "plan", "usage"})  # items replaced whole (seed 004)
 _TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
-_SUMMARY_EVENTS = (
+_SUMMARY_TYPES = frozenset({  # event structs are final: no subclass to miss
     E.SessionCreated, E.SessionRenamed, E.SessionArchived, E.SessionUnarchived, E.SessionDeleted,
     E.SessionSeen, E.SessionParked, E.SessionUnparked, E.TurnStarted, *_TURN_END, E.MessagesImported,
     E.ToolApprovalRequested, E.ToolApprovalSettled,
-)
+})
 
 
 def now_ms() -> int:
@@ -537,8 +537,12 @@ class SessionBehaviour:
 
     def _meta(self, events: list[E.Event]) -> bytes | None:
         """The listing record, rewritten by commits that change what a listing shows."""
-        if not any(isinstance(e, _SUMMARY_EVENTS) or (isinstance(e, E.ToolFinished) and e.task_id)
-                   or (isinstance(e, E.NoticePosted) and e.topic == "background-task") for e in events):
+        for e in events:
+            t = type(e)
+            if t in _SUMMARY_TYPES or (t is E.ToolFinished and e.task_id) or (  # type: ignore[attr-defined]
+                    t is E.NoticePosted and e.topic == "background-task"):  # type: ignore[attr-defined]
+                break
+        else:
             return None
         from .summary_records import encode_summary_record, summary_record
 
