@@ -3,16 +3,111 @@ benchmarks) never collide. Counters move from the commit path; gauges are read w
 
 from __future__ import annotations
 
+import bisect
 import gc
+import threading
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 
 from eventstore import events as E
 
 _TURN_END = {E.TurnCompleted: "completed", E.TurnFailed: "failed", E.TurnAborted: "aborted",
              E.TurnLimitReached: "tool-limit"}
+_TURN_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60)
+_MODEL_BUCKETS = (.001, .005, .01, .05, .1, .5, 1, 5, 10, 30, 60)
+_OUTCOMES = tuple(dict.fromkeys(_TURN_END.values()))
+
+
+class Histo:
+    """Bucket counts (non-cumulative) and the sum, for one thread."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def add(self, other: Histo) -> None:
+        for i, c in enumerate(other.counts):
+            self.counts[i] += c
+        self.sum += other.sum
+
+
+class _Tally:
+    """One thread's counts on the commit path. prometheus-client's counters and histograms take
+    a lock per increment; every pool thread bumping the same few locks thousands of times a
+    second convoyed them behind whichever thread lost the GIL holding one (measured: ~10% of the
+    pool threads' time). Each thread counts into its own tally; a scrape adds them up."""
+
+    __slots__ = ("commits", "events", "turns", "turn_hist", "model_hist")
+
+    def __init__(self) -> None:
+        self.commits = 0
+        self.events = 0
+        self.turns = dict.fromkeys(_OUTCOMES, 0)
+        self.turn_hist = Histo(_TURN_BUCKETS)
+        self.model_hist = Histo(_MODEL_BUCKETS)
+
+    def add(self, other: _Tally) -> None:
+        self.commits += other.commits
+        self.events += other.events
+        for k, v in other.turns.items():
+            self.turns[k] += v
+        self.turn_hist.add(other.turn_hist)
+        self.model_hist.add(other.model_hist)
+
+
+class _TallyBoard:
+    """Every thread's :class:`_Tally`: ``mine()`` is the caller's, made on its first use.
+
+    With a thread per actor (``dispatcher_threads=0``) threads come and go: registering a new
+    thread folds the tallies of threads that have ended into one, so they do not pile up.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._live: list[tuple[threading.Thread, _Tally]] = []
+        self._retired = _Tally()
+
+    def mine(self) -> _Tally:
+        try:
+            return self._local.tally  # type: ignore[no-any-return]
+        except AttributeError:
+            return self._register()
+
+    def _register(self) -> _Tally:
+        tally = self._local.tally = _Tally()
+        with self._lock:
+            live = []
+            for thread, t in self._live:
+                if thread.is_alive():
+                    live.append((thread, t))
+                else:
+                    self._retired.add(t)
+            live.append((threading.current_thread(), tally))
+            self._live = live
+        return tally
+
+    def totals(self) -> _Tally:
+        total = _Tally()
+        with self._lock:
+            parts = [t for _, t in self._live] + [self._retired]
+        for t in parts:
+            total.add(t)
+        return total
 
 
 class HostMetrics:
@@ -20,34 +115,57 @@ class HostMetrics:
         self.rt = runtime
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.turns = Counter("sessionloop_turns", "Turns ended, by outcome", ["outcome"], registry=r)
-        self.turn_seconds = Histogram("sessionloop_turn_duration_seconds", "Turn duration from start to end",
-                                      registry=r, buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
-        self.model_seconds = Histogram("sessionloop_model_call_duration_seconds", "Model call duration",
-                                       registry=r, buckets=(.001, .005, .01, .05, .1, .5, 1, 5, 10, 30, 60))
-        self.events = Counter("sessionloop_events_appended", "Events appended to the store", registry=r)
-        self.commits = Counter("sessionloop_session_commits", "Commits made by session actors", registry=r)
         self.frames = Counter("sessionloop_frames", "Protocol requests answered, by method and code",
                               ["method", "code"], registry=r)
         self.connections = Gauge("sessionloop_connections", "Open protocol connections", registry=r)
+        self.tallies = _TallyBoard()
         r.register(_Collector(self))
-        self._outcome = {cls: self.turns.labels(name) for cls, name in _TURN_END.items()}
+        r.register(_CommitCollector(self))
 
     def committed(self, actor: Any, events: list[E.Event], result: Any) -> None:
-        self.commits.inc()
-        self.events.inc(len(events))
+        t = self.tallies.mine()
+        t.commits += 1
+        t.events += len(events)
         for event in events:
-            outcome = self._outcome.get(type(event))
+            outcome = _TURN_END.get(type(event))
             if outcome is not None:
-                outcome.inc()
+                t.turns[outcome] += 1
                 turn = actor.state.turns.get(event.turn_id)  # type: ignore[attr-defined]
                 if turn is not None and turn.ended_at is not None:
-                    self.turn_seconds.observe(max(0, turn.ended_at - turn.started_at) / 1000)
-            elif isinstance(event, E.LlmCompleted):
-                self.model_seconds.observe(event.duration_ms / 1000)
+                    t.turn_hist.observe(max(0, turn.ended_at - turn.started_at) / 1000)
+            elif type(event) is E.LlmCompleted:
+                t.model_hist.observe(event.duration_ms / 1000)  # type: ignore[attr-defined]
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
+
+
+class _CommitCollector:
+    """The commit-path counters and histograms, summed over every thread's tally at scrape time."""
+
+    def __init__(self, metrics: HostMetrics) -> None:
+        self.m = metrics
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        total = self.m.tallies.totals()
+        turns = CounterMetricFamily("sessionloop_turns", "Turns ended, by outcome", labels=["outcome"])
+        for outcome in _OUTCOMES:
+            turns.add_metric([outcome], total.turns[outcome])
+        yield turns
+        yield CounterMetricFamily("sessionloop_events_appended", "Events appended to the store", value=total.events)
+        yield CounterMetricFamily("sessionloop_session_commits", "Commits made by session actors", value=total.commits)
+        for name, help_text, h in (
+            ("sessionloop_turn_duration_seconds", "Turn duration from start to end", total.turn_hist),
+            ("sessionloop_model_call_duration_seconds", "Model call duration", total.model_hist),
+        ):
+            cumulative, buckets = 0, []
+            for bound, c in zip((*(repr(float(b)) for b in h.bounds), "+Inf"), h.counts):
+                cumulative += c
+                buckets.append((bound, cumulative))
+            yield HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=h.sum)
 
 
 class _Collector:
