@@ -90,6 +90,7 @@ class Runtime:
         self.results = TurnResults()
         self.tools: ToolRegistry = default_registry()
         self.workspace_root = options.workspace_root or os.path.join(self.data_dir, "workspaces")
+        self._workspace_base: str | None = None  # its real path, found on first use
         self._channels: dict[str, SessionChannel] = {}
         self._channels_lock = threading.Lock()
         self._providers: dict[str, Provider] = {}
@@ -197,8 +198,11 @@ class Runtime:
 
     def workspace(self, state: Any) -> Workspace:
         created = state.created
-        root = created.cwd if created is not None and created.cwd else os.path.join(self.workspace_root, state.session_id)
-        return Workspace(root, create=True)
+        if created is not None and created.cwd:
+            return Workspace(created.cwd, create=True)
+        if self._workspace_base is None:
+            self._workspace_base = os.path.realpath(self.workspace_root)
+        return Workspace.child(self._workspace_base, state.session_id)
 
     def tool_checker(self, state: Any, workspace: Callable[[], Workspace]) -> Callable[[str, Any], ToolPolicy]:
         """``drive``'s view of the registry for one session: existence, argument validation,

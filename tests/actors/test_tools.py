@@ -543,3 +543,28 @@ def test_update_plan_returns_the_plan_for_the_plan_event(ws: Workspace) -> None:
 def test_update_plan_refuses_an_unknown_status_naming_the_field(ws: Workspace) -> None:
     outcome = call("update_plan", {"entries": [{"text": "x", "status": "done"}]}, ToolContext(workspace=ws))
     assert outcome.is_error and "field 'entries[0].status' must be one of" in outcome.output["error"]
+
+
+def test_a_session_workspace_under_a_real_parent_confines_like_a_resolved_one(tmp_path: Path) -> None:
+    """``Workspace.child`` (the fast path for sessions' own directories) refuses what the full
+    constructor refuses, and a session directory that is a symlink is resolved the full way."""
+    parent = tmp_path / "workspaces"
+    parent.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("s")
+    ws = Workspace.child(str(parent), "s1")
+    assert not ws.exists() and ws.root == parent / "s1"
+    ws.ensure()
+    (parent / "s1" / "link").symlink_to(outside)
+    for bad in ("../s2", "/etc/passwd", "link/secret"):
+        with pytest.raises(ToolError, match="outside the workspace"):
+            ws.resolve(bad)
+    assert ws.resolve("a/../b") == parent / "s1" / "b"
+    (parent / "s2").symlink_to(outside)  # the session directory itself points elsewhere
+    linked = Workspace.child(str(parent), "s2")
+    assert linked.root == outside.resolve()
+    assert linked.resolve("secret") == outside.resolve() / "secret"
+    (parent / "s3").write_text("x")
+    with pytest.raises(ValueError, match="not a directory"):
+        Workspace.child(str(parent), "s3")
