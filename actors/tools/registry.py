@@ -207,6 +207,7 @@ class ToolRegistry:
 
     def __init__(self, tools: Iterable[ToolSpec] = ()) -> None:
         self._tools: dict[str, ToolSpec] = {}
+        self._schemas: list[dict[str, Any]] | None = None  # built once per set of tools
         for spec in tools:
             self.register(spec)
 
@@ -215,6 +216,7 @@ class ToolRegistry:
         if spec.name in self._tools and not replace:
             raise ValueError(f"a tool named {spec.name!r} is already registered")
         self._tools[spec.name] = spec
+        self._schemas = None
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
@@ -233,8 +235,12 @@ class ToolRegistry:
         return spec
 
     def schemas(self) -> list[dict[str, Any]]:
-        """Every tool's schema, in registration order, for :class:`ModelRequest.tools`."""
-        return [spec.schema() for spec in self._tools.values()]
+        """Every tool's schema, in registration order, for :class:`ModelRequest.tools`.
+
+        Built once per set of tools (every model call asks): the list is shared, read only."""
+        if self._schemas is None:
+            self._schemas = [spec.schema() for spec in self._tools.values()]
+        return self._schemas
 
     def validate(self, name: str, args: Any) -> dict[str, Any]:
         """The arguments of a call to ``name`` checked against its schema.
