@@ -59,10 +59,11 @@ class HostOptions(msgspec.Struct, kw_only=True):
     presence_window_s: float = 600.0  # seed 004: present for 10 minutes after activity
     approval_rate_limit: int = 10  # approvals per session per minute
     exec_yield_s: float = 10.0  # exec runs in the foreground this long, then as a background task
-    #: session actors share N threads (0: a thread per live session actor). A pool thread is held
-    #: for the whole of a commit (an fsync in `sync`), so more threads keep more commits in flight
-    #: and the group commits larger: 64 measured 8-19% faster than 16 (README, Turns), 128 slower.
-    dispatcher_threads: int = 64
+    #: session actors share N threads (0: a thread per live session actor). A session's hot
+    #: commits release its pool thread while the group commits (``SessionBehaviour._commit_then``),
+    #: so few threads keep many commits in flight: 4, 16 and 64 measured the same within noise
+    #: (README, Turns); 16 leaves room for the commits that still wait (cancel, settings, snapshots).
+    dispatcher_threads: int = 16
 
 
 class DeltaPayload(msgspec.Struct, frozen=True):

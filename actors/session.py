@@ -7,6 +7,11 @@ One mailbox per session. A message is handled as: validate -> decide events -> a
 Model calls and tools never run on this thread; their outcomes come back as messages, so a
 busy session still answers cancel, status and subscribe at once (SPEC §2.4).
 
+On the pooled runtime the hot commits (an input, a model or tool outcome) do not hold a pool
+thread while the group commits: the actor suspends, its mailbox waits, and the rest of the
+message (publish, reply, next effects) runs when the store calls back (Akka Persistence's
+``persist``). A reply still goes out only after its commit is durable.
+
 Supervision (pykka has none, see RELIABILITY): an exception in a handler fails that request
 with a clear error, then the actor rebuilds its state from the store and recovers like after a
 crash; three failures within a minute park the session with the reason recorded.
