@@ -56,6 +56,9 @@ log = logging.getLogger("sessionloop.session")
 
 _SINGLETONS = frozenset({"queue", "plan", "usage"})  # items replaced whole (seed 004)
 _TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
+_TURN_END_TYPES = frozenset(_TURN_END)
+#: the events a commit acts on after it is durable (effects to start, turns to report)
+_EFFECT_TYPES = _TURN_END_TYPES | {E.LlmStarted, E.ToolStarted, E.ToolApprovalRequested, E.ToolApprovalSettled}
 _SUMMARY_TYPES = frozenset({  # event structs are final: no subclass to miss
     E.SessionCreated, E.SessionRenamed, E.SessionArchived, E.SessionUnarchived, E.SessionDeleted,
     E.SessionSeen, E.SessionParked, E.SessionUnparked, E.TurnStarted, *_TURN_END, E.MessagesImported,
@@ -575,20 +578,23 @@ class SessionBehaviour:
             self._save_snapshot()
         if self.items is not None or self.channel.has_subscribers:
             self._publish(events)
-        accepted = [e.turn_id for e in events if isinstance(e, E.InputAccepted)]
+        accepted = [e.turn_id for e in events if type(e) is E.InputAccepted]
         if accepted:
             self.rt.results.expect(accepted)
         for event in events:
-            if isinstance(event, _TURN_END):
+            t = type(event)
+            if t not in _EFFECT_TYPES:  # most events start nothing
+                continue
+            if t in _TURN_END_TYPES:
                 self.rt.turn_ended(state, event)
-            elif isinstance(event, E.LlmStarted) and event.step_id not in inline:
-                self._launch_model(event.turn_id, event.step_id)
-            elif isinstance(event, E.ToolStarted):
-                self._launch_tool(event.turn_id, event.call_id, event.tool, event.args)
-            elif isinstance(event, E.ToolApprovalRequested):
+            elif t is E.LlmStarted and event.step_id not in inline:  # type: ignore[attr-defined]
+                self._launch_model(event.turn_id, event.step_id)  # type: ignore[attr-defined]
+            elif t is E.ToolStarted:
+                self._launch_tool(event.turn_id, event.call_id, event.tool, event.args)  # type: ignore[attr-defined]
+            elif t is E.ToolApprovalRequested:
                 self.rt.approvals.open(self, event)
-            elif isinstance(event, E.ToolApprovalSettled) and event.settlement.source in ("turn-ended", "shutdown"):
-                self.rt.approvals.cancel(event.approval_id, event.settlement.source)
+            elif t is E.ToolApprovalSettled and event.settlement.source in ("turn-ended", "shutdown"):  # type: ignore[attr-defined]
+                self.rt.approvals.cancel(event.approval_id, event.settlement.source)  # type: ignore[attr-defined]
         self._account_unfinished()
         self.rt.committed(self, events, result)
         if compaction is not None:

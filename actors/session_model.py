@@ -227,11 +227,13 @@ def copy_state(state: SessionState) -> SessionState:
 def evolve(state: SessionState, event: E.Event | E.UnknownEvent) -> SessionState:
     """Apply one event. Deterministic; unknown events are skipped (kept in the log)."""
     state.version += 1
-    if isinstance(event, E.UnknownEvent):
-        return state
-    tag = E.event_tag(event)
+    plan = _PLANS.get(type(event))
+    if plan is None:
+        if isinstance(event, E.UnknownEvent):
+            return state
+        plan = _PLANS[type(event)] = (E.event_tag(event), _HANDLERS.get(type(event)))
+    tag, handler = plan
     state.status = next_status(state.status, tag)
-    handler = _HANDLERS.get(type(event))
     if handler is not None:
         handler(state, event)
     if event.at:
@@ -481,6 +483,9 @@ def _rewound(s: SessionState, e: E.TurnRewound) -> None:
 def _artifact(s: SessionState, e: E.ArtifactRecorded) -> None:
     s.artifacts.append(e)
 
+
+#: per event type: its tag and its handler, looked up once (evolve runs for every event)
+_PLANS: dict[type, tuple[str, Any]] = {}
 
 _HANDLERS: dict[type, Any] = {
     E.SessionCreated: _created,
