@@ -94,6 +94,7 @@ class Record:
         self.sent: dict[str, bool] = {}
         self.outcomes: dict[str, Any] = {}
         self.latencies: list[float] = []
+        self.in_flight: dict[object, tuple[str, float]] = {}  # turn -> (session, monotonic start)
 
     def summary(self) -> dict[str, float]:
         lat = sorted(self.latencies)
@@ -103,15 +104,31 @@ class Record:
 
 async def one_turn(turn: Any, session_id: str, tool: bool, started: float, rec: Record) -> None:
     """One turn the way ``sessionloop bench`` drives it in process (:func:`cli.bench_cmd.inprocess_turn`:
-    a ``Send`` told through the directory, the turn's end awaited; no thread per session)."""
+    a ``Send`` told through the directory, the turn's end awaited; no thread per session).
+    A turn that does not end in time fails the run through :func:`watchdog`."""
+    key = object()
+    rec.in_flight[key] = (session_id, time.monotonic())
     try:
-        async with asyncio.timeout(TURN_TIMEOUT_S):
-            outcome = await turn(session_id, TOOL_TEXT if tool else PLAIN_TEXT)
-    except TimeoutError:
-        raise RuntimeError(f"a turn of session {session_id} did not end within {TURN_TIMEOUT_S:g} s") from None
+        outcome = await turn(session_id, TOOL_TEXT if tool else PLAIN_TEXT)
+    finally:
+        del rec.in_flight[key]
     rec.latencies.append(time.perf_counter() - started)
     rec.sent[outcome.turn_id] = tool
     rec.outcomes[outcome.turn_id] = outcome
+
+
+async def watchdog(rec: Record, work: Any) -> None:
+    """Run ``work``; fail if any turn is in flight longer than TURN_TIMEOUT_S. One check a second
+    instead of an ``asyncio.timeout`` per turn (a timer each: ~7 µs, 3% of a turn at these rates)."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        await asyncio.wait([task], timeout=1.0)
+        now = time.monotonic()
+        for session_id, since in list(rec.in_flight.values()):
+            if now - since > TURN_TIMEOUT_S:
+                task.cancel()
+                raise RuntimeError(f"a turn of session {session_id} did not end within {TURN_TIMEOUT_S:g} s")
+    task.result()
 
 
 async def closed_loop(host: Host, ids: list[str], turns_each: int, rec: Record) -> None:
@@ -213,10 +230,10 @@ def measure(host: Host, spec: dict[str, Any], ids: list[str]) -> dict[str, Any]:
     head0, info0 = host.store.head_position, host.store.info()
     cpu0, t0 = time.process_time(), time.perf_counter()
     if spec["rate"] is None:
-        asyncio.run(closed_loop(host, ids, spec["turns"], rec))
+        asyncio.run(watchdog(rec, closed_loop(host, ids, spec["turns"], rec)))
     else:
         total = len(ids) * spec["turns"] // 2
-        asyncio.run(open_loop(host, ids, total, spec["rate"], rec))
+        asyncio.run(watchdog(rec, open_loop(host, ids, total, spec["rate"], rec)))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     info, turns = host.store.info(), len(rec.sent)
     checked = verify(host, head0, rec)
@@ -271,7 +288,7 @@ def touch(host: Host, ids: list[str], spec: dict[str, Any]) -> dict[str, Any]:
     chosen = random.Random(42).sample(ids, min(spec["touch"], len(ids)))
     rec, head0 = Record(), host.store.head_position
     t0 = time.perf_counter()
-    asyncio.run(bounded(host, chosen, spec["concurrency"], rec))
+    asyncio.run(watchdog(rec, bounded(host, chosen, spec["concurrency"], rec)))
     touch_s = time.perf_counter() - t0
     live = host.rt.directory.live_count()
     rss = proc_rss_mib(os.getpid())
