@@ -77,8 +77,16 @@ class ServerLog:
         self._lock = threading.Lock()
 
     def attach(self, server: ServerProcess) -> None:
-        for stream in (server.proc.stdout, server.proc.stderr):  # type: ignore[union-attr]
-            threading.Thread(target=self._drain, args=(stream,), daemon=True).start()
+        proc = server.proc
+        assert proc is not None
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                threading.Thread(target=self._drain, args=(stream,), daemon=True).start()
+        log_file = getattr(server, "log", None)  # the harness sends stderr to a file, not a pipe
+        if proc.stderr is None and log_file is not None:
+            log_file.flush()
+            threading.Thread(target=self._drain, args=(_follow(log_file.name, os.path.getsize(log_file.name), proc),),
+                             daemon=True).start()
 
     def _drain(self, stream: Any) -> None:
         block: list[str] = []
@@ -98,6 +106,26 @@ class ServerLog:
         self.suspicious[key] += 1
         if self.suspicious[key] == 1 and len(self.examples) < 10:
             self.examples.append(full)
+
+
+def _follow(path: str, offset: int, proc: Any) -> Any:
+    """The lines appended to ``path`` from ``offset`` on, until ``proc`` has exited and all are read."""
+    with open(path) as f:
+        f.seek(offset)
+        pending = ""
+        while True:
+            exited = proc.poll() is not None
+            chunk = f.read()
+            if chunk:
+                pending += chunk
+                *lines, pending = pending.split("\n")
+                yield from (line + "\n" for line in lines)
+            elif exited:
+                if pending:
+                    yield pending
+                return
+            else:
+                time.sleep(0.2)
 
 
 def start(data: str, log: ServerLog) -> tuple[ServerProcess, float]:
