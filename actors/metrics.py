@@ -202,6 +202,8 @@ class _Collector:
             ("sessionloop_actors_passivations", "Session passivations", rt.directory.passivations),
             ("sessionloop_gc_frozen_objects", "Objects kept out of the cyclic GC's full passes (frozen at startup)",
              gc.get_freeze_count()),
+            ("sessionloop_gc_young_threshold", "Tracked allocations between young GC passes (actors/gc_policy.py)",
+             gc.get_threshold()[0]),
         ):
             g = GaugeMetricFamily(name, help_text)
             g.add_metric([], float(value))

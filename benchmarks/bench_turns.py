@@ -51,6 +51,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from actors import gc_policy
 from actors.host import Host
 from benchmarks.measure import percentile, proc_rss_mib, rss_peak_mib
 from cli.bench_cmd import inprocess_turn
@@ -200,8 +201,10 @@ def verify(host: Host, after: int, rec: Record) -> dict[str, int]:
 
 def open_host(data_dir: str, spec: dict[str, Any], max_live: int) -> Host:
     threads = {} if spec.get("threads") is None else {"dispatcher_threads": spec["threads"]}
-    return Host.open(data_dir, durability=spec["durability"], permission_mode="acceptCalls",
+    host = Host.open(data_dir, durability=spec["durability"], permission_mode="acceptCalls",
                      max_live=max_live, model_options={"latency_ms": spec["llm_latency_ms"]}, **threads)
+    gc_policy.freeze_startup()  # as ``sessionloop serve`` does once it is up
+    return host
 
 
 def create_sessions(host: Host, n: int, initial_input: str | None = None) -> list[str]:
@@ -412,6 +415,7 @@ def main() -> None:
     args = parse_args()
     if args.child:
         spec = json.loads(args.child)
+        gc_policy.apply()  # the child hosts the sessions: the server's GC settings (actors/gc_policy.py)
         print(json.dumps(JOBS[spec["job"]](spec)))
         return
     base = {"sessions": args.sessions, "turns": args.turns, "llm_latency_ms": args.llm_latency,

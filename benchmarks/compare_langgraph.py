@@ -386,6 +386,9 @@ def main() -> None:
     args = parse_args()
     if args.child:
         spec = json.loads(args.child)
+        from actors import gc_policy
+
+        gc_policy.apply()  # both systems' children get the GC settings sessionloop's server uses
         print(json.dumps(JOBS[spec["system"]](spec)))
         return
     base = {"sessions": args.sessions, "turns": args.turns, "concurrency": args.concurrency,

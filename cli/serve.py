@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import secrets
@@ -14,6 +13,7 @@ from typing import Any
 
 import click
 
+from actors import gc_policy
 from eventstore.errors import SessionloopError
 
 DEFAULT_DATA = ".sessionloop"
@@ -133,10 +133,7 @@ service_hooks: list[Any] = []
 
 async def _run(server: Server, quiet: bool) -> None:
     port = await server.start()
-    # What exists now (modules, the host, the transport) lives as long as the process: out of the
-    # cyclic collector's view, a full collection walks only what sessions made since. A full pass
-    # stops every thread; over ~30k startup objects it cost ~15 ms of every such pause.
-    gc.freeze()
+    gc_policy.freeze_startup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -178,6 +175,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
     """
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    gc_policy.apply()
     try:
         server = Server(data_dir, host=host, port=port, token=token, apps_file=apps_file, durability=durability,
                         allowed_origins=allowed_origins, max_frame_mb=max_frame_mb, max_outbox_mb=max_outbox_mb,
