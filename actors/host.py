@@ -130,11 +130,11 @@ class Host:
         return AsyncSessionLoop(SessionLoop(self, self.apps.get(app)))
 
     def _emit_loop_events(self, actor: Any, events: list[E.Event], result: Any) -> None:
-        from .session_loop import feed_event
-
         app = actor.state.created.app_id if actor.state.created is not None else None
         if app is None or not self.loop_watchers.any(app):
             return
+        from .session_loop import feed_event
+
         for i, event in enumerate(events):
             recorded = RecordedEvent(actor.stream, result.first_version + i, result.first_position + i, result.at,
                                      event)

@@ -24,6 +24,7 @@ from .errors import SessionBusy
 from .faults import FaultInjector
 from .model import ModelRequest, Provider, make_provider
 from .pubsub import Reply, SessionChannel, TurnResults
+from .session import Effect, turn_outcome
 from .session_decide import AgentConfig, ToolPolicy, system_messages
 from .tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
 from .worker import WorkerLoop
@@ -227,8 +228,6 @@ class Runtime:
         return check
 
     def tool_context(self, actor: SessionActor, turn_id: str, call_id: str) -> ToolContext:
-        from .session import Effect
-
         workspace = actor.workspace()
         ref, channel, sid = actor.actor_ref, actor.channel, actor.sid
 
@@ -370,8 +369,6 @@ class Runtime:
         return items
 
     def turn_ended(self, state: Any, event: E.Event) -> None:
-        from .session import turn_outcome
-
         self.results.complete(turn_outcome(state, event))
 
     def results_fail_pending(self, state: Any, code: str) -> None:
@@ -441,9 +438,7 @@ class Compaction:
 
     def _summarise(self, actor: SessionActor, inp: Any, *, auto: bool, turn_id: str | None,
                    reply: Reply | None) -> None:
-        from .model import ModelRequest
         from .model.base import ignore_delta
-        from .session import Effect
 
         request = ModelRequest(messages=build_summary_request(inp.messages, inp.previous_summary), tools=[])
         provider = self.rt.provider_for(actor.state)

@@ -48,6 +48,7 @@ from .session_decide import (
     system_messages,
 )
 from .session_model import SessionState, decode_state, encode_state, evolve, new_state
+from .summary_records import encode_summary_record, summary_record
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -552,8 +553,6 @@ class SessionBehaviour:
                 break
         else:
             return None
-        from .summary_records import encode_summary_record, summary_record
-
         self.last_record = summary_record(self.state, self._awaiting_approval(), self.rt.background(self.sid))
         self.record_dirty = True
         return encode_summary_record(self.last_record)
