@@ -33,6 +33,7 @@ from eventstore import events as E
 
 from .caller import CURRENT_CALL, CallerContext
 from .context import model_view
+from .model.base import ignore_delta
 from .dispatch import PooledActor
 from .errors import ActorError, NotFound, SessionParked
 from .pubsub import Reply, TurnOutcome
@@ -501,7 +502,7 @@ class SessionBehaviour:
         try:
             # no live deltas for an answer that is complete at once: the committed item carries
             # the whole text, and deltas would otherwise reach clients before the item exists
-            r = answer_now(self._model_request(cfg), _no_delta)
+            r = answer_now(self._model_request(cfg), ignore_delta)
         except SessionloopError as e:
             return step_id, decide_model_done(state, step_id, None, str(e), now)
         if r is None:
@@ -851,10 +852,6 @@ def _streaming_item(kind: str, item_id: str, turn_id: str | None) -> Any:
     if kind == "text":
         return AgentMessageItem(item_id=item_id, at=now_ms(), turn_id=turn_id, text="")
     return ReasoningItem(item_id=item_id, at=now_ms(), turn_id=turn_id, text="")
-
-
-def _no_delta(kind: str, text: str) -> None:
-    return None
 
 
 def _ms_since(started: float) -> int:

@@ -21,6 +21,7 @@ Errors::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
@@ -105,9 +106,12 @@ def args_json(args: Any) -> str:
     return _json_encoder.encode({} if args is None else args).decode()
 
 
+_content = attrgetter("content")
+
+
 def content_chars(messages: Sequence[Message]) -> int:
     """Total characters of the messages' contents (the mock's prompt-token basis, SPEC §4)."""
-    return sum(len(m.content) for m in messages)
+    return sum(map(len, map(_content, messages)))  # in C: this runs over the history per model call
 
 
 def completion_chars(text: str, reasoning: str, tool_calls: Sequence[ToolCallSpec]) -> int:
@@ -122,6 +126,8 @@ def chunks(text: str, size: int) -> list[str]:
 
 def stream_now(on_delta: DeltaCallback, kind: str, text: str, size: int) -> None:
     """Report ``text`` as deltas of ``size`` characters, synchronously, without yielding."""
+    if on_delta is ignore_delta:
+        return
     for piece in chunks(text, size):
         on_delta(kind, piece)
 
