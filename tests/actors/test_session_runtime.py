@@ -370,3 +370,18 @@ def test_a_sessions_history_holds_nothing_the_cyclic_gc_must_walk(open_host):
     assert all(isinstance(t.input_ids, tuple) for t in state.turns.values())
     events = [r.event for r in session.events()]
     assert events and not any(gc.is_tracked(e) for e in events)
+
+
+def test_ids_are_time_ordered_hex_and_unique_without_a_system_call_each():
+    """``new_id``: 11 hex digits of milliseconds, 10 of a generator seeded once from the OS."""
+    import re
+    import time
+
+    from actors.host import new_id
+
+    before = int(time.time() * 1000)
+    ids = [new_id() for _ in range(100_000)]
+    after = int(time.time() * 1000)
+    assert all(re.fullmatch(r"[0-9a-f]{21}", i) for i in ids[:1000])
+    assert len(set(ids)) == len(ids)
+    assert before <= int(ids[0][:11], 16) <= int(ids[-1][:11], 16) <= after
