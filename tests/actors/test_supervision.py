@@ -82,3 +82,46 @@ def test_every_wait_on_an_actor_has_a_timeout():
     reply = Reply()
     with pytest.raises(RequestTimeout, match="no answer within 0.05 s"):
         reply.result(0.05)
+
+
+def test_an_append_refused_at_commit_time_fails_the_input_and_the_session_goes_on(host):
+    """The persist-and-resume path: the store refuses the group's append after the actor has
+    suspended (here another writer took the stream's next version, as an overlapping actor
+    instance would). The input fails with the store's error, nothing of it is written, the actor
+    reloads from the log, and its next input runs."""
+    from eventstore import WrongExpectedVersion
+
+    s = host.create()
+    stream = f"session-{s.id}"
+    s.run("first")
+    # another writer appends behind the actor's back; the actor's state still has the old version
+    host.store.append(stream, [E.SessionRenamed(at=1, title="renamed elsewhere")])
+    version = host.store.stream_version(stream)
+    with pytest.raises(WrongExpectedVersion):
+        s.send("lost race")
+    assert host.store.stream_version(stream) == version  # nothing of the refused input
+    assert not any(isinstance(r.event, E.InputAccepted) and r.event.text == "lost race" for r in s.events())
+    assert s.run("after").output_text == "echo: after"
+    assert s.snapshot().title == "renamed elsewhere"  # reloaded from the log, the other write included
+
+
+def test_a_tool_outcome_refused_at_commit_time_is_retried_and_the_turn_completes(open_host, caplog):
+    host = open_host(permission_mode="acceptCalls", retry_delay_s=0.05)
+    s = host.create()
+    stream = f"session-{s.id}"
+    gate = threading.Event()
+    original = host.rt.tools.execute
+
+    async def held(name, args, ctx):
+        # while the tool runs, another writer takes the stream's next version
+        host.store.append(stream, [E.SessionRenamed(at=1, title="meanwhile")])
+        gate.set()
+        return await original(name, args, ctx)
+
+    host.rt.tools.execute = held
+    result = s.run('!tool list_files {"path": "."}\ngo')
+    assert gate.is_set()
+    assert result.output_text == "done: 1 tool calls"
+    finished = [r.event for r in s.events() if isinstance(r.event, E.ToolFinished)]
+    assert len(finished) == 1  # the outcome was committed once, after the reload
+    assert any("retrying ToolDone" in r.getMessage() and "expected" in r.getMessage().lower() for r in caplog.records)
