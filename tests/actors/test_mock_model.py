@@ -243,7 +243,7 @@ def test_sleep_streams_the_answer_over_the_given_time() -> None:
     assert stamps[-1] >= 0.25
 
 
-def test_sleep_is_abortable_at_any_moment_by_task_cancellation() -> None:
+def test_sleep_is_abortable_at_any_moment_by_task_cancellation(paused_gc) -> None:
     deltas: list[str] = []
 
     async def scenario() -> float:

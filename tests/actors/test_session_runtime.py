@@ -75,7 +75,7 @@ def test_inputs_queue_in_fifo_order_and_one_turn_runs_at_a_time(host):
     assert order == ["turn.started", "turn.completed"] * 5
 
 
-def test_cancel_during_a_long_model_call_returns_in_well_under_100_ms(host):
+def test_cancel_during_a_long_model_call_returns_in_well_under_100_ms(host, paused_gc):
     s = host.create()
     receipt = s.send("!sleep 5000\nslow")
     time.sleep(0.05)
@@ -88,7 +88,7 @@ def test_cancel_during_a_long_model_call_returns_in_well_under_100_ms(host):
     assert s.state == "cancelled"
 
 
-def test_status_answers_at_once_while_a_turn_runs(host):
+def test_status_answers_at_once_while_a_turn_runs(host, paused_gc):
     s = host.create()
     s.send("!sleep 3000\nbusy")
     time.sleep(0.05)
