@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -15,6 +16,16 @@ from eventstore import events as E
 FIELDS = {"turns": int, "tool_turns": int, "seconds": float, "turns_per_s": float, "events": int,
           "events_per_s": float, "events_per_turn": float, "p50_ms": float, "p95_ms": float, "p99_ms": float,
           "max_ms": float, "cpu_ms_per_turn": float, "peak_rss_mib": float, "check": dict}
+
+
+@pytest.fixture(autouse=True)
+def own_gc_settings():
+    """An in-process bench applies the server's GC settings to its process (actors/gc_policy.py);
+    here that process is pytest's, so they are put back after each test."""
+    thresholds = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
 
 
 def bench(*args: str) -> Result:
@@ -44,6 +55,8 @@ def test_inprocess_small_run_reports_every_field_and_checks_the_log() -> None:
     check_report(report, turns=10, tool_turns=5)
     assert report["params"]["via"] == "inprocess" and report["params"]["durability"] == "nosync"
     assert report["params"]["sessions"] == 5 and report["params"]["turns"] == 2
+    # the process hosting the sessions ran with the server's GC settings, as `serve` does
+    assert gc.get_threshold()[0] >= 10_000 and gc.get_freeze_count() > 0
 
 
 def test_ws_small_run_over_real_websocket_connections() -> None:
