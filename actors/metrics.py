@@ -120,7 +120,6 @@ class HostMetrics:
         self.connections = Gauge("sessionloop_connections", "Open protocol connections", registry=r)
         self.tallies = _TallyBoard()
         r.register(_Collector(self))
-        r.register(_CommitCollector(self))
 
     def committed(self, actor: Any, events: list[E.Event], result: Any) -> None:
         t = self.tallies.mine()
@@ -140,36 +139,27 @@ class HostMetrics:
         return bytes(generate_latest(self.registry))
 
 
-class _CommitCollector:
-    """The commit-path counters and histograms, summed over every thread's tally at scrape time."""
-
-    def __init__(self, metrics: HostMetrics) -> None:
-        self.m = metrics
-
-    def describe(self) -> list[Any]:
-        return []
-
-    def collect(self) -> Any:
-        total = self.m.tallies.totals()
-        turns = CounterMetricFamily("sessionloop_turns", "Turns ended, by outcome", labels=["outcome"])
-        for outcome in _OUTCOMES:
-            turns.add_metric([outcome], total.turns[outcome])
-        yield turns
-        yield CounterMetricFamily("sessionloop_events_appended", "Events appended to the store", value=total.events)
-        yield CounterMetricFamily("sessionloop_session_commits", "Commits made by session actors", value=total.commits)
-        for name, help_text, h in (
-            ("sessionloop_turn_duration_seconds", "Turn duration from start to end", total.turn_hist),
-            ("sessionloop_model_call_duration_seconds", "Model call duration", total.model_hist),
-        ):
-            cumulative, buckets = 0, []
-            for bound, c in zip((*(repr(float(b)) for b in h.bounds), "+Inf"), h.counts):
-                cumulative += c
-                buckets.append((bound, cumulative))
-            yield HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=h.sum)
+def _commit_families(total: _Tally) -> Any:
+    """The commit-path counters and histograms, from every thread's tally summed at scrape time."""
+    turns = CounterMetricFamily("sessionloop_turns", "Turns ended, by outcome", labels=["outcome"])
+    for outcome in _OUTCOMES:
+        turns.add_metric([outcome], total.turns[outcome])
+    yield turns
+    yield CounterMetricFamily("sessionloop_events_appended", "Events appended to the store", value=total.events)
+    yield CounterMetricFamily("sessionloop_session_commits", "Commits made by session actors", value=total.commits)
+    for name, help_text, h in (
+        ("sessionloop_turn_duration_seconds", "Turn duration from start to end", total.turn_hist),
+        ("sessionloop_model_call_duration_seconds", "Model call duration", total.model_hist),
+    ):
+        cumulative, buckets = 0, []
+        for bound, c in zip((*(repr(float(b)) for b in h.bounds), "+Inf"), h.counts):
+            cumulative += c
+            buckets.append((bound, cumulative))
+        yield HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=h.sum)
 
 
 class _Collector:
-    """Gauges read at scrape time from the store and the directory."""
+    """What is read at scrape time: the commit-path tallies, the store, the directory."""
 
     def __init__(self, metrics: HostMetrics) -> None:
         self.m = metrics
@@ -178,6 +168,7 @@ class _Collector:
         return []
 
     def collect(self) -> Any:
+        yield from _commit_families(self.m.tallies.totals())
         rt = self.m.rt
         info = rt.store.info()
         store = InfoMetricFamily("sessionloop_store", "Event store settings")
