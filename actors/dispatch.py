@@ -205,17 +205,22 @@ class PooledActor(pykka.Actor):
         self.actor_inbox.resume_with(fn)  # type: ignore[attr-defined]
 
     def _run_continuation(self, fn: Any) -> None:
+        """Like a message nobody waits on (a tell): a failure goes to ``on_failure``."""
         try:
             fn()
         except Exception:
-            self._handle_failure(*sys.exc_info())
-            try:
-                self.on_failure(*sys.exc_info())
-            except Exception:  # noqa: BLE001
-                self._handle_failure(*sys.exc_info())
+            self._unanswered_failure()
         except BaseException:  # noqa: BLE001 - as for a message
             self._stop()
             pykka.ActorRegistry.stop_all()
+
+    def _unanswered_failure(self) -> None:
+        """pykka's rule for an exception nobody receives: log it, stop, call ``on_failure``."""
+        self._handle_failure(*sys.exc_info())
+        try:
+            self.on_failure(*sys.exc_info())
+        except Exception:  # noqa: BLE001
+            self._handle_failure(*sys.exc_info())
 
     def _handle_envelope(self, envelope: Any) -> None:
         """pykka's per-message rules (``Actor._actor_loop_running``), for one message."""
@@ -227,11 +232,7 @@ class PooledActor(pykka.Actor):
             if envelope.reply_to is not None:
                 envelope.reply_to.set_exception()
             else:
-                self._handle_failure(*sys.exc_info())
-                try:
-                    self.on_failure(*sys.exc_info())
-                except Exception:  # noqa: BLE001
-                    self._handle_failure(*sys.exc_info())
+                self._unanswered_failure()
         except BaseException:  # noqa: BLE001 - pykka: SystemExit and the like stop every actor
             self._stop()
             pykka.ActorRegistry.stop_all()
