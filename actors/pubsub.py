@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import msgspec
 
 from .errors import RequestTimeout
+from .worker import LoopBatch
 
 
 class Reply:
@@ -98,16 +99,14 @@ class Reply:
 
 
 class _LoopInbox:
-    """Completions for one event loop, handed over in batches: one wake-up of the loop (a
-    self-pipe write) per batch instead of one per reply, which matters at thousands of turns/s."""
+    """Completions for one event loop, handed over in batches (:class:`LoopBatch`)."""
 
     _by_loop: dict[int, _LoopInbox] = {}
     _registry_lock = threading.Lock()
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.lock = threading.Lock()
-        self.items: list[tuple[asyncio.Future[Any], Reply]] = []
+        self.batch: LoopBatch[tuple[asyncio.Future[Any], Reply]] = LoopBatch(loop, _settle_all)
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> _LoopInbox:
@@ -121,20 +120,15 @@ class _LoopInbox:
         return inbox
 
     def put(self, fut: asyncio.Future[Any], reply: Reply) -> None:
-        with self.lock:
-            self.items.append((fut, reply))
-            first = len(self.items) == 1
-        if first:
-            try:
-                self.loop.call_soon_threadsafe(self._drain)
-            except RuntimeError:  # the loop is closed: nobody waits any more
-                pass
+        try:
+            self.batch.add((fut, reply))
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
 
-    def _drain(self) -> None:
-        with self.lock:
-            items, self.items = self.items, []
-        for fut, reply in items:
-            _settle(fut, reply)
+
+def _settle_all(items: list[tuple[asyncio.Future[Any], Reply]]) -> None:
+    for fut, reply in items:
+        _settle(fut, reply)
 
 
 def _settle(fut: asyncio.Future[Any], reply: Reply) -> None:
