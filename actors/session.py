@@ -398,9 +398,8 @@ class SessionBehaviour:
         if pending is None:
             return None, []
         try:
-            result = self.rt.store.append(self.stream, pending.events, pending.version, idempotency=claim,
-                                          feed=self._app_id(), meta=self._meta(pending.events),
-                                          flags=self._flags())
+            result = self.rt.store.append(self.stream, pending.events, pending.version,
+                                          **self._append_options(pending, claim))
         except BaseException:
             self._reload()
             raise
@@ -426,12 +425,17 @@ class SessionBehaviour:
 
         self._suspend()
         try:
-            self.rt.store.append_async(self.stream, pending.events, pending.version, done, idempotency=claim,
-                                       feed=self._app_id(), meta=self._meta(pending.events), flags=self._flags())
+            self.rt.store.append_async(self.stream, pending.events, pending.version, done,
+                                       **self._append_options(pending, claim))
         except BaseException:
-            self._resume(_nothing)
+            self._resume(_ignore)
             self._reload()
             raise
+
+    def _append_options(self, pending: _Pending, claim: IdempotencyClaim | None) -> dict[str, Any]:
+        """What goes into the commit's transaction beside the events (the same for both paths)."""
+        return {"idempotency": claim, "feed": self._app_id(), "meta": self._meta(pending.events),
+                "flags": self._flags()}
 
     def _resumed(self, pending: _Pending, result: Any, error: BaseException | None, then: Any) -> None:
         if error is not None:
@@ -837,11 +841,7 @@ class _Pending:
         self.compaction = compaction
 
 
-def _nothing() -> None:
-    return None
-
-
-def _ignore(result: Any) -> None:
+def _ignore(*_: Any) -> None:
     return None
 
 
