@@ -292,6 +292,7 @@ def create_sessions(host: Any, n: int) -> list[str]:
 async def run_inprocess(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
     from actors import gc_policy
 
+    gc_policy.apply()  # this process hosts the sessions: the server's GC settings, as ``serve``
     host = open_host(data_dir, cfg)
     gc_policy.freeze_startup()  # as ``serve`` does once it is up
     try:
@@ -588,10 +589,6 @@ def failure_line(check: dict[str, Any]) -> str:
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run one benchmark and return its report (``check.ok`` false on any lost/duplicated turn)."""
     cfg.validate()
-    if cfg.via == "inprocess":  # this process hosts the sessions: the server's GC settings
-        from actors import gc_policy
-
-        gc_policy.apply()
     data_dir = cfg.data_dir or tempfile.mkdtemp(prefix="sessionloop-bench-")
     try:
         runner = run_ws if cfg.via == "ws" else run_inprocess
