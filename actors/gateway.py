@@ -284,11 +284,16 @@ class SessionProtocolService:
         """Seed 004: when the services behind the feature bits go away, every connection is told
         with ``features/changed`` (all off), so a client disables its input while the server
         drains instead of finding out from a dropped socket."""
-        off = FeaturesChanged(features=Features(send=False, rewind=False, compress=False, settings=False))
+        self.notify_all("features/changed",
+                        FeaturesChanged(features=Features(send=False, rewind=False, compress=False, settings=False)))
+
+    def notify_all(self, method: str, params: msgspec.Struct) -> None:
+        """``method`` to every open connection."""
         with self._lock:
             conns = list(self.connections)
         for conn in conns:
-            conn.notify("features/changed", off)
+            if not conn.closed:
+                conn.notify(method, params)
 
     def close(self) -> None:
         with self._lock:

@@ -113,11 +113,7 @@ class _Broadcast:
     def push(self) -> None:
         with self.lock:
             self.scheduled = False
-        with self.service._lock:
-            conns = list(self.service.connections)
-        for conn in conns:
-            if not conn.closed:
-                conn.notify("session/config/changed", Empty())
+        self.service.notify_all("session/config/changed", Empty())
 
 
 def settings_handlers(service: SessionProtocolService, settings: SettingsService) -> dict[str, Any]:
