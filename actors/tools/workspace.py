@@ -41,14 +41,15 @@ class ToolError(SessionloopError):
 class Workspace:
     """A root directory; :meth:`resolve` maps tool paths into it or refuses them."""
 
-    def __init__(self, root: str | os.PathLike[str], *, create: bool = False) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, create: bool = False, real: bool = False) -> None:
         """``create=True`` allows a root that does not exist yet: it is made by :meth:`ensure`
         when a tool first writes (a session's own directory; a ``mkdir`` costs ~0.3 ms of
-        kernel time here, so a session that only talks or reads never pays it)."""
-        path = Path(root).expanduser()
+        kernel time here, so a session that only talks or reads never pays it). ``real=True``
+        says ``root`` is already absolute and free of symlinks (see :meth:`child`)."""
+        path = Path(root) if real else Path(root).expanduser()
         if not path.is_dir() and not (create and not path.exists()):
             raise ValueError(f"workspace root {path} is not a directory")
-        self.root = path.resolve()
+        self.root = path if real else path.resolve()
         self._root = str(self.root)
         self._prefix = self._root.rstrip(os.sep) + os.sep
 
@@ -59,15 +60,8 @@ class Workspace:
         Skips ``Path.resolve``'s walk over every component (a few syscalls and ~20 µs each time
         a session activates); a ``name`` that is a symlink is resolved the full way."""
         path = os.path.join(parent_real, name)
-        if os.sep in name or name in ("", ".", "..") or os.path.islink(path):
-            return cls(path, create=True)
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise ValueError(f"workspace root {path} is not a directory")
-        ws = cls.__new__(cls)
-        ws.root = Path(path)
-        ws._root = path
-        ws._prefix = path.rstrip(os.sep) + os.sep
-        return ws
+        plain = os.sep not in name and name not in ("", ".", "..") and not os.path.islink(path)
+        return cls(path, create=True, real=plain)
 
     def exists(self) -> bool:
         return os.path.isdir(self._root)
