@@ -67,14 +67,15 @@ async def list_files(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """The entries of a directory, sorted, directories with a trailing ``/``."""
     path = args.get("path") or "."
     real = ctx.workspace.resolve(path)
-    if real == ctx.workspace.root and not real.exists():
-        return {"path": ".", "entries": [], "truncated": False}  # not created until first written
-    if not real.exists():
-        raise ToolError(f"{path!r} does not exist")
-    if not real.is_dir():
-        raise ToolError(f"{path!r} is not a directory")
-    with os.scandir(real) as scan:
-        entries = sorted((e.name + "/" if e.is_dir() else e.name) for e in scan)
+    try:  # one system call when the directory is there, as it is for all but a session's first list
+        with os.scandir(real) as scan:
+            entries = sorted((e.name + "/" if e.is_dir() else e.name) for e in scan)
+    except FileNotFoundError:
+        if real == ctx.workspace.root:
+            return {"path": ".", "entries": [], "truncated": False}  # not created until first written
+        raise ToolError(f"{path!r} does not exist") from None
+    except NotADirectoryError:
+        raise ToolError(f"{path!r} is not a directory") from None
     return {
         "path": ctx.workspace.relative(path),
         "entries": entries[:LIST_LIMIT],
