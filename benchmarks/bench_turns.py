@@ -54,7 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from actors import gc_policy
 from actors.host import Host
 from benchmarks.measure import percentile, proc_rss_mib, rss_peak_mib
-from cli.bench_cmd import inprocess_turn
+from cli.bench_cmd import inprocess_turn, is_tool_turn
 from eventstore import events as E
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -63,10 +63,7 @@ PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
 TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
 TURN_TIMEOUT_S = 120.0
-
-
-def is_tool_turn(i: int) -> bool:
-    return i % 2 == 0
+TOOL_RATIO = 0.5  # half the turns make one tool call, spread evenly (cli.bench_cmd.is_tool_turn)
 
 
 def messages_per_turn(llm_latency_ms: float) -> dict[str, float]:
@@ -135,11 +132,11 @@ async def watchdog(rec: Record, work: Any) -> None:
 async def closed_loop(host: Host, ids: list[str], turns_each: int, rec: Record) -> None:
     turn = inprocess_turn(host)
 
-    async def session_loop(session_id: str) -> None:
+    async def session_loop(k: int, session_id: str) -> None:
         for j in range(turns_each):
-            await one_turn(turn, session_id, is_tool_turn(j), time.perf_counter(), rec)
+            await one_turn(turn, session_id, is_tool_turn(TOOL_RATIO, k, j, len(ids)), time.perf_counter(), rec)
 
-    await asyncio.gather(*(session_loop(s) for s in ids))
+    await asyncio.gather(*(session_loop(k, s) for k, s in enumerate(ids)))
 
 
 async def open_loop(host: Host, ids: list[str], total: int, rate: float, rec: Record) -> None:
@@ -151,7 +148,7 @@ async def open_loop(host: Host, ids: list[str], total: int, rate: float, rec: Re
         delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tool = is_tool_turn(i // len(ids))
+        tool = is_tool_turn(TOOL_RATIO, i % len(ids), i // len(ids), len(ids))
         tasks.append(asyncio.ensure_future(one_turn(turn, ids[i % len(ids)], tool, due, rec)))
     await asyncio.gather(*tasks)
 
@@ -162,7 +159,7 @@ async def bounded(host: Host, ids: list[str], concurrency: int, rec: Record) -> 
 
     async def touch(i: int, session_id: str) -> None:
         async with gate:
-            await one_turn(turn, session_id, is_tool_turn(i), time.perf_counter(), rec)
+            await one_turn(turn, session_id, is_tool_turn(TOOL_RATIO, i, 0, len(ids)), time.perf_counter(), rec)
 
     await asyncio.gather(*(touch(i, s) for i, s in enumerate(ids)))
 

@@ -101,10 +101,13 @@ def sessions_per_connection(cfg: BenchConfig) -> int:
 
 
 def is_tool_turn(ratio: float, session_index: int, turn_index: int, sessions: int) -> bool:
-    """Tool turns spread evenly: of the global sequence k = turn * sessions + session, exactly
-    ``floor((k + 1) * ratio) - floor(k * ratio)`` is 1 for a tool turn (so ratio 0.5 alternates,
-    and every session gets its share even with one turn each)."""
-    k = turn_index * sessions + session_index
+    """Tool turns spread evenly over the sessions in flight and over each session's turns: of the
+    global sequence k = turn * sessions + (session + turn) mod sessions, a turn is a tool turn when
+    ``floor((k + 1) * ratio) - floor(k * ratio)`` is 1. So at ratio 0.5 the turns sent alternate,
+    each session alternates, and every session gets its share even with one turn each. (A tool
+    turn costs about three plain ones: giving every session its tool turns at the same turn
+    index would offer bursts of tool turns, then of plain ones, instead of a steady mix.)"""
+    k = turn_index * sessions + (session_index + turn_index) % sessions
     return int((k + 1) * ratio + 1e-9) - int(k * ratio + 1e-9) == 1
 
 
