@@ -134,7 +134,7 @@ async def closed_loop(host: Host, ids: list[str], turns_each: int, rec: Record) 
 
     async def session_loop(k: int, session_id: str) -> None:
         for j in range(turns_each):
-            await one_turn(turn, session_id, is_tool_turn(TOOL_RATIO, k, j, len(ids)), time.perf_counter(), rec)
+            await one_turn(turn, session_id, is_tool_turn(TOOL_RATIO, k, j), time.perf_counter(), rec)
 
     await asyncio.gather(*(session_loop(k, s) for k, s in enumerate(ids)))
 
@@ -148,7 +148,7 @@ async def open_loop(host: Host, ids: list[str], total: int, rate: float, rec: Re
         delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tool = is_tool_turn(TOOL_RATIO, i % len(ids), i // len(ids), len(ids))
+        tool = is_tool_turn(TOOL_RATIO, i % len(ids), i // len(ids))
         tasks.append(asyncio.ensure_future(one_turn(turn, ids[i % len(ids)], tool, due, rec)))
     await asyncio.gather(*tasks)
 
@@ -159,7 +159,7 @@ async def bounded(host: Host, ids: list[str], concurrency: int, rec: Record) -> 
 
     async def touch(i: int, session_id: str) -> None:
         async with gate:
-            await one_turn(turn, session_id, is_tool_turn(TOOL_RATIO, i, 0, len(ids)), time.perf_counter(), rec)
+            await one_turn(turn, session_id, is_tool_turn(TOOL_RATIO, i, 0), time.perf_counter(), rec)
 
     await asyncio.gather(*(touch(i, s) for i, s in enumerate(ids)))
 

@@ -243,7 +243,7 @@ def lg_asyncio(spec: dict[str, Any], db: str, workspace: str) -> dict[str, Any]:
                 tid = f"thread-{i}"
                 config = {"configurable": {"thread_id": tid}}
                 for j in range(m):
-                    tool = is_tool_turn(spec["tool_ratio"], i, j, n)
+                    tool = is_tool_turn(spec["tool_ratio"], i, j)
                     async with gate:
                         sent[tid].append(tool)
                         t0 = time.perf_counter()
@@ -276,7 +276,7 @@ def lg_threads(spec: dict[str, Any], db: str, workspace: str) -> dict[str, Any]:
         tid = f"thread-{i}"
         config = {"configurable": {"thread_id": tid}}
         for j in range(m):
-            tool = is_tool_turn(spec["tool_ratio"], i, j, n)
+            tool = is_tool_turn(spec["tool_ratio"], i, j)
             sent[tid].append(tool)
             t0 = time.perf_counter()
             graph.invoke(turn_input(TOOL_TEXT if tool else PLAIN_TEXT), config)

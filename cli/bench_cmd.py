@@ -100,14 +100,15 @@ def sessions_per_connection(cfg: BenchConfig) -> int:
     return cfg.per_connection or max(1, min(50, cfg.sessions // 20))
 
 
-def is_tool_turn(ratio: float, session_index: int, turn_index: int, sessions: int) -> bool:
-    """Tool turns spread evenly over the sessions in flight and over each session's turns: of the
-    global sequence k = turn * sessions + (session + turn) mod sessions, a turn is a tool turn when
-    ``floor((k + 1) * ratio) - floor(k * ratio)`` is 1. So at ratio 0.5 the turns sent alternate,
-    each session alternates, and every session gets its share even with one turn each. (A tool
-    turn costs about three plain ones: giving every session its tool turns at the same turn
-    index would offer bursts of tool turns, then of plain ones, instead of a steady mix.)"""
-    k = turn_index * sessions + (session_index + turn_index) % sessions
+def is_tool_turn(ratio: float, session_index: int, turn_index: int) -> bool:
+    """Tool turns spread evenly over the sessions in flight and over each session's turns: turn
+    ``t`` of session ``s`` is a tool turn when ``floor((k + 1) * ratio) - floor(k * ratio)`` is 1
+    for ``k = s + t``. The sessions of one round take consecutive ``k``, and so do the turns of
+    one session, so each gets its share within one: at ratio 0.5 the turns of a round alternate
+    and so does every session, whatever the session count. (A tool turn costs about three plain
+    ones: giving every session its tool turns at the same turn index would offer bursts of tool
+    turns, then of plain ones, instead of a steady mix.)"""
+    k = session_index + turn_index
     return int((k + 1) * ratio + 1e-9) - int(k * ratio + 1e-9) == 1
 
 
@@ -167,7 +168,7 @@ async def drive(cfg: BenchConfig, rec: Record, send_turn: SendTurn) -> float:
             async with gate:
                 if deadline is not None and time.perf_counter() >= deadline:
                     return
-                tool = is_tool_turn(cfg.tool_ratio, i, j, cfg.sessions)
+                tool = is_tool_turn(cfg.tool_ratio, i, j)
                 srec.sent.append(tool)
                 rec.in_flight += 1
                 started = time.perf_counter()

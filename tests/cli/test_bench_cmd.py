@@ -7,6 +7,8 @@ import json
 
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cli import bench_cmd
 from cli.main import main
@@ -157,3 +159,16 @@ def test_a_refused_send_ends_the_drivers_wait_with_not_accepted_at_once(tmp_path
         assert not host.rt.results._waiters
     finally:
         host.close()
+
+
+@given(ratio=st.sampled_from([0.0, 0.1, 0.25, 1 / 3, 0.5, 0.75, 1.0]), sessions=st.integers(1, 60),
+       turns=st.integers(1, 12))
+def test_tool_turns_are_spread_over_every_round_and_every_session(ratio: float, sessions: int, turns: int) -> None:
+    grid = [[bench_cmd.is_tool_turn(ratio, s, t) for t in range(turns)] for s in range(sessions)]
+    for t in range(turns):  # each round of sends: its share, within one
+        assert abs(sum(grid[s][t] for s in range(sessions)) - sessions * ratio) <= 1
+    for s in range(sessions):  # each session: its share, within one
+        assert abs(sum(grid[s]) - turns * ratio) <= 1
+    if ratio == 0.5:  # half and half: the sends of a round and the turns of a session alternate
+        assert all(grid[s][t] != grid[s][t + 1] for s in range(sessions) for t in range(turns - 1))
+        assert all(grid[s][t] != grid[s + 1][t] for s in range(sessions - 1) for t in range(turns))
