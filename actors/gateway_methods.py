@@ -39,6 +39,7 @@ from .errors import InvalidCommand, NotFound
 from .pubsub import Reply
 from .session import Apply, Cancel, Compact, Create, Query, Send, now_ms
 from .session_decide import decide_cancel, decide_rename, ensure_usable
+from .summary_records import ListingRow, listing_key, summary_from_row
 
 if TYPE_CHECKING:
     from .gateway import ClientConnection, SessionProtocolService
@@ -149,19 +150,17 @@ class _Handlers:
 
     def sessions_list(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
         def work() -> SessionsListResult:
-            summaries = self.index.summaries(conn.visible)
-            records = {r.id: r for r in self.index.records()}
-
-            def terms(s: Any) -> list[str]:
-                rec = records.get(s.id)
-                named = [t for t in (rec.title, rec.name) if t] if rec is not None else []
+            def terms(row: ListingRow) -> list[str]:
+                record = row.record
+                named = [t for t in (record.title, record.name) if t]
                 # a room's window key (``platform:account:group:number``) answers ``platform:group``
-                window = [s.place.key] if s.place is not None and s.place.kind == "window" else []
-                return [s.id, *named, *window]  # default names do not match (seed 004, 搜索)
+                window = [row.place.key] if row.place is not None and row.place.kind == "window" else []
+                return [row.id, *named, *window]  # default names do not match (seed 004, 搜索)
 
             if params.parent_id is not None:
                 self.check(conn, params.parent_id)
-            return list_sessions(summaries, params, search_terms=terms)
+            return list_sessions(self.index.rows(conn.visible), params, search_terms=terms,
+                                 materialize=summary_from_row, key=listing_key)
 
         in_background(self.svc, conn, request_id, work)
 

@@ -19,7 +19,14 @@ import msgspec
 
 from protocol.listing import TreeFields, compute_tree_fields
 
-from .summary_records import SummaryRecord, decode_summary_record, node_from_record, summary_from_record
+from .summary_records import (
+    ListingRow,
+    SummaryRecord,
+    decode_summary_record,
+    listing_row,
+    node_from_record,
+    summary_from_record,
+)
 
 log = logging.getLogger("sessionloop.summaries")
 
@@ -32,6 +39,7 @@ class SummaryIndex:
         self._records: dict[str, SummaryRecord] = {}
         self._children: dict[str, set[str]] = {}
         self._watchers: dict[Any, Watcher] = {}
+        self._rows: dict[str, ListingRow] = {}  # rows of sessions in no tree, by the record they came from
         for stream, meta in store.scan_stream_meta():
             if not stream.startswith("session-"):
                 continue
@@ -59,6 +67,7 @@ class SummaryIndex:
             self._children.setdefault(record.parent_id, set()).add(record.id)
 
     def _drop(self, session_id: str) -> SummaryRecord | None:
+        self._rows.pop(session_id, None)
         gone = self._records.pop(session_id, None)
         if gone is not None and gone.parent_id is not None:
             self._children.get(gone.parent_id, set()).discard(session_id)
@@ -128,16 +137,21 @@ class SummaryIndex:
         fields = compute_tree_fields(node_from_record(r) for r in kept.values())
         return [self._summary(kept[sid], fields, kept) for sid in wanted if sid in kept]
 
-    @staticmethod
-    def _summary(record: SummaryRecord, fields: dict[str, TreeFields], records: dict[str, SummaryRecord]) -> Any:
+    @classmethod
+    def _summary(cls, record: SummaryRecord, fields: dict[str, TreeFields], records: dict[str, SummaryRecord]) -> Any:
         """A summary with its tree fields; a child takes chat and place from its root (seed 004)."""
+        return summary_from_record(cls._rooted(record, fields, records), fields.get(record.id))
+
+    @staticmethod
+    def _rooted(record: SummaryRecord, fields: dict[str, TreeFields], records: dict[str, SummaryRecord]) -> SummaryRecord:
+        """The record as its summary shows it: a child takes chat and place from its root."""
         tree = fields.get(record.id)
         if tree is not None and tree.root_id != record.id:
             root = records.get(tree.root_id)
             if root is not None:
-                record = msgspec.structs.replace(record, chat=root.chat, place=root.place,
-                                                 platform=record.platform or root.platform)
-        return summary_from_record(record, tree)
+                return msgspec.structs.replace(record, chat=root.chat, place=root.place,
+                                               platform=record.platform or root.platform)
+        return record
 
     def watch(self, key: Any, watcher: Watcher) -> None:
         with self._lock:
@@ -161,6 +175,34 @@ class SummaryIndex:
             wanted = set(only)
             records = [r for r in records if r.id in wanted]
         return [self._summary(r, fields, by_id) for r in records]
+
+    def rows(self, visible: Callable[[SummaryRecord], bool] | None = None) -> list[ListingRow]:
+        """The listing rows of the visible sessions (what ``sessions/list`` pages over).
+
+        Tree fields are computed over the sessions that have a parent or children among the
+        visible ones only; a session in no tree (most of them, for a bot deployment) has its own
+        fields, which :func:`listing_row` gives without a tree, and its row is kept until its
+        record changes. So a list over 100,000 sessions folds no tree it does not need to."""
+        with self._lock:
+            records = [r for r in self._records.values() if visible is None or visible(r)]
+            linked = {sid for sid, kids in self._children.items() if kids}
+            linked.update(r.id for r in records if r.parent_id is not None and r.parent_id in self._records)
+        rows: list[ListingRow] = []
+        in_trees: list[SummaryRecord] = []
+        memo = self._rows
+        for record in records:
+            if record.id in linked:
+                in_trees.append(record)
+                continue
+            row = memo.get(record.id)
+            if row is None or row.record is not record:
+                row = memo[record.id] = listing_row(record)
+            rows.append(row)
+        if in_trees:
+            fields = compute_tree_fields(node_from_record(r) for r in in_trees)
+            by_id = {r.id: r for r in in_trees}
+            rows.extend(listing_row(self._rooted(r, fields, by_id), fields.get(r.id)) for r in in_trees)
+        return rows
 
     def room_trees(self, visible: Callable[[SummaryRecord], bool] | None = None) -> list[Any]:
         """Summaries of every room and everything below it: what the room groups are counted from

@@ -20,9 +20,10 @@ import msgspec
 from eventstore import events as E
 from protocol.listing import (
     SessionNode,
+    SortKey,
     TreeFields,
-    apply_tree_fields,
     completed_unread,
+    sort_key,
 )
 from protocol.schemas_types import (
     ChatInfo,
@@ -37,11 +38,15 @@ from protocol.schemas_types import (
 from .session_model import SessionState
 
 __all__ = [
+    "ListingRow",
     "SummaryRecord",
     "decode_summary_record",
     "encode_summary_record",
+    "listing_key",
+    "listing_row",
     "node_from_record",
     "summary_from_record",
+    "summary_from_row",
     "summary_node",
     "summary_of",
     "summary_record",
@@ -176,6 +181,63 @@ def node_from_record(record: SummaryRecord) -> SessionNode:
     )
 
 
+class ListingRow(msgspec.Struct, gc=False):
+    """What the list rules (``protocol.listing.list_sessions``: filters, sort, room groups, search)
+    read of one session, with the record and tree fields its :class:`SessionSummary` is built from.
+
+    ``sessions/list`` over 100,000 sessions builds one of these per visible session and a summary
+    only for the rows of the page: a summary (two dozen fields, nested Structs) costs several
+    times a row. Every field here has the value of the same-named field of the summary
+    (:func:`summary_from_row`, a test holds them equal). ``order`` is the row's sort key in a list
+    that is not a parent's (``protocol.listing.sort_key``), computed once with the row.
+    Not tracked by the cyclic GC: it refers to records and tree fields, nothing refers back."""
+
+    id: str
+    title: str
+    parent_id: str | None
+    section: Literal["owner", "rooms"]
+    platform: str | None
+    instance: str | None
+    account: str | None
+    place: E.PlaceRef | None
+    archived: bool
+    attention: bool
+    background: int
+    error: bool
+    unread: bool
+    running: bool
+    updated_at: int
+    record: SummaryRecord
+    tree: TreeFields | None
+    order: SortKey | None = None
+
+
+def listing_row(record: SummaryRecord, tree: TreeFields | None = None) -> ListingRow:
+    """The row of a record, with the tree fields from ``tree`` (see :func:`summary_from_record`).
+
+    The derived fields (section, error, unread, and the tree's attention and background) are
+    decided here and only here; :func:`summary_from_row` copies them."""
+    section: Literal["owner", "rooms"] = "rooms" if record.kind == "room" else "owner"
+    if tree is not None:
+        section = tree.section
+    row = ListingRow(
+        record.id, _title(record), record.parent_id, section, record.platform, record.instance,
+        record.account, record.place, record.archived,
+        tree.attention if tree is not None else record.attention,
+        tree.background if tree is not None else record.background,
+        record.last_outcome == "error",
+        completed_unread(section, record.last_reply_at, record.seen_at or None),
+        record.running, record.updated_at, record, tree,
+    )
+    row.order = sort_key(row, False)
+    return row
+
+
+def listing_key(row: ListingRow, children: bool) -> SortKey:
+    """``protocol.listing.sort_key`` of a row, the one computed with it when it can be."""
+    return row.order if not children and row.order is not None else sort_key(row, children)
+
+
 def summary_from_record(record: SummaryRecord, tree: TreeFields | None = None) -> SessionSummary:
     """The ``SessionSummary`` of a record (seed 004, 摘要), with the tree fields from ``tree``.
 
@@ -183,39 +245,42 @@ def summary_from_record(record: SummaryRecord, tree: TreeFields | None = None) -
     children, and a task's section is ``owner`` (a task takes its root's section, which only the
     tree knows). ``unread`` follows the section (seed 004, 完成未读: rooms never unread).
     """
-    section: Literal["owner", "rooms"] = "rooms" if record.kind == "room" else "owner"
-    if tree is not None:
-        section = tree.section
+    return summary_from_row(listing_row(record, tree))
+
+
+def summary_from_row(row: ListingRow) -> SessionSummary:
+    """The ``SessionSummary`` of a :class:`ListingRow`: its fields plus the record's details."""
+    record, tree = row.record, row.tree
     last_turn = None
     if record.last_outcome is not None and record.last_ended_at is not None:
         last_turn = LastTurn(outcome=record.last_outcome, ended_at=record.last_ended_at)
-    chat, place = record.chat, record.place
-    summary = SessionSummary(
-        id=record.id,
-        title=_title(record),
-        parent_id=record.parent_id,
-        child_count=0,
+    chat, place = record.chat, row.place
+    return SessionSummary(
+        id=row.id,
+        title=row.title,
+        parent_id=row.parent_id,
+        child_count=tree.child_count if tree is not None else 0,
         kind=record.kind,
-        section=section,
-        platform=record.platform,
-        instance=record.instance,
-        account=record.account,
+        section=row.section,
+        platform=row.platform,
+        instance=row.instance,
+        account=row.account,
         chat=ChatInfo(type=chat.type, multi_party=chat.multi_party) if chat is not None else None,
         place=PlaceInfo(key=place.key, kind=place.kind, name=place.name) if place is not None else None,
         created_at=record.created_at,
-        updated_at=record.updated_at,
+        updated_at=row.updated_at,
         last_reply_at=record.last_reply_at,
-        running=record.running,
-        error=record.last_outcome == "error",
-        unread=completed_unread(section, record.last_reply_at, record.seen_at or None),
-        attention=record.attention,
-        archived=record.archived,
-        background=record.background,
-        tokens=_own_tokens(record),
+        running=row.running,
+        error=row.error,
+        unread=row.unread,
+        attention=row.attention,
+        archived=row.archived,
+        background=row.background,
+        tokens=tree.tokens if tree is not None else _own_tokens(record),
+        ancestors=tree.ancestors if tree is not None else None,
         last_turn=last_turn,
-        reason=record.last_reason if record.last_outcome == "error" else None,
+        reason=record.last_reason if row.error else None,
     )
-    return apply_tree_fields(summary, tree) if tree is not None else summary
 
 
 def summary_of(

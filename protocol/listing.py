@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import heapq
 import re
-from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
-from typing import Final, Literal
+from operator import itemgetter
+from typing import Final, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -41,6 +42,7 @@ from .schemas_types import (
 __all__ = [
     "DEFAULT_LIMIT",
     "MAX_LIMIT",
+    "ListRow",
     "SessionNode",
     "TreeFields",
     "apply_tree_fields",
@@ -48,11 +50,49 @@ __all__ = [
     "compute_room_groups",
     "compute_tree_fields",
     "list_sessions",
+    "sort_key",
     "with_ancestors",
 ]
 
 DEFAULT_LIMIT: Final = 50  # seed: limit 缺省 50、最大 200
 MAX_LIMIT: Final = 200
+
+
+class ListRow(Protocol):
+    """What the list rules read of a session: a :class:`SessionSummary` has all of it; the server
+    passes lighter rows and builds summaries for the page only (``list_sessions(materialize=)``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def title(self) -> str: ...
+    @property
+    def parent_id(self) -> str | None: ...
+    @property
+    def section(self) -> Section: ...
+    @property
+    def platform(self) -> str | None: ...
+    @property
+    def instance(self) -> str | None: ...
+    @property
+    def account(self) -> str | None: ...
+    @property
+    def archived(self) -> bool: ...
+    @property
+    def attention(self) -> bool: ...
+    @property
+    def background(self) -> int: ...
+    @property
+    def error(self) -> bool: ...
+    @property
+    def unread(self) -> bool: ...
+    @property
+    def running(self) -> bool: ...
+    @property
+    def updated_at(self) -> int: ...
+
+
+Row = TypeVar("Row", bound=ListRow)
 
 
 # --- tree-computed fields -------------------------------------------------------------------------
@@ -207,7 +247,7 @@ def completed_unread(section: str, last_reply_at: int | None, seen_at: int | Non
 # --- room groups ----------------------------------------------------------------------------------
 
 
-def _is_root(summary: SessionSummary, ids: set[str]) -> bool:
+def _is_root(summary: ListRow, ids: set[str]) -> bool:
     # A parent this identity cannot see counts as absent: nothing becomes unreachable.
     return summary.parent_id is None or summary.parent_id not in ids
 
@@ -217,8 +257,9 @@ def _default_label(platform: str, instance: str | None) -> str:
 
 
 def compute_room_groups(
-    summaries: Sequence[SessionSummary],
+    summaries: Sequence[ListRow],
     label: Callable[[str, str | None], str] | None = None,
+    ids: set[str] | None = None,
 ) -> list[RoomGroup]:
     """Non-archived rooms grouped by (platform, instance) (seed 004, 分组).
 
@@ -226,8 +267,9 @@ def compute_room_groups(
     with an instance first (by instance id), the instance-less group last. ``label(platform,
     instance)`` names a group (the server gives labels; clients do not look them up).
     """
-    ids = {s.id for s in summaries}
-    groups: dict[tuple[str, str | None], list[SessionSummary]] = {}
+    if ids is None:
+        ids = {s.id for s in summaries}
+    groups: dict[tuple[str, str | None], list[ListRow]] = {}
     for s in summaries:
         if s.section == "rooms" and not s.archived and _is_root(s, ids):
             groups.setdefault((s.platform or "", s.instance), []).append(s)
@@ -283,7 +325,7 @@ _CURSOR_DECODER: Final = msgspec.json.Decoder(tuple[Literal[1], int, int, int, i
 _CURSOR_SHAPE: Final = re.compile(r"[A-Za-z0-9_-]{1,2048}")
 
 
-def _sort_key(summary: SessionSummary, children: bool) -> SortKey:
+def sort_key(summary: ListRow, children: bool) -> SortKey:
     """Owner section: attention, error, completed-unread, running first, then newest activity;
     rooms and children: newest activity first; owner section before rooms (seed: 排序)."""
     newest = -summary.updated_at
@@ -321,9 +363,7 @@ def decode_cursor(cursor: str) -> SortKey:
 # --- the list -------------------------------------------------------------------------------------
 
 
-def _candidates(
-    summaries: Sequence[SessionSummary], params: SessionsListParams, ids: set[str]
-) -> list[SessionSummary]:
+def _candidates(summaries: Sequence[Row], params: SessionsListParams, ids: set[str]) -> list[Row]:
     if params.parent_id is not None:  # seed: direct children only; section does not apply
         if params.parent_id not in ids:
             raise RpcError.not_found(f"session {params.parent_id} does not exist", sessionId=params.parent_id)
@@ -334,7 +374,7 @@ def _candidates(
     return rows
 
 
-def _filtered(rows: list[SessionSummary], params: SessionsListParams) -> list[SessionSummary]:
+def _filtered(rows: list[Row], params: SessionsListParams) -> list[Row]:
     if params.instance is not None:  # the rooms this adapter instance took over
         rows = [s for s in rows if s.section == "rooms" and s.instance == params.instance]
     if params.platform is not None:  # the rooms of this platform with no instance recorded yet
@@ -351,34 +391,43 @@ def _filtered(rows: list[SessionSummary], params: SessionsListParams) -> list[Se
 
 
 def list_sessions(
-    summaries: Sequence[SessionSummary],
+    summaries: Sequence[Row],
     params: SessionsListParams,
     *,
-    search_terms: Callable[[SessionSummary], Iterable[str]] | None = None,
+    search_terms: Callable[[Row], Iterable[str]] | None = None,
     group_label: Callable[[str, str | None], str] | None = None,
+    materialize: Callable[[Row], SessionSummary] | None = None,
+    key: Callable[[Row, bool], SortKey] = sort_key,
 ) -> SessionsListResult:
     """Answer ``sessions/list`` over the summaries visible to the caller (tree fields applied).
 
+    ``summaries`` are :class:`SessionSummary` values or lighter rows with the same fields
+    (:class:`ListRow`), then ``materialize(row)`` gives the summary of each row of the page;
+    ``key`` is :func:`sort_key` or one that remembers it for rows seen before.
     ``search_terms(summary)`` gives the texts ``query`` matches: by default id and title; the
     gateway passes name, title and id but leaves out default names (seed: 没取名的会话的默认名不参
     与匹配). Raises :class:`RpcError`: ``not-found`` for an unknown ``parentId``,
     ``invalidParams`` for a bad cursor.
+
+    The page is the ``limit`` smallest sort keys after the cursor (a bounded heap, not a sort of
+    every row: the list of 100,000 sessions is answered in time linear in them).
     """
     after = decode_cursor(params.cursor) if params.cursor is not None else None
     ids = {s.id for s in summaries}
     rows = _filtered(_candidates(summaries, params, ids), params)
     if params.query is not None and params.query.strip():
         matches, terms = _query_matcher(params.query), search_terms or _default_terms
-        rows = [s for s in rows if matches(terms(s))]
+        rows = [s for s in rows if matches(terms(s))]  # type: ignore[arg-type]
     children = params.parent_id is not None
-    keyed = sorted(((_sort_key(s, children), s) for s in rows), key=lambda pair: pair[0])
-    keys = [key for key, _ in keyed]
-    start = bisect_right(keys, after) if after is not None else 0
+    keyed = [(key(s, children), s) for s in rows]
+    if after is not None:
+        keyed = [pair for pair in keyed if pair[0] > after]
     limit = params.limit or DEFAULT_LIMIT
-    page = keyed[start : start + limit]
-    more = start + limit < len(keyed)
+    page = heapq.nsmallest(limit, keyed, key=itemgetter(0))
+    more = len(keyed) > limit
+    build = materialize or (lambda row: row)  # type: ignore[assignment,return-value]
     return SessionsListResult(
-        sessions=[s for _, s in page],
-        groups=compute_room_groups(summaries, group_label),
+        sessions=[build(s) for _, s in page],
+        groups=compute_room_groups(summaries, group_label, ids),
         next_cursor=encode_cursor(page[-1][0]) if more and page else None,
     )
