@@ -52,12 +52,11 @@ from actors.session_model import evolve, new_state
 from benchmarks.bench_turns import (
     CACHE,
     PLAIN_TEXT,
-    RESULTS,
     TOOL_TEXT,
     create_sessions,
     open_host,
 )
-from benchmarks.measure import now, percentile
+from benchmarks.measure import fill_defaults, now, percentile, write_results
 from benchmarks.server_proc import ServerProc
 from cli.bench_cmd import inprocess_turn, is_tool_turn
 from cli.client import Endpoint, connect
@@ -262,9 +261,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--no-pinned", action="store_true", help="skip the runs pinned to CPU 0")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    for name, full, quick in (("stored", 100_000, 2000), ("events", 1_000_000, 0), ("long", 10, 3)):
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
+    fill_defaults(args, [("stored", 100_000, 2000), ("events", 1_000_000, 0), ("long", 10, 3)])
     return args
 
 
@@ -302,11 +299,7 @@ def main() -> None:
     results["targets"] = {"list_under_1s": worst_list < TARGET_LIST_MS, "activate_under_50ms": worst_act < TARGET_ACTIVATE_MS}
     print(f"\ntargets: spawn -> first list, worst run {worst_list:,.0f} ms (< {TARGET_LIST_MS:,.0f}); "
           f"activation, worst session of any run {worst_act:.1f} ms (< {TARGET_ACTIVATE_MS:.0f})")
-    os.makedirs(RESULTS, exist_ok=True)
-    out = os.path.join(RESULTS, "activation.json")
-    with open(out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"\nwrote {out}")
+    write_results("activation", results)
 
 
 if __name__ == "__main__":

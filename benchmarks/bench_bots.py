@@ -63,10 +63,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from actors.session_loop import APP_QUOTA  # noqa: E402  (seed 000: unfinished turns per app)
-from benchmarks.measure import now, percentile, proc_cpu_s, proc_rss_mib, rss_peak_mib  # noqa: E402
+from benchmarks.measure import (  # noqa: E402
+    fill_defaults,
+    now,
+    percentile,
+    proc_cpu_s,
+    proc_rss_mib,
+    rss_peak_mib,
+    write_results,
+)
 from benchmarks.server_proc import ServerProc
 
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
 OWNER_TOKEN = "sessionloop-bots-owner"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
 HEAD_SLEEP_MS = 2000  # the first overload input of a session: nothing ends while the rest are sent
@@ -709,9 +716,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--no-pinned", action="store_true", help="skip the pinned runs")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    for name, full, quick in (("bots", 20, 4), ("sessions_per_bot", 50, 10), ("turns", 10, 10), ("repeats", 3, 1)):
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
+    fill_defaults(args, [("bots", 20, 4), ("sessions_per_bot", 50, 10), ("turns", 10, 10), ("repeats", 3, 1)])
     return args
 
 
@@ -762,11 +767,7 @@ def main() -> None:
     results = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick, "params": base,
                "cpus": len(os.sched_getaffinity(0)), "results": cols,
                "note": "clients and server share the machine"}
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, "bots.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"\nwrote {path}")
+    write_results("bots", results)
     if failed:
         raise SystemExit(f"event log check FAILED: {', '.join(sorted(set(failed)))}")
 

@@ -35,8 +35,8 @@ import lmdb  # noqa: E402  (benchmark baseline: the raw driver, for comparison o
 from eventstore import EventStore  # noqa: E402
 from eventstore.codec import encode_event  # noqa: E402
 from eventstore.events import LlmCompleted, ToolCallSpec, Usage  # noqa: E402
+from benchmarks.measure import write_results  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def typical_event(i: int) -> LlmCompleted:
@@ -199,11 +199,7 @@ def main() -> None:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         results["pinned_cpu0"] = json.loads(out.stdout.strip().splitlines()[-1])
         print_table("pinned to CPU 0 (taskset -c 0)", results["pinned_cpu0"])
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, "eventstore.json")
-    with open(path, "w") as f:
-        json.dump({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick, **results}, f, indent=2)
-    print(f"\nwrote {path}")
+    write_results("eventstore", {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick, **results})
 
 
 if __name__ == "__main__":

@@ -72,10 +72,9 @@ sys.path.insert(0, ROOT)
 
 import msgspec
 
-from benchmarks.measure import now, percentile, proc_cpu_s, proc_rss_mib  # noqa: E402
+from benchmarks.measure import now, percentile, proc_cpu_s, proc_rss_mib, write_results  # noqa: E402
 from benchmarks.server_proc import ServerProc
 
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
 TOKEN = "sessionloop-fanout-token"
 PROTOCOL_VERSION = "0.2.0"
 
@@ -774,11 +773,7 @@ def main() -> None:
         if not failed:
             print(f"event log check (turn runs): ok, {sum(s['check']['turns_verified'] for v in turn_samples.values() for s in v):,} "
                   f"turns, none lost or duplicated")
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, "fanout.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"\nwrote {path}")
+    write_results("fanout", results)
     if failed:
         raise SystemExit(f"event log check FAILED: {', '.join(failed)}")
 

@@ -53,11 +53,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from actors import gc_policy
 from actors.host import Host
-from benchmarks.measure import percentile, proc_rss_mib, rss_peak_mib
+from benchmarks.measure import RESULTS, fill_defaults, percentile, proc_rss_mib, rss_peak_mib, write_results
 from cli.bench_cmd import inprocess_turn, is_tool_turn
 from eventstore import events as E
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 CACHE = os.path.join(RESULTS, ".cache")
 PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
@@ -402,9 +401,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--no-memory", action="store_true", help="skip the stored-sessions memory run")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    for name, full, quick in (("sessions", 1000, 100), ("turns", 10, 4), ("stored", 100_000, 2000)):
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
+    fill_defaults(args, [("sessions", 1000, 100), ("turns", 10, 4), ("stored", 100_000, 2000)])
     return args
 
 
@@ -432,11 +429,7 @@ def main() -> None:
     if not args.no_memory:
         results["memory"] = memory_run(args, base)
         print_memory(results["memory"])
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, "turns.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"\nwrote {path}")
+    write_results("turns", results)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.measure import rss_peak_mib
+from benchmarks.measure import fill_defaults, rss_peak_mib, write_results
 from cli.bench_cmd import (
     EXPECTED,
     PLAIN_TEXT,
@@ -60,7 +60,6 @@ from cli.bench_cmd import (
     run_bench,
 )
 
-RESULTS = os.path.join(REPO, "benchmarks", "results")
 
 
 # --- LangGraph side -------------------------------------------------------------------------------
@@ -376,9 +375,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--no-pinned", action="store_true", help="skip the runs pinned to CPU 0")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    for name, full, quick in (("sessions", 1000, 100), ("turns", 10, 4)):
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
+    fill_defaults(args, [("sessions", 1000, 100), ("turns", 10, 4)])
     return args
 
 
@@ -418,11 +415,7 @@ def main() -> None:
     for label, _ in pinnings:
         ratios = results["runs"][label]["ratios"]
         print(f"  {label}: " + ", ".join(f"{n} {r:.1f}x" for n, r in ratios.items()))
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, "compare_langgraph.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"\nwrote {path}")
+    write_results("compare_langgraph", results)
 
 
 if __name__ == "__main__":

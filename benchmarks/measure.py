@@ -1,11 +1,17 @@
 """What every benchmark measures the same way: a machine-wide clock, percentiles, and a process's
-CPU time and memory read from /proc (so a server in another process can be measured too)."""
+CPU time and memory read from /proc (so a server in another process can be measured too); and
+what every benchmark does the same way with its options and its results file."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import resource
 import time
+from typing import Any
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def now() -> float:
@@ -45,3 +51,20 @@ def proc_rss_mib(pid: int) -> float:
 def rss_peak_mib() -> float:
     """Peak resident memory of this process in MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def fill_defaults(args: argparse.Namespace, table: list[tuple[str, Any, Any]]) -> None:
+    """Each ``(option, full-run default, --quick default)`` the command line left unset."""
+    for name, full, quick in table:
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+
+
+def write_results(name: str, results: dict[str, Any]) -> str:
+    """``results`` to ``benchmarks/results/<name>.json`` (printed, returned)."""
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"\nwrote {path}")
+    return path

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import math
 import os
 import random
@@ -44,13 +43,12 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.measure import proc_rss_mib
+from benchmarks.measure import proc_rss_mib, write_results
 from eventstore import EventStore
 from eventstore import events as E
 from tests.e2e.conftest import ServerProcess
 from tests.reliability import harness
 
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
 APP = "loadbot"  # the harness's app (harness.APPS)
 TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
 
@@ -355,11 +353,7 @@ def main() -> int:
     print(f"{'epochs strictly growing':<42}{'yes' if result['epochs_strictly_growing'] else 'NO':>14}")
     if log.suspicious:
         print(f"server log: {sum(log.suspicious.values())} suspicious lines: {dict(log.suspicious.most_common(5))}")
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, "soak.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {path}")
+    write_results("soak", result)
     if work is not None:
         shutil.rmtree(work, ignore_errors=True)
     if not result["ok"]:
