@@ -333,6 +333,7 @@ class ApprovalActor(pykka.ThreadingActor):
         self.svc.rt.store.append(self.stream, [E.ApprovalSettled(at=settlement.at, approval_id=self.approval.id,
                                                                  settlement=settlement)],
                                  ANY_VERSION, flags={"approval-pending": False})
+        self.svc.rt.faults.hit("approval-commit")
         self.settled = settlement
         if reply is not None:  # the answer is recorded: acknowledge it before anything it causes
             reply.set(None)

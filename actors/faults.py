@@ -15,10 +15,13 @@ import threading
 POINTS = (
     "before-commit",  # events decided, nothing written
     "after-commit",  # committed, not yet acknowledged or published
-    "after-ack",  # the caller has its answer, fan-out not done
-    "model-stream",  # inside a streaming model call
-    "tool-run",  # while a tool runs
-    "recovery",  # while a session recovers after a restart
+    "after-ack",  # an input's receipt handed to its connection, its pushes queued, not yet written
+    "model-stream",  # a model's answer half streamed (at each delta)
+    "tool-run",  # a tool call started, its result not yet committed
+    "recovery",  # a session with unfinished work activated after a restart, its repairs not committed
+    "snapshot",  # events committed, the snapshot they complete not yet written
+    "map-resize",  # the store's map full: the group's transaction aborted, the map not yet grown
+    "approval-commit",  # an approval's answer committed, not yet acknowledged or acted on
 )
 
 

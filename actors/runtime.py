@@ -82,12 +82,12 @@ class Runtime:
         self.data_dir = os.path.abspath(data_dir)
         self.options = options
         os.makedirs(self.data_dir, exist_ok=True)
+        self.faults = FaultInjector.from_env()
         self.store = store or EventStore.open(
             os.path.join(self.data_dir, "store"), durability=options.durability, shards=options.shards,
-            map_size=options.map_size,
+            map_size=options.map_size, on_map_resize=lambda: self.faults.hit("map-resize"),
         )
         self.epoch = self.store.next_epoch()
-        self.faults = FaultInjector.from_env()
         self.worker = WorkerLoop()
         self.results = TurnResults()
         self.tools: ToolRegistry = default_registry()

@@ -345,6 +345,7 @@ class SessionBehaviour:
             return
         repairs = repairs_after_restart(self.state, now_ms())
         if repairs or self.state.queue or self.state.current_turn:
+            self.rt.faults.hit("recovery")
             self._commit(repairs)
 
     def _supervise(self, message: Any, error: Exception) -> None:
@@ -529,8 +530,10 @@ class SessionBehaviour:
         app, watchers = self._app_id(), getattr(self.rt, "loop_watchers", None)
         turn_id = self.state.current_turn
         started: set[str] = set()
+        fault = self.rt.faults.hit
 
         def on_delta(kind: str, text: str) -> None:
+            fault("model-stream")
             if channel.subscribers:
                 item_id = step_id if kind == "text" else f"{step_id}.thinking"
                 if item_id not in started:  # seed 004: item/started first, then its deltas
@@ -640,6 +643,7 @@ class SessionBehaviour:
         return out
 
     def _save_snapshot(self) -> None:
+        self.rt.faults.hit("snapshot")
         self.rt.store.save_snapshot(self.stream, self.state.version, encode_state(self.state))
         self._snapshot_version = self.state.version
 
@@ -677,6 +681,7 @@ class SessionBehaviour:
 
         async def run() -> None:
             CURRENT_CALL.set(caller)  # this task's own context: only this tool sees it
+            self.rt.faults.hit("tool-run")
             started = time.perf_counter()
             result = await self.rt.tools.execute(tool, args, ctx)
             ref.tell(ToolDone(turn_id, call_id, result, _ms_since(started)))
@@ -747,6 +752,7 @@ class SessionBehaviour:
                                                   position=result.first_position))
             else:
                 reply.set(msgspec.structs.replace(receipt, position=result.first_position if result else 0))
+            self.rt.faults.hit("after-ack")
 
         self._commit_then(msg, events, answer, claim=claim)
 

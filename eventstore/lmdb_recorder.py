@@ -21,7 +21,7 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lmdb
@@ -140,6 +140,7 @@ class LmdbRecorder:
         feed_ttl_ms: int = 7 * DAY_MS,
         prune_interval_s: float = 1.0,
         prune_batch: int = 500,
+        on_map_resize: Callable[[], None] | None = None,
     ) -> None:
         if durability not in ("sync", "nosync"):
             raise ValueError(f"durability must be 'sync' or 'nosync', not {durability!r}")
@@ -158,6 +159,7 @@ class LmdbRecorder:
         self._gate = _ReadGate()
         self.stale_readers_cleared = 0
         self.map_resizes = 0
+        self._on_map_resize = on_map_resize
         self.last_batch_size = 0
         self.commit_seconds_total = 0.0
         if not readonly:
@@ -335,6 +337,8 @@ class LmdbRecorder:
 
         def resize() -> None:
             txn.abort()
+            if self._on_map_resize is not None:
+                self._on_map_resize()
             self._env.set_mapsize(new_size)
 
         self._gate.exclusive(resize)

@@ -70,13 +70,15 @@ class EventStore:
         feed_max_events: int = 10_000,
         feed_ttl_s: float = 7 * 86_400,
         prune_interval_s: float = 1.0,
+        on_map_resize: Callable[[], None] | None = None,
     ) -> EventStore:
         """Open (or create) the store at ``path``.
 
         ``durability`` is ``sync`` (fsync before every acknowledgement) or ``nosync`` (the OS
         decides when; survives a process crash, not a power loss). ``shards`` only matters when
         the store is created. Raises StoreLocked if another process writes there, StorageError
-        if the files cannot be opened.
+        if the files cannot be opened. ``on_map_resize`` is called when a full map is about to
+        grow, after the group's transaction is aborted (the server's crash point ``map-resize``).
         """
         if idempotency_ttl_s < 0 or feed_ttl_s < 0:
             raise ValueError("retention times must not be negative")
@@ -92,6 +94,7 @@ class EventStore:
                 feed_max_events=feed_max_events,
                 feed_ttl_ms=int(feed_ttl_s * 1000),
                 prune_interval_s=prune_interval_s,
+                on_map_resize=on_map_resize,
             )
         )
 
