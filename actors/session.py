@@ -553,10 +553,14 @@ class SessionBehaviour:
         return created.app_id if created is not None else None
 
     def _meta(self, events: list[E.Event]) -> bytes | None:
-        """The listing record, rewritten by commits that change what a listing shows."""
+        """The listing record, rewritten by commits that change what a listing shows.
+
+        ``background`` (running background tasks) moves when a task starts (the tool call that
+        hands back its ``taskId``) or ends: with its notice, or, for an end the model is not told
+        of (stopped), with the copy of ``task.ended`` the task service has the session commit."""
         for e in events:
             t = type(e)
-            if t in _SUMMARY_TYPES or (t is E.ToolFinished and e.task_id) or (  # type: ignore[attr-defined]
+            if t in _SUMMARY_TYPES or (t is E.ToolFinished and e.task_id) or t is E.TaskEnded or (  # type: ignore[attr-defined]
                     t is E.NoticePosted and e.topic == "background-task"):  # type: ignore[attr-defined]
                 break
         else:

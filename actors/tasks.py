@@ -82,27 +82,44 @@ class TaskService:
     # --- registry -------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Read the tasks of earlier runs once; tasks left running by a crash become ``aborted``."""
+        """Read the tasks of earlier runs once; tasks left running by a crash become ``aborted``.
+
+        Each session keeps its 20 most recent ended tasks here as after ``record`` (seed 004).
+        Runs from the ``Runtime`` constructor, before any session actor exists; a session whose
+        stored listing record still counts running tasks (none of an earlier run is running now)
+        gets its record rewritten (:meth:`_settle_listing_records`)."""
         with self._lock:
             if self._loaded:
                 return
             self._loaded = True
+        aborted: dict[str, list[E.TaskEnded]] = {}
         for stream in self.rt.store.flagged("task-running"):
             started = self.rt.store.read_stream(stream, 1, 1)
             if started and isinstance(started[0].event, E.TaskStarted):
                 ended = E.TaskEnded(at=now_ms(), task_id=started[0].event.task_id, status="aborted",
                                     reason="the server stopped while the task was running")
                 self.rt.store.append(stream, [ended], ANY_VERSION, flags={"task-running": False})
+                aborted.setdefault(started[0].event.session_id, []).append(ended)
+        restored: list[BackgroundTask] = []
         after = None
         while True:
             page = self.rt.store.list_streams("task", after, 500)
             for stream in page.streams:
-                self._restore(stream)
+                task = self._restore(stream)
+                if task is not None:
+                    restored.append(task)
             if page.next_after is None:
                 break
             after = page.next_after
+        restored.sort(key=lambda t: (t.started_at, t.id))
+        with self._lock:
+            for task in restored:
+                self.tasks.setdefault(task.id, task)
+            for session_id in {t.session_id for t in restored}:
+                self._trim(session_id)
+        self._settle_listing_records({t.session_id for t in restored}, aborted)
 
-    def _restore(self, stream: str) -> None:
+    def _restore(self, stream: str) -> BackgroundTask | None:
         task: BackgroundTask | None = None
         for recorded in self.rt.store.read_stream(stream):
             e = recorded.event
@@ -110,9 +127,44 @@ class TaskService:
                 task = _task_of(e)
             elif isinstance(e, E.TaskEnded) and task is not None:
                 task = _ended(task, e)
-        if task is not None:
-            with self._lock:
-                self.tasks.setdefault(task.id, task)
+        return task
+
+    def _settle_listing_records(self, session_ids: set[str], aborted: dict[str, list[E.TaskEnded]]) -> None:
+        """After a restart no task of an earlier run is running, so a session's listing record that
+        still counts some (a task recorded ``aborted`` just now, a stop whose session commit was
+        lost at shutdown) is rewritten in the store, where ``SummaryIndex`` loads it from.
+
+        A listing record is only written with an append to the session's stream, so the record goes
+        with a copy of the task's end (the session's state and timeline ignore it); no session
+        actor exists yet, so nobody else appends to the stream meanwhile."""
+        from .summary_records import decode_summary_record, encode_summary_record
+
+        for session_id in sorted(session_ids):
+            stream = f"session-{session_id}"
+            try:
+                meta = self.rt.store.stream_meta(stream)
+                if meta is None:
+                    continue
+                record = decode_summary_record(meta)
+                running = self.running_count(session_id)
+                if record.deleted or record.background == running:
+                    continue
+                events = aborted.get(session_id) or [self._end_of_latest(session_id)]
+                at = max(e.at for e in events)
+                record = msgspec.structs.replace(record, background=running, updated_at=max(record.updated_at, at))
+                self.rt.store.append(stream, events, self.rt.store.stream_version(stream),
+                                     meta=encode_summary_record(record))
+            except Exception:  # one session's record must not keep the host from starting
+                log.exception("could not rewrite the listing record of session %s", session_id)
+
+    def _end_of_latest(self, session_id: str) -> E.TaskEnded:
+        with self._lock:
+            ended = [t for t in self.tasks.values() if t.session_id == session_id and t.status != "running"]
+        if not ended:
+            return E.TaskEnded(at=now_ms(), task_id="", status="aborted")
+        t = max(ended, key=lambda t: (t.ended_at or 0, t.started_at))
+        return E.TaskEnded(at=now_ms(), task_id=t.id, status=t.status, exit_code=t.exit_code,  # type: ignore[arg-type]
+                           reason=t.reason, last_line=t.last_line, last_output_at=t.last_output_at)
 
     def running_count(self, session_id: str) -> int:
         if not self.tasks:  # the common case, asked by every commit that rewrites a listing record
@@ -192,11 +244,36 @@ class TaskService:
 
     def _trim(self, session_id: str) -> list[str]:
         ended = [t for t in self.tasks.values() if t.session_id == session_id and t.status != "running"]
-        removed = [t.id for t in ended[:-KEEP_ENDED]] if len(ended) > KEEP_ENDED else []
+        if len(ended) <= KEEP_ENDED:
+            return []
+        ended.sort(key=lambda t: (t.ended_at or 0, t.started_at))  # the most recently ended are kept
+        removed = [t.id for t in ended[:-KEEP_ENDED]]
         for task_id in removed:
             self.tasks.pop(task_id, None)
             self.outputs.pop(task_id, None)
         return removed
+
+    def ended_quietly(self, session_id: str, ended: E.TaskEnded, then: Reply) -> None:
+        """A task ended without a notice (stopped): the session commits a copy of the end, which
+        rewrites its listing record with the running count (``SessionSummary.background``) and so
+        reaches ``sessions/list`` and the ``sessions/changed`` pushes; its state and timeline
+        ignore the event, the model never hears of it. ``then`` (the stop's reply) completes once
+        that commit is done, so a listing read after ``background/stop`` answered is current."""
+        from .errors import HostClosed
+        from .session import Apply
+
+        def decide(state: Any, now: int) -> list[E.Event]:
+            if state.created is None or state.deleted:
+                return []
+            return [ended]
+
+        committed = Reply()
+        committed.add_callback(lambda _: then.set(None))
+        try:
+            self.rt.tell(session_id, Apply(decide, committed, drive=False))
+        except HostClosed:  # the next start settles the record (``load``)
+            log.warning("could not tell session %s that task %s ended", session_id, ended.task_id)
+            then.set(None)
 
     def finished(self, task_id: str) -> None:
         with self._lock:
@@ -323,9 +400,9 @@ class TaskActor(pykka.ThreadingActor):
             log.exception("could not record the end of background task %s", self.started.task_id)
         done = _ended(task, ended)
         self.svc.record(done)
-        if self.stopping is not None:
-            self.stopping[0].set(None)
-        else:  # seed: a stopped task sends the model no end notice
+        if self.stopping is not None:  # seed: a stopped task sends the model no end notice ...
+            self.svc.ended_quietly(self.started.session_id, ended, self.stopping[0])  # ... but its listing changes
+        else:  # the notice's commit rewrites the session's listing record
             self.svc.rt.task_notice(done)
         self.svc.finished(self.started.task_id)
         self.stop()
