@@ -491,6 +491,8 @@ class ItemsProjection:
                                                            source=e.source)))]
         taken = [self._inputs.pop(i) for i in e.input_ids if i in self._inputs]
         for i in taken:
+            if i.source == "continue":  # turn/continue adds no user message (session_model, the fold)
+                continue
             pushes.append(self._done(UserMessageItem(
                 item_id=i.input_id, at=i.at, turn_id=e.turn_id, text=i.text,
                 attachments=[_attachment(a) for a in i.attachments], speaker=_speaker(i.speaker, i.source),
@@ -732,8 +734,19 @@ class ItemsProjection:
                                       facts=facts))]
 
     def _compacted(self, e: E.ContextCompacted) -> list[Push]:
-        return self._compress_notice(e.at, e.turn_id, TEXT_COMPRESSED.format(turns=e.turns),
-                                     {"turns": e.turns, "chars": e.chars, "auto": e.auto})
+        """The compress notice, then the latest usage (seed 004 session/compress: 之后推最新用量):
+        the context the next model call gets, as the compaction estimated it."""
+        pushes = self._compress_notice(e.at, e.turn_id, TEXT_COMPRESSED.format(turns=e.turns),
+                                       {"turns": e.turns, "chars": e.chars, "auto": e.auto})
+        if e.context_tokens:
+            window = self.context_window
+            self._usage = UsageItem(
+                item_id="usage", at=e.at, parts=[UsagePart(label="Context", tokens=e.context_tokens)],
+                tokens=e.context_tokens, context_window=window,
+                usage_ratio=e.context_tokens / window if window else None,
+            )
+            pushes.append((COMPLETED, self._usage))
+        return pushes
 
     def _compact_failed(self, e: E.ContextCompactFailed) -> list[Push]:
         return self._compress_notice(e.at, e.turn_id, TEXT_COMPRESS_FAILED.format(error=e.error),

@@ -468,8 +468,23 @@ class Compaction:
             f"[Summary of the earlier conversation] {text}"
         event = E.ContextCompacted(at=now, summary=summary, turns=turns, chars=len(summary), auto=auto,
                                    turn_id=turn_id)
+        event = msgspec.structs.replace(event, context_tokens=_context_tokens_after(actor, event))
         actor._commit([event], run_drive=auto)
         return {"turns": turns, "chars": len(summary)}
+
+
+def _context_tokens_after(actor: SessionActor, event: E.ContextCompacted) -> int:
+    """The estimated prompt tokens of the next model call once ``event`` is applied: the fold of
+    a copy of the state (compaction is rare; the live state changes only with the commit)."""
+    from .context import model_view
+    from .model.base import content_chars
+    from .session_model import decode_state, encode_state, evolve
+
+    state = decode_state(encode_state(actor.state))
+    evolve(state, event)
+    cfg = actor.config()
+    view, _ = model_view(system_messages(cfg) + state.messages, cfg.context_chars)
+    return content_chars(view) // 4
 
 
 __all__ = ["DeltaPayload", "HostOptions", "Runtime", "summary_text", "system_messages"]

@@ -398,6 +398,10 @@ class ContextCompacted(Event, tag="agent.context.compacted", kw_only=True):
     chars: int
     auto: bool = False
     turn_id: str | None = None
+    #: the next model call's context after this compaction, in estimated tokens (characters / 4,
+    #: as the mock model counts): the usage pushed after the compress notice (seed 004,
+    #: session/compress: 之后推最新用量). 0 in logs written before it was recorded.
+    context_tokens: int = 0
 
 
 class ContextCompactFailed(Event, tag="agent.context.compact-failed", kw_only=True):
