@@ -16,6 +16,7 @@ a repeat returns the original receipt, after a restart too, and never starts a s
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,9 @@ MAX_ATTACHMENT_BYTES = 20 * 1024 * 1024
 SESSION_QUOTA = 20  # unfinished turns per session (seed 000, 配额)
 APP_QUOTA = 200  # unfinished turns per app
 RETRY_AFTER_MS = 1000
+MAX_TITLE = 1_000  # a label shown in every list row; the seeds name no limit, this keeps rows small
+MAX_SPACE_ID = 512
+MAX_ID = 256  # session and turn ids are 21 characters; anything this long cannot name one
 
 
 class AppManifest(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,6 +55,77 @@ class AppManifest(msgspec.Struct, frozen=True, kw_only=True):
     sessions: bool = True  # permissions.sessions
     containers: list[str] = []  # contributes.sessionContainers
     token: str | None = None
+
+
+class LoopReceipt(Receipt, frozen=True, kw_only=True):
+    """A send receipt (seed 000) with the cursors of that input. ``(epoch, seq)``: on the session
+    protocol stream, the input's pushes are those of ``epoch`` with a seq above ``seq``.
+    ``cursor``: ``list_events(after=cursor)`` starts right before the input's events (None for a
+    rejected send, which wrote nothing)."""
+
+    cursor: int | None = None
+
+
+def loop_receipt(receipt: Receipt) -> LoopReceipt:
+    return LoopReceipt(**msgspec.structs.asdict(receipt),
+                       cursor=receipt.position - 1 if receipt.position else None)
+
+
+class CallerFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """What a session made with ``context='caller'`` takes from the calling session (seed 000:
+    继承调用方的 cwd、模型、策略): its workspace directory (the one its tools use, also when it
+    has no explicit cwd), and its effective model and permission policy."""
+
+    created: E.SessionCreated
+    cwd: str
+    model: str | None
+    permission_mode: str
+
+
+def caller_facts(actor: Any) -> CallerFacts:
+    """Read on the calling session's own thread (a ``Query``)."""
+    from .session_decide import ensure_usable
+
+    state = actor.state
+    ensure_usable(state)
+    try:
+        cwd = str(actor.workspace().root)
+    except ValueError:  # its cwd is not a directory: its own tools fail the same way
+        cwd = state.created.cwd
+    cfg = actor.config()
+    return CallerFacts(created=state.created, cwd=cwd, model=cfg.model, permission_mode=cfg.permission_mode)
+
+
+def _string(field: str, value: Any, *, limit: int | None = None, optional: bool = False) -> Any:
+    """``value`` if it is a string within ``limit`` characters; else InvalidCommand naming ``field``."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise InvalidCommand(f"{field} must be a string, not {type(value).__name__}")
+    if limit is not None and len(value) > limit:
+        raise InvalidCommand(f"{field} is {len(value)} characters; at most {limit}")
+    return value
+
+
+def _keys(field: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidCommand(f"{field} must be a dict, not {type(value).__name__}")
+    unknown = [k for k in value if k not in allowed]
+    if unknown:
+        raise InvalidCommand(f"{field} has unknown keys {unknown!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
+def _either(field: str, value: dict[str, Any], snake: str, camel: str) -> Any:
+    if snake in value and camel in value and value[snake] != value[camel]:
+        raise InvalidCommand(f"{field}: {snake} and {camel} differ; give one")
+    return value.get(snake, value.get(camel))
+
+
+def _integer(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidCommand(f"{field} must be an integer, not {type(value).__name__}")
+    return value
 
 
 class CreateResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -172,27 +247,46 @@ class SessionLoop:
 
     # --- create -------------------------------------------------------------------------------
 
-    def _plan_create(self, container_id: str | None, space: dict[str, Any] | None, title: str, activity: str,
-                     permission_mode: str | None, initial_message: dict[str, Any] | None,
-                     context: str | None) -> tuple[E.SessionCreated, E.InputAccepted | None, IdempotencyClaim | None]:
-        from .host import new_id
-
+    def _check_create(self, container_id: Any, space: Any, title: Any, activity: Any, permission_mode: Any,
+                      initial_message: Any, context: Any) -> tuple[str | None, str | None, tuple[str, str] | None]:
+        """Every argument of ``create`` checked before anything is read or written; returns the
+        space id and the initial message's ``(text, key)``."""
+        _string("container_id", container_id, optional=True)
         if (container_id is None) == (space is None):
             raise InvalidCommand("give exactly one placement: container_id or space={'spaceId': ...}, not both")
         if container_id is not None and container_id not in self.app.containers:
             raise InvalidCommand(f"container {container_id!r} is not declared in the manifest of app {self.app.id!r}")
         space_id = None
         if space is not None:
-            space_id = space.get("spaceId", space.get("space_id")) if isinstance(space, dict) else None
+            placed = _keys("space", space, ("spaceId", "space_id"))
+            space_id = _either("space", placed, "space_id", "spaceId")
             if not isinstance(space_id, str) or not space_id:
                 raise InvalidCommand("space must be {'spaceId': '<id>'}")
-        if activity not in ("interactive", "background"):
+            _string("space.spaceId", space_id, limit=MAX_SPACE_ID)
+        _string("title", title, limit=MAX_TITLE)
+        if not isinstance(activity, str) or activity not in ("interactive", "background"):
             raise InvalidCommand("activity must be 'interactive' or 'background'")
-        if permission_mode not in (None, "ask", "acceptCalls", "deny"):
+        if permission_mode is not None and (not isinstance(permission_mode, str)
+                                            or permission_mode not in ("ask", "acceptCalls", "deny")):
             raise InvalidCommand("permission_mode must be 'ask', 'acceptCalls' or 'deny'")
-        parent = self._caller(context)
-        mode = permission_mode or ("acceptCalls" if activity == "background" else "ask")
-        kind = "task" if parent is not None else ("room" if container_id is not None else "owner")
+        if context is not None and context != "caller":
+            raise InvalidCommand("context must be 'caller' (or omitted)")
+        message = None
+        if initial_message is not None:
+            given = _keys("initial_message", initial_message, ("text", "idempotency_key", "idempotencyKey"))
+            message = self._check_message(given.get("text"), _either(
+                "initial_message", given, "idempotency_key", "idempotencyKey"), [], "initial_message.")
+        return container_id, space_id, message
+
+    def _plan_create(self, container_id: str | None, space_id: str | None, title: str, activity: str,
+                     permission_mode: str | None, message: tuple[str, str] | None,
+                     caller: CallerFacts | None) -> tuple[E.SessionCreated, E.InputAccepted | None,
+                                                          IdempotencyClaim | None]:
+        from .host import new_id
+
+        mode = permission_mode or (caller.permission_mode if caller is not None else
+                                   "acceptCalls" if activity == "background" else "ask")
+        kind = "task" if caller is not None else ("room" if container_id is not None else "owner")
         session_id = new_id()
         now = now_ms()
         created = E.SessionCreated(
@@ -200,44 +294,39 @@ class SessionLoop:
             platform=self.app.platform or None, instance=self.app.id if container_id is not None else None,
             container_id=container_id, space_id=space_id, activity=activity,  # type: ignore[arg-type]
             permission_mode=mode,  # type: ignore[arg-type]
-            parent_id=parent.session_id if parent is not None else None,
-            cwd=parent.created.cwd if parent is not None and parent.created is not None else "",
-            model=parent.created.model if parent is not None and parent.created is not None else None,
+            parent_id=caller.created.session_id if caller is not None else None,
+            cwd=caller.cwd if caller is not None else "",
+            model=caller.model if caller is not None else None,
         )
-        if parent is not None and parent.created is not None and permission_mode is None:
-            created = msgspec.structs.replace(created, permission_mode=parent.created.permission_mode)
         initial, claim = None, None
-        if initial_message is not None:
-            text, key = self._check_message(initial_message.get("text"), initial_message.get(
-                "idempotency_key", initial_message.get("idempotencyKey")), [])
+        if message is not None:
+            text, key = message
             initial = E.InputAccepted(at=now, input_id=new_id(), turn_id=new_id(), text=text, idempotency_key=key)
             body = {"text": text, "container": container_id, "space": space_id, "title": title, "activity": activity}
             claim = IdempotencyClaim(f"app:{self.app.id}:create", key, request_hash(body))
         return created, initial, claim
 
-    def _caller(self, context: str | None) -> Any:
+    @staticmethod
+    def _calling_session(context: str | None) -> str | None:
+        """The session whose tool is running now, for ``context='caller'``; else an error."""
         if context is None:
             return None
-        if context != "caller":
-            raise InvalidCommand("context must be 'caller' (or omitted)")
         call = CURRENT_CALL.get()
         if call is None:
             raise InvalidCommand("context='caller' can only be used inside a tool's execution")
-        return self.rt.ask(call.session_id, lambda r: Query(lambda a: a.state, r))
+        return call.session_id
 
-    def _check_message(self, text: Any, key: Any, attachments: list[Any]) -> tuple[str, str]:
-        if not isinstance(key, str) or not key:
-            raise InvalidCommand("idempotency_key is required (use a stable id from the external source)")
-        if len(key) > MAX_KEY:
-            raise InvalidCommand(f"idempotency_key is {len(key)} characters; at most {MAX_KEY}")
-        if not isinstance(text, str):
-            raise InvalidCommand("text must be a string")
-        if len(text) > MAX_TEXT:
-            raise InvalidCommand(f"text is {len(text)} characters; at most {MAX_TEXT}")
+    def _check_message(self, text: Any, key: Any, attachments: list[Any], where: str = "") -> tuple[str, str]:
+        if key is None or key == "":
+            raise InvalidCommand(f"{where}idempotency_key is required (use a stable id from the external source)")
+        _string(f"{where}idempotency_key", key, limit=MAX_KEY)
+        _string(f"{where}text", text, limit=MAX_TEXT)
         if len(attachments) > MAX_ATTACHMENTS:
             raise InvalidCommand(f"{len(attachments)} attachments; at most {MAX_ATTACHMENTS}")
         total = 0
         for i, ref in enumerate(attachments):
+            if not isinstance(ref, E.AttachmentRef):
+                raise InvalidCommand(f"attachments[{i}] must be an AttachmentRef, not {type(ref).__name__}")
             if ref.size > MAX_ATTACHMENT_BYTES:
                 raise InvalidCommand(f"attachment {i} is {ref.size} bytes; at most 20 MB each")
             total += ref.size
@@ -249,17 +338,31 @@ class SessionLoop:
                activity: str = "interactive", permission_mode: str | None = None,
                initial_message: dict[str, Any] | None = None, context: str | None = None) -> CreateResult:
         """Create a session (seed 000). With ``initial_message`` its first input is accepted in the
-        same commit: if anything fails, no session exists afterwards."""
-        created, initial, claim = self._plan_create(container_id, space, title, activity, permission_mode,
-                                                     initial_message, context)
+        same commit: if anything fails, no session exists afterwards. With ``context='caller'``
+        (only inside a tool's execution) it is a child of the calling session and works in its
+        directory with its model and permission policy."""
+        container_id, space_id, message = self._check_create(container_id, space, title, activity,
+                                                              permission_mode, initial_message, context)
+        calling = self._calling_session(context)
+        caller = self.rt.ask(calling, lambda r: Query(caller_facts, r)) if calling is not None else None
+        created, initial, claim = self._plan_create(container_id, space_id, title, activity, permission_mode,
+                                                     message, caller)
         made = self.rt.ask(created.session_id, lambda r: Create(created, initial, r, claim))
         return CreateResult(session_id=made.session_id, turn_id=made.turn_id)
 
-    async def acreate(self, **kwargs: Any) -> CreateResult:
-        created, initial, claim = self._plan_create(
-            kwargs.get("container_id"), kwargs.get("space"), kwargs.get("title", ""),
-            kwargs.get("activity", "interactive"), kwargs.get("permission_mode"), kwargs.get("initial_message"),
-            kwargs.get("context"))
+    async def acreate(self, *, container_id: str | None = None, space: dict[str, Any] | None = None,
+                      title: str = "", activity: str = "interactive", permission_mode: str | None = None,
+                      initial_message: dict[str, Any] | None = None, context: str | None = None) -> CreateResult:
+        container_id, space_id, message = self._check_create(container_id, space, title, activity,
+                                                              permission_mode, initial_message, context)
+        calling = self._calling_session(context)
+        caller = None
+        if calling is not None:  # asked without blocking the loop the calling tool runs on
+            asked = Reply()
+            self.rt.tell(calling, Query(caller_facts, asked))
+            caller = await asyncio.wait_for(asked.future(), self.rt.options.request_timeout_s)
+        created, initial, claim = self._plan_create(container_id, space_id, title, activity, permission_mode,
+                                                     message, caller)
         reply = Reply()
         self.rt.tell(created.session_id, Create(created, initial, reply, claim))
         made = await asyncio.wait_for(reply.future(), self.rt.options.request_timeout_s)
@@ -267,7 +370,10 @@ class SessionLoop:
 
     # --- send ---------------------------------------------------------------------------------
 
-    def _owned(self, session_id: str) -> None:
+    def _owned(self, session_id: Any) -> None:
+        _string("session_id", session_id)
+        if not session_id or len(session_id) > MAX_ID:
+            raise NotFound(f"session {session_id[:64]!r} not found")
         record = self._record(session_id)
         if record is None or record.app_id != self.app.id or record.deleted:
             raise NotFound(f"session {session_id} not found")
@@ -285,6 +391,8 @@ class SessionLoop:
                       reply: Reply) -> Send:
         from .host import new_id
 
+        if attachments is not None and not isinstance(attachments, (list, tuple)):
+            raise InvalidCommand(f"attachments must be a list, not {type(attachments).__name__}")
         refs = list(attachments or [])
         text, key = self._check_message(text, idempotency_key, refs)
         self._owned(session_id)
@@ -308,24 +416,28 @@ class SessionLoop:
             return rejected
         return None
 
-    def send(self, session_id: str, text: str, idempotency_key: str, attachments: list[Any] | None = None) -> Receipt:
+    def send(self, session_id: str, text: str, idempotency_key: str,
+             attachments: list[Any] | None = None) -> LoopReceipt:
         """Queue ``text`` (strict FIFO per session). A repeated key returns the original receipt
         (``state='duplicate'``, same turn id); a repeated key with another body is a conflict."""
         reply = Reply()
         self.rt.tell(session_id, self._send_message(session_id, text, idempotency_key, attachments, reply))
-        return reply.result(self.rt.options.request_timeout_s)  # type: ignore[no-any-return]
+        return loop_receipt(reply.result(self.rt.options.request_timeout_s))
 
     async def asend(self, session_id: str, text: str, idempotency_key: str,
-                    attachments: list[Any] | None = None) -> Receipt:
+                    attachments: list[Any] | None = None) -> LoopReceipt:
         reply = Reply()
         self.rt.tell(session_id, self._send_message(session_id, text, idempotency_key, attachments, reply))
-        return await asyncio.wait_for(reply.future(), self.rt.options.request_timeout_s)  # type: ignore[no-any-return]
+        return loop_receipt(await asyncio.wait_for(reply.future(), self.rt.options.request_timeout_s))
 
     # --- results ------------------------------------------------------------------------------
 
     @staticmethod
     def clamp_timeout_ms(timeout_ms: int | float | None) -> float:
         """Seed 000: default 60 s, clamped to 1-600 s; returned in seconds."""
+        if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float))
+                                       or math.isnan(timeout_ms)):
+            raise InvalidCommand(f"timeout_ms must be a number of milliseconds, not {timeout_ms!r:.40}")
         ms = 60_000 if timeout_ms is None else timeout_ms
         return min(600.0, max(1.0, ms / 1000))
 
@@ -333,41 +445,53 @@ class SessionLoop:
         from .host import Session
 
         self._owned(session_id)
+        _string("turn_id", turn_id)
+        if not turn_id or len(turn_id) > MAX_ID:  # no turn has such an id
+            raise NotFound(f"turn {turn_id[:64]!r} not found in session {session_id}")
         reply = Reply()
         Session(self.host, session_id).watch_turn(turn_id, reply)
         return reply
 
     def wait_for_turn(self, session_id: str, turn_id: str, timeout_ms: int | float | None = 60_000) -> TurnResult:
         """The turn's exact final result; ``timeout`` ends only this wait, never the turn."""
+        self.clamp_timeout_ms(timeout_ms)  # a bad timeout is refused before the wait starts
         reply = self._watch(session_id, turn_id)
         try:
             outcome = reply.result(self.clamp_timeout_ms(timeout_ms))
         except RequestTimeout:
-            self.rt.results.cancel_wait(turn_id, reply.set)
             return TurnResult(state="timeout", turn_id=turn_id)
+        finally:  # after a timeout or an unknown turn no waiter stays behind
+            self.rt.results.cancel_wait(turn_id, reply.set)
         return _turn_result(outcome)
 
     async def await_turn(self, session_id: str, turn_id: str, timeout_ms: int | float | None = 60_000) -> TurnResult:
+        self.clamp_timeout_ms(timeout_ms)
         reply = self._watch(session_id, turn_id)
         try:
             outcome = await asyncio.wait_for(reply.future(), self.clamp_timeout_ms(timeout_ms))
         except asyncio.TimeoutError:
-            self.rt.results.cancel_wait(turn_id, reply.set)
             return TurnResult(state="timeout", turn_id=turn_id)
+        finally:
+            self.rt.results.cancel_wait(turn_id, reply.set)
         return _turn_result(outcome)
 
     def on_did_receive_event(self, callback: Callable[[LoopEvent], None]) -> Callable[[], None]:
         """Call ``callback`` for every event of this app's sessions (``assistant.delta`` live
         only); returns the function that unsubscribes."""
+        if not callable(callback):
+            raise InvalidCommand(f"callback must be callable, not {type(callback).__name__}")
         return self.host.loop_watchers.add(self.app.id, callback)
 
     def list_events(self, session_id: str | None = None, after: int | None = None, limit: int = 100) -> EventsPage:
         """History and reconnection only (seed 000: never sleep-and-poll this; use wait_for_turn).
-        Retention: 7 days and 10,000 events per app."""
+        Retention: 7 days and 10,000 events per app. ``after`` is an event's ``cursor`` or a
+        receipt's ``cursor`` (the events of that input on)."""
+        if after is not None and not 0 <= _integer("after", after) < 2**63:
+            raise InvalidCommand("after must be a cursor (an integer from 0 to 2**63 - 1)")
+        if not 1 <= _integer("limit", limit) <= 1000:
+            raise InvalidCommand("limit must be between 1 and 1000")
         if session_id is not None:
             self._owned(session_id)
-        if not 1 <= limit <= 1000:
-            raise InvalidCommand("limit must be between 1 and 1000")
         cursor = after or 0
         out: list[LoopEvent] = []
         while len(out) < limit:
@@ -391,11 +515,15 @@ class AsyncSessionLoop:
     def __init__(self, sync: SessionLoop) -> None:
         self._sync = sync
 
-    async def create(self, **kwargs: Any) -> CreateResult:
-        return await self._sync.acreate(**kwargs)
+    async def create(self, *, container_id: str | None = None, space: dict[str, Any] | None = None,
+                     title: str = "", activity: str = "interactive", permission_mode: str | None = None,
+                     initial_message: dict[str, Any] | None = None, context: str | None = None) -> CreateResult:
+        return await self._sync.acreate(container_id=container_id, space=space, title=title, activity=activity,
+                                        permission_mode=permission_mode, initial_message=initial_message,
+                                        context=context)
 
     async def send(self, session_id: str, text: str, idempotency_key: str,
-                   attachments: list[Any] | None = None) -> Receipt:
+                   attachments: list[Any] | None = None) -> LoopReceipt:
         return await self._sync.asend(session_id, text, idempotency_key, attachments)
 
     async def wait_for_turn(self, session_id: str, turn_id: str, timeout_ms: int | float | None = 60_000) -> TurnResult:
@@ -437,7 +565,6 @@ def spawn_session_spec() -> Any:
 
 
 async def _spawn(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
-    from .host import Session
     from .tools import ToolError
 
     rt = ctx.extras["runtime"]
@@ -446,14 +573,14 @@ async def _spawn(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
     if call is None:
         raise ToolError("spawn_session runs only as a tool call")
     reply = Reply()
-    rt.tell(call.session_id, Query(lambda a: a.state, reply))
-    parent = await reply.future()
-    if _depth(rt, parent) >= MAX_SPAWN_DEPTH:
+    rt.tell(call.session_id, Query(caller_facts, reply))
+    parent: CallerFacts = await reply.future()
+    if _depth(rt, parent.created) >= MAX_SPAWN_DEPTH:
         raise ToolError(f"child sessions may nest at most {MAX_SPAWN_DEPTH} deep")
     created = parent.created
     key = f"spawn:{call.session_id}:{call.call_id}"
     timeout_ms = args.get("timeoutMs", 300_000)
-    if created is not None and created.app_id is not None:
+    if created.app_id is not None:
         loop = SessionLoop(host, host.apps.get(created.app_id))
         placement = {"container_id": created.container_id} if created.container_id else \
             {"space": {"spaceId": created.space_id or "default"}}
@@ -469,8 +596,8 @@ async def _spawn(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
     return {"sessionId": made.session_id, "state": "completed", "outputText": result.output_text}
 
 
-def _depth(rt: Any, state: Any) -> int:
-    depth, parent_id = 0, state.created.parent_id if state.created is not None else None
+def _depth(rt: Any, created: E.SessionCreated) -> int:
+    depth, parent_id = 0, created.parent_id
     seen: set[str] = set()
     while parent_id is not None and parent_id not in seen and depth < MAX_SPAWN_DEPTH + 1:
         seen.add(parent_id)
@@ -484,19 +611,19 @@ def _depth(rt: Any, state: Any) -> int:
     return depth
 
 
-async def _owner_child(rt: Any, parent: Any, args: dict[str, Any], key: str) -> Any:
+async def _owner_child(rt: Any, parent: CallerFacts, args: dict[str, Any], key: str) -> Any:
+    """A child of an owner session: in the parent's directory, with its model and policy."""
     from .host import new_id
 
-    created = parent.created
+    parent_id = parent.created.session_id
     now = now_ms()
     session_id = new_id()
     event = E.SessionCreated(at=now, session_id=session_id, title=args.get("title", ""), kind="task",
-                             parent_id=parent.session_id, activity="background",
-                             permission_mode=created.permission_mode if created is not None else "acceptCalls",
-                             cwd=created.cwd if created is not None else "",
-                             model=created.model if created is not None else None)
+                             parent_id=parent_id, activity="background",
+                             permission_mode=parent.permission_mode,  # type: ignore[arg-type]
+                             cwd=parent.cwd, model=parent.model)
     initial = E.InputAccepted(at=now, input_id=new_id(), turn_id=new_id(), text=args["task"], idempotency_key=key)
-    claim = IdempotencyClaim(f"owner:{parent.session_id}:spawn", key, request_hash({"task": args["task"]}))
+    claim = IdempotencyClaim(f"owner:{parent_id}:spawn", key, request_hash({"task": args["task"]}))
     reply = Reply()
     rt.tell(session_id, Create(event, initial, reply, claim))
     return await reply.future()

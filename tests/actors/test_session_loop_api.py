@@ -9,8 +9,11 @@ import time
 import pytest
 
 from actors.errors import Forbidden, InvalidCommand, NotFound
+from actors.gateway import SessionProtocolService
+from actors.tools import ToolSpec
 from eventstore import IdempotencyConflict
 from eventstore import events as E
+from tests.actors.gateway_harness import MemoryClient
 
 
 @pytest.fixture
@@ -198,23 +201,75 @@ def test_send_is_strict_fifo_under_50_concurrent_senders(loop_host, bot):
     assert started == by_acceptance and len(started) == 50
 
 
-def test_twenty_unfinished_turns_in_a_session_reject_with_retry_after(bot):
-    s = bot.create(container_id="inbox")
-    receipts = [bot.send(s.session_id, f"!sleep 2000\nm{i}", idempotency_key=f"q{i}") for i in range(21)]
-    assert [r.state for r in receipts[:20]].count("rejected") == 0
-    assert receipts[20].state == "rejected" and receipts[20].retry_after_ms == 1000 and receipts[20].turn_id is None
-    # a rejected send is not recorded: the same key can be sent again later
-    bot.send(s.session_id, "cancel everything", idempotency_key="unused")
+class Gate:
+    """A tool whose calls wait until the test opens the gate: a turn stays unfinished exactly as
+    long as the test needs, so the quota tests depend on no sleep being long enough."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.entered = threading.Semaphore(0)
+
+    async def run(self, args, ctx):
+        self.entered.release()
+        while not self.opened.is_set():
+            await asyncio.sleep(0.005)
+        return {"passed": True}
+
+    def wait_entered(self, count: int) -> None:
+        for _ in range(count):
+            assert self.entered.acquire(timeout=10), "a gated turn did not start"
 
 
-def test_two_hundred_unfinished_turns_of_an_app_reject_the_next_send(loop_host, bot):
-    sessions = [bot.create(container_id="inbox") for _ in range(11)]
-    states = []
-    for i, s in enumerate(sessions):
-        for j in range(20 if i < 10 else 1):
-            states.append(bot.send(s.session_id, f"!sleep 3000\nm{j}", idempotency_key=f"{i}-{j}").state)
-    assert states[:200].count("rejected") == 0 and states[200] == "rejected"
+@pytest.fixture
+def gate(loop_host):
+    g = Gate()
+    loop_host.rt.tools.register(ToolSpec(name="gate", description="waits for the test", parameters={"type": "object"},
+                                         handler=g.run))
+    yield g
+    g.opened.set()
+
+
+def fill_session(bot, session_id: str, prefix: str) -> list:
+    """20 unfinished turns: one held at the gate, 19 queued behind it."""
+    receipts = [bot.send(session_id, "!tool gate {}", idempotency_key=f"{prefix}-0")]
+    receipts += [bot.send(session_id, f"{prefix} {i}", idempotency_key=f"{prefix}-{i}") for i in range(1, 20)]
+    assert [r.state for r in receipts] == ["accepted"] + ["queued"] * 19
+    return receipts
+
+
+def test_quota_rejection_and_recovery_for_20_unfinished_turns_in_a_session(loop_host, bot, gate):
+    s = bot.create(container_id="inbox").session_id
+    filled = fill_session(bot, s, "m")
+    gate.wait_entered(1)
+    head = loop_host.store.head_position
+    refused = bot.send(s, "one too many", idempotency_key="m-20")
+    assert (refused.state, refused.retry_after_ms, refused.turn_id, refused.cursor) == ("rejected", 1000, None, None)
+    assert loop_host.store.head_position == head  # a rejected input is not stored, its key not spent
+    gate.opened.set()
+    assert bot.wait_for_turn(s, filled[-1].turn_id, timeout_ms=30_000).state == "completed"
+    again = bot.send(s, "one too many", idempotency_key="m-20")
+    assert again.state == "accepted" and again.turn_id is not None
+    assert bot.wait_for_turn(s, again.turn_id).output_text == "echo: one too many"
+
+
+def test_quota_rejection_and_recovery_for_200_unfinished_turns_of_an_app(loop_host, bot, gate):
+    """The app's limit holds across sessions: a session with nothing queued is still refused
+    while the app has 200 unfinished turns elsewhere, and accepted once they end."""
+    full = [bot.create(container_id="inbox").session_id for _ in range(10)]
+    filled = [fill_session(bot, sid, f"s{i}") for i, sid in enumerate(full)]
+    gate.wait_entered(10)
     assert loop_host.rt.app_unfinished["mybot"] == 200
+    idle = bot.create(container_id="inbox").session_id
+    head = loop_host.store.head_position
+    refused = bot.send(idle, "hello", idempotency_key="idle-1")
+    assert (refused.state, refused.retry_after_ms, refused.turn_id) == ("rejected", 1000, None)
+    assert loop_host.store.head_position == head and loop_host.rt.app_unfinished["mybot"] == 200
+    gate.opened.set()
+    for sid, receipts in zip(full, filled):
+        assert bot.wait_for_turn(sid, receipts[-1].turn_id, timeout_ms=30_000).state == "completed"
+    again = bot.send(idle, "hello", idempotency_key="idle-1")
+    assert again.state == "accepted"
+    assert bot.wait_for_turn(idle, again.turn_id).output_text == "echo: hello"
 
 
 def test_wait_for_turn_reports_completed_failed_and_timeout_without_cancelling(bot):
@@ -260,14 +315,64 @@ def test_events_are_listed_by_cursor_and_deltas_are_never_stored(bot):
     assert all(e.cursor > page.events[-1].cursor for e in later.events)
 
 
-def test_the_receipt_cursor_shows_exactly_the_events_of_that_input(bot):
-    s = bot.create(container_id="inbox")
-    first = bot.send(s.session_id, "one", idempotency_key="c1")
-    bot.wait_for_turn(s.session_id, first.turn_id)
-    second = bot.send(s.session_id, "two", idempotency_key="c2")
-    bot.wait_for_turn(s.session_id, second.turn_id)
-    events = bot.list_events(after=second.position - 1).events
-    assert {e.turn_id for e in events} == {second.turn_id}
+def three_inputs(bot, sid: str):
+    """An input that ended before, one sent while a slow turn runs (queued) and one after all
+    ended: a cursor must separate an input from what came before it in every case."""
+    before = bot.send(sid, "before", idempotency_key="c0")
+    bot.wait_for_turn(sid, before.turn_id)
+    slow = bot.send(sid, "!sleep 200\nslow", idempotency_key="c1")
+    queued = bot.send(sid, "queued", idempotency_key="c2")
+    assert (slow.state, queued.state) == ("accepted", "queued")
+    bot.wait_for_turn(sid, queued.turn_id)
+    last = bot.send(sid, "last", idempotency_key="c3")
+    bot.wait_for_turn(sid, last.turn_id)
+    return before, slow, queued, last
+
+
+def test_list_events_from_the_receipts_cursor_shows_exactly_the_events_of_that_input(bot):
+    s = bot.create(container_id="inbox").session_id
+    before, slow, queued, last = three_inputs(bot, s)
+    everything = bot.list_events(session_id=s).events
+    of_queued = [e for e in everything if e.turn_id == queued.turn_id]
+    assert [e.type for e in of_queued] == ["turn.started", "assistant.message", "turn.completed"]
+    since = bot.list_events(session_id=s, after=queued.cursor).events
+    assert [e for e in since if e.turn_id == queued.turn_id] == of_queued  # all of them, none before it
+    assert {e.turn_id for e in since} == {slow.turn_id, queued.turn_id, last.turn_id}  # the slow turn's tail
+    assert before.turn_id not in {e.turn_id for e in since}
+    assert {e.turn_id for e in bot.list_events(after=last.cursor).events} == {last.turn_id}
+    between = [e for e in everything if queued.cursor < e.cursor <= last.cursor]
+    assert {e.turn_id for e in between} == {slow.turn_id, queued.turn_id}
+    again = bot.send(s, "queued", idempotency_key="c2")  # a duplicate points at the original input
+    assert again.state == "duplicate" and again.cursor == queued.cursor
+
+
+def test_the_receipts_epoch_and_seq_mark_where_that_inputs_pushes_begin_on_the_protocol_stream(loop_host, bot):
+    """seq counts a session's pushes, so it cannot start list_events; it is the protocol
+    stream's cursor: a subscriber finds an input's pushes after the receipt's (epoch, seq)."""
+    svc = SessionProtocolService(loop_host.rt, host=loop_host)
+    try:
+        s = bot.create(container_id="inbox").session_id
+        client = MemoryClient(svc, app_id="mybot")
+        snapshot = client.result("session/subscribe", {"sessionId": s})
+        before, slow, queued, last = three_inputs(bot, s)
+        client.wait(lambda f: f.get("method") == "item/completed" and f["params"]["item"]["kind"] == "turn"
+                    and f["params"]["item"]["turnId"] == last.turn_id)
+        with client.cond:
+            pushes = [f["params"] for f in client.frames if "seq" in f.get("params", {})]
+        assert queued.epoch == snapshot["epoch"] == loop_host.epoch
+        assert {p["epoch"] for p in pushes} == {loop_host.epoch}
+
+        def turns(items):
+            return {p["item"]["turnId"] for p in items if "turnId" in p.get("item", {})}
+
+        of_queued = [p for p in pushes if p.get("item", {}).get("turnId") == queued.turn_id]
+        assert {p["item"]["kind"] for p in of_queued} >= {"user-message", "turn", "agent-message"}
+        assert all(p["seq"] > queued.seq for p in of_queued)
+        assert turns(p for p in pushes if p["seq"] > queued.seq) == {slow.turn_id, queued.turn_id, last.turn_id}
+        assert turns(p for p in pushes if p["seq"] > last.seq) == {last.turn_id}
+        assert snapshot["seq"] <= before.seq < slow.seq <= queued.seq < last.seq
+    finally:
+        svc.close()
 
 
 def test_on_did_receive_event_sees_every_session_of_the_app_and_unsubscribes(loop_host, bot):
@@ -303,6 +408,7 @@ def test_a_duplicate_receipt_carries_the_cursor_of_the_original_input(bot):
     first = bot.send(s.session_id, "hi", idempotency_key="cur")
     again = bot.send(s.session_id, "hi", idempotency_key="cur")
     assert again.state == "duplicate" and again.position == first.position > 0
+    assert (again.epoch, again.seq, again.cursor) == (first.epoch, first.seq, first.cursor)
 
 
 def test_the_app_quota_holds_when_many_sessions_send_at_once(loop_host):
