@@ -1,8 +1,10 @@
 """Replay-based debugging, the pure part (SPEC §9): timelines, verification, re-run comparison.
 
 Everything here is a function of recorded events (and of what the store serves beside them: the
-snapshot, the listing record); no I/O, no clock. The ``sessionloop replay / rerun`` commands in
-``cli/replay_cmd.py`` are the shell that reads the store, runs a host and prints.
+snapshot, the listing record; and of what a live host served, :class:`LiveView`); no clock, and no
+I/O except :func:`serve_live_view`, which asks a live host's gateway and session actor. The
+``sessionloop replay / rerun`` commands in ``cli/replay_cmd.py`` are the shell that reads the
+store, runs a host and prints.
 
 Three tools, each the answer to one debugging question:
 
@@ -13,13 +15,16 @@ Three tools, each the answer to one debugging question:
   raw events against the stored snapshot, the listing record against ``summary_record`` of the
   fold at the commit that wrote it, and the protocol history (paged history, and the pushes a
   client received from a subscription at a snapshot boundary) against the projection of all
-  events. The first difference is reported with its field path, the expected value (from the
-  events) and the value the system has.
+  events; given a :class:`LiveView`, also what a live host serves: its session actor's projection
+  and state, the gateway's ``session/history`` pages and ``session/subscribe`` snapshot. The
+  first difference is reported with its field path, the expected value (from the events) and the
+  value the system has.
 * :func:`plan_rerun` / :func:`comparable` / :func:`compare_logs` -- "is the runtime
   deterministic?": like a workflow replayer (Temporal, STYLE "models"), a session forked at turn N
   re-runs the later inputs; its log must equal the recording modulo ids and times
   (:data:`IGNORED_KEYS`), and the first divergence is reported as event index, tag, field,
-  expected and got.
+  expected and got. :meth:`RerunPlan.find_step` and :func:`parse_model_answer` resolve the
+  what-if overrides (a tool result or a model answer replaced at one step).
 
 Why one module over the house size (STYLE rule 12): the three share the plain-value diff
 (:func:`plain`, :func:`first_difference`) and the fold, and each is a handful of short pure
@@ -29,6 +34,7 @@ functions; the timeline builder is a table of small handlers, like ``ItemsProjec
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
@@ -54,7 +60,11 @@ __all__ = [
     "Divergence",
     "Entry",
     "LaterTurn",
+    "LiveUnavailable",
+    "LiveView",
+    "ModelAnswer",
     "RerunPlan",
+    "StepRef",
     "Timeline",
     "TurnSummary",
     "VerifyReport",
@@ -63,8 +73,10 @@ __all__ = [
     "compare_logs",
     "first_difference",
     "fold_events",
+    "parse_model_answer",
     "plain",
     "plan_rerun",
+    "serve_live_view",
     "until_version",
     "verify",
 ]
@@ -567,12 +579,24 @@ class Difference(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel
 
 
 class VerifyReport(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
+    """What :func:`verify` compared and the first difference.
+
+    ``compared`` is ``live`` when a live host's answers (:class:`LiveView`) were compared too
+    (``live_epoch``, ``history_pages``, ``snapshot_items`` say what it served), ``offline`` when
+    only what the store holds was (``offline_reason`` says why, when the caller knows).
+    """
+
     session_id: str
+    compared: str
     events: int = 0
     snapshot_version: int | None = None
     snapshot_note: str | None = None
     listing_version: int | None = None
     history_items: int = 0
+    live_epoch: int | None = None
+    history_pages: int | None = None
+    snapshot_items: int | None = None
+    offline_reason: str | None = None
     difference: Difference | None = None
 
     @property
@@ -604,14 +628,18 @@ def _record_plain(record: SummaryRecord) -> dict[str, Any]:
 
 
 def verify(session_id: str, events: Sequence[RecordedEvent], snapshot: Snapshot | None,
-           meta: bytes | None) -> VerifyReport:
+           meta: bytes | None, live: LiveView | None = None) -> VerifyReport:
     """Rebuild state, listing record and protocol items from ``events`` and compare them with the
-    stored ``snapshot``, the stored listing record ``meta`` and the served history.
+    stored ``snapshot``, the stored listing record ``meta`` and the history paged from the
+    rebuilt items; with ``live`` (:func:`serve_live_view`), also with what a live host serves:
+    its session actor's projection and state, ``session/history`` pages and the
+    ``session/subscribe`` snapshot, as the gateway sends them.
 
-    Returns a report whose ``difference`` is the first one found (snapshot, then listing record,
-    then history), or None when everything agrees.
+    Returns a report whose ``difference`` is the first one found (snapshot, listing record,
+    history, then the live checks), or None when everything agrees.
     """
-    report = VerifyReport(session_id=session_id, events=len(events))
+    report = VerifyReport(session_id=session_id, compared="live" if live is not None else "offline",
+                          events=len(events))
     summary_at = [i for i, r in enumerate(events) if isinstance(r.event, SUMMARY_EVENTS)]
     candidates: set[int] = set()
     if summary_at:
@@ -627,9 +655,12 @@ def verify(session_id: str, events: Sequence[RecordedEvent], snapshot: Snapshot 
             snap_state = plain(state)
         if i in candidates:
             records.append((rec.version, summary_record(state)))
+    full = ItemsProjection(session_id)
+    full.apply_all(r.event for r in events)
     report.difference = (_check_snapshot(report, snapshot, snap_state, events)
                          or _check_listing(report, meta, records)
-                         or _check_history(report, session_id, events, state, snap_at))
+                         or _check_history(report, session_id, events, full, state, snap_at)
+                         or (_check_live(report, full, state, live) if live is not None else None))
     return report
 
 
@@ -685,10 +716,8 @@ def _singletons(items: ItemsProjection) -> list[Any]:
     return [x for x in (items.plan_item(), items.usage_item(), items.queue_item()) if x is not None]
 
 
-def _check_history(report: VerifyReport, session_id: str, events: Sequence[RecordedEvent], state: SessionState,
-                   snap_at: int | None) -> Difference | None:
-    full = ItemsProjection(session_id)
-    full.apply_all(r.event for r in events)
+def _check_history(report: VerifyReport, session_id: str, events: Sequence[RecordedEvent], full: ItemsProjection,
+                   state: SessionState, snap_at: int | None) -> Difference | None:
     report.history_items = len(full.items())
     found = _check_pages(full, state)
     if found is not None or state.deleted:
@@ -760,6 +789,194 @@ def _check_pushes(full: ItemsProjection, session_id: str, events: Sequence[Recor
     return None
 
 
+# --- verify against a live host ---------------------------------------------------------------------
+
+
+class LiveView(msgspec.Struct, kw_only=True):
+    """What a live host serves for one session, as plain JSON-like values (:func:`serve_live_view`).
+
+    ``items`` is the session actor's own projection (the ``ItemsProjection`` it keeps up to date
+    from its commits and serves from; items, then plan, usage and queue), ``state`` and
+    ``version`` its folded state; ``snapshot`` (``{items, before}``) and ``history`` (pages,
+    newest first, each ``{items, before}``) are the gateway's answers to ``session/subscribe``
+    and ``session/history`` as a client receives them. ``error`` is the error object the gateway
+    answered instead (a session it does not serve); ``decorate`` is the gateway's decoration of
+    items (attachment handles of its epoch), applied to the rebuilt side before comparing.
+    """
+
+    session_id: str
+    epoch: int = 0
+    version: int = 0
+    state: Any = None
+    items: list[Any] = []
+    snapshot: Any = None
+    history: list[Any] = []
+    error: Any = None
+    decorate: Any = None
+
+
+class LiveUnavailable(Exception):
+    """The live host did not answer (a timeout): nothing to compare with."""
+
+
+class _MemoryClient:
+    """An owner connection to a gateway service with no socket: request frames in, result frames
+    out, pushes dropped (the verification reads snapshots and pages, not pushes)."""
+
+    def __init__(self, service: Any, timeout: float) -> None:
+        from protocol.transport import Peer
+
+        self.timeout = timeout
+        self.answers: dict[int, dict[str, Any]] = {}
+        self.cond = threading.Condition()
+        self.next_id = 0
+        self.conn = service.connect(Peer(platform="console", user_id="owner", surface="cli"), self._send)
+
+    def _send(self, text: str) -> None:
+        frame = msgspec.json.decode(text)
+        if isinstance(frame, dict) and isinstance(frame.get("id"), int):
+            with self.cond:
+                self.answers[frame["id"]] = frame
+                self.cond.notify_all()
+
+    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The reply frame (``result`` or ``error``) of one request."""
+        with self.cond:
+            self.next_id += 1
+            rid = self.next_id
+        self.conn.receive(msgspec.json.encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}))
+        with self.cond:
+            if not self.cond.wait_for(lambda: rid in self.answers, self.timeout):
+                raise LiveUnavailable(f"the live host did not answer {method} within {self.timeout:g} s")
+            return self.answers.pop(rid)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def serve_live_view(service: Any, session_id: str, *, timeout: float = 30.0) -> LiveView:
+    """Ask a live host what it serves for ``session_id``: through ``service`` (the host's
+    ``SessionProtocolService``, the gateway a server runs) an owner connection subscribes,
+    unsubscribes and pages ``session/history`` to the end (200 messages a page); then the
+    session actor is asked for its projection and state. The one function here with I/O.
+
+    Meant for a session at rest: a turn that commits meanwhile makes the answers disagree.
+    Raises :class:`LiveUnavailable` when the host does not answer in ``timeout`` seconds.
+    """
+    from protocol.handshake import SESSION_PROTOCOL_VERSION
+
+    from .projections import HISTORY_MAX_LIMIT
+    from .session import Query
+
+    view = LiveView(session_id=session_id, epoch=service.rt.epoch, decorate=service.decorate)
+    client = _MemoryClient(service, timeout)
+    try:
+        hello = client.call("initialize", {"protocolVersion": SESSION_PROTOCOL_VERSION,
+                                           "client": {"name": "sessionloop-verify", "version": "1"}})
+        if "error" in hello:
+            raise LiveUnavailable(f"the live host refused the connection: {hello['error']}")
+        reply = client.call("session/subscribe", {"sessionId": session_id})
+        if "error" in reply:
+            view.error = reply["error"]
+            return view
+        view.snapshot = {"items": reply["result"]["items"], "before": reply["result"].get("before")}
+        client.call("session/unsubscribe", {"sessionId": session_id})
+        before: str | None = None
+        while True:
+            params: dict[str, Any] = {"sessionId": session_id, "limit": HISTORY_MAX_LIMIT}
+            if before is not None:
+                params["before"] = before
+            reply = client.call("session/history", params)
+            if "error" in reply:
+                view.error = reply["error"]
+                return view
+            page = reply["result"]
+            view.history.append({"items": page["items"], "before": page.get("before")})
+            if page.get("before") is None or len(view.history) > 100_000:
+                break
+            before = page["before"]
+    finally:
+        client.close()
+    view.version, view.state, view.items = service.rt.ask(session_id, lambda r: Query(_actor_view, r), timeout)
+    return view
+
+
+def _actor_view(actor: Any) -> tuple[int, Any, list[Any]]:
+    """On the session actor's thread: its projection (built as the gateway builds it when no
+    subscriber has made it yet) and its state."""
+    if actor.items is None:
+        actor.items = actor.rt.build_items(actor)
+    items = actor.items
+    return actor.state.version, plain(actor.state), [_wire(i) for i in items.items() + _singletons(items)]
+
+
+def _check_live(report: VerifyReport, full: ItemsProjection, state: SessionState,
+                live: LiveView) -> Difference | None:
+    report.live_epoch = live.epoch
+    sid = live.session_id
+    if live.error is not None:
+        if state.deleted:
+            return None  # a deleted session is not served: that is what the events say
+        return Difference(check="live subscribe", path="error", expected="a subscription snapshot", got=live.error,
+                          note="the live host refused to serve the session")
+    if state.deleted:
+        return Difference(check="live subscribe", path="session", expected="not-found (the events delete the session)",
+                          got="a subscription snapshot", note="the live host serves a deleted session")
+    report.history_pages = len(live.history)
+    report.snapshot_items = len(live.snapshot["items"])
+    decorate = live.decorate if live.decorate is not None else (lambda _sid, item: item)
+
+    def served(items: Iterable[Any]) -> list[Any]:
+        return [_wire(decorate(sid, i)) for i in items]
+
+    expected_pages: list[Any] = []
+    before: str | None = None
+    while True:
+        page, before = full.history_page(before, 200)
+        expected_pages.append({"items": served(page), "before": before})
+        if before is None or len(expected_pages) > len(live.history):
+            break
+    found_item = _compare_items([_wire(i) for i in full.items() + _singletons(full)], live.items)
+    if found_item is not None:
+        where, a, b = found_item
+        return Difference(check="live projection", path=where, expected=a, got=b, version=live.version,
+                          note="the live session actor's items vs the items of all events")
+    snap_items, snap_before = full.snapshot_items()
+    for check, path, want, got, note in (
+        ("live history", "pages", expected_pages, live.history,
+         "session/history pages from the live host vs pages of the items of all events"),
+        ("live snapshot", "snapshot", {"items": served(snap_items), "before": snap_before}, live.snapshot,
+         "the live host's session/subscribe snapshot vs the snapshot of the items of all events"),
+        ("live state", "state", plain(state), live.state,
+         "the live session actor's state vs the fold of all events"),
+    ):
+        found = first_difference(want, got)
+        if found is not None:
+            where, a, b = found
+            where = path if where == "$" else f"{path}{where}" if where.startswith("[") else f"{path}.{where}"
+            return Difference(check=check, path=where, expected=a, got=b, note=note, version=live.version)
+    return None
+
+
+def _compare_items(expected: list[Any], got: list[Any]) -> tuple[str, Any, Any] | None:
+    """Two lists of wire items compared by item id (``items['<id>'].field``), then their order."""
+    want = {i.get("itemId"): i for i in expected}
+    have = {i.get("itemId"): i for i in got if isinstance(i, dict)}
+    for item_id, item in want.items():
+        if item_id not in have:
+            return f"items[{item_id!r}]", item, ABSENT
+        found = first_difference(item, have[item_id])
+        if found is not None:
+            path, a, b = found
+            return f"items[{item_id!r}].{path}", a, b
+    extra = [k for k in have if k not in want]
+    if extra:
+        return f"items[{extra[0]!r}]", ABSENT, have[extra[0]]
+    if list(want) != list(have) or len(got) != len(expected):
+        return "order", list(want), [i.get("itemId") if isinstance(i, dict) else i for i in got]
+    return None
+
+
 # --- rerun -----------------------------------------------------------------------------------------
 
 
@@ -789,6 +1006,9 @@ class RerunPlan(msgspec.Struct, kw_only=True):
     checkpoints: dict[tuple[int, str], list[str]] = {}  # (turn number, call id) -> paths, before-image order
     images: list[tuple[int, str, bool, bytes | None]] = []  # (turn number, path, existed, content), log order
     calls: list[tuple[int, str, str]] = []  # (turn number, call id, tool) of the calls that ran, in order
+    #: (turn number, llm step id, 1-based model call within its turn) of the recorded model calls
+    #: a replay plays (answers and provider failures), in order
+    model_steps: list[tuple[int, str, int]] = []
     max_steps: int | None = None
     expected: list[tuple[str, RecordedEvent]] = []  # comparable events of the later turns
 
@@ -816,6 +1036,96 @@ class RerunPlan(msgspec.Struct, kw_only=True):
             if call[1] == step:
                 return call
         raise ValueError(f"tool call {step!r} did not run after turn {self.from_turn}")
+
+    def find_step(self, step: str) -> StepRef:
+        """The step ``--override-tool STEP`` names (SPEC §9 what-if): a tool call that ran (its
+        call id, or its 1-based number among the calls after the fork point) or a recorded model
+        call (its llm step id, as ``replay`` shows it, or ``llm:N``, the N-th model call after the
+        fork point). Raises ValueError naming what exists."""
+        text = step.strip()
+        if text.startswith("llm:"):
+            number = text[4:]
+            if not number.isdigit() or not 1 <= int(number) <= len(self.model_steps):
+                raise ValueError(f"model call {text} does not exist: {len(self.model_steps)} model calls were "
+                                 f"recorded after turn {self.from_turn} (llm:1 to llm:{len(self.model_steps)})")
+            return self._model_ref(self.model_steps[int(number) - 1])
+        for found in self.model_steps:
+            if found[1] == text:
+                return self._model_ref(found)
+        if text.isdigit() or any(call[1] == text for call in self.calls):
+            turn, call_id, tool = self.find_call(text)
+            return StepRef(kind="tool", turn=turn, call_id=call_id, tool=tool)
+        raise ValueError(f"step {text!r} is neither a tool call that ran nor a model call recorded after turn "
+                         f"{self.from_turn} (tool calls: a call id or 1 to {len(self.calls)}; model calls: an llm "
+                         f"step id or llm:1 to llm:{len(self.model_steps)})")
+
+    def _model_ref(self, found: tuple[int, str, int]) -> StepRef:
+        turn, step_id, call = found
+        recorded = next((e for e in self.model_calls if getattr(e, "step_id", None) == step_id), None)
+        return StepRef(kind="model", turn=turn, step_id=step_id, call=call, recorded=recorded)
+
+
+class StepRef(msgspec.Struct, kw_only=True):
+    """A step of the re-run turns that ``--override-tool STEP`` names.
+
+    ``kind`` is ``tool`` (``call_id``, ``tool``) or ``model`` (``step_id``: the recorded llm
+    step; ``call``: the 1-based model call within its turn; ``recorded``: the recorded
+    ``llm.completed`` or ``llm.failed``). ``turn`` is the 1-based re-run turn.
+    """
+
+    kind: str
+    turn: int
+    call_id: str = ""
+    tool: str = ""
+    step_id: str = ""
+    call: int = 0
+    recorded: Any = None
+
+
+class OverrideToolCall(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="camel"):
+    name: str
+    args: Any = None
+    call_id: str | None = None
+
+
+class ModelAnswer(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, rename="camel", omit_defaults=True):
+    """A model answer given on the command line instead of a recorded one: ``text`` and
+    ``toolCalls`` (each ``{"name", "args", "callId"?}``, ids default to ``override_N``), an
+    optional ``reasoning``; or ``error`` alone, for a call that fails with that message."""
+
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[OverrideToolCall] = []
+    error: str | None = None
+
+    def tool_call_specs(self) -> list[E.ToolCallSpec]:
+        return [E.ToolCallSpec(call_id=c.call_id or f"override_{i}", name=c.name, args=c.args)
+                for i, c in enumerate(self.tool_calls, start=1)]
+
+
+MODEL_ANSWER_SHAPE: Final = '{"text": "...", "toolCalls": [{"name": "...", "args": {...}}]} or {"error": "..."}'
+
+
+def parse_model_answer(value: Any) -> ModelAnswer:
+    """The model answer a ``--override-tool`` JSON value for a model step stands for. Raises
+    ValueError saying what is wrong and which shape is expected."""
+    if not isinstance(value, dict):
+        raise ValueError(f"a model answer must be a JSON object {MODEL_ANSWER_SHAPE}, got {summarize_args(value)}")
+    if not value:
+        raise ValueError(f"the model answer is empty: give {MODEL_ANSWER_SHAPE}")
+    try:
+        answer = msgspec.convert(value, ModelAnswer)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"not a model answer ({e}); expected {MODEL_ANSWER_SHAPE}") from e
+    if answer.error is not None and (answer.text or answer.reasoning or answer.tool_calls):
+        raise ValueError("a model answer has either error (the call fails) or text/toolCalls, not both")
+    names = [c.name for c in answer.tool_calls if not c.name]
+    if names:
+        raise ValueError("every tool call of the model answer needs a name")
+    ids = [c.call_id for c in answer.tool_call_specs()]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"the model answer repeats a tool call id: {ids}")
+    return answer
 
 
 def plan_rerun(session_id: str, events: Sequence[RecordedEvent], from_turn: int) -> RerunPlan:
@@ -864,8 +1174,10 @@ def _collect_recordings(plan: RerunPlan, events: Sequence[RecordedEvent]) -> Non
         if isinstance(e, E.LlmCompleted):
             plan.answers.append(e)
             plan.model_calls.append(e)
+            _model_step(plan, number, e.step_id)
         elif isinstance(e, E.LlmFailed) and not e.aborted:
             plan.model_calls.append(e)  # a provider error is part of the recording too
+            _model_step(plan, number, e.step_id)
         elif isinstance(e, (E.ContextCompacted, E.ContextCompactFailed)) and e.auto:
             plan.summaries.append(e)
         elif isinstance(e, E.ToolStarted):
@@ -877,6 +1189,11 @@ def _collect_recordings(plan: RerunPlan, events: Sequence[RecordedEvent]) -> Non
             plan.checkpoints.setdefault((number, e.call_id), []).append(e.path)
             plan.images.append((number, e.path, e.existed, e.content))
     plan.expected = comparable(events, set(numbers))
+
+
+def _model_step(plan: RerunPlan, turn: int, step_id: str) -> None:
+    within = sum(1 for t, _, _ in plan.model_steps if t == turn)
+    plan.model_steps.append((turn, step_id, within + 1))
 
 
 def comparable(events: Iterable[RecordedEvent], turn_ids: set[str]) -> list[tuple[str, RecordedEvent]]:

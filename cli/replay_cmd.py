@@ -4,6 +4,9 @@ The pure work (timeline, verification, the re-run plan and the log comparison) i
 ``actors/replay.py``; this module reads the store, runs a host for ``rerun``, and prints.
 
 * ``replay`` and ``events`` open the store read-only, so they work while a server runs.
+  ``replay --verify`` then also opens a live host (and its gateway) on the data directory when
+  it may (no server holds it, no unfinished turn would resume) and compares with what it serves;
+  otherwise it compares with the store only and says why.
 * ``rerun`` and ``import`` write (a fork, an imported stream), so they need the data directory's
   writer lock and refuse clearly (StoreLocked) while a server runs there.
 
@@ -112,14 +115,22 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
               help="Stop after this event version (a number) or after this turn (a turn id or a unique prefix).")
 @click.option("--verify", is_flag=True,
               help="Rebuild state, listing record and history from the events and compare them with what is "
-                   "stored and served; exit 1 on the first difference.")
+                   "stored and with what a live host serves (the session actor's projection and state, "
+                   "session/history pages, the session/subscribe snapshot); exit 1 on the first difference.")
+@click.option("--offline", is_flag=True,
+              help="With --verify: compare with the store only, without opening a live host on DATA.")
 @_json_option
-def replay(session: str, data_dir: str, until: str | None, verify: bool, as_json: bool) -> None:
+def replay(session: str, data_dir: str, until: str | None, verify: bool, offline: bool, as_json: bool) -> None:
     """Rebuild SESSION from its events and print its timeline: turns, model calls (provider, model,
     tokens, durations), tool calls (args, status, exit code, repairs), approvals, notices, context
     trimming and compaction, checkpoints and rewinds.
 
     Opens the store read-only: works while a server runs on the same data directory.
+
+    --verify also opens a live host on DATA, as ``serve`` would (a new epoch; what a crash left is
+    settled), and asks its gateway and session actor what they serve, unless --offline is given,
+    a server holds DATA (the writer lock) or opening it would resume unfinished turns: then only
+    what the store holds is compared, and the output says why.
 
     \b
     Examples:
@@ -130,21 +141,28 @@ def replay(session: str, data_dir: str, until: str | None, verify: bool, as_json
     from actors.replay import build_timeline, until_version
 
     session_id = _session_id(session)
+    if offline and not verify:
+        raise click.ClickException("--offline only applies to --verify")
+    if verify and until is not None:
+        raise click.ClickException("--until cannot be combined with --verify (verify checks the whole log)")
     store = _open_store(data_dir, session_id)
     try:
         events = _read_session(store, data_dir, session_id)
         if verify:
-            if until is not None:
-                raise click.ClickException("--until cannot be combined with --verify (verify checks the whole log)")
-            _verify(store, session_id, events, as_json)
-            return
-        try:
-            cut = until_version(events, until)
-        except ValueError as e:
-            raise click.ClickException(f"{e} in session {session_id}") from e
-        timeline = build_timeline(session_id, events, cut)
+            stream = f"session-{session_id}"
+            stored = (events, store.load_snapshot(stream), store.stream_meta(stream))
+            why = "--offline was given" if offline else _no_live_host(store, data_dir)
+        else:
+            try:
+                cut = until_version(events, until)
+            except ValueError as e:
+                raise click.ClickException(f"{e} in session {session_id}") from e
+            timeline = build_timeline(session_id, events, cut)
     finally:
-        store.close()
+        store.close()  # before a live host opens the same environment (one LMDB env per process)
+    if verify:
+        _verify(data_dir, session_id, stored, why, as_json)
+        return
     if as_json:
         _print_json(timeline)
     else:
@@ -152,11 +170,22 @@ def replay(session: str, data_dir: str, until: str | None, verify: bool, as_json
             _say(line)
 
 
-def _verify(store: EventStore, session_id: str, events: list[RecordedEvent], as_json: bool) -> None:
+def _no_live_host(store: EventStore, data_dir: str) -> str | None:
+    """Why no live host may be opened on ``data_dir`` for --verify, or None if one may."""
+    unfinished = [s for s in store.flagged("active") if s.startswith("session-")]
+    if unfinished:
+        return (f"opening {data_dir} would resume {len(unfinished)} session(s) with unfinished work "
+                f"(e.g. {unfinished[0]}) with this command's model")
+    return None
+
+
+def _verify(data_dir: str, session_id: str, stored: tuple[Any, Any, Any], why: str | None, as_json: bool) -> None:
     from actors.replay import verify
 
-    stream = f"session-{session_id}"
-    report = verify(session_id, events, store.load_snapshot(stream), store.stream_meta(stream))
+    live_stored, live, reason = _live_view(data_dir, session_id) if why is None else (None, None, why)
+    events, snapshot, meta = live_stored or stored
+    report = verify(session_id, events, snapshot, meta, live=live)
+    report.offline_reason = reason
     if as_json:
         _print_json(report)
     elif report.difference is None:
@@ -164,6 +193,7 @@ def _verify(store: EventStore, session_id: str, events: list[RecordedEvent], as_
         if report.snapshot_note:
             snap += f" ({report.snapshot_note})"
         _say(f"verified: {report.events} events, {snap}, listing record, history of {report.history_items} items")
+        _say(_compared_line(report, data_dir))
     else:
         d = report.difference
         where = f" (event version {d.version})" if d.version is not None else ""
@@ -172,8 +202,47 @@ def _verify(store: EventStore, session_id: str, events: list[RecordedEvent], as_
         _say(f"  got (stored/served):        {_short(d.got, 300)}")
         if d.note:
             _say(f"  {d.note}")
+        _say(_compared_line(report, data_dir))
     if report.difference is not None:
         sys.exit(1)
+
+
+def _compared_line(report: Any, data_dir: str) -> str:
+    if report.compared == "live":
+        if report.history_pages is None:
+            return f"compared with a live host on {data_dir} (epoch {report.live_epoch})"
+        return (f"compared with a live host on {data_dir} (epoch {report.live_epoch}): the session actor's "
+                f"projection and state, {report.history_pages} session/history page(s), the session/subscribe "
+                f"snapshot of {report.snapshot_items} items")
+    return f"compared offline, with the store only: {report.offline_reason or 'no live host'}"
+
+
+def _live_view(data_dir: str, session_id: str) -> tuple[Any, Any, str | None]:
+    """``(stored, live view, None)`` from a host opened on ``data_dir`` (the events, snapshot and
+    listing record re-read under its writer lock), or ``(None, None, why not)``."""
+    from actors.gateway import SessionProtocolService
+    from actors.host import Host
+    from actors.replay import LiveUnavailable, serve_live_view
+
+    try:
+        host = Host.open(data_dir)
+    except StoreLocked as e:
+        return None, None, f"{data_dir} is in use by a running server ({e.holder})"
+    except SessionloopError as e:
+        return None, None, f"cannot open a live host on {data_dir}: {e}"
+    try:
+        stream = f"session-{session_id}"
+        stored = (_read_session(host.store, data_dir, session_id), host.store.load_snapshot(stream),
+                  host.store.stream_meta(stream))
+        service = SessionProtocolService(host.rt, host=host)
+        try:
+            return stored, serve_live_view(service, session_id), None
+        except LiveUnavailable as e:
+            return None, None, str(e)
+        finally:
+            service.close()
+    finally:
+        host.close()
 
 
 def _render_timeline(tl: Any) -> Iterator[str]:
@@ -257,12 +326,13 @@ def _r_model(e: Any, f: dict[str, Any]) -> str:
     who = f"{f.get('provider') or '?'}/{f.get('model') or '?'}"
     if e.status == "running":
         return f"model call  (no answer recorded)  step {f.get('stepId')}"
+    step = f"  [{f['stepId']}]" if f.get("stepId") else ""  # what --override-tool names a model step by
     if e.status in ("failed", "aborted"):
-        return f"model call  {e.status} after {_duration(e)}: {f.get('error')}"
+        return f"model call  {e.status} after {_duration(e)}: {f.get('error')}{step}"
     tokens = f"{f.get('promptTokens', 0)} prompt + {f.get('completionTokens', 0)} completion tokens"
     answer = f"tool calls: {', '.join(f['toolCalls'])}" if f.get("toolCalls") else repr(f.get("text", ""))
     reasoning = f"  (reasoning {f['reasoning']!r})" if f.get("reasoning") else ""
-    return f"model call  {who}  {tokens}  {_duration(e)}  -> {answer}{reasoning}"
+    return f"model call  {who}  {tokens}  {_duration(e)}  -> {answer}{reasoning}{step}"
 
 
 def _r_tool(e: Any, f: dict[str, Any]) -> str:
@@ -357,6 +427,13 @@ class _ReplayAnswers:
             raise ModelError(recorded.error)
         return await self.inner.generate(request, on_delta)
 
+    def skip(self) -> None:
+        """Pass over the next recorded model call (an override answers it instead), so the later
+        calls keep their recorded answers."""
+        recorded = self.model_calls.pop(0) if self.model_calls else None
+        if isinstance(recorded, E.LlmCompleted):
+            self.inner.calls += 1
+
     def _summary(self, error: Any, response: Any) -> Any:
         if not self.summaries:
             raise error("replay: the re-run asked for a summary the recording does not have")
@@ -367,12 +444,58 @@ class _ReplayAnswers:
         return response(text=recorded.summary, provider="replay")
 
 
+class _ModelOverrides:
+    """The provider of a rerun with ``--override-tool`` on model steps: the model call a step
+    names (by re-run turn and its number within the turn) gets the given answer, or fails with
+    its ``error``; every other call goes to ``inner`` (which, replaying, skips the recording of
+    the overridden call)."""
+
+    def __init__(self, inner: Any, job: _Rerun) -> None:
+        self.inner = inner
+        self.name = getattr(inner, "name", "override")
+        self.job = job
+        self.calls: dict[int, int] = {}  # re-run turn -> model calls made in it
+
+    async def generate(self, request: Any, on_delta: Any) -> Any:
+        from actors.model import ModelError, ModelResponse
+        from actors.model.base import stream_now
+
+        if not request.tools:  # a summary request, not a step of the turn
+            return await self.inner.generate(request, on_delta)
+        turn = self.job.current_turn
+        self.calls[turn] = number = self.calls.get(turn, 0) + 1
+        override = self.job.model_overrides.get((turn, number))
+        if override is None:
+            return await self.inner.generate(request, on_delta)
+        skip = getattr(self.inner, "skip", None)
+        if skip is not None:
+            skip()
+        answer = override.answer
+        if answer.error is not None:
+            raise ModelError(answer.error)
+        stream_now(on_delta, "reasoning", answer.reasoning, 8)
+        stream_now(on_delta, "text", answer.text, 8)
+        recorded = override.recorded if isinstance(override.recorded, E.LlmCompleted) else None
+        return ModelResponse(text=answer.text, reasoning=answer.reasoning, tool_calls=answer.tool_call_specs(),
+                             usage=recorded.usage if recorded is not None else E.Usage(),
+                             model=recorded.model if recorded is not None else "",
+                             provider=recorded.provider if recorded is not None else self.name)
+
+
 class _Override(msgspec.Struct, kw_only=True):
+    """One ``--override-tool STEP=JSON``: a tool call's result (``output``) or a model call's
+    answer (``answer``, for ``kind == "model"``)."""
+
     step: str
+    kind: str
     turn: int
-    call_id: str
-    tool: str
-    output: Any
+    call_id: str = ""
+    tool: str = ""
+    output: Any = None
+    step_id: str = ""
+    call: int = 0
+    answer: Any = None
+    recorded: Any = None
 
 
 class _Rerun:
@@ -382,7 +505,8 @@ class _Rerun:
                  overrides: list[_Override], timeout: float) -> None:
         self.host, self.rt, self.plan, self.events = host, host.rt, plan, events
         self.provider_name, self.tools_mode, self.timeout = provider, tools, timeout
-        self.overrides = {(o.turn, o.call_id): o for o in overrides}
+        self.overrides = {(o.turn, o.call_id): o for o in overrides if o.kind == "tool"}
+        self.model_overrides = {(o.turn, o.call): o for o in overrides if o.kind == "model"}
         self.current_turn = 0
         self.fork: Any = None
         self.fork_workspace: Any = None
@@ -406,6 +530,8 @@ class _Rerun:
                                             self.plan.summaries)
         else:
             provider = make_provider(self.provider_name)
+        if self.model_overrides:
+            provider = _ModelOverrides(provider, self)
         self.rt.set_provider(provider)
         if self.tools_mode == "replay" or self.overrides:
             self._install_tools()
@@ -536,28 +662,48 @@ class _Rerun:
     def _loose(self) -> dict[int, frozenset[str]]:
         loose: dict[int, frozenset[str]] = {}
         numbers = {t.turn_id: t.number for t in self.plan.turns}
+        overridden_steps = {o.step_id for o in self.model_overrides.values()}
         for i, (turn_id, rec) in enumerate(self.plan.expected):
             e = rec.event
             if isinstance(e, E.ToolFinished) and (numbers.get(turn_id), e.call_id) in self.overrides:
                 loose[i] = frozenset({"output", "status", "exit_code"})
+            elif isinstance(e, (E.LlmCompleted, E.LlmFailed)) and e.step_id in overridden_steps:
+                loose[i] = frozenset({"text", "reasoning", "tool_calls", "usage", "model", "provider", "error"})
         return loose
 
 
 def _parse_overrides(plan: Any, values: tuple[str, ...]) -> list[_Override]:
-    out = []
+    from actors.replay import parse_model_answer
+
+    out: list[_Override] = []
     for value in values:
         step, sep, text = value.partition("=")
         if not sep or not step:
-            raise click.ClickException(f"--override-tool {value!r}: expected STEP=JSON (a call id or a number)")
+            raise click.ClickException(f"--override-tool {value!r}: expected STEP=JSON (a tool call id or number, "
+                                       "or a model step: an llm step id or llm:N)")
         try:
             output = msgspec.json.decode(text)
         except msgspec.DecodeError as e:
             raise click.ClickException(f"--override-tool {step}: not valid JSON: {e}") from e
         try:
-            turn, call_id, tool = plan.find_call(step)
+            ref = plan.find_step(step)
         except ValueError as e:
             raise click.ClickException(f"--override-tool {step}: {e}") from e
-        out.append(_Override(step=step, turn=turn, call_id=call_id, tool=tool, output=output))
+        if ref.kind == "tool":
+            override = _Override(step=step, kind="tool", turn=ref.turn, call_id=ref.call_id, tool=ref.tool,
+                                 output=output)
+        else:
+            try:
+                answer = parse_model_answer(output)
+            except ValueError as e:
+                raise click.ClickException(f"--override-tool {step} (model call {ref.step_id}): {e}") from e
+            override = _Override(step=step, kind="model", turn=ref.turn, step_id=ref.step_id, call=ref.call,
+                                 answer=answer, recorded=ref.recorded)
+        same = [o for o in out if (o.kind, o.turn, o.call_id, o.call) == (override.kind, override.turn,
+                                                                          override.call_id, override.call)]
+        if same:
+            raise click.ClickException(f"--override-tool {step}: the same step as --override-tool {same[0].step}")
+        out.append(override)
     return out
 
 
@@ -593,8 +739,11 @@ def _open_rerun_host(data_dir: str, max_steps: int | None) -> Any:
 @click.option("--tools", "tools_mode", type=click.Choice(["replay", "live"]), default="replay", show_default=True,
               help="replay: tool results come from the recording (nothing is executed); live: tools run again.")
 @click.option("--override-tool", "overrides", multiple=True, metavar="STEP=JSON",
-              help="What-if: answer tool call STEP (a call id, or the 1-based number of the calls after the fork "
-                   "point) with JSON instead of the recording, and report where behaviour then diverged.")
+              help="What-if: replace one recorded step and report where behaviour then diverged. A tool call "
+                   "(a call id, or the 1-based number of the calls after the fork point) gets JSON as its result; "
+                   "a model call (its llm step id as replay shows it, or llm:N, the N-th model call after the fork "
+                   'point) gets JSON as its answer: {"text": ..., "toolCalls": [{"name": ..., "args": ...}]}, '
+                   'or {"error": ...} to fail. Repeatable.')
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=120.0, show_default=True,
               help="Seconds to wait for each re-run turn.")
 @_data_option
@@ -615,6 +764,7 @@ def rerun(session: str, from_turn: int, provider: str, tools_mode: str, override
       sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 2
       sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 0 --provider mock --json
       sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 1 --override-tool 1='{"entries": []}'
+      sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 1 --override-tool llm:1='{"text": "no"}'
     """
     from actors.replay import plan_rerun
 
@@ -677,19 +827,30 @@ def _rerun_report(job: _Rerun, outcome: dict[str, Any], overrides: list[_Overrid
         "compared": outcome["compared"],
         "identical": divergence is None and not outcome["relaxed"],
         "divergence": msgspec.to_builtins(divergence) if divergence is not None else None,
-        "overrides": [{"step": o.step, "callId": o.call_id, "tool": o.tool, "turn": o.turn, "output": o.output}
-                      for o in overrides],
+        "overrides": [_override_json(o) for o in overrides],
         "overrideChanges": [msgspec.to_builtins(d) for d in outcome["relaxed"]],
         "problems": job.problems,
     }
+
+
+def _override_json(o: _Override) -> dict[str, Any]:
+    if o.kind == "tool":
+        return {"step": o.step, "kind": "tool", "callId": o.call_id, "tool": o.tool, "turn": o.turn,
+                "output": o.output}
+    return {"step": o.step, "kind": "model", "stepId": o.step_id, "turn": o.turn, "call": o.call,
+            "answer": msgspec.to_builtins(o.answer)}
 
 
 def _render_rerun(r: dict[str, Any]) -> Iterator[str]:
     yield (f"rerun of {r['session']} from turn {r['fromTurn']}: {r['turnsSent']} of {r['turns']} turns re-sent "
            f"to fork {r['fork']} (provider {r['provider']}, tools {r['tools']})")
     for o in r["overrides"]:
-        yield (f"override: tool call {o['callId']} ({o['tool']}, re-run turn {o['turn']}) answered with "
-               f"{_short(o['output'])}")
+        if o["kind"] == "tool":
+            yield (f"override: tool call {o['callId']} ({o['tool']}, re-run turn {o['turn']}) answered with "
+                   f"{_short(o['output'])}")
+        else:
+            yield (f"override: model call {o['call']} of re-run turn {o['turn']} (step {o['stepId']}) answered "
+                   f"with {_short(o['answer'])}")
     for d in r["overrideChanges"]:
         yield (f"  changed by the override: event {d['index']} ({d.get('expectedTag')}, original "
                f"v{d.get('expectedVersion')}) {d.get('path')}: {_short(d.get('expected'))} -> {_short(d.get('got'))}")

@@ -1,7 +1,8 @@
 """The pure part of replay-based debugging (SPEC §9): timeline, verify, re-run plan and comparison.
 
 Logs come from real hosts on real LMDB (``host`` / ``open_host`` fixtures) or, for facts a mock
-turn cannot produce (approvals, compaction, unknown events), are written out by hand.
+turn cannot produce (approvals, compaction, unknown events), are written out by hand. Verification
+against a live host goes through the real gateway (``SessionProtocolService``) of that host.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors.summary_records import encode_summary_record, summary_record
+from actors.gateway import SessionProtocolService
 from actors.replay import (
     ABSENT,
     build_timeline,
@@ -19,10 +20,14 @@ from actors.replay import (
     compare_logs,
     first_difference,
     fold_events,
+    parse_model_answer,
     plan_rerun,
+    serve_live_view,
     until_version,
     verify,
 )
+from actors.session import Apply
+from actors.summary_records import encode_summary_record, summary_record
 from actors.session_model import encode_state
 from eventstore import events as E
 from eventstore.records import RecordedEvent, Snapshot
@@ -353,3 +358,115 @@ def test_compare_logs_reports_loosened_fields_apart_from_the_divergence() -> Non
                             E.ToolFinished(at=2, turn_id="t1", call_id="c", status="failed", output=2)), {"t1"})
     d, relaxed = compare_logs(a, b, {"t1": 1}, loose={1: frozenset({"output", "status"})})
     assert d is None and len(relaxed) == 1 and relaxed[0].path == "status"
+
+
+# --- verify against a live host --------------------------------------------------------------------
+
+
+@pytest.fixture
+def gateway(host):
+    """The gateway a server runs over the ``host`` fixture's host (real connections, no sockets)."""
+    service = SessionProtocolService(host.rt, host=host)
+    yield service
+    service.close()
+
+
+def live_report(host: Any, service: Any, session: Any) -> Any:
+    events = host.store.read_stream(f"session-{session.id}")
+    return verify(session.id, events, *stored(host, session), live=serve_live_view(service, session.id))
+
+
+def test_verify_against_a_live_host_passes_and_says_what_it_compared(host, gateway) -> None:
+    session = host.create(title="live")
+    first = serve_live_view(gateway, session.id)  # a subscriber: the actor now keeps its items up to date
+    assert first.snapshot == {"items": [], "before": None} and first.error is None
+    run_turns_on(session, "hi", '!tool write_file {"path": "a.txt", "content": "x"}', "!error e",
+                 '!tool update_plan {"entries": [{"text": "a", "status": "pending"}]}', "!reason r\nthere")
+    report = live_report(host, gateway, session)
+    assert report.difference is None, report.difference
+    assert (report.compared, report.live_epoch, report.history_pages) == ("live", host.epoch, 1)
+    assert report.snapshot_items is not None and report.snapshot_items > report.history_items  # + plan, usage
+
+
+def test_verify_against_a_live_host_reports_an_event_its_session_actor_did_not_see(host, gateway) -> None:
+    session = host.create(title="live")
+    run_turns_on(session, "hi")
+    serve_live_view(gateway, session.id)  # the actor builds its projection now
+    stream = f"session-{session.id}"
+    planted = E.NoticePosted(at=1, notice_id="planted", topic="info", text="written behind the actor's back")
+    host.store.append(stream, [planted], expected_version=host.store.stream_version(stream))
+    offline = verify(session.id, host.store.read_stream(stream), *stored(host, session))
+    assert offline.difference is None and offline.compared == "offline"  # the log agrees with itself
+    d = live_report(host, gateway, session).difference
+    assert d is not None and d.check == "live projection", d
+    assert (d.path, d.got, d.version) == ("items['planted']", ABSENT, host.store.stream_version(stream) - 1)
+    assert d.expected["itemId"] == "planted" and d.expected["text"] == "written behind the actor's back"
+
+
+def test_verify_against_a_live_host_accepts_a_deleted_session_it_does_not_serve(host, gateway) -> None:
+    session = host.create(title="gone")
+    run_turns_on(session, "hi")
+    host.rt.ask(session.id, lambda r: Apply(lambda s, now: [E.SessionDeleted(at=now)], r, drive=False))
+    view = serve_live_view(gateway, session.id)
+    assert view.error is not None and view.error["data"]["code"] == "not-found"
+    report = live_report(host, gateway, session)
+    assert report.difference is None and report.compared == "live"
+
+
+def run_turns_on(session: Any, *texts: str) -> None:
+    for text in texts:
+        assert session.run(text, timeout=10).state != "timeout"
+
+
+# --- what-if steps: tool results and model answers -------------------------------------------------
+
+
+def test_find_step_names_a_model_call_by_step_id_or_number_and_a_tool_call_as_before(host) -> None:
+    session, events = run_turns(host, "one", '!tool list_files {"path": "."}', "!error down", "four")
+    plan = plan_rerun(session.id, events, 1)
+    steps = [r.event.step_id for r in events if isinstance(r.event, (E.LlmCompleted, E.LlmFailed))][1:]
+    assert [s for _, s, _ in plan.model_steps] == steps
+    second = plan.find_step("llm:2")
+    assert (second.kind, second.turn, second.call, second.step_id) == ("model", 1, 2, steps[1])
+    assert isinstance(second.recorded, E.LlmCompleted) and second.recorded.text == "done: 1 tool calls"
+    failed = plan.find_step(steps[2])
+    assert (failed.turn, failed.call) == (2, 1) and isinstance(failed.recorded, E.LlmFailed)
+    tool = plan.find_step("1")
+    assert (tool.kind, tool.turn, tool.tool) == ("tool", 1, "list_files")
+    assert plan.find_step(tool.call_id).call_id == tool.call_id
+
+
+def test_find_step_refuses_an_unknown_step_naming_what_exists(host) -> None:
+    session, events = run_turns(host, "one", '!tool list_files {"path": "."}')
+    plan = plan_rerun(session.id, events, 1)
+    with pytest.raises(ValueError, match=r"model call llm:3 does not exist: 2 model calls were recorded after "
+                                         r"turn 1 \(llm:1 to llm:2\)"):
+        plan.find_step("llm:3")
+    with pytest.raises(ValueError, match=r"step 'nope' is neither a tool call that ran nor a model call recorded "
+                                         r"after turn 1 \(tool calls: a call id or 1 to 1; model calls"):
+        plan.find_step("nope")
+    with pytest.raises(ValueError, match="tool call 2 does not exist"):
+        plan.find_step("2")
+
+
+def test_parse_model_answer_takes_text_and_tool_calls_or_an_error() -> None:
+    answer = parse_model_answer({"text": "hm", "toolCalls": [{"name": "list_files", "args": {"path": "."}},
+                                                             {"name": "read_file", "callId": "mine"}]})
+    assert answer.text == "hm" and answer.error is None
+    assert answer.tool_call_specs() == [E.ToolCallSpec(call_id="override_1", name="list_files", args={"path": "."}),
+                                        E.ToolCallSpec(call_id="mine", name="read_file")]
+    assert parse_model_answer({"error": "rate limited"}).error == "rate limited"
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ([1], "a model answer must be a JSON object"),
+    ({}, "the model answer is empty"),
+    ({"txt": "x"}, "unknown field `txt`"),
+    ({"text": 3}, r"Expected `str`, got `int` - at `\$.text`"),
+    ({"toolCalls": [{"args": {}}]}, "missing required field `name`"),
+    ({"text": "a", "error": "b"}, "either error .* or text/toolCalls, not both"),
+    ({"toolCalls": [{"name": "a", "callId": "x"}, {"name": "b", "callId": "x"}]}, "repeats a tool call id"),
+])
+def test_parse_model_answer_says_what_is_wrong(value: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_model_answer(value)

@@ -180,7 +180,10 @@ def test_a_missing_data_directory_is_one_clear_error(tmp_path) -> None:
 def test_replay_reads_a_store_while_another_process_writes_it(recorded, writer_process) -> None:
     data_dir, session_id, _ = recorded
     assert cli("replay", session_id, "--data", data_dir).exit_code == 0
-    assert cli("replay", session_id, "--data", data_dir, "--verify").exit_code == 0
+    result = cli("replay", session_id, "--data", data_dir, "--verify")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1].startswith(
+        f"compared offline, with the store only: {data_dir} is in use by a running server (")
 
 
 # --- verify ----------------------------------------------------------------------------------------
@@ -191,9 +194,45 @@ def test_verify_passes_on_a_healthy_store_and_says_what_it_checked(golden) -> No
     result = cli("replay", session_id, "--data", data_dir, "--verify")
     assert result.exit_code == 0, result.output
     events = len(stream_events(data_dir, session_id))
-    line = result.stdout.strip()
+    line, compared = result.stdout.strip().splitlines()
     assert line.startswith(f"verified: {events} events, snapshot at version ")
     assert line.endswith(" items") and "listing record, history of " in line
+    assert compared.startswith(f"compared with a live host on {data_dir} (epoch ")
+    assert "the session actor's projection and state, 1 session/history page(s), the session/subscribe " \
+           "snapshot of " in compared
+
+
+def test_verify_json_says_what_the_live_host_served(recorded) -> None:
+    data_dir, session_id, _ = recorded
+    report = cli_json("replay", session_id, "--data", data_dir, "--verify")
+    assert report["compared"] == "live" and "difference" not in report and "offlineReason" not in report
+    assert report["liveEpoch"] >= 2 and report["historyPages"] == 1  # the recording drew epoch 1
+    assert report["snapshotItems"] >= report["historyItems"]
+
+
+def test_verify_offline_compares_with_the_store_only_and_says_so(recorded) -> None:
+    data_dir, session_id, _ = recorded
+    result = cli("replay", session_id, "--data", data_dir, "--verify", "--offline")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1] == "compared offline, with the store only: --offline was given"
+    report = cli_json("replay", session_id, "--data", data_dir, "--verify", "--offline")
+    assert (report["compared"], report["offlineReason"]) == ("offline", "--offline was given")
+    assert "liveEpoch" not in report
+    bad = cli("replay", session_id, "--data", data_dir, "--offline")
+    assert bad.exit_code != 0 and bad.output.strip() == "Error: --offline only applies to --verify"
+
+
+def test_verify_stays_offline_when_opening_a_host_would_resume_unfinished_turns(recorded) -> None:
+    data_dir, session_id, _ = recorded
+    with Host.open(data_dir, durability="nosync", permission_mode="acceptCalls") as host:
+        busy = host.create(title="busy")
+        busy.send("!sleep 60000\nstill thinking")
+    before = len(stream_events(data_dir, busy.id))
+    report = cli_json("replay", session_id, "--data", data_dir, "--verify")
+    assert report["compared"] == "offline" and "difference" not in report
+    assert report["offlineReason"].startswith(f"opening {data_dir} would resume 1 session(s) with unfinished work")
+    assert f"session-{busy.id}" in report["offlineReason"]
+    assert len(stream_events(data_dir, busy.id)) == before  # nothing ran
 
 
 def test_verify_reports_a_listing_record_that_missed_a_rename(recorded) -> None:
@@ -330,6 +369,85 @@ def test_rerun_refuses_an_override_of_a_call_that_did_not_run(recorded) -> None:
     assert "--override-tool 9: tool call 9 does not exist: 3 tool calls ran after turn 1" in result.output
     bad = cli("rerun", session_id, "--data", data_dir, "--from-turn", "1", "--override-tool", "1={nope")
     assert bad.exit_code != 0 and "not valid JSON" in bad.output
+
+
+def model_steps(data_dir: str, session_id: str) -> list[str]:
+    return [e.event.step_id for e in stream_events(data_dir, session_id)
+            if isinstance(e.event, (E.LlmCompleted, E.LlmFailed))]
+
+
+def test_replay_shows_the_step_id_of_each_model_call(golden) -> None:
+    data_dir, session_id, _ = golden
+    out = cli("replay", session_id, "--data", data_dir).stdout
+    for step in model_steps(data_dir, session_id):
+        assert f"  [{step}]" in out
+
+
+def test_rerun_override_of_a_model_answer_reports_what_the_agent_did_then(recorded) -> None:
+    data_dir, session_id, _ = recorded
+    result = cli("rerun", session_id, "--data", data_dir, "--from-turn", "1",
+                 "--override-tool", 'llm:1={"text": "no need to list anything"}')
+    assert result.exit_code == 0, result.output
+    step = model_steps(data_dir, session_id)[1]  # the first model call of turn 2 (re-run turn 1)
+    assert f"override: model call 1 of re-run turn 1 (step {step}) answered with " \
+           '{"text":"no need to list anything"}' in result.stdout
+    assert "changed by the override: event 4 (llm.completed" in result.stdout
+    assert ("behaviour after the override diverged at event 5 (re-run turn 1 of 5): expected tool.started"
+            in result.stdout)
+    assert "got turn.completed" in result.stdout
+    report = cli_json("rerun", session_id, "--data", data_dir, "--from-turn", "1",
+                      "--override-tool", f'{step}={{"text": "no need to list anything"}}')
+    assert report["overrides"] == [{"step": step, "kind": "model", "stepId": step, "turn": 1, "call": 1,
+                                    "answer": {"text": "no need to list anything"}}]
+    assert report["turnsSent"] == 1 and report["divergence"]["gotTag"] == "turn.completed"
+    fork = [e.event for e in stream_events(data_dir, report["fork"]) if isinstance(e.event, E.TurnCompleted)]
+    assert fork[-1].output_text == "no need to list anything"
+
+
+def test_rerun_override_of_a_model_answer_with_the_same_calls_replays_on(recorded) -> None:
+    data_dir, session_id, _ = recorded
+    answer = '{"text": "listing", "toolCalls": [{"name": "list_files", "args": {"path": "."}, "callId": "call_1"}]}'
+    report = cli_json("rerun", session_id, "--data", data_dir, "--from-turn", "1", "--override-tool", f"llm:1={answer}")
+    assert report["divergence"] is None and report["turnsSent"] == 5
+    assert [(d["index"], d["path"]) for d in report["overrideChanges"]] == [(4, "text")]
+
+
+def test_rerun_override_can_make_a_model_call_fail(recorded) -> None:
+    data_dir, session_id, _ = recorded
+    report = cli_json("rerun", session_id, "--data", data_dir, "--from-turn", "2",
+                      "--override-tool", 'llm:1={"error": "rate limited"}')
+    d = report["divergence"]
+    assert (d["expectedTag"], d["gotTag"], d["turn"]) == ("llm.completed", "llm.failed", 1)
+    failed = [e.event for e in stream_events(data_dir, report["fork"]) if isinstance(e.event, E.TurnFailed)]
+    assert [(e.code, e.reason) for e in failed][-1] == ("model-error", "rate limited")
+
+
+def test_rerun_override_of_a_model_answer_with_a_live_model(tmp_path) -> None:
+    data_dir = str(tmp_path / "data")
+    session_id, _ = record(data_dir, ['!tool list_files {"path": "."}', "bye"])
+    report = cli_json("rerun", session_id, "--data", data_dir, "--from-turn", "0", "--provider", "mock",
+                      "--override-tool", 'llm:2={"text": "overridden"}')
+    assert report["divergence"]["path"] == "output_text" and report["divergence"]["got"] == "overridden"
+    texts = [e.event.text for e in stream_events(data_dir, report["fork"]) if isinstance(e.event, E.LlmCompleted)]
+    assert texts == ["", "overridden"]
+
+
+def test_rerun_refuses_an_unknown_model_step_or_a_bad_answer(recorded) -> None:
+    data_dir, session_id, _ = recorded
+    for overrides, expected in (
+        (["llm:9={}"], ("--override-tool llm:9: model call llm:9 does not exist: 8 model calls were recorded after "
+                        "turn 1 (llm:1 to llm:8)")),
+        (["x.1={}"], ("--override-tool x.1: step 'x.1' is neither a tool call that ran nor a model call recorded "
+                      "after turn 1")),
+        (['llm:1={"txt": "a"}'], "not a model answer (Object contains unknown field `txt`)"),
+        (["llm:1=[]"], "a model answer must be a JSON object"),
+        (['llm:1={"text": "a'], "--override-tool llm:1: not valid JSON"),
+        (['llm:1={"text": "a"}', 'llm:1={"text": "b"}'], "--override-tool llm:1: the same step as --override-tool llm:1"),
+    ):
+        args = [arg for value in overrides for arg in ("--override-tool", value)]
+        result = cli("rerun", session_id, "--data", data_dir, "--from-turn", "1", *args)
+        assert result.exit_code != 0 and expected in result.output, (overrides, result.output)
+        assert len(result.output.strip().splitlines()) == 1
 
 
 def test_rerun_refuses_a_turn_beyond_the_last_one(golden) -> None:
