@@ -1,5 +1,9 @@
 """Prometheus metrics of one host (SPEC §11a), in a registry of its own so several hosts (tests,
-benchmarks) never collide. Counters move from the commit path; gauges are read when scraped."""
+benchmarks) never collide. Counters move from the commit path; gauges are read when scraped.
+
+The store's histograms (commit duration, group-commit batch size, append latency) are kept by
+the store itself (``eventstore.groupcommit.CommitStats``: bucket counts written by the one
+thread leading a group commit, no lock) and turned into histogram families at scrape time."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ _TURN_END = {E.TurnCompleted: "completed", E.TurnFailed: "failed", E.TurnAborted
 _TURN_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60)
 _MODEL_BUCKETS = (.001, .005, .01, .05, .1, .5, 1, 5, 10, 30, 60)
 _OUTCOMES = tuple(dict.fromkeys(_TURN_END.values()))
+_MODEL_OUTCOMES = ("completed", "failed", "aborted")
 
 
 class Histo:
@@ -58,7 +63,7 @@ class _Tally:
         self.events = 0
         self.turns = dict.fromkeys(_OUTCOMES, 0)
         self.turn_hist = Histo(_TURN_BUCKETS)
-        self.model_hist = Histo(_MODEL_BUCKETS)
+        self.model_hist = {outcome: Histo(_MODEL_BUCKETS) for outcome in _MODEL_OUTCOMES}
 
     def add(self, other: _Tally) -> None:
         self.commits += other.commits
@@ -66,7 +71,8 @@ class _Tally:
         for k, v in other.turns.items():
             self.turns[k] += v
         self.turn_hist.add(other.turn_hist)
-        self.model_hist.add(other.model_hist)
+        for k, h in other.model_hist.items():
+            self.model_hist[k].add(h)
 
 
 class _TallyBoard:
@@ -133,10 +139,36 @@ class HostMetrics:
                 if turn is not None and turn.ended_at is not None:
                     t.turn_hist.observe(max(0, turn.ended_at - turn.started_at) / 1000)
             elif type(event) is E.LlmCompleted:
-                t.model_hist.observe(event.duration_ms / 1000)  # type: ignore[attr-defined]
+                t.model_hist["completed"].observe(event.duration_ms / 1000)
+            elif type(event) is E.LlmFailed:
+                outcome = "aborted" if event.aborted else "failed"
+                t.model_hist[outcome].observe(_failed_call_seconds(actor, event))
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
+
+
+def _failed_call_seconds(actor: Any, event: E.LlmFailed) -> float:
+    """A failed call's duration: the event's own when it carries one, else from its step's
+    start and end (the LlmStarted and LlmFailed times, in ms); failures are rare, so the scan of
+    the (recent end of the) step list costs nothing on the common path."""
+    if event.duration_ms:
+        return event.duration_ms / 1000
+    for step in reversed(actor.state.steps):
+        if step.step_id == event.step_id:
+            if step.ended_at is not None:
+                return max(0, int(step.ended_at) - int(step.started_at)) / 1000
+            break
+    return 0.0
+
+
+def _buckets(bounds: tuple[float, ...], counts: Any) -> list[tuple[str, int]]:
+    """Prometheus' cumulative ``le`` buckets from per-bucket counts (the last one is +Inf)."""
+    cumulative, buckets = 0, []
+    for bound, c in zip((*(repr(float(b)) for b in bounds), "+Inf"), counts):
+        cumulative += c
+        buckets.append((bound, cumulative))
+    return buckets
 
 
 def _commit_families(total: _Tally) -> Any:
@@ -147,15 +179,27 @@ def _commit_families(total: _Tally) -> Any:
     yield turns
     yield CounterMetricFamily("sessionloop_events_appended", "Events appended to the store", value=total.events)
     yield CounterMetricFamily("sessionloop_session_commits", "Commits made by session actors", value=total.commits)
-    for name, help_text, h in (
-        ("sessionloop_turn_duration_seconds", "Turn duration from start to end", total.turn_hist),
-        ("sessionloop_model_call_duration_seconds", "Model call duration", total.model_hist),
+    h = total.turn_hist
+    yield HistogramMetricFamily("sessionloop_turn_duration_seconds", "Turn duration from start to end",
+                                buckets=_buckets(h.bounds, h.counts), sum_value=h.sum)
+    model = HistogramMetricFamily("sessionloop_model_call_duration_seconds",
+                                  "Model call duration, by outcome (completed, failed, aborted)", labels=["outcome"])
+    for outcome, h in total.model_hist.items():
+        model.add_metric([outcome], _buckets(h.bounds, h.counts), h.sum)
+    yield model
+
+
+def _store_families(stats: dict[str, Any]) -> Any:
+    """The store's own observations (``EventStore.commit_stats``) as histograms."""
+    for key, name, help_text in (
+        ("commit_seconds", "sessionloop_store_commit_duration_seconds",
+         "Write transaction (group commit) duration, from its start to its durable commit"),
+        ("batch_size", "sessionloop_store_commit_batch_size", "Write requests per write transaction (group commit)"),
+        ("append_seconds", "sessionloop_store_append_latency_seconds",
+         "Append latency, from submission to durable acknowledgement (its group committed)"),
     ):
-        cumulative, buckets = 0, []
-        for bound, c in zip((*(repr(float(b)) for b in h.bounds), "+Inf"), h.counts):
-            cumulative += c
-            buckets.append((bound, cumulative))
-        yield HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=h.sum)
+        h = stats[key]
+        yield HistogramMetricFamily(name, help_text, buckets=_buckets(h.bounds, h.counts), sum_value=h.sum)
 
 
 class _Collector:
@@ -170,6 +214,7 @@ class _Collector:
     def collect(self) -> Any:
         yield from _commit_families(self.m.tallies.totals())
         rt = self.m.rt
+        yield from _store_families(rt.store.commit_stats())
         info = rt.store.info()
         store = InfoMetricFamily("sessionloop_store", "Event store settings")
         store.add_metric([], {"durability": info["durability"], "fsync_per_commit": str(info["fsync_per_commit"]).lower(),
@@ -180,15 +225,12 @@ class _Collector:
             ("sessionloop_store_position", "Global position of the last committed event", info["last_position"]),
             ("sessionloop_store_commit_batches", "Write transactions committed (group commits)", info["batches"]),
             ("sessionloop_store_commit_requests", "Write requests committed", info["requests"]),
-            ("sessionloop_store_commit_seconds", "Time spent in write transactions", info.get("commit_seconds", 0.0)),
             ("sessionloop_store_last_batch_size", "Requests in the last group commit", info.get("last_batch_size", 0)),
             ("sessionloop_store_map_resizes", "LMDB map growths", info["map_resizes"]),
             ("sessionloop_actors_active", "Live session actors", rt.directory.live_count()),
             ("sessionloop_mailbox_depth", "Messages waiting in all live session mailboxes", rt.directory.mailbox_depth()),
             ("sessionloop_approvals_pending", "Approvals pushed and not settled", len(rt.approvals.pending_all())),
             ("sessionloop_background_tasks_running", "Background tasks running", rt.tasks_service.running_total()),
-            ("sessionloop_store_mean_batch_size", "Mean requests per group commit",
-             info["requests"] / max(1, info["batches"])),
             ("sessionloop_actors_activations", "Session activations", rt.directory.activations),
             ("sessionloop_actors_passivations", "Session passivations", rt.directory.passivations),
             ("sessionloop_gc_frozen_objects", "Objects kept out of the cyclic GC's full passes (frozen at startup)",

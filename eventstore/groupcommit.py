@@ -13,28 +13,92 @@ commits (a pooled session actor hands its pool thread to other sessions, as Akka
 ``persist`` stashes commands until the journal confirms): the request is queued and a dedicated
 writer thread leads the groups that no waiting caller leads; ``done(result, error)`` is called
 on the leading thread once the request's transaction committed or failed.
+
+Observations for metrics (:class:`CommitStats`): the leader times each group's transaction,
+counts its requests, and times every request of a timed kind from its submission to the moment
+its group is durable. Only the leader writes them and one thread leads at a time, so they take
+no lock; a reader (a metrics scrape) copies them.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import StoreClosed
 
 log = logging.getLogger("sessionloop.eventstore")
 
+#: Upper bounds (inclusive, as Prometheus' ``le``) of the buckets; one more bucket is +Inf.
+COMMIT_SECONDS_BOUNDS = (.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, 2.5)
+APPEND_SECONDS_BOUNDS = (.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0)
+BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSnapshot:
+    """A copy of :class:`Observations`: ``counts`` per bucket (not cumulative; the last is +Inf)."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum: float
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+class Observations:
+    """Bucket counts and the sum of one measured quantity, written by one thread at a time."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum: float = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def snapshot(self) -> HistogramSnapshot:
+        return HistogramSnapshot(self.bounds, tuple(self.counts), self.sum)
+
+
+class CommitStats:
+    """What the group leader observes: each group's transaction time (``commit_seconds``, from
+    the start of its write transaction to its commit, failed ones and map-resize retries
+    included) and size (``batch_size``, requests), and each timed request's latency
+    (``append_seconds``, from its submission to its group's durable commit; requests that
+    failed are not counted)."""
+
+    __slots__ = ("commit_seconds", "batch_size", "append_seconds")
+
+    def __init__(self) -> None:
+        self.commit_seconds = Observations(COMMIT_SECONDS_BOUNDS)
+        self.batch_size = Observations(BATCH_SIZE_BOUNDS)
+        self.append_seconds = Observations(APPEND_SECONDS_BOUNDS)
+
+    def snapshot(self) -> dict[str, HistogramSnapshot]:
+        return {"commit_seconds": self.commit_seconds.snapshot(), "batch_size": self.batch_size.snapshot(),
+                "append_seconds": self.append_seconds.snapshot()}
+
 
 class Request:
     """One unit of work for the writer; ``apply`` runs inside the group's write transaction."""
 
-    __slots__ = ("payload", "result", "error", "_wake", "_promoted", "done")
+    __slots__ = ("payload", "result", "error", "_wake", "_promoted", "done", "submitted")
 
     def __init__(self, payload: Any, done: Callable[[Any, BaseException | None], None] | None = None) -> None:
         self.payload = payload
+        self.submitted = time.perf_counter()
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = done  # set for an asynchronous request: nobody waits on ``_wake``
@@ -48,10 +112,14 @@ class GroupCommitter:
     """Runs ``commit_batch(requests)`` for groups of concurrently submitted requests.
 
     ``commit_batch`` must set ``result`` or ``error`` on every request of the batch it is given.
+    Requests whose payload is of a type in ``timed`` have their latency observed in ``stats``.
     """
 
-    def __init__(self, commit_batch: Callable[[list[Request]], None], max_batch: int = 512) -> None:
+    def __init__(self, commit_batch: Callable[[list[Request]], None], max_batch: int = 512,
+                 timed: tuple[type, ...] = ()) -> None:
         self._commit_batch = commit_batch
+        self._timed = frozenset(timed)
+        self.stats = CommitStats()
         self._max_batch = max_batch
         self._lock = threading.Lock()
         self._queue: list[Request] = []
@@ -113,14 +181,21 @@ class GroupCommitter:
             with self._lock:
                 batch = self._queue[: self._max_batch]
                 del self._queue[: self._max_batch]
+            started = time.perf_counter()
             try:
                 self._commit_batch(batch)
             except BaseException as e:  # the transaction failed: no request of it was committed
                 for req in batch:
                     req.result, req.error = None, e
+            acked = time.perf_counter()
             self.batches += 1
             self.requests += len(batch)
+            stats, timed = self.stats, self._timed  # only the leader writes them: no lock
+            stats.commit_seconds.observe(acked - started)
+            stats.batch_size.observe(len(batch))
             for req in batch:
+                if req.error is None and type(req.payload) in timed:
+                    stats.append_seconds.observe(acked - req.submitted)
                 if req.done is not None:
                     try:
                         req.done(req.result, req.error)

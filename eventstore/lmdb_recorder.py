@@ -38,7 +38,7 @@ from .errors import (
     StoreLocked,
     WrongExpectedVersion,
 )
-from .groupcommit import GroupCommitter, Request
+from .groupcommit import GroupCommitter, HistogramSnapshot, Request
 from .records import (
     AppendResult,
     CommitRecordIn,
@@ -190,7 +190,7 @@ class LmdbRecorder:
         self.shards = self._init_meta(shards)
         self._versions: dict[bytes, int] = {}
         self._head = self._read_head()
-        self._committer = GroupCommitter(self._commit_batch)
+        self._committer = GroupCommitter(self._commit_batch, timed=(AppendOp,))
 
     # --- open / close -----------------------------------------------------------------------
 
@@ -271,6 +271,10 @@ class LmdbRecorder:
             "last_batch_size": self.last_batch_size,
             "commit_seconds": self.commit_seconds_total,
         }
+
+    def commit_stats(self) -> dict[str, HistogramSnapshot]:
+        """Copies of the group commits' observations (``groupcommit.CommitStats``); appends are timed."""
+        return self._committer.stats.snapshot()
 
     # --- writes ---------------------------------------------------------------------------------
 

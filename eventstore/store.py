@@ -15,6 +15,7 @@ import msgspec
 from .errors import IdempotencyConflict
 from .codec import decode_event, encode_json, event_to_builtins
 from .events import Event
+from .groupcommit import HistogramSnapshot
 from .lmdb_recorder import ANY_VERSION, DAY_MS, AppendOp, LmdbRecorder, MetaOp, SnapshotOp
 from .records import (
     AppendResult,
@@ -129,6 +130,13 @@ class EventStore:
     def info(self) -> dict[str, Any]:
         """Settings and counters, for logs and metrics (durability is checked and reported here)."""
         return self._rec.info()
+
+    def commit_stats(self) -> dict[str, HistogramSnapshot]:
+        """Observations of the group commits since the store opened, for metrics: per write
+        transaction its duration (``commit_seconds``) and request count (``batch_size``), per
+        append its latency from submission to durable commit (``append_seconds``). Taken
+        without locks by the committing thread; this returns copies."""
+        return self._rec.commit_stats()
 
     def shard_of(self, stream: str) -> int:
         return K.shard_of(stream, self._rec.shards)
