@@ -265,6 +265,9 @@ class _Handlers:
             channel = actor.channel
             with channel.lock:  # seed 004: no push of this session before the snapshot reply
                 items, before = actor.items.snapshot_items()
+                if channel.streaming:  # a reply streaming now: the text so far (seed: 在途回合已产出的条目)
+                    have = {it.item_id for it in items}
+                    items += [it for it in channel.streamed_items() if it.item_id not in have]
                 result = SubscribeResult(epoch=channel.epoch, seq=channel.seq, session=summary,
                                          items=[svc.decorate(session_id, it) for it in items],
                                          approvals=self.rt.pending_approvals(session_id), before=before)

@@ -154,7 +154,7 @@ class Subscriber(Protocol):
 class SessionChannel:
     """One session's ``(epoch, seq)`` counter and subscribers."""
 
-    __slots__ = ("session_id", "epoch", "lock", "seq", "subscribers")
+    __slots__ = ("session_id", "epoch", "lock", "seq", "subscribers", "streaming")
 
     def __init__(self, session_id: str, epoch: int) -> None:
         self.session_id = session_id
@@ -162,6 +162,9 @@ class SessionChannel:
         self.lock = threading.Lock()
         self.seq = 0  # the seq of the last push; read under ``lock`` for a snapshot
         self.subscribers: dict[Any, Subscriber] = {}
+        #: the items a model call is streaming (never persisted): item id -> (the started item,
+        #: the text so far); a snapshot taken mid-stream holds them (seed 004: 在途回合已产出的条目)
+        self.streaming: dict[str, tuple[Any, list[str]]] = {}
 
     @property
     def has_subscribers(self) -> bool:
@@ -185,6 +188,37 @@ class SessionChannel:
                 seq = self.seq
                 for sub in subs:
                     sub.push(self.session_id, self.epoch, seq, method, payload)
+
+    def stream(self, item_id: str, start: Callable[[str], Any], delta: Callable[[str, str], Any], text: str) -> None:
+        """One delta of a streamed item: kept with the item's text so far and pushed, atomically
+        with respect to a snapshot (taken under ``lock``): a subscriber gets each piece of text
+        once, in the snapshot or in a later push. ``item/started`` (``start(item_id)``) goes out
+        with the first delta; ``delta(item_id, text)`` is the push, built only for subscribers."""
+        with self.lock:
+            entry = self.streaming.get(item_id)
+            first = entry is None
+            if entry is None:
+                entry = self.streaming[item_id] = (start(item_id), [])
+            entry[1].append(text)
+            if not self.subscribers:
+                return
+            subs = list(self.subscribers.values())
+            push = delta(item_id, text)
+            pushes = [("item/started", entry[0]), ("item/delta", push)] if first else [("item/delta", push)]
+            for method, payload in pushes:
+                self.seq += 1
+                for sub in subs:
+                    sub.push(self.session_id, self.epoch, self.seq, method, payload)
+
+    def streamed_items(self) -> list[Any]:
+        """The streaming items with their text so far (call under ``lock``)."""
+        return [msgspec.structs.replace(item, text="".join(parts)) for item, parts in self.streaming.values()]
+
+    def end_streams(self) -> None:
+        """The model call's outcome is committed (its items are in the projection now)."""
+        if self.streaming:
+            with self.lock:
+                self.streaming.clear()
 
     def add(self, key: Any, subscriber: Subscriber) -> None:
         with self.lock:

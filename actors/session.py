@@ -59,6 +59,8 @@ log = logging.getLogger("sessionloop.session")
 _SINGLETONS = frozenset({"queue", "plan", "usage"})  # items replaced whole (seed 004)
 _TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
 _TURN_END_TYPES = frozenset(_TURN_END)
+#: a model call's streamed items are in the projection (or gone) once one of these is committed
+_STREAM_END_TYPES = _TURN_END_TYPES | {E.LlmCompleted, E.LlmFailed}
 #: the events a commit acts on after it is durable (effects to start, turns to report)
 _EFFECT_TYPES = _TURN_END_TYPES | {E.LlmStarted, E.ToolStarted, E.ToolApprovalRequested, E.ToolApprovalSettled}
 _SUMMARY_TYPES = frozenset({  # event structs are final: no subclass to miss
@@ -529,17 +531,20 @@ class SessionBehaviour:
         channel, delta, sid = self.channel, self.rt.delta_payload, self.sid
         app, watchers = self._app_id(), getattr(self.rt, "loop_watchers", None)
         turn_id = self.state.current_turn
-        started: set[str] = set()
         fault = self.rt.faults.hit
+
+        thinking = f"{step_id}.thinking"
+
+        def start(item_id: str) -> Any:
+            return _streaming_item("text" if item_id == step_id else "reasoning", item_id, turn_id)
+
+        def push(item_id: str, text: str) -> Any:
+            return delta(sid, item_id, text)
 
         def on_delta(kind: str, text: str) -> None:
             fault("model-stream")
-            if channel.subscribers:
-                item_id = step_id if kind == "text" else f"{step_id}.thinking"
-                if item_id not in started:  # seed 004: item/started first, then its deltas
-                    started.add(item_id)
-                    channel.publish("item/started", _streaming_item(kind, item_id, turn_id))
-                channel.publish("item/delta", delta(sid, item_id, text))
+            # seed 004: item/started first, then its deltas; kept so a snapshot now holds the text
+            channel.stream(step_id if kind == "text" else thinking, start, push, text)
             if app is not None and watchers is not None and kind == "text" and watchers.any(app):
                 from .session_loop import LoopEvent  # seed 000: assistant.delta is live only
 
@@ -589,6 +594,8 @@ class SessionBehaviour:
             self._save_snapshot()
         if self.items is not None or self.channel.has_subscribers:
             self._publish(events)
+        if self.channel.streaming and any(type(e) in _STREAM_END_TYPES for e in events):
+            self.channel.end_streams()
         accepted = [e.turn_id for e in events if type(e) is E.InputAccepted]
         if accepted:
             self.rt.results.expect(accepted)
