@@ -56,12 +56,23 @@ def load_apps(path: str) -> dict[str, Any]:
     return apps
 
 
+def request_limit(socket_limit: int) -> int:
+    """The size above which a request is answered ``invalidRequest`` "request too large" (with its
+    id, the connection kept): below the socket's hard frame limit, above which a frame only gets a
+    1009 close. The default pair is 24 of 64 MiB; a smaller ``--max-frame-mb`` keeps that ratio,
+    so the reply still comes before the hard limit."""
+    from protocol.connection import DEFAULT_MAX_FRAME_BYTES
+
+    return max(1024, min(DEFAULT_MAX_FRAME_BYTES, socket_limit * 3 // 8))
+
+
 class Server:
     """Everything ``serve`` runs, startable from tests and benchmarks in one process too."""
 
     def __init__(self, data_dir: str, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  token: str | None = None, apps_file: str | None = None, durability: str = "sync",
                  allowed_origins: tuple[str, ...] = (), max_frame_mb: int = 64, max_outbox_mb: float = 8.0,
+                 ping_interval: float = 20.0, ping_timeout: float = 20.0, close_timeout: float = 10.0,
                  **host_options: Any) -> None:
         from actors.host import Host
         from protocol.transport import TransportConfig
@@ -74,17 +85,20 @@ class Server:
         self.token = token
         self.host = Host.open(self.data_dir, durability=durability, **host_options)
         apps = load_apps(apps_file or os.path.join(self.data_dir, "apps.toml"))
-        self.service = self._service(apps)
+        self.service = self._service(apps, request_limit(max_frame_mb * 1024 * 1024))
         self.config = TransportConfig(host=host, port=port, owner_token=token,
                                       app_tokens=self._app_tokens(apps), allowed_origins=list(allowed_origins),
                                       max_frame_bytes=max_frame_mb * 1024 * 1024,
-                                      max_outbox_bytes=int(max_outbox_mb * 1024 * 1024))
+                                      max_outbox_bytes=int(max_outbox_mb * 1024 * 1024),
+                                      ping_interval=ping_interval, ping_timeout=ping_timeout,
+                                      close_timeout=close_timeout)
         self.transport: Any = None
 
-    def _service(self, apps: dict[str, Any]) -> Any:
+    def _service(self, apps: dict[str, Any], max_request_bytes: int) -> Any:
         from actors.gateway import SessionProtocolService
+        from protocol.connection import Limits
 
-        service = SessionProtocolService(self.host.rt, host=self.host)
+        service = SessionProtocolService(self.host.rt, host=self.host, limits=Limits(max_frame_bytes=max_request_bytes))
         for app_id, table in apps.items():
             if isinstance(table, dict):
                 self.host.register_app(app_id, platform=str(table.get("platform", app_id)),
@@ -160,12 +174,21 @@ async def _run(server: Server, quiet: bool) -> None:
               help="sync: fsync before every acknowledgement; nosync: faster, survives a process crash only.")
 @click.option("--model", default="mock", show_default=True, help="Model provider: mock, openai.")
 @click.option("--allow-origin", "allowed_origins", multiple=True, help="Extra browser Origin to accept.")
-@click.option("--max-frame-mb", default=64, show_default=True, type=int, help="Hard WebSocket frame limit.")
+@click.option("--max-frame-mb", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Hard WebSocket frame limit (a frame above it is closed with 1009); requests above 3/8 of "
+                   "it, at most 24 MiB, are answered 'request too large'.")
 @click.option("--max-outbox-mb", default=8.0, show_default=True, type=float,
               help="Per-connection outgoing buffer; a client that falls this far behind is closed (4008).")
+@click.option("--ping-interval", default=20.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Seconds between the server's keepalive pings on each connection.")
+@click.option("--ping-timeout", default=20.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Seconds an unanswered ping may wait before the connection is closed (silent peer).")
+@click.option("--close-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Seconds a closing peer gets to close its side before the socket is dropped.")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
-          model: str, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float, quiet: bool) -> None:
+          model: str, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
+          ping_interval: float, ping_timeout: float, close_timeout: float, quiet: bool) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
     \b
@@ -179,6 +202,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
     try:
         server = Server(data_dir, host=host, port=port, token=token, apps_file=apps_file, durability=durability,
                         allowed_origins=allowed_origins, max_frame_mb=max_frame_mb, max_outbox_mb=max_outbox_mb,
+                        ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout,
                         model=model)
     except SessionloopError as e:
         raise click.ClickException(str(e)) from e

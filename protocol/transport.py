@@ -82,6 +82,10 @@ class TransportConfig(msgspec.Struct, kw_only=True):
     max_outbox_bytes: int = DEFAULT_MAX_OUTBOX
     ping_interval: float | None = 20.0
     ping_timeout: float | None = 20.0
+    # after a failed keepalive (or any close) the peer gets this long to close its side before the
+    # socket is aborted: a dead peer is let go ping_interval + ping_timeout + close_timeout after
+    # it fell silent
+    close_timeout: float | None = 10.0
 
 
 class Outbox:
@@ -151,7 +155,7 @@ class SessionServer:
             self._handle, self.config.host, self.config.port,
             process_request=self._process_request, max_size=self.config.max_frame_bytes,
             ping_interval=self.config.ping_interval, ping_timeout=self.config.ping_timeout,
-            compression=None,
+            close_timeout=self.config.close_timeout, compression=None,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
