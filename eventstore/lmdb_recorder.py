@@ -122,6 +122,18 @@ class _ReadGate:
                 self._cond.notify_all()
 
 
+def durability_mismatch(durability: str, flags: dict[str, Any]) -> str | None:
+    """What is wrong when LMDB's own flags (``Environment.flags()``, read back after opening) do
+    not give ``durability``: ``sync`` needs the data and the meta page flushed at every commit,
+    ``nosync`` neither; ``None`` when they agree."""
+    want = durability == "sync"
+    got = {name: bool(flags.get(name)) for name in ("sync", "metasync")}
+    if all(value == want for value in got.values()):
+        return None
+    return (f"durability {durability!r} asked for sync={want}, metasync={want}, but LMDB reports "
+            f"sync={got['sync']}, metasync={got['metasync']}")
+
+
 class LmdbRecorder:
     """Append-only event log in one LMDB environment (see ``keys.py`` for the layout)."""
 
@@ -181,6 +193,11 @@ class LmdbRecorder:
                 writemap=False,
             )
             self.stale_readers_cleared = self._env.reader_check()
+            self.env_flags = self._env.flags()  # read back, not what was asked for
+            mismatch = durability_mismatch(durability, self.env_flags)
+            if mismatch is not None and not readonly:
+                self._env.close()
+                raise StorageError(f"event store at {self.path}: {mismatch}", path=self.path)
             self._db = {
                 name: self._env.open_db(name.encode(), create=not readonly) for name in _DBS
             }
@@ -259,7 +276,7 @@ class LmdbRecorder:
         return {
             "path": self.path,
             "durability": self.durability,
-            "fsync_per_commit": self.durability == "sync",
+            "fsync_per_commit": bool(self.env_flags["sync"] and self.env_flags["metasync"]),
             "readonly": self.readonly,
             "shards": self.shards,
             "map_size": stat["map_size"],

@@ -178,6 +178,23 @@ def test_durability_is_reported(store_path):
         assert s.info()["fsync_per_commit"] is False
 
 
+def test_durability_is_checked_against_the_flags_lmdb_reads_back(store_path):
+    """The store reports what LMDB says it does, and refuses to open when that is not what the
+    durability needs (``durability_mismatch`` over the flags ``Environment.flags()`` returns)."""
+    from eventstore.lmdb_recorder import durability_mismatch
+
+    with EventStore.open(store_path, durability="sync") as s:
+        flags = s._rec.env_flags
+        assert flags["sync"] is True and flags["metasync"] is True
+        assert durability_mismatch("sync", flags) is None
+        assert durability_mismatch("nosync", flags) == (
+            "durability 'nosync' asked for sync=False, metasync=False, but LMDB reports sync=True, metasync=True")
+        assert durability_mismatch("sync", {**flags, "metasync": False}) == (
+            "durability 'sync' asked for sync=True, metasync=True, but LMDB reports sync=True, metasync=False")
+    with EventStore.open(store_path, durability="nosync") as s:
+        assert durability_mismatch("nosync", s._rec.env_flags) is None
+
+
 def test_unknown_durability_is_refused(store_path):
     with pytest.raises(ValueError, match="durability"):
         EventStore.open(store_path, durability="sometimes")
