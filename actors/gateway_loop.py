@@ -121,12 +121,12 @@ class _LoopHandlers:
 
     def list_events(self, conn: ClientConnection, request_id: Any, p: Any) -> None:
         loop = self.loop_of(conn)
-        try:
-            after = int(p.after) if p.after is not None else None
-        except ValueError:
-            raise InvalidCommand("params.after: not a cursor from this server") from None
 
-        def work() -> LoopListEventsResult:
+        def work() -> LoopListEventsResult:  # errors raised here become the request's error reply
+            try:
+                after = int(p.after) if p.after is not None else None
+            except ValueError:
+                raise InvalidCommand("params.after: not a cursor from this server") from None
             page = loop.list_events(p.session_id, after, p.limit or 100)
             return LoopListEventsResult(events=[_wire_event(e) for e in page.events],
                                         next_cursor=str(page.next_cursor) if page.next_cursor is not None else None)

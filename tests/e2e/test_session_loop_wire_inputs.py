@@ -147,7 +147,8 @@ def bad_calls(sid: str, theirs: str) -> st.SearchStrategy:
             lambda v: v is not None and v is not MISSING), "session")),
         on("loop/listEvents", params_with(events, "after", st.one_of(
             json_not_strings.filter(lambda v: not isinstance(v, str) and v is not None),
-            st.one_of(st.integers(max_value=-1), st.integers(min_value=2**63)).map(str)), "after")),
+            st.one_of(st.integers(max_value=-1), st.integers(min_value=2**63)).map(str),
+            st.sampled_from(["abc", "", "1.5", "0x10", "cursor"])), "after")),
         on("loop/listEvents", params_with(events, "limit", st.one_of(
             json_not_ints, st.integers(max_value=0), st.integers(min_value=1001)), "limit")),
         st.tuples(st.sampled_from(["loop/send", "loop/create", "loop/waitForTurn", "loop/listEvents", "loop/watch"]),
