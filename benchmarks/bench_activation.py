@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -60,6 +61,7 @@ from benchmarks.measure import fill_defaults, now, percentile, write_results
 from benchmarks.server_proc import ServerProc
 from cli.bench_cmd import inprocess_turn, is_tool_turn
 from cli.client import Endpoint, connect
+from protocol.schemas_types import TurnItem
 
 TOKEN = "bench-activation-token"
 TARGET_LIST_MS, TARGET_ACTIVATE_MS = 1000.0, 50.0
@@ -114,6 +116,60 @@ async def drive_long(host: Host, ids: list[str], events_each: int) -> None:
             j += 1
 
     await asyncio.gather(*(one(k, s) for k, s in enumerate(ids)))
+
+
+def job_build_recovery(spec: dict[str, Any]) -> dict[str, Any]:
+    """RELIABILITY recovery_time's store: ``sessions`` sessions of ``each`` events (real turns,
+    snapshots as the host takes them), plus one session of ``big`` events."""
+    t0 = time.perf_counter()
+    tmp = spec["path"] + ".building"
+    shutil.rmtree(tmp, ignore_errors=True)
+    host = open_host(os.path.join(tmp, "data"), {"durability": "nosync", "llm_latency_ms": 0.0}, 4000)
+    ids = create_sessions(host, spec["sessions"])
+    for start in range(0, len(ids), 2000):  # a few thousand sessions at a time: live actors stay capped
+        asyncio.run(drive_long(host, ids[start:start + 2000], spec["each"]))
+    big = host.create(title="big").id
+    asyncio.run(drive_long(host, [big], spec["big"]))
+    events = host.store.head_position
+    host.close()
+    with open(os.path.join(tmp, "ids.json"), "w") as f:
+        json.dump({"stored": ids, "long": [big]}, f)
+    os.replace(tmp, spec["path"])
+    return {"events": events, "sessions": len(ids) + 1, "build_s": time.perf_counter() - t0}
+
+
+def job_recovery(spec: dict[str, Any]) -> dict[str, Any]:
+    """A cold start of ``serve`` on a fresh copy: spawn -> listening -> the history of a stored
+    session (it activates from its snapshot) and a turn on another answered."""
+    work, ids = fresh_copy(spec["path"])
+    try:
+        t0 = now()
+        server = ServerProc(os.path.join(work, "data"), TOKEN, ["--durability", "nosync"],
+                            "0" if spec["pinned"] else None)
+        try:
+            ready = now()
+            served = asyncio.run(serve_one(server.port, random.Random(spec.get("seed", 1)).sample(ids["stored"], 2)))
+        finally:
+            server.stop()
+        return {"spawn_to_listening_ms": (ready - t0) * 1000, "spawn_to_history_ms": (served["history"] - t0) * 1000,
+                "spawn_to_turn_ms": (served["turn"] - t0) * 1000}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def serve_one(port: int, sids: list[str]) -> dict[str, float]:
+    async with connect(Endpoint(url=f"ws://127.0.0.1:{port}/session", token=TOKEN)) as client:
+        page = await client.call("session/history", {"sessionId": sids[0], "limit": 50})
+        if not page.items:
+            raise RuntimeError(f"session {sids[0]} answered an empty history")
+        history = now()
+        await client.call("session/subscribe", {"sessionId": sids[1]})
+        await client.call("turn/send", {"sessionId": sids[1], "content": "hello after a cold start"})
+        while True:  # the turn's end: its ``turn`` item completed
+            push = await client.next(timeout=30)
+            item = getattr(push.params, "item", None)
+            if push.method == "item/completed" and isinstance(item, TurnItem) and item.ended_at is not None:
+                return {"history": history, "turn": now()}
 
 
 def fresh_copy(path: str) -> tuple[str, dict[str, list[str]]]:
@@ -205,7 +261,8 @@ def job_activate(spec: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-JOBS = {"build": job_build, "list": job_list, "activate": job_activate}
+JOBS = {"build": job_build, "list": job_list, "activate": job_activate, "build_recovery": job_build_recovery,
+        "recovery": job_recovery}
 
 
 # --- the parent ---------------------------------------------------------------------------------
@@ -250,6 +307,34 @@ ACTIVATE_ROWS = [("activate_p50_ms", "activation p50 (ms)", ".1f"), ("activate_m
                  ("fold_all_max_ms", "fold of the whole stream max (ms)", ".1f")]
 
 
+RECOVERY_ROWS = [("spawn_to_listening_ms", "spawn -> listening (ms)", ",.0f"),
+                 ("spawn_to_history_ms", "spawn -> a stored session's history (ms)", ",.0f"),
+                 ("spawn_to_turn_ms", "spawn -> a turn answered on another (ms)", ",.0f")]
+
+
+def RECOVERY_SHAPE(args: argparse.Namespace) -> str:  # noqa: N802 - reads as a constant in the tables
+    n, each, big = recovery_shape(args)
+    return f"{n:,} sessions x {each} events + one of {big:,}"
+
+
+def recovery_shape(args: argparse.Namespace) -> tuple[int, int, int]:
+    return (1000, 200, 5000) if args.quick else (10_000, 200, 50_000)
+
+
+def recovery_runs(args: argparse.Namespace, modes: list[tuple[str, bool]],
+                  runs: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
+    """RELIABILITY recovery_time: serving after a cold start, and the full replay of a big session."""
+    n, each, big = recovery_shape(args)
+    spec = {"path": os.path.join(CACHE, f"recovery-{n}x{each}-{big}"), "sessions": n, "each": each, "big": big}
+    if not os.path.exists(os.path.join(spec["path"], "ids.json")):
+        print(f"building the recovery store (cached in {spec['path']}) ...", flush=True)
+        print(f"built: {run_child({**spec, 'job': 'build_recovery'}, pinned=False)}", flush=True)
+    for r in range(args.repeats):
+        for label, pinned in modes:
+            runs.setdefault(("recovery", label), []).append(run_child({**spec, "job": "recovery", "seed": r}, pinned))
+            runs.setdefault(("replay_big", label), []).append(run_child({**spec, "job": "activate"}, pinned))
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: 2,000 stored sessions, 3 long ones")
@@ -259,6 +344,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--long-events", type=int, default=10_000, help="events per long session")
     ap.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
     ap.add_argument("--no-pinned", action="store_true", help="skip the runs pinned to CPU 0")
+    ap.add_argument("--recovery", action="store_true",
+                    help="also RELIABILITY recovery_time: 10,000 sessions x 200 events and one of 50,000 "
+                         "(1,000 x 200 and one of 5,000 with --quick), a cold start and a full replay")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     fill_defaults(args, [("stored", 100_000, 2000), ("events", 1_000_000, 0), ("long", 10, 3)])
@@ -288,12 +376,24 @@ def main() -> None:
             runs.setdefault(("list", label), []).append(run_child({**spec, "job": "list"}, pinned))
             runs.setdefault(("list_empty", label), []).append(run_child({**spec, "job": "list", "empty": True}, pinned))
             runs.setdefault(("activate", label), []).append(run_child({**spec, "job": "activate"}, pinned))
+    if args.recovery:
+        recovery_runs(args, modes, runs)
     got = {f"{job} {label}": medians(r) for (job, label), r in runs.items()}
     results.update(got)
     list_cols = {k: v for k, v in got.items() if k.startswith("list")}
     print_table(f"open and list over the wire (serve subprocess; medians of {args.repeats})", list_cols, LIST_ROWS)
     print_table(f"activating a long session (in process; medians of {args.repeats})",
                 {k: v for k, v in got.items() if k.startswith("activate")}, ACTIVATE_ROWS)
+    if args.recovery:
+        print_table(f"recovery_time: a cold start of serve on {RECOVERY_SHAPE(args)} (medians of {args.repeats})",
+                    {k: v for k, v in got.items() if k.startswith("recovery")}, RECOVERY_ROWS)
+        print_table("recovery_time: the big session, activated and replayed from its first event",
+                    {k: v for k, v in got.items() if k.startswith("replay_big")}, ACTIVATE_ROWS)
+        worst_serve = max(s["spawn_to_turn_ms"] for k, v in got.items() if k.startswith("recovery") for s in v["samples"])
+        worst_replay = max(s["fold_all_max_ms"] for k, v in got.items() if k.startswith("replay_big") for s in v["samples"])
+        results["recovery_targets"] = {"serving_under_10s": worst_serve < 10_000, "replay_under_2s": worst_replay < 2000}
+        print(f"recovery_time targets: cold start -> a turn answered, worst run {worst_serve:,.0f} ms (< 10,000); "
+              f"the big session replayed from its first event, worst {worst_replay:,.0f} ms (< 2,000)")
     worst_list = max(s["spawn_to_list_ms"] for k, v in got.items() if k.startswith("list ") for s in v["samples"])
     worst_act = max(s["activate_max_ms"] for k, v in got.items() if k.startswith("activate") for s in v["samples"])
     results["targets"] = {"list_under_1s": worst_list < TARGET_LIST_MS, "activate_under_50ms": worst_act < TARGET_ACTIVATE_MS}

@@ -185,10 +185,16 @@ async def _run(server: Server, quiet: bool) -> None:
               help="Seconds an unanswered ping may wait before the connection is closed (silent peer).")
 @click.option("--close-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0.01),
               help="Seconds a closing peer gets to close its side before the socket is dropped.")
+@click.option("--snapshot-every", default=500, show_default=True, type=click.IntRange(min=1),
+              help="Write a session's state snapshot after this many new events (activation replays only "
+                   "the events after its last snapshot).")
+@click.option("--map-size-mb", default=1024, show_default=True, type=click.IntRange(min=1),
+              help="Initial LMDB map size in MiB; a full map is grown (doubled) as the store fills.")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
-          ping_interval: float, ping_timeout: float, close_timeout: float, quiet: bool) -> None:
+          ping_interval: float, ping_timeout: float, close_timeout: float, snapshot_every: int,
+          map_size_mb: int, quiet: bool) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
     \b
@@ -203,7 +209,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
         server = Server(data_dir, host=host, port=port, token=token, apps_file=apps_file, durability=durability,
                         allowed_origins=allowed_origins, max_frame_mb=max_frame_mb, max_outbox_mb=max_outbox_mb,
                         ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout,
-                        model=model)
+                        model=model, snapshot_every=snapshot_every, map_size=map_size_mb * 1024 * 1024)
     except SessionloopError as e:
         raise click.ClickException(str(e)) from e
     except ValueError as e:
