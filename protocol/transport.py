@@ -102,13 +102,18 @@ class Outbox:
         self.closed = False
 
     def put(self, frame: str) -> None:
+        """Queue ``frame``; the connection is a slow consumer when the frames already waiting
+        exceed the limit as another one arrives. Not the new frame itself: one reply bigger than
+        the limit (the snapshot of a session with a big recent history) to a client that reads
+        is no sign of falling behind. So the queue holds at most the limit plus two frames."""
         with self._lock:
             if self.closed or self.overflowed:
                 return
+            behind = self._size
             self._frames.append(frame)
             self._size += len(frame)
             wake = len(self._frames) == 1
-            if self._size > self._limit:
+            if behind > self._limit:
                 self.overflowed = True
                 wake = True
         if wake:

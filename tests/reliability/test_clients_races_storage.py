@@ -8,14 +8,17 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
 from websockets.asyncio.client import connect
 
+from eventstore import EventStore
+from eventstore import events as E
 from tests.conftest import REPO
 from tests.e2e.conftest import TOKEN, ServerProcess, initialized, open_client
-from tests.reliability.harness import APP_TOKEN, app_client, prepare, result, start
+from tests.reliability.harness import APP_TOKEN, Op, Recorder, app_client, audit, prepare, result, start
 
 pytestmark = pytest.mark.e2e
 
@@ -158,32 +161,105 @@ def _mount_tmpfs(path: str, size: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+def turns_open(data_dir: str, sessions: list[str]) -> dict[str, set[str]]:
+    """Turns started and not (yet) ended, per session, read from the log beside the running server."""
+    store = EventStore.open(os.path.join(data_dir, "store"), readonly=True)
+    try:
+        open_turns: dict[str, set[str]] = {}
+        for sid in sessions:
+            for e in store.read_stream(f"session-{sid}"):
+                if isinstance(e.event, E.TurnStarted):
+                    open_turns.setdefault(sid, set()).add(e.event.turn_id)
+                elif isinstance(e.event, (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)):
+                    open_turns.get(sid, set()).discard(e.event.turn_id)
+        return {sid: t for sid, t in open_turns.items() if t}
+    finally:
+        store.close()
+
+
+def audit_whole_store(data_dir: str) -> dict[str, int]:
+    """What harness.audit checks for the sessions it is given, over every stream of the store: the
+    log's positions have no hole; each stream's versions run 1..n in log order and its index
+    (stream_version, read_stream) agrees with the log; every keyed input has its idempotency receipt
+    (committed together, so one without the other is a half-written commit); every turn started
+    once, after its input."""
+    store = EventStore.open(os.path.join(data_dir, "store"), readonly=True)
+    try:
+        versions: dict[str, list[int]] = {}
+        positions: list[int] = []
+        inputs: dict[str, set[str]] = {}
+        for e in store.iter_all():
+            positions.append(e.position)
+            versions.setdefault(e.stream, []).append(e.version)
+            ev = e.event
+            if isinstance(ev, E.InputAccepted):
+                inputs.setdefault(e.stream, set()).add(ev.turn_id)
+                if ev.idempotency_key:
+                    app = ev.speaker.app_id if ev.speaker else None
+                    scope = f"app:{app}:{e.stream.removeprefix('session-')}"
+                    assert store.get_receipt(scope, ev.idempotency_key) is not None, \
+                        f"{e.stream} v{e.version}: an input without its idempotency receipt"
+            elif isinstance(ev, E.TurnStarted):
+                assert ev.turn_id in inputs.get(e.stream, set()), f"{e.stream} v{e.version}: a turn without its input"
+        assert positions == list(range(positions[0], positions[0] + len(positions))), "a hole in the log"
+        for stream, vs in versions.items():
+            assert vs == list(range(1, len(vs) + 1)), f"{stream}: versions {vs[:5]}... not contiguous"
+            indexed = store.stream_version(stream)
+            assert indexed == len(vs), f"{stream}: the index says version {indexed}, the log {len(vs)}"
+            assert [e.version for e in store.read_stream(stream)] == vs
+        return {"streams": len(versions), "events": len(positions)}
+    finally:
+        store.close()
+
+
 def test_a_full_disk_refuses_writes_with_internal_error_writes_nothing_and_recovers(tmp_path):
     """A real full disk: the data directory on a small tmpfs. Where this machine cannot mount one,
     the same failure is injected at the store boundary (SESSIONLOOP_CRASH_AT has no such point, so
-    the tmpfs is the only route); without permission to mount we fail loudly rather than skip."""
+    the tmpfs is the only route); without permission to mount we fail loudly rather than skip.
+    Afterwards the store is audited: nothing half-written (RELIABILITY lmdb_growth_and_disk_full)."""
     mount = str(tmp_path / "small")
     assert _mount_tmpfs(mount, "3m"), "this test needs to mount a tmpfs (root); .ci/run runs as root"
     try:
+        prepare(mount)  # an app too: its inputs carry idempotency keys, committed with their receipts
         server = ServerProcess(mount, "--durability", "sync").start()
+        rec = Recorder()
         try:
             async def fill():
+                app_ws, app = await app_client(server)
+                app_sid = (await result(app, "loop/create", {"containerId": "inbox"}))["sessionId"]
+                rec.sessions.append(app_sid)
+                for k in range(3):
+                    op = Op(app_sid, f"before-{k}", f"keyed {k}")
+                    op.receipt = await result(app, "loop/send", {"sessionId": app_sid, "text": op.text,
+                                                                 "idempotencyKey": op.key})
+                    rec.ops.append(op)
                 async with open_client(server) as ws:
                     c = await initialized(ws)
                     sid = (await c.result("session/create", {}))["session"]["id"]
-                    big = "x" * 90_000
+                    rec.sessions.append(sid)
                     errors, ok = [], 0
-                    for _ in range(80):
-                        reply = await c.call("turn/send", {"sessionId": sid, "content": big})
+                    for k in range(80):  # each text unique, to count them in the log
+                        reply = await c.call("turn/send", {"sessionId": sid, "content": f"{k:02d}" + "x" * 90_000})
                         if "error" in reply:
                             errors.append(reply["error"])
                             break
                         ok += 1
                     listed = await c.result("sessions/list", {})  # reads still work
-                    return sid, ok, errors, listed
-            sid, ok, errors, listed = asyncio.run(fill())
+                # keyed inputs while the disk is full, until one is refused: nothing is stored under its key
+                for k in range(20):
+                    full = Op(app_sid, f"while-full-{k}", "y" * 90_000)
+                    refused = await app.call("loop/send", {"sessionId": app_sid, "text": full.text,
+                                                           "idempotencyKey": full.key})
+                    if "result" not in refused or refused["result"]["state"] == "rejected":
+                        break
+                    full.receipt = refused["result"]
+                    rec.ops.append(full)
+                await app_ws.close()
+                return sid, ok, errors, listed, full, refused
+            sid, ok, errors, listed, full, refused = asyncio.run(fill())
             assert errors and errors[0]["code"] == -32603 and ("full" in errors[0]["message"] or "space" in errors[0]["message"])
-            assert [s["id"] for s in listed["sessions"]] == [sid]
+            assert sorted(s["id"] for s in listed["sessions"]) == sorted(rec.sessions)  # the owner sees the room too
+            assert "error" in refused and refused["error"]["code"] == -32603, refused
             subprocess.run(["mount", "-o", "remount,size=64m", mount], check=True)
 
             async def after():
@@ -191,8 +267,33 @@ def test_a_full_disk_refuses_writes_with_internal_error_writes_nothing_and_recov
                     c = await initialized(ws)
                     await c.result("session/subscribe", {"sessionId": sid})
                     assert await c.result("turn/send", {"sessionId": sid, "content": "room again"}) == {}
-                    return await c.turn_done(sid, 20)
+                    done = await c.turn_done(sid, 20)
+                app_ws, app = await app_client(server)
+                # the refused key sent again: a new input (the refused one left nothing behind)
+                full.receipt = await result(app, "loop/send", {"sessionId": full.session_id, "text": full.text,
+                                                               "idempotencyKey": full.key})
+                rec.ops.append(full)
+                await app_ws.close()
+                return done
             assert asyncio.run(after())["params"]["item"]["kind"] == "turn"
+            assert full.receipt["state"] in ("accepted", "queued"), full.receipt
+            # every turn started ends (the server resumes what the full disk interrupted)
+            deadline = time.monotonic() + 30
+            while (still := turns_open(mount, rec.sessions)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not still, f"turns started before the disk filled never ended: {still}"
+            counts = audit(mount, rec)  # the harness's checks: one input per key, receipts, turns ended
+            whole = audit_whole_store(mount)
+            # the refused turn/send wrote nothing: the owner's inputs are exactly those acknowledged
+            # before it, in order, and the one after the remount
+            store = EventStore.open(os.path.join(mount, "store"), readonly=True)
+            try:
+                owner_inputs = [e.event.text[:2] for e in store.read_stream(f"session-{sid}")
+                                if isinstance(e.event, E.InputAccepted)]
+            finally:
+                store.close()
+            assert owner_inputs == [f"{k:02d}" for k in range(ok)] + ["ro"], owner_inputs
+            print(f"\ndisk full after {ok} inputs; audit {counts}, {whole}")
         finally:
             server.stop()
     finally:
