@@ -345,10 +345,26 @@ class SessionBehaviour:
         """Reconcile after activation: close what a crash interrupted, then let the loop go on."""
         if self.state.created is None:
             return
-        repairs = repairs_after_restart(self.state, now_ms())
+        repairs = repairs_after_restart(self.state, now_ms(), self._recorded_answers())
         if repairs or self.state.queue or self.state.current_turn:
             self.rt.faults.hit("recovery")
             self._commit(repairs)
+
+    def _recorded_answers(self) -> dict[str, E.Settlement]:
+        """The settlements the approval streams recorded for this session's open approvals (an
+        answer committed just before a crash, before the session heard of it). Read once, at
+        activation, like the session's own events."""
+        from .approvals import approval_stream as _approval_stream
+
+        out: dict[str, E.Settlement] = {}
+        for call_id in self.state.batch:
+            rec = self.state.tool_calls.get(call_id)
+            if rec is None or rec.approval_id is None or rec.settlement is not None:
+                continue
+            for recorded in self.rt.store.read_stream(_approval_stream(self.sid, rec.approval_id)):
+                if isinstance(recorded.event, E.ApprovalSettled):
+                    out[rec.approval_id] = recorded.event.settlement
+        return out
 
     def _supervise(self, message: Any, error: Exception) -> None:
         log.exception("session %s failed handling %s", self.sid, type(message).__name__)

@@ -14,7 +14,7 @@ again; after ``maxSteps`` model calls the turn stops with a ``tool-limit`` notic
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -117,12 +117,15 @@ def _close_open_calls(state: SessionState, turn_id: str, now: int, status: str, 
 
 
 def pending_approval_settlements(state: SessionState, turn_id: str, status: str, source: str,
-                                 now: int) -> list[E.Event]:
+                                 now: int, decided: Mapping[str, E.Settlement] | None = None) -> list[E.Event]:
+    """Settle every unsettled approval of the batch ``status`` by ``source``, except those whose
+    approval already recorded its own settlement (``decided``, by approval id): that one stands."""
     out: list[E.Event] = []
     for call_id in state.batch:
         rec = state.tool_calls.get(call_id)
         if rec is not None and rec.approval_id is not None and rec.settlement is None:
-            settlement = E.Settlement(state=status, source=source, at=now)  # type: ignore[arg-type]
+            settlement = (decided or {}).get(rec.approval_id) or \
+                E.Settlement(state=status, source=source, at=now)  # type: ignore[arg-type]
             out.append(E.ToolApprovalSettled(at=now, turn_id=turn_id, call_id=call_id, approval_id=rec.approval_id,
                                              settlement=settlement))
     return out
@@ -331,14 +334,19 @@ def _denied(turn_id: str, call_id: str, approval_id: str, settlement: E.Settleme
 # --- recovery ---------------------------------------------------------------------------------
 
 
-def repairs_after_restart(state: SessionState, now: int) -> list[E.Event]:
+def repairs_after_restart(state: SessionState, now: int,
+                          decided: Mapping[str, E.Settlement] | None = None) -> list[E.Event]:
     """What a restart must record before the loop can go on (SPEC §4 crash rules): a tool call
     that started and has no result is ``aborted`` (never re-run: it may have had side effects)
-    and the model is told; a model call without an answer is closed so it can be re-issued."""
+    and the model is told; a model call without an answer is closed so it can be re-issued.
+
+    An approval still open in the session is cancelled by ``shutdown``, unless its own stream
+    recorded an answer the session never heard of (the server stopped in between): ``decided``
+    carries those settlements, and the answer stands (an approved call then runs: it never ran)."""
     turn_id = state.current_turn
     if turn_id is None:
         return []
-    events: list[E.Event] = pending_approval_settlements(state, turn_id, "cancelled", "shutdown", now)
+    events: list[E.Event] = pending_approval_settlements(state, turn_id, "cancelled", "shutdown", now, decided)
     for call_id in state.batch:
         rec = state.tool_calls.get(call_id)
         if rec is not None and rec.status == "running":

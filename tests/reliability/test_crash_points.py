@@ -409,9 +409,11 @@ def test_the_server_killing_itself_after_committing_an_approval_answer_settles_i
         server.stop()
         audit(data, rec)
         outcome = audit_approvals(data, rec, seen, effects)
-        # the crashed approval's call: one settlement in its session, whatever the restart made
-        # of it, and its exec ran at most once (audit_approvals)
+        # the crashed approval's call: one settlement in its session, the answer its approval
+        # recorded (not "cancelled by shutdown"), and its exec ran at most once (audit_approvals)
         assert set(outcome["restarted"]) == {in_flight["id"]}
+        restarted = outcome["restarted"][in_flight["id"]]
+        assert (restarted.state, restarted.source) == ("approved", "answer"), restarted
         assert outcome["ran"] > ran_before  # approved tools really ran in this trial
         ran_before = outcome["ran"]
         seen.unknown.clear()
