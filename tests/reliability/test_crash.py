@@ -1,6 +1,7 @@
 """SPEC §11 / RELIABILITY kill9_random and crash_point_matrix, CI-sized: a real server under bot
 load is killed with SIGKILL (at random moments, or by itself at named points), restarted, and the
-history is checked: 0 lost acknowledged inputs, 0 duplicate turns, every session resumes."""
+history is checked: 0 lost acknowledged inputs (``loop/send`` receipts and ``turn/send`` ``{}`` replies),
+0 duplicate turns, every session resumes, subscribers resubscribe in the new epoch."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ from tests.e2e.conftest import ServerProcess
 from tests.reliability.harness import (
     SERVE_ARGS,
     Recorder,
+    Subscriber,
     audit,
+    create_owner_sessions,
     create_sessions,
     kill_after,
     load,
     prepare,
     settle,
+    settle_owner,
     start,
 )
 
@@ -31,22 +35,30 @@ TRIALS = 20
 
 
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path):
+    """Apps send ``loop/send`` (receipts), an owner sends ``turn/send`` (``{}`` replies) and two
+    owner connections follow the owner sessions; after every kill and restart the subscribers
+    see a greater epoch, resubscribe and get the pushes of the turns that end after it."""
     data = str(tmp_path / "data")
     prepare(data)
     rng = random.Random(20261129)
     rec = Recorder()
     server = start(data)
     asyncio.run(create_sessions(server, rec, 6))
+    asyncio.run(create_owner_sessions(server, rec, 3))
+    o = rec.owner_sessions
+    subscribers = [Subscriber([o[0], o[1]]), Subscriber([o[1], o[2]])]  # o[1] followed twice
     epochs = [server.epoch]
-    totals = {"acknowledged": 0, "unknown": 0, "duplicate_on_resend": 0}
+    totals = {"acknowledged": 0, "unknown": 0, "duplicate_on_resend": 0, "unreplied": 0, "turn_pushes": 0}
     ready: list[float] = []
     for trial in range(TRIALS):
         since = len(rec.ops)
+        sends_before = len(rec.sends)
         killer = threading.Thread(target=kill_after, args=(server, rng.uniform(0.15, 0.8)))
         killer.start()
-        asyncio.run(load(server, rec, rng, trial))
+        asyncio.run(load(server, rec, rng, trial, subscribers=subscribers))
         killer.join()
         server.proc.wait(10)
+        totals["unreplied"] += sum(1 for s in rec.sends[sends_before:] if not s.replied)
         began = time.monotonic()
         server = start(data)
         ready.append(time.monotonic() - began)
@@ -54,17 +66,39 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path):
         assert server.epoch > epochs[-1]  # a new epoch at every start
         epochs.append(server.epoch)
         totals["unknown"] += len(rec.unknown())
-        resent = asyncio.run(settle(server, rec, since))
+
+        resent, owner = asyncio.run(after_restart(server, data, rec, subscribers, since, trial))
         totals["duplicate_on_resend"] += resent["duplicate"]
+        totals["turn_pushes"] += owner["turn_pushes"]
         audit(data, rec)
     totals["acknowledged"] = len(rec.acknowledged())
     server.stop()
     counts = audit(data, rec)
     assert totals["acknowledged"] > TRIALS  # the load really ran
     assert counts["inputs"] == len(rec.acknowledged())
+    errors = [s for s in rec.sends if s.error is not None]
+    assert not errors, f"turn/send answered with errors: {[s.error for s in errors[:3]]}"
+    acknowledged_sends = len(rec.acknowledged_sends())
+    assert acknowledged_sends > 2 * TRIALS  # the owner load really ran (the sends after restarts alone are 3 a trial)
+    assert counts["owner_inputs"] == acknowledged_sends + counts["unreplied_committed"]
+    assert all(sub.resubscribes == TRIALS for sub in subscribers)
+    # at least the turns of the sends after each restart, for each subscription
+    assert totals["turn_pushes"] >= sum(len(sub.sessions) for sub in subscribers) * TRIALS
     print(f"\nkill9: {TRIALS} trials, {len(rec.ops)} inputs tried, {totals['acknowledged']} acknowledged, "
           f"{totals['unknown']} in flight at a kill ({totals['duplicate_on_resend']} of them had been committed), "
-          f"0 lost, 0 duplicated, {counts['turns']} turns, ready after a restart in at most {max(ready):.2f} s")
+          f"0 lost, 0 duplicated, {counts['turns']} turns, ready after a restart in at most {max(ready):.2f} s; "
+          f"turn/send: {len(rec.sends)} tried, {acknowledged_sends} acknowledged, {totals['unreplied']} unreplied "
+          f"at a kill ({counts['unreplied_committed']} of them committed, once), 0 lost, 0 duplicated, "
+          f"{counts['owner_turns']} turns; {len(subscribers)} subscribers resubscribed {TRIALS} times each, "
+          f"{totals['turn_pushes']} turn ends pushed after restarts, built state = fresh snapshot")
+
+
+async def after_restart(server: ServerProcess, data: str, rec: Recorder, subscribers: list[Subscriber],
+                        since: int, trial: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The app bots' unknown inputs resent and their turns waited for, while the subscribers
+    resubscribe and the owner sessions' turns settle."""
+    resent, owner = await asyncio.gather(settle(server, rec, since), settle_owner(server, data, rec, subscribers, trial))
+    return resent, owner
 
 
 @pytest.mark.parametrize("point", ["before-commit", "after-commit", "after-ack", "model-stream", "tool-run"])
