@@ -87,6 +87,7 @@ class _LoopHandlers:
 
         if p.attachments:
             def work() -> msgspec.Struct:
+                loop._owned(p.session_id)  # refused before any attachment is saved: nothing half-written
                 refs = store_attachments(self.svc, p.attachments)
                 return receipt(loop.send(p.session_id, p.text, p.idempotency_key, refs))
 

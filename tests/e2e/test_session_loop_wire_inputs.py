@@ -256,3 +256,18 @@ def test_quota_rejection_and_recovery_over_the_wire(app_server):
     assert "turnId" not in refused and "cursor" not in refused
     assert done["state"] == "completed"
     assert again["state"] == "accepted" and result == {"state": "completed", "outputText": "echo: extra"}
+
+
+def test_a_send_with_attachments_to_a_session_not_found_saves_no_attachment(app_server):
+    """Refused before anything is written: the attachment is not saved for a session the app
+    does not have (the blob store would grow with every refused send)."""
+    blobs = os.path.join(app_server.data_dir, "blobs")
+    with app_client(app_server, "bot-token") as ws:
+        bot = SyncClient(ws)
+        initialize(bot)
+        _, reply = bot.call("loop/send", {"sessionId": "0" * 21, "text": "hi", "idempotencyKey": "k1",
+                                          "attachments": [{"data": "data:text/plain;base64,aGVsbG8gYmxvYg==",
+                                                           "name": "a.txt"}]})
+        assert reply["error"]["code"] == -32000 and reply["error"]["data"]["code"] == "not-found", reply
+    saved = [f for _, _, files in os.walk(blobs) for f in files] if os.path.isdir(blobs) else []
+    assert saved == []
