@@ -139,9 +139,13 @@ async def write_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 
 
 def describe_exec(args: dict[str, Any], workspace: Workspace) -> ToolDisplay:
-    """The ``command`` display; the exit code is filled in from the result."""
-    cwd = args.get("cwd") or "."
-    return ToolDisplay(kind="command", command=str(args.get("command", "")), cwd=workspace.relative(cwd))
+    """The ``command`` display, its fields taken verbatim from the arguments (seed 004, 工具卡的展示:
+    各项从参数里逐字取出; no ``cwd`` when the call gave none; no display when the command is not a
+    string); the exit code is filled in from the result."""
+    command, cwd = args.get("command"), args.get("cwd")
+    if not isinstance(command, str):
+        raise TypeError("exec's command is not a string")
+    return ToolDisplay(kind="command", command=command, cwd=cwd if isinstance(cwd, str) else None)
 
 
 def _exit_code(returncode: int) -> int:

@@ -512,6 +512,11 @@ def test_exec_displays_the_command_and_takes_the_exit_code_from_the_result(ws: W
     spec = default_registry().get("exec")
     display = spec.display({"command": "make", "cwd": "src"}, ws)
     assert display == ToolDisplay(kind="command", command="make", cwd="src")
+    # verbatim from the arguments (seed 004): no cwd when none was given, none when not a string
+    assert spec.display({"command": "make"}, ws) == ToolDisplay(kind="command", command="make")
+    assert spec.display({"command": "make", "cwd": "./src/../src"}, ws) == ToolDisplay(
+        kind="command", command="make", cwd="./src/../src")
+    assert spec.display({"command": ["make"]}, ws) is None
     done = spec.display_after(display, ToolResult(output={"exitCode": 2, "output": ""}))
     assert done == ToolDisplay(kind="command", command="make", cwd="src", exit_code=2)
     assert spec.display_result_key == "exitCode"
