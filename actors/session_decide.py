@@ -204,10 +204,11 @@ def drive(state: SessionState, cfg: AgentConfig, check: ToolCheck, now: int,
                 return out  # waiting for an approval
             continue
         if turn.llm_calls >= turn.max_steps_or(cfg.max_steps):
-            emit(E.TurnLimitReached(at=now, turn_id=turn_id, max_steps=turn.max_steps_or(cfg.max_steps)))
+            # the notice first: it is the turn's last entry, then the turn item closes (seed 004)
             emit(E.NoticePosted(at=now, notice_id=f"{turn_id}.limit", topic="tool-limit", turn_id=turn_id,
                                 text=f"Stopped after {turn.max_steps_or(cfg.max_steps)} model calls; "
                                      "continue to let the agent go on.", can_continue=True))
+            emit(E.TurnLimitReached(at=now, turn_id=turn_id, max_steps=turn.max_steps_or(cfg.max_steps)))
             continue
         if turn.llm_calls == 0 and _needs_compaction(state, cfg, turn_id):
             out.needs_compaction = turn_id

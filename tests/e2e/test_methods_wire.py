@@ -670,3 +670,24 @@ def test_the_owner_token_is_generated_once_into_the_data_dir_with_mode_0600_and_
     assert "sessions" in listed and "sessions" in listed_again  # the saved token opens the server
     assert token in first_out  # printed once, on the first start ...
     assert token not in second_out  # ... and not again
+
+
+def test_the_tool_limit_notice_is_the_turns_last_entry_before_its_turn_item_closes(srv):
+    """Seed 004: a turn's item closes after the turn's last entry; the tool-limit notice belongs to
+    the turn it stopped, so it is pushed, and sits in the timeline, before the turn's end."""
+
+    async def go():
+        async with open_client(srv) as ws:
+            c = await initialized(ws)
+            sid = await new_session(c, "notice-order")
+            await set_setting(c, sid, "agent", "maxSteps", 1)
+            await c.result("turn/send", {"sessionId": sid, "content": '!tool list_files {"path": "."}'})
+            notice = await c.push(item(sid, "notice", topic="tool-limit"))
+            ended = await c.turn_done(sid)
+            snap = await c.result("session/subscribe", {"sessionId": sid})
+            return notice, ended, snap["items"]
+
+    notice, ended, items = run(go())
+    assert notice["params"]["seq"] < ended["params"]["seq"]  # pushed before the turn's end
+    kinds = [(i["kind"], i.get("topic")) for i in items if i["kind"] in ("notice", "turn")]
+    assert kinds[kinds.index(("notice", "tool-limit")) + 1][0] == "turn", kinds  # and placed before it
