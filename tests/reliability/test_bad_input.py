@@ -40,7 +40,7 @@ frames = st.one_of(
 )
 
 
-def generated_frames(count: int = 400) -> list[str]:
+def generated_frames(count: int = 3000) -> list[str]:
     """Frames drawn by hypothesis (derandomized: the same corpus every run)."""
     out: list[str] = []
 
