@@ -17,6 +17,7 @@ renderers and the option set), hence longer than the house module size.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -119,8 +120,14 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
                    "session/history pages, the session/subscribe snapshot); exit 1 on the first difference.")
 @click.option("--offline", is_flag=True,
               help="With --verify: compare with the store only, without opening a live host on DATA.")
+@click.option("--url", default=None, metavar="WS_URL",
+              help="With --verify: ask the server running on DATA at this URL (ws://HOST:PORT/session) for its "
+                   "session/subscribe snapshot and session/history pages, instead of opening a host.")
+@click.option("--token", default=None, envvar="SESSIONLOOP_TOKEN",
+              help="With --url: the owner token (default: SESSIONLOOP_TOKEN, else DATA/token).")
 @_json_option
-def replay(session: str, data_dir: str, until: str | None, verify: bool, offline: bool, as_json: bool) -> None:
+def replay(session: str, data_dir: str, until: str | None, verify: bool, offline: bool, url: str | None,
+           token: str | None, as_json: bool) -> None:
     """Rebuild SESSION from its events and print its timeline: turns, model calls (provider, model,
     tokens, durations), tool calls (args, status, exit code, repairs), approvals, notices, context
     trimming and compaction, checkpoints and rewinds.
@@ -137,12 +144,15 @@ def replay(session: str, data_dir: str, until: str | None, verify: bool, offline
       sessionloop replay 18f3a2c0d41e5b7a90c1d --data ./.sessionloop
       sessionloop replay 18f3a2c0d41e5b7a90c1d --until 42 --json
       sessionloop replay 18f3a2c0d41e5b7a90c1d --verify
+      sessionloop replay 18f3a2c0d41e5b7a90c1d --verify --url ws://127.0.0.1:8765/session
     """
     from actors.replay import build_timeline, until_version
 
     session_id = _session_id(session)
     if offline and not verify:
         raise click.ClickException("--offline only applies to --verify")
+    if url is not None and (not verify or offline):
+        raise click.ClickException("--url only applies to --verify without --offline")
     if verify and until is not None:
         raise click.ClickException("--until cannot be combined with --verify (verify checks the whole log)")
     store = _open_store(data_dir, session_id)
@@ -161,7 +171,8 @@ def replay(session: str, data_dir: str, until: str | None, verify: bool, offline
     finally:
         store.close()  # before a live host opens the same environment (one LMDB env per process)
     if verify:
-        _verify(data_dir, session_id, stored, why, as_json)
+        remote = _remote_live_view(url, token, data_dir, session_id) if url is not None else None
+        _verify(data_dir, session_id, stored, why if remote is None else None, as_json, remote)
         return
     if as_json:
         _print_json(timeline)
@@ -179,10 +190,14 @@ def _no_live_host(store: EventStore, data_dir: str) -> str | None:
     return None
 
 
-def _verify(data_dir: str, session_id: str, stored: tuple[Any, Any, Any], why: str | None, as_json: bool) -> None:
+def _verify(data_dir: str, session_id: str, stored: tuple[Any, Any, Any], why: str | None, as_json: bool,
+            remote: Any = None) -> None:
     from actors.replay import verify
 
-    live_stored, live, reason = _live_view(data_dir, session_id) if why is None else (None, None, why)
+    if remote is not None:  # the running server answered over the wire; the store was read beside it
+        live_stored, live, reason = None, remote, None
+    else:
+        live_stored, live, reason = _live_view(data_dir, session_id) if why is None else (None, None, why)
     events, snapshot, meta = live_stored or stored
     report = verify(session_id, events, snapshot, meta, live=live)
     report.offline_reason = reason
@@ -208,6 +223,10 @@ def _verify(data_dir: str, session_id: str, stored: tuple[Any, Any, Any], why: s
 
 
 def _compared_line(report: Any, data_dir: str) -> str:
+    if report.compared == "live" and report.remote_url:
+        return (f"compared with the server at {report.remote_url} (epoch {report.live_epoch}): "
+                f"{report.history_pages} session/history page(s), the session/subscribe snapshot of "
+                f"{report.snapshot_items} items")
     if report.compared == "live":
         if report.history_pages is None:
             return f"compared with a live host on {data_dir} (epoch {report.live_epoch})"
@@ -215,6 +234,78 @@ def _compared_line(report: Any, data_dir: str) -> str:
                 f"projection and state, {report.history_pages} session/history page(s), the session/subscribe "
                 f"snapshot of {report.snapshot_items} items")
     return f"compared offline, with the store only: {report.offline_reason or 'no live host'}"
+
+
+def _remote_live_view(url: str, token: str | None, data_dir: str, session_id: str, timeout: float = 30.0) -> Any:
+    """What the server at ``url`` serves for ``session_id``: its ``session/subscribe`` snapshot and
+    every ``session/history`` page (200 messages a page), asked as an owner over WebSocket, as
+    plain JSON (the same shape :func:`actors.replay.serve_live_view` gives, without the actor's
+    own projection and state, which a server does not send). Attachment handles are masked."""
+    import asyncio
+
+    from actors.projections import HISTORY_MAX_LIMIT
+    from actors.replay import LiveView, remote_decorate, served_handles_masked
+    from protocol.handshake import SESSION_PROTOCOL_VERSION
+
+    from .client import ClientError, Endpoint, _open
+
+    if token is None:
+        path = os.path.join(data_dir, "token")
+        token = open(path).read().strip() if os.path.exists(path) else None
+    endpoint = Endpoint(url=url, token=token)
+
+    async def ask() -> LiveView:
+        ws = await _open(url, endpoint.resolve_token())
+        next_id = 0
+
+        async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
+            nonlocal next_id
+            next_id += 1
+            await ws.send(json.dumps({"jsonrpc": "2.0", "id": next_id, "method": method, "params": params}))
+            while True:  # pushes and other replies are skipped
+                msg = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+                if msg.get("id") == next_id:
+                    return msg
+
+        try:
+            hello = await call("initialize", {"protocolVersion": SESSION_PROTOCOL_VERSION,
+                                              "client": {"name": "sessionloop-verify", "version": "1"}})
+            if "error" in hello:
+                raise ClientError(f"the server refused the handshake: {hello['error'].get('message')}")
+            view = LiveView(session_id=session_id, decorate=remote_decorate, remote=True)
+            reply = await call("session/subscribe", {"sessionId": session_id})
+            if "error" in reply:
+                view.error = reply["error"]
+                return view
+            view.epoch = reply["result"]["epoch"]
+            view.snapshot = {"items": served_handles_masked(reply["result"]["items"]),
+                             "before": reply["result"].get("before")}
+            await call("session/unsubscribe", {"sessionId": session_id})
+            before: str | None = None
+            while True:
+                params: dict[str, Any] = {"sessionId": session_id, "limit": HISTORY_MAX_LIMIT}
+                if before is not None:
+                    params["before"] = before
+                reply = await call("session/history", params)
+                if "error" in reply:
+                    view.error = reply["error"]
+                    return view
+                page = reply["result"]
+                view.history.append({"items": served_handles_masked(page["items"]), "before": page.get("before")})
+                if page.get("before") is None or len(view.history) > 100_000:
+                    return view
+                before = page["before"]
+        finally:
+            await ws.close()
+
+    try:
+        view = asyncio.run(ask())
+    except ClientError as e:
+        raise click.ClickException(str(e)) from None
+    except (TimeoutError, OSError) as e:
+        raise click.ClickException(f"the server at {url} did not answer: {e or type(e).__name__}") from None
+    view.remote_url = url
+    return view
 
 
 def _live_view(data_dir: str, session_id: str) -> tuple[Any, Any, str | None]:
