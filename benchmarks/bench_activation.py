@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -143,14 +145,8 @@ def job_recovery(spec: dict[str, Any]) -> dict[str, Any]:
     session (it activates from its snapshot) and a turn on another answered."""
     work, ids = fresh_copy(spec["path"])
     try:
-        t0 = now()
-        server = ServerProc(os.path.join(work, "data"), TOKEN, ["--durability", "nosync"],
-                            "0" if spec["pinned"] else None)
-        try:
-            ready = now()
+        with spawned(work, spec["pinned"]) as (server, t0, ready):
             served = asyncio.run(serve_one(server.port, random.Random(spec.get("seed", 1)).sample(ids["stored"], 2)))
-        finally:
-            server.stop()
         return {"spawn_to_listening_ms": (ready - t0) * 1000, "spawn_to_history_ms": (served["history"] - t0) * 1000,
                 "spawn_to_turn_ms": (served["turn"] - t0) * 1000}
     finally:
@@ -183,18 +179,24 @@ def fresh_copy(path: str) -> tuple[str, dict[str, list[str]]]:
 # --- open and list, over the wire ---------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def spawned(work: str, pinned: bool) -> Iterator[tuple[ServerProc, float, float]]:
+    """``sessionloop serve`` on ``work/data`` (its server on CPU 0 when ``pinned``): the server,
+    the moment it was spawned and the moment it listened; stopped on exit."""
+    t0 = now()
+    server = ServerProc(os.path.join(work, "data"), TOKEN, ["--durability", "nosync"], "0" if pinned else None)
+    try:
+        yield server, t0, now()
+    finally:
+        server.stop()
+
+
 def job_list(spec: dict[str, Any]) -> dict[str, Any]:
     """Spawn ``serve`` on a fresh copy (or an empty directory), connect, list, search."""
     work, ids = (tempfile.mkdtemp(prefix="bench-activation-"), None) if spec.get("empty") else fresh_copy(spec["path"])
     try:
-        t0 = now()
-        server = ServerProc(os.path.join(work, "data"), TOKEN, ["--durability", "nosync"],
-                            "0" if spec["pinned"] else None)
-        try:
-            ready = now()
+        with spawned(work, spec["pinned"]) as (server, t0, ready):
             out = asyncio.run(list_and_search(server.port, ids))
-        finally:
-            server.stop()
         return {"spawn_to_listening_ms": (ready - t0) * 1000, "connect_to_list_ms": (out["listed"] - ready) * 1000,
                 "spawn_to_list_ms": (out["listed"] - t0) * 1000, "again_ms": out["again_ms"], "query_ms": out["query_ms"],
                 "listed": out["listed_n"], "found": out["found"]}

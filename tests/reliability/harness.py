@@ -296,13 +296,7 @@ async def load(server: ServerProcess, rec: Recorder, rng: random.Random, trial: 
                 op = Op(sid, f"t{trial}-b{b}-m{j}", text)
                 rec.ops.append(op)
                 j += 1
-                reply = await call(c, "loop/send", {"sessionId": sid, "text": text, "idempotencyKey": op.key})
-                if "result" in reply:
-                    op.receipt = reply["result"]
-                    if op.receipt["state"] == "rejected":
-                        await asyncio.sleep(op.receipt["retryAfterMs"] / 1000 / 20)
-                else:
-                    op.error = json.dumps(reply["error"])
+                await send_op(c, op)
         except Exception:
             return  # the server died: the op in flight stays unknown
         finally:
@@ -311,6 +305,18 @@ async def load(server: ServerProcess, rec: Recorder, rng: random.Random, trial: 
     owners = [owner_bot(b) for b in range(owner_bots if rec.owner_sessions else 0)]
     followers = [sub.follow(server) for sub in subscribers or []]
     await asyncio.gather(*(bot(b) for b in range(bots)), *owners, *followers)
+
+
+async def send_op(c: Client, op: Op) -> None:
+    """``loop/send`` of ``op``, its receipt or error recorded on it; a rejected send (quota)
+    backs off a little before the bot's next one."""
+    reply = await call(c, "loop/send", {"sessionId": op.session_id, "text": op.text, "idempotencyKey": op.key})
+    if "result" in reply:
+        op.receipt = reply["result"]
+        if op.receipt["state"] == "rejected":
+            await asyncio.sleep(op.receipt["retryAfterMs"] / 1000 / 20)
+    else:
+        op.error = json.dumps(reply["error"])
 
 
 async def call(c: Client, method: str, params: dict[str, Any]) -> dict[str, Any]:

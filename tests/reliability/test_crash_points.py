@@ -43,6 +43,7 @@ from tests.reliability.harness import (
     load,
     prepare,
     result,
+    send_op,
     settle,
 )
 
@@ -290,13 +291,7 @@ async def approval_load(server: ServerProcess, rec: Recorder, rng: random.Random
                 op = Op(sid, key, exec_text(effects, key) if rng.random() < 0.8 else "hello")
                 rec.ops.append(op)
                 j += 1
-                reply = await call(c, "loop/send", {"sessionId": sid, "text": op.text, "idempotencyKey": op.key})
-                if "result" in reply:
-                    op.receipt = reply["result"]
-                    if op.receipt["state"] == "rejected":
-                        await asyncio.sleep(op.receipt["retryAfterMs"] / 1000 / 20)
-                else:
-                    op.error = json.dumps(reply["error"])
+                await send_op(c, op)
         except ConnectionClosed:
             return  # the server died: the op in flight stays unknown
         finally:
