@@ -7,7 +7,6 @@ thread leading a group commit, no lock) and turned into histogram families at sc
 
 from __future__ import annotations
 
-import bisect
 import gc
 import threading
 from typing import Any
@@ -21,6 +20,7 @@ from prometheus_client.core import (
 )
 
 from eventstore import events as E
+from eventstore.groupcommit import Observations
 
 _TURN_END = {E.TurnCompleted: "completed", E.TurnFailed: "failed", E.TurnAborted: "aborted",
              E.TurnLimitReached: "tool-limit"}
@@ -28,26 +28,6 @@ _TURN_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60)
 _MODEL_BUCKETS = (.001, .005, .01, .05, .1, .5, 1, 5, 10, 30, 60)
 _OUTCOMES = tuple(dict.fromkeys(_TURN_END.values()))
 _MODEL_OUTCOMES = ("completed", "failed", "aborted")
-
-
-class Histo:
-    """Bucket counts (non-cumulative) and the sum, for one thread."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def add(self, other: Histo) -> None:
-        for i, c in enumerate(other.counts):
-            self.counts[i] += c
-        self.sum += other.sum
 
 
 class _Tally:
@@ -62,8 +42,8 @@ class _Tally:
         self.commits = 0
         self.events = 0
         self.turns = dict.fromkeys(_OUTCOMES, 0)
-        self.turn_hist = Histo(_TURN_BUCKETS)
-        self.model_hist = {outcome: Histo(_MODEL_BUCKETS) for outcome in _MODEL_OUTCOMES}
+        self.turn_hist = Observations(_TURN_BUCKETS)
+        self.model_hist = {outcome: Observations(_MODEL_BUCKETS) for outcome in _MODEL_OUTCOMES}
 
     def add(self, other: _Tally) -> None:
         self.commits += other.commits

@@ -55,7 +55,8 @@ class HistogramSnapshot:
 
 
 class Observations:
-    """Bucket counts and the sum of one measured quantity, written by one thread at a time."""
+    """Bucket counts (the last one +Inf) and the sum of one measured quantity, written by one
+    thread at a time (the group leader here; each thread's own tally in ``actors.metrics``)."""
 
     __slots__ = ("bounds", "counts", "sum")
 
@@ -67,6 +68,12 @@ class Observations:
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.sum += value
+
+    def add(self, other: Observations) -> None:
+        """Fold in ``other`` (same bounds): the metrics sum per-thread tallies this way."""
+        for i, c in enumerate(other.counts):
+            self.counts[i] += c
+        self.sum += other.sum
 
     def snapshot(self) -> HistogramSnapshot:
         return HistogramSnapshot(self.bounds, tuple(self.counts), self.sum)

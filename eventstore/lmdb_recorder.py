@@ -173,7 +173,6 @@ class LmdbRecorder:
         self.map_resizes = 0
         self._on_map_resize = on_map_resize
         self.last_batch_size = 0
-        self.commit_seconds_total = 0.0
         if not readonly:
             os.makedirs(self.path, exist_ok=True)
             self._lock_fd = self._take_lock()
@@ -286,7 +285,6 @@ class LmdbRecorder:
             "batches": self._committer.batches,
             "requests": self._committer.requests,
             "last_batch_size": self.last_batch_size,
-            "commit_seconds": self.commit_seconds_total,
         }
 
     def commit_stats(self) -> dict[str, HistogramSnapshot]:
@@ -311,7 +309,6 @@ class LmdbRecorder:
 
     def _commit_batch(self, batch: list[Request]) -> None:
         while True:
-            started = time.perf_counter()
             txn = self._env.begin(write=True)
             try:
                 batch_ctx = _BatchContext(self, txn)
@@ -340,7 +337,6 @@ class LmdbRecorder:
                 self._versions.clear()
             self._head = batch_ctx.head
             self.last_batch_size = len(batch)
-            self.commit_seconds_total += time.perf_counter() - started
             return
 
     def _grow_map(self, txn: Any) -> None:
