@@ -898,42 +898,56 @@ def serve_live_view(service: Any, session_id: str, *, timeout: float = 30.0) -> 
     Meant for a session at rest: a turn that commits meanwhile makes the answers disagree.
     Raises :class:`LiveUnavailable` when the host does not answer in ``timeout`` seconds.
     """
-    from protocol.handshake import SESSION_PROTOCOL_VERSION
-
-    from .projections import HISTORY_MAX_LIMIT
     from .session import Query
 
     view = LiveView(session_id=session_id, epoch=service.rt.epoch, decorate=service.decorate)
     client = _MemoryClient(service, timeout)
     try:
-        hello = client.call("initialize", {"protocolVersion": SESSION_PROTOCOL_VERSION,
-                                           "client": {"name": "sessionloop-verify", "version": "1"}})
-        if "error" in hello:
-            raise LiveUnavailable(f"the live host refused the connection: {hello['error']}")
-        reply = client.call("session/subscribe", {"sessionId": session_id})
-        if "error" in reply:
-            view.error = reply["error"]
-            return view
-        view.snapshot = {"items": reply["result"]["items"], "before": reply["result"].get("before")}
-        client.call("session/unsubscribe", {"sessionId": session_id})
-        before: str | None = None
-        while True:
-            params: dict[str, Any] = {"sessionId": session_id, "limit": HISTORY_MAX_LIMIT}
-            if before is not None:
-                params["before"] = before
-            reply = client.call("session/history", params)
-            if "error" in reply:
-                view.error = reply["error"]
-                return view
-            page = reply["result"]
-            view.history.append({"items": page["items"], "before": page.get("before")})
-            if page.get("before") is None or len(view.history) > 100_000:
-                break
-            before = page["before"]
+        ask_served(client.call, view)
     finally:
         client.close()
-    view.version, view.state, view.items = service.rt.ask(session_id, lambda r: Query(_actor_view, r), timeout)
+    if view.error is None:
+        view.version, view.state, view.items = service.rt.ask(session_id, lambda r: Query(_actor_view, r), timeout)
     return view
+
+
+def ask_served(call: Callable[[str, dict[str, Any]], dict[str, Any]], view: LiveView,
+               served: Callable[[list[Any]], list[Any]] = lambda items: items) -> None:
+    """Fill ``view`` with what a connection is served for its session: ``call(method, params)``
+    answers one JSON-RPC request (the reply object). Handshake, ``session/subscribe`` (its
+    snapshot and epoch), ``session/unsubscribe``, then ``session/history`` to the oldest page;
+    ``served`` is applied to every list of items received. An error answer is kept in
+    ``view.error``; a refused handshake raises :class:`LiveUnavailable`."""
+    from protocol.handshake import SESSION_PROTOCOL_VERSION
+
+    from .projections import HISTORY_MAX_LIMIT
+
+    sid = view.session_id
+    hello = call("initialize", {"protocolVersion": SESSION_PROTOCOL_VERSION,
+                                "client": {"name": "sessionloop-verify", "version": "1"}})
+    if "error" in hello:
+        raise LiveUnavailable(f"the live host refused the connection: {hello['error']}")
+    reply = call("session/subscribe", {"sessionId": sid})
+    if "error" in reply:
+        view.error = reply["error"]
+        return
+    view.epoch = reply["result"]["epoch"]
+    view.snapshot = {"items": served(reply["result"]["items"]), "before": reply["result"].get("before")}
+    call("session/unsubscribe", {"sessionId": sid})
+    before: str | None = None
+    while True:
+        params: dict[str, Any] = {"sessionId": sid, "limit": HISTORY_MAX_LIMIT}
+        if before is not None:
+            params["before"] = before
+        reply = call("session/history", params)
+        if "error" in reply:
+            view.error = reply["error"]
+            return
+        page = reply["result"]
+        view.history.append({"items": served(page["items"]), "before": page.get("before")})
+        if page.get("before") is None or len(view.history) > 100_000:
+            return
+        before = page["before"]
 
 
 def _actor_view(actor: Any) -> tuple[int, Any, list[Any]]:

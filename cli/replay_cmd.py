@@ -237,28 +237,33 @@ def _compared_line(report: Any, data_dir: str) -> str:
 
 
 def _remote_live_view(url: str, token: str | None, data_dir: str, session_id: str, timeout: float = 30.0) -> Any:
-    """What the server at ``url`` serves for ``session_id``: its ``session/subscribe`` snapshot and
-    every ``session/history`` page (200 messages a page), asked as an owner over WebSocket, as
-    plain JSON (the same shape :func:`actors.replay.serve_live_view` gives, without the actor's
-    own projection and state, which a server does not send). Attachment handles are masked."""
+    """What the server at ``url`` serves for ``session_id`` (:func:`actors.replay.ask_served` over
+    a WebSocket as the owner): its ``session/subscribe`` snapshot and every ``session/history``
+    page, without the actor's own projection and state, which a server does not send; download
+    handles masked."""
     import asyncio
 
-    from actors.projections import HISTORY_MAX_LIMIT
-    from actors.replay import LiveView, remote_decorate, served_handles_masked
-    from protocol.handshake import SESSION_PROTOCOL_VERSION
+    from actors.replay import (
+        LiveUnavailable,
+        LiveView,
+        ask_served,
+        remote_decorate,
+        served_handles_masked,
+    )
 
     from .client import ClientError, Endpoint, _open
+    from .serve import TOKEN_FILE
 
     if token is None:
-        path = os.path.join(data_dir, "token")
+        path = os.path.join(data_dir, TOKEN_FILE)
         token = open(path).read().strip() if os.path.exists(path) else None
-    endpoint = Endpoint(url=url, token=token)
-
-    async def ask() -> LiveView:
-        ws = await _open(url, endpoint.resolve_token())
+    loop = asyncio.new_event_loop()
+    view = LiveView(session_id=session_id, decorate=remote_decorate, remote=True, remote_url=url)
+    try:
+        ws = loop.run_until_complete(_open(url, Endpoint(url=url, token=token).resolve_token()))
         next_id = 0
 
-        async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
+        async def acall(method: str, params: dict[str, Any]) -> dict[str, Any]:
             nonlocal next_id
             next_id += 1
             await ws.send(json.dumps({"jsonrpc": "2.0", "id": next_id, "method": method, "params": params}))
@@ -268,43 +273,16 @@ def _remote_live_view(url: str, token: str | None, data_dir: str, session_id: st
                     return msg
 
         try:
-            hello = await call("initialize", {"protocolVersion": SESSION_PROTOCOL_VERSION,
-                                              "client": {"name": "sessionloop-verify", "version": "1"}})
-            if "error" in hello:
-                raise ClientError(f"the server refused the handshake: {hello['error'].get('message')}")
-            view = LiveView(session_id=session_id, decorate=remote_decorate, remote=True)
-            reply = await call("session/subscribe", {"sessionId": session_id})
-            if "error" in reply:
-                view.error = reply["error"]
-                return view
-            view.epoch = reply["result"]["epoch"]
-            view.snapshot = {"items": served_handles_masked(reply["result"]["items"]),
-                             "before": reply["result"].get("before")}
-            await call("session/unsubscribe", {"sessionId": session_id})
-            before: str | None = None
-            while True:
-                params: dict[str, Any] = {"sessionId": session_id, "limit": HISTORY_MAX_LIMIT}
-                if before is not None:
-                    params["before"] = before
-                reply = await call("session/history", params)
-                if "error" in reply:
-                    view.error = reply["error"]
-                    return view
-                page = reply["result"]
-                view.history.append({"items": served_handles_masked(page["items"]), "before": page.get("before")})
-                if page.get("before") is None or len(view.history) > 100_000:
-                    return view
-                before = page["before"]
+            ask_served(lambda method, params: loop.run_until_complete(acall(method, params)), view,
+                       served_handles_masked)
         finally:
-            await ws.close()
-
-    try:
-        view = asyncio.run(ask())
-    except ClientError as e:
+            loop.run_until_complete(ws.close())
+    except (ClientError, LiveUnavailable) as e:
         raise click.ClickException(str(e)) from None
     except (TimeoutError, OSError) as e:
         raise click.ClickException(f"the server at {url} did not answer: {e or type(e).__name__}") from None
-    view.remote_url = url
+    finally:
+        loop.close()
     return view
 
 
@@ -1073,8 +1051,8 @@ def import_events(file: Any, data_dir: str, as_id: str | None) -> None:
       sessionloop events 18f3a2c0d41e5b7a90c1d --json > s.jsonl
       sessionloop import s.jsonl --data ./other --as copy-of-s
     """
-    from actors.summary_records import encode_summary_record, summary_record
     from actors.replay import fold_events
+    from actors.summary_records import encode_summary_record, summary_record
 
     session_id, parsed = _parse_import(file.read(), as_id)
     state = fold_events(session_id, parsed)
