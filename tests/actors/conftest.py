@@ -39,6 +39,19 @@ def host(open_host):
 
 
 @pytest.fixture
+def service(open_host):
+    """``make(**host options) -> (host, its SessionProtocolService)``: the gateway without sockets,
+    for tests that talk to it through ``gateway_harness.MemoryClient``."""
+    from actors.gateway import SessionProtocolService
+
+    def make(**options):
+        host = open_host(**options)
+        return host, SessionProtocolService(host.rt, host=host)
+
+    return make
+
+
+@pytest.fixture
 def paused_gc():
     """For tests that time an actor's answer (cancel, status while a turn runs): this test
     process holds ~140k objects from earlier tests, and a full pass of the cyclic collector over

@@ -60,3 +60,15 @@ class MemoryClient:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def wait_until(check: Any, timeout: float = 5, what: str = "condition") -> Any:
+    """``check()``'s first truthy value, polled every 20 ms; AssertionError naming ``what`` after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -6,21 +6,9 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
 from actors.gateway import SessionProtocolService
 from eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
-
-
-@pytest.fixture
-def service(open_host):
-    def make(**options):
-        host = open_host(**options)
-        svc = SessionProtocolService(host.rt, host=host)
-        return host, svc
-
-    return make
 
 
 def start_exec(client: MemoryClient, command: str = "echo approved") -> tuple[str, str]:

@@ -10,7 +10,7 @@ import pytest
 
 from actors.gateway import SessionProtocolService
 from eventstore import events as E
-from tests.actors.gateway_harness import MemoryClient
+from tests.actors.gateway_harness import MemoryClient, wait_until
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_stop_all_stops_the_tasks_of_a_session(bg):
     host, svc, c = bg
     sid = new_session(c)
     for i in range(2):
-        c.result("turn/send", {"sessionId": sid, "content": f'!tool exec {{"command": "sleep 30", "background": true}}'})
+        c.result("turn/send", {"sessionId": sid, "content": '!tool exec {"command": "sleep 30", "background": true}'})
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and host.rt.tasks_service.running_count(sid) < 2:
         time.sleep(0.02)
@@ -169,16 +169,6 @@ class TimedClient(MemoryClient):
         with self.cond:
             self.frames.append(frame)
             self.cond.notify_all()
-
-
-def wait_until(check, timeout: float = 5, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def stored_background(host, sid: str) -> int:

@@ -2,20 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
-from actors.gateway import SessionProtocolService
 from tests.actors.gateway_harness import MemoryClient
 from tests.actors.test_approvals import turn_done
-
-
-@pytest.fixture
-def service(open_host):
-    def make(**options):
-        host = open_host(**options)
-        return host, SessionProtocolService(host.rt, host=host)
-
-    return make
 
 
 def test_a_rewind_of_the_conversation_tells_subscribers_to_resync(service):

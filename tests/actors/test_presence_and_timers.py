@@ -6,20 +6,8 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
-from actors.gateway import SessionProtocolService
 from eventstore import events as E
-from tests.actors.gateway_harness import MemoryClient
-
-
-@pytest.fixture
-def service(open_host):
-    def make(**options):
-        host = open_host(**options)
-        return host, SessionProtocolService(host.rt, host=host)
-
-    return make
+from tests.actors.gateway_harness import MemoryClient, wait_until
 
 
 def send_exec(client: MemoryClient, sid: str, command: str = "echo hi") -> None:
@@ -47,16 +35,6 @@ def tool_card(client: MemoryClient, sid: str, status: str, timeout: float = 5) -
 def last_finished(host, sid: str) -> E.ToolFinished | None:
     found = [e.event for e in host.session(sid).events() if isinstance(e.event, E.ToolFinished)]
     return found[-1] if found else None
-
-
-def wait_until(check, timeout: float = 5, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_connection_is_present_for_the_window_after_its_last_active_report(service):
