@@ -1002,6 +1002,23 @@ def test_a_summary_record_round_trips_through_msgpack() -> None:
     assert decode_summary_record(encode_summary_record(record)) == record
 
 
+def test_a_summary_record_puts_each_value_in_its_own_field() -> None:
+    """``summary_record`` passes the fields by position (speed): each must land where it belongs."""
+    state = full_log().state()
+    record = summary_record(state, attention=True, background=3)
+    created = state.created
+    assert created is not None
+    assert msgspec.structs.asdict(record) == {
+        "id": state.session_id, "title": state.title, "name": "general", "kind": "room", "parent_id": None,
+        "platform": "onebot", "instance": "ob1", "account": "9", "chat": created.chat, "place": created.place,
+        "created_at": state.created_at, "updated_at": state.updated_at, "last_reply_at": state.last_reply_at,
+        "seen_at": state.seen_at, "running": False, "archived": False, "attention": True, "background": 3,
+        "tokens_in": state.tokens_in, "tokens_out": state.tokens_out, "metered": state.last_usage is not None,
+        "last_outcome": "error", "last_ended_at": state.turns["t99"].ended_at, "last_reason": "overloaded",
+        "deleted": False, "status": state.status.value, "app_id": None, "activity": created.activity,
+    }
+
+
 def test_a_summary_record_holds_no_messages_and_stays_small() -> None:
     state = full_log().state()
     data = encode_summary_record(summary_record(state))
