@@ -94,8 +94,27 @@ class Reply:
         fut: asyncio.Future[Any] = loop.create_future()
 
         inbox = _LoopInbox.of(loop)
-        self.add_callback(lambda reply: inbox.put(fut, reply))
+        self.add_callback(lambda reply: inbox.put(fut, reply._value, reply._error))
         return fut
+
+
+class LoopWaiter:
+    """An asyncio future of one loop that any thread completes with ``set`` or ``fail``: what
+    :meth:`Reply.future` gives, for a waiter whose producer calls back with a plain value
+    (``TurnResults.wait``) and needs no Reply (two locks and a callback list) in between."""
+
+    __slots__ = ("future", "_inbox")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        loop = loop or asyncio.get_running_loop()
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self._inbox = _LoopInbox.of(loop)
+
+    def set(self, value: Any) -> None:
+        self._inbox.put(self.future, value, None)
+
+    def fail(self, error: BaseException) -> None:
+        self._inbox.put(self.future, None, error)
 
 
 class _LoopInbox:
@@ -106,7 +125,7 @@ class _LoopInbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.batch: LoopBatch[tuple[asyncio.Future[Any], Reply]] = LoopBatch(loop, _settle_all)
+        self.batch: LoopBatch[tuple[asyncio.Future[Any], Any, BaseException | None]] = LoopBatch(loop, _settle_all)
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> _LoopInbox:
@@ -119,22 +138,21 @@ class _LoopInbox:
                     inbox = cls._by_loop[key] = cls(loop)
         return inbox
 
-    def put(self, fut: asyncio.Future[Any], reply: Reply) -> None:
+    def put(self, fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
         try:
-            self.batch.add((fut, reply))
+            self.batch.add((fut, value, error))
         except RuntimeError:  # the loop is closed: nobody waits any more
             pass
 
 
-def _settle_all(items: list[tuple[asyncio.Future[Any], Reply]]) -> None:
-    for fut, reply in items:
-        _settle(fut, reply)
+def _settle_all(items: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for fut, value, error in items:
+        _settle(fut, value, error)
 
 
-def _settle(fut: asyncio.Future[Any], reply: Reply) -> None:
+def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
     if fut.done():
         return
-    value, error = reply.outcome()
     if error is not None:
         fut.set_exception(error)
     else:

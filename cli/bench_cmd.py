@@ -244,10 +244,11 @@ def open_host(data_dir: str, cfg: BenchConfig) -> Any:
 def inprocess_turn(host: Any) -> Callable[[str, str], Awaitable[Any]]:
     """``turn(session_id, text) -> TurnOutcome``: a ``Send`` told through the directory (as the
     protocol layer does). The driver picks the turn id, so it waits for the turn's end from before
-    the send: one wake-up of the driver per turn; the receipt only matters when it is a refusal,
-    which ends the wait with :class:`NotAccepted`."""
+    the send: one wake-up of the driver per turn (a :class:`LoopWaiter` the turn results complete
+    directly); the receipt only matters when it is a refusal, which ends the wait with
+    :class:`NotAccepted`."""
     from actors.host import new_id
-    from actors.pubsub import Reply
+    from actors.pubsub import LoopWaiter, Reply
     from actors.session import Send, now_ms
 
     results = host.rt.results
@@ -255,7 +256,7 @@ def inprocess_turn(host: Any) -> Callable[[str, str], Awaitable[Any]]:
     async def turn(session_id: str, text: str) -> Any:
         turn_id = new_id()
         accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=turn_id, text=text)
-        ended = Reply()
+        ended = LoopWaiter()
         results.wait(turn_id, ended.set)
 
         def refused(receipt: Reply) -> None:
@@ -269,7 +270,7 @@ def inprocess_turn(host: Any) -> Callable[[str, str], Awaitable[Any]]:
         receipt.add_callback(refused)
         host.rt.tell(session_id, Send(accepted, None, receipt))
         try:
-            return await ended.future()
+            return await ended.future
         finally:
             results.cancel_wait(turn_id, ended.set)
 
