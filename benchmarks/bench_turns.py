@@ -29,6 +29,10 @@ one tool; anything else fails the benchmark loudly.
 Actor messages per turn are not counted at run time; they follow from the design (see
 :func:`messages_per_turn`). Commits per turn are measured.
 
+Before and after the turn runs the parent times a fixed pure-Python workload
+(:func:`benchmarks.measure.machine_reference_ms`): the machine is shared and its speed drifts, so
+runs compare directly only when their references are close.
+
 Prints tables and writes ``benchmarks/results/turns.json``.
 """
 
@@ -53,7 +57,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from actors import gc_policy
 from actors.host import Host
-from benchmarks.measure import RESULTS, fill_defaults, percentile, proc_rss_mib, rss_peak_mib, write_results
+from benchmarks.measure import (
+    RESULTS,
+    fill_defaults,
+    machine_reference_ms,
+    percentile,
+    proc_rss_mib,
+    rss_peak_mib,
+    write_results,
+)
 from cli.bench_cmd import inprocess_turn, is_tool_turn
 from eventstore import events as E
 
@@ -417,6 +429,7 @@ def main() -> None:
     results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick,
                                "params": {**base, "repeats": args.repeats},
                                "messages_per_turn_by_design": messages_per_turn(args.llm_latency)}
+    reference_before = machine_reference_ms()
     results["throughput"] = tp = throughput_runs(args, base, None)
     print_throughput(f"throughput: {args.sessions} sessions x {args.turns} turns, half with a tool call "
                      f"(medians of {args.repeats})", tp, ROWS)
@@ -426,6 +439,9 @@ def main() -> None:
     mpt = results["messages_per_turn_by_design"]
     print(f"\nactor messages per turn (by design): plain {mpt['plain']:g}, tool {mpt['tool']:g}, "
           f"this mix {mpt['mixed']:g}; commits per turn: measured above")
+    results["machine_reference_ms"] = ref = {"before": reference_before, "after": machine_reference_ms()}
+    print(f"machine reference (measure.reference_work, best of 7): {ref['before']:.2f} ms before the "
+          f"turn runs, {ref['after']:.2f} ms after: compare runs whose references are close")
     if not args.no_memory:
         results["memory"] = memory_run(args, base)
         print_memory(results["memory"])

@@ -26,6 +26,42 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
 
 
+class _Item:
+    __slots__ = ("key", "n")
+
+    def __init__(self, key: str, n: int) -> None:
+        self.key, self.n = key, n
+
+
+def reference_work(rounds: int = 100_000) -> int:
+    """A fixed single-threaded pure-Python workload of the kinds a turn is made of (small objects,
+    attribute and dict access, calls, string formatting); returns a checksum so the work stays."""
+    table: dict[str, _Item] = {}
+    total = 0
+    for i in range(rounds):
+        key = f"s{i % 512}"
+        item = table.get(key)
+        if item is None:
+            item = table[key] = _Item(key, 0)
+        item.n += i & 7
+        total += len(item.key) + item.n % 3
+    return total + len(table)
+
+
+def machine_reference_ms(repeats: int = 7) -> float:
+    """Milliseconds :func:`reference_work` takes in this process now, best of ``repeats``.
+
+    The machine is shared and its speed drifts (the same code has measured 4,000 and 6,500
+    turns/s on one day): printed beside a run's figures, this tells a slow machine from a slow
+    change. Only runs whose references are close compare directly."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        reference_work()
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
 def proc_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (from /proc); NaN once it is gone."""
     try:
