@@ -630,16 +630,15 @@ class ItemsProjection:
         prompt, completion = e.usage.prompt_tokens, e.usage.completion_tokens
         if not prompt and not completion:
             return []
-        tokens = prompt + completion
+        return self._set_usage(e.at, [UsagePart(label="Context", tokens=prompt),
+                                      UsagePart(label="Reply", tokens=completion)])
+
+    def _set_usage(self, at: int, parts: list[UsagePart]) -> list[Push]:
+        """The usage item, replaced whole: its parts, their total and its share of the window."""
+        tokens = sum(part.tokens for part in parts)
         window = self.context_window
-        self._usage = UsageItem(
-            item_id="usage",
-            at=e.at,
-            parts=[UsagePart(label="Context", tokens=prompt), UsagePart(label="Reply", tokens=completion)],
-            tokens=tokens,
-            context_window=window,
-            usage_ratio=tokens / window if window else None,
-        )
+        self._usage = UsageItem(item_id="usage", at=at, parts=parts, tokens=tokens, context_window=window,
+                                usage_ratio=tokens / window if window else None)
         return [(COMPLETED, self._usage)]
 
     def _call(self, turn_id: str, call_id: str, tool: str, at: int) -> ToolCallItem:
@@ -739,13 +738,7 @@ class ItemsProjection:
         pushes = self._compress_notice(e.at, e.turn_id, TEXT_COMPRESSED.format(turns=e.turns),
                                        {"turns": e.turns, "chars": e.chars, "auto": e.auto})
         if e.context_tokens:
-            window = self.context_window
-            self._usage = UsageItem(
-                item_id="usage", at=e.at, parts=[UsagePart(label="Context", tokens=e.context_tokens)],
-                tokens=e.context_tokens, context_window=window,
-                usage_ratio=e.context_tokens / window if window else None,
-            )
-            pushes.append((COMPLETED, self._usage))
+            pushes += self._set_usage(e.at, [UsagePart(label="Context", tokens=e.context_tokens)])
         return pushes
 
     def _compact_failed(self, e: E.ContextCompactFailed) -> list[Push]:
