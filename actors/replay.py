@@ -45,7 +45,7 @@ from eventstore import events as E
 from eventstore.records import RecordedEvent, Snapshot
 
 from .context import turn_starts
-from .projections import ItemsProjection
+from .projections import HISTORY_MAX_LIMIT, ItemsProjection
 from .session_model import SessionState, decode_state, evolve, new_state
 from .summary_records import (
     SummaryRecord,
@@ -738,7 +738,7 @@ def _check_pages(full: ItemsProjection, state: SessionState) -> Difference | Non
     before: str | None = None
     seen: set[str] = set()
     while True:
-        page, before = full.history_page(before, 200)
+        page, before = full.history_page(before, HISTORY_MAX_LIMIT)  # the pages ask_served asked for
         paged[:0] = [_wire(i) for i in page]
         if before is None:
             break
@@ -920,8 +920,6 @@ def ask_served(call: Callable[[str, dict[str, Any]], dict[str, Any]], view: Live
     ``view.error``; a refused handshake raises :class:`LiveUnavailable`."""
     from protocol.handshake import SESSION_PROTOCOL_VERSION
 
-    from .projections import HISTORY_MAX_LIMIT
-
     sid = view.session_id
     hello = call("initialize", {"protocolVersion": SESSION_PROTOCOL_VERSION,
                                 "client": {"name": "sessionloop-verify", "version": "1"}})
@@ -982,7 +980,7 @@ def _check_live(report: VerifyReport, full: ItemsProjection, state: SessionState
     expected_pages: list[Any] = []
     before: str | None = None
     while True:
-        page, before = full.history_page(before, 200)
+        page, before = full.history_page(before, HISTORY_MAX_LIMIT)  # the pages ask_served asked for
         expected_pages.append({"items": served(page), "before": before})
         if before is None or len(expected_pages) > len(live.history):
             break
@@ -1172,8 +1170,7 @@ def parse_model_answer(value: Any) -> ModelAnswer:
         raise ValueError(f"not a model answer ({e}); expected {MODEL_ANSWER_SHAPE}") from e
     if answer.error is not None and (answer.text or answer.reasoning or answer.tool_calls):
         raise ValueError("a model answer has either error (the call fails) or text/toolCalls, not both")
-    names = [c.name for c in answer.tool_calls if not c.name]
-    if names:
+    if any(not c.name for c in answer.tool_calls):
         raise ValueError("every tool call of the model answer needs a name")
     ids = [c.call_id for c in answer.tool_call_specs()]
     if len(set(ids)) != len(ids):
