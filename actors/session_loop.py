@@ -454,10 +454,10 @@ class SessionLoop:
 
     def wait_for_turn(self, session_id: str, turn_id: str, timeout_ms: int | float | None = 60_000) -> TurnResult:
         """The turn's exact final result; ``timeout`` ends only this wait, never the turn."""
-        self.clamp_timeout_ms(timeout_ms)  # a bad timeout is refused before the wait starts
+        timeout = self.clamp_timeout_ms(timeout_ms)  # a bad timeout is refused before the wait starts
         reply = self._watch(session_id, turn_id)
         try:
-            outcome = reply.result(self.clamp_timeout_ms(timeout_ms))
+            outcome = reply.result(timeout)
         except RequestTimeout:
             return TurnResult(state="timeout", turn_id=turn_id)
         finally:  # after a timeout or an unknown turn no waiter stays behind
@@ -465,10 +465,10 @@ class SessionLoop:
         return _turn_result(outcome)
 
     async def await_turn(self, session_id: str, turn_id: str, timeout_ms: int | float | None = 60_000) -> TurnResult:
-        self.clamp_timeout_ms(timeout_ms)
+        timeout = self.clamp_timeout_ms(timeout_ms)
         reply = self._watch(session_id, turn_id)
         try:
-            outcome = await asyncio.wait_for(reply.future(), self.clamp_timeout_ms(timeout_ms))
+            outcome = await asyncio.wait_for(reply.future(), timeout)
         except asyncio.TimeoutError:
             return TurnResult(state="timeout", turn_id=turn_id)
         finally:
