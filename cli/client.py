@@ -125,6 +125,8 @@ class RpcFailed(ClientError):
         self.method = method
         self.rpc_code = rpc_code
         self.data_code = data_code
+        #: the error object as the server sent it
+        self.error: dict[str, Any] = {"code": rpc_code, "message": message, **({} if data is None else {"data": data})}
 
 
 # --- wire envelopes, decoders built once (STYLE rule 2) ------------------------------------------
@@ -234,7 +236,7 @@ class Client:
         self.info: InitializeResult | None = None
         self._ws = ws
         self._next_id = 0
-        self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}
+        self._pending: dict[int, tuple[str, asyncio.Future[Any], bool]] = {}
         self._pushes: asyncio.Queue[Notification | object] = asyncio.Queue()
         self._lost: ConnectionLost | None = None
         self._reader = asyncio.create_task(self._read(), name="sessionloop-client-reader")
@@ -249,8 +251,9 @@ class Client:
                                                     "client": {"name": CLIENT_NAME, "version": version}})
         return self.info
 
-    async def call(self, method: str, params: Any = None) -> Any:
-        """Send a request and wait for its reply: the method's result Struct (plain data if unknown).
+    async def call(self, method: str, params: Any = None, *, plain: bool = False) -> Any:
+        """Send a request and wait for its reply: the method's result Struct (plain data if unknown,
+        or with ``plain``: the result as the server sent it, for a caller that compares it).
 
         ``params`` is a dict with the wire's camelCase keys or a params Struct. Raises
         :class:`RpcFailed` on an error frame, :class:`ConnectionLost` if the connection ends first.
@@ -260,7 +263,7 @@ class Client:
         self._next_id += 1
         request_id = self._next_id
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (method, future)
+        self._pending[request_id] = (method, future, plain)
         frame = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {} if params is None else params}
         try:
             await self._ws.send(_ENCODER.encode(frame).decode())
@@ -308,7 +311,7 @@ class Client:
             await self._ws.close(1002, "unreadable frame")
         finally:
             self._lost = self._lost or self._connection_lost()
-            for _, future in self._pending.values():
+            for _, future, _ in self._pending.values():
                 if not future.done():
                     future.set_exception(self._lost)
             self._pending.clear()
@@ -327,14 +330,14 @@ class Client:
             if frame.error is not None:  # an error about no request of ours (id null): say it
                 raise ClientError(f"the server reported an error: {frame.error.message}")
             return
-        method, future = pending
+        method, future, plain = pending
         if future.done():
             return
         if frame.error is not None:
             future.set_exception(RpcFailed(method, frame.error.code, frame.error.message, frame.error.data))
             return
         try:
-            decoder = _RESULTS.get(method, _ANY)
+            decoder = _ANY if plain else _RESULTS.get(method, _ANY)
             future.set_result(decoder.decode(frame.result))
         except msgspec.DecodeError as e:
             future.set_exception(ClientError(f"{method}: the server's result is not what this client reads: {e}"))

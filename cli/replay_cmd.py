@@ -17,7 +17,6 @@ renderers and the option set), hence longer than the house module size.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -238,9 +237,9 @@ def _compared_line(report: Any, data_dir: str) -> str:
 
 def _remote_live_view(url: str, token: str | None, data_dir: str, session_id: str, timeout: float = 30.0) -> Any:
     """What the server at ``url`` serves for ``session_id`` (:func:`actors.replay.ask_served` over
-    a WebSocket as the owner): its ``session/subscribe`` snapshot and every ``session/history``
-    page, without the actor's own projection and state, which a server does not send; download
-    handles masked."""
+    a WebSocket as the owner, through :class:`cli.client.Client` with results kept as sent): its
+    ``session/subscribe`` snapshot and every ``session/history`` page, without the actor's own
+    projection and state, which a server does not send; download handles masked."""
     import asyncio
 
     from actors.replay import (
@@ -251,38 +250,36 @@ def _remote_live_view(url: str, token: str | None, data_dir: str, session_id: st
         served_handles_masked,
     )
 
-    from .client import ClientError, Endpoint, _open
+    from .client import ClientError, Endpoint, RpcFailed, connect
     from .serve import TOKEN_FILE
 
     if token is None:
         path = os.path.join(data_dir, TOKEN_FILE)
         token = open(path).read().strip() if os.path.exists(path) else None
-    loop = asyncio.new_event_loop()
     view = LiveView(session_id=session_id, decorate=remote_decorate, remote=True, remote_url=url)
+
+    async def ask() -> None:
+        async with connect(Endpoint(url=url, token=token), initialize=False) as client:
+            loop = asyncio.get_running_loop()
+
+            async def reply(method: str, params: dict[str, Any]) -> dict[str, Any]:
+                try:
+                    return {"result": await asyncio.wait_for(client.call(method, params, plain=True), timeout)}
+                except RpcFailed as e:
+                    return {"error": e.error}
+
+            def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
+                return asyncio.run_coroutine_threadsafe(reply(method, params), loop).result()
+
+            # ask_served is synchronous: it runs on a thread, its requests on this loop
+            await asyncio.to_thread(ask_served, call, view, served_handles_masked)
+
     try:
-        ws = loop.run_until_complete(_open(url, Endpoint(url=url, token=token).resolve_token()))
-        next_id = 0
-
-        async def acall(method: str, params: dict[str, Any]) -> dict[str, Any]:
-            nonlocal next_id
-            next_id += 1
-            await ws.send(json.dumps({"jsonrpc": "2.0", "id": next_id, "method": method, "params": params}))
-            while True:  # pushes and other replies are skipped
-                msg = json.loads(await asyncio.wait_for(ws.recv(), timeout))
-                if msg.get("id") == next_id:
-                    return msg
-
-        try:
-            ask_served(lambda method, params: loop.run_until_complete(acall(method, params)), view,
-                       served_handles_masked)
-        finally:
-            loop.run_until_complete(ws.close())
+        asyncio.run(ask())
     except (ClientError, LiveUnavailable) as e:
         raise click.ClickException(str(e)) from None
     except (TimeoutError, OSError) as e:
         raise click.ClickException(f"the server at {url} did not answer: {e or type(e).__name__}") from None
-    finally:
-        loop.close()
     return view
 
 
