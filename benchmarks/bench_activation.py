@@ -40,7 +40,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,7 +58,7 @@ from benchmarks.bench_turns import (
     create_sessions,
     open_host,
 )
-from benchmarks.measure import fill_defaults, now, percentile, write_results
+from benchmarks.measure import fill_defaults, now, percentile, run_job, write_results
 from benchmarks.server_proc import ServerProc
 from cli.bench_cmd import inprocess_turn, is_tool_turn
 from cli.client import Endpoint, connect
@@ -273,15 +272,7 @@ JOBS = {"build": job_build, "list": job_list, "activate": job_activate, "build_r
 def run_child(spec: dict[str, Any], pinned: bool) -> dict[str, Any]:
     """One job in a fresh process; the activation job under ``taskset -c 0`` when pinned (the list
     job pins the server it spawns instead)."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps({**spec, "pinned": pinned})]
-    if pinned and spec["job"] == "activate":
-        cmd = ["taskset", "-c", "0", *cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"FAILED: {' '.join(cmd)}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
+    return run_job(__file__, {**spec, "pinned": pinned}, taskset=pinned and spec["job"] == "activate")
 
 def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}

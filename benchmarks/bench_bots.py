@@ -49,7 +49,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -70,6 +69,7 @@ from benchmarks.measure import (  # noqa: E402
     proc_cpu_s,
     proc_rss_mib,
     rss_peak_mib,
+    run_job,
     write_results,
 )
 from benchmarks.server_proc import ServerProc
@@ -625,15 +625,7 @@ JOBS = {"inprocess": job_inprocess, "inprocess-sync": job_inprocess, "ws": job_w
 
 
 def run_child(spec: dict[str, Any], pinned: bool) -> dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
-    if pinned:
-        cmd = ["taskset", "-c", "0", *cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False, cwd=ROOT)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-6000:])
-        raise SystemExit(f"FAILED: {spec['transport']} {spec['placement']}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
+    return run_job(__file__, spec, pinned=pinned, cwd=ROOT, label=f"{spec['transport']} {spec['placement']}")
 
 def flat(res: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in res.items() if k not in ("overload", "check")}

@@ -72,7 +72,7 @@ sys.path.insert(0, ROOT)
 
 import msgspec
 
-from benchmarks.measure import now, percentile, proc_cpu_s, proc_rss_mib, write_results  # noqa: E402
+from benchmarks.measure import now, percentile, proc_cpu_s, proc_rss_mib, run_job, write_results  # noqa: E402
 from benchmarks.server_proc import ServerProc
 
 TOKEN = "sessionloop-fanout-token"
@@ -615,15 +615,8 @@ JOBS = {"fanout": job_fanout, "turns": job_turns}
 
 
 def run_child(spec: dict[str, Any], pinned: bool = False) -> dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
-    if pinned:
-        cmd = ["taskset", "-c", "0", *cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False, cwd=ROOT)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-6000:])
-        raise SystemExit(f"FAILED: {' '.join(cmd[:4])} ... ({spec.get('job')}, {spec.get('placement', spec.get('via'))})")
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
+    return run_job(__file__, spec, pinned=pinned, cwd=ROOT,
+                   label=f"{spec.get('job')}, {spec.get('placement', spec.get('via'))}")
 
 def median_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {k: statistics.median(s[k] for s in samples) for k in samples[0]

@@ -45,7 +45,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,6 +63,7 @@ from benchmarks.measure import (
     percentile,
     proc_rss_mib,
     rss_peak_mib,
+    run_job,
     write_results,
 )
 from cli.bench_cmd import inprocess_turn, is_tool_turn
@@ -320,15 +320,7 @@ JOBS = {"throughput": job_throughput, "build_stored": job_build_stored, "memory"
 
 def run_child(spec: dict[str, Any], pinned: bool) -> dict[str, Any]:
     """Run one job in a fresh process (under ``taskset -c 0`` when pinned); fail loudly."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
-    if pinned:
-        cmd = ["taskset", "-c", "0", *cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"FAILED ({'pinned' if pinned else 'unpinned'}): {' '.join(cmd)}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
+    return run_job(__file__, spec, pinned=pinned)
 
 def median_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {k: statistics.median(s[k] for s in samples) for k in samples[0]

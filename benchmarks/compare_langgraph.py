@@ -39,7 +39,6 @@ import os
 import shutil
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +48,7 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.measure import fill_defaults, rss_peak_mib, write_results
+from benchmarks.measure import fill_defaults, rss_peak_mib, run_job, write_results
 from cli.bench_cmd import (
     EXPECTED,
     PLAIN_TEXT,
@@ -309,18 +308,10 @@ JOBS = {"langgraph": job_langgraph, "sessionloop": job_sessionloop}
 
 
 def run_child(spec: dict[str, Any], pinned: bool) -> dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
-    if pinned:
-        cmd = ["taskset", "-c", "0", *cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False, cwd=REPO)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"FAILED ({'pinned' if pinned else 'unpinned'}): {' '.join(cmd)}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_job(__file__, spec, pinned=pinned, cwd=REPO)
     if not out["check"]["ok"]:
         raise SystemExit(f"{spec['system']}: result check FAILED: {out['check']}")
-    return out  # type: ignore[no-any-return]
-
+    return out
 
 def median_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {k: statistics.median(s[k] for s in samples) for k in samples[0]

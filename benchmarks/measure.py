@@ -8,6 +8,8 @@ import argparse
 import json
 import os
 import resource
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -87,6 +89,22 @@ def proc_rss_mib(pid: int) -> float:
 def rss_peak_mib() -> float:
     """Peak resident memory of this process in MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def run_job(script: str, spec: dict[str, Any], *, pinned: bool = False, cwd: str | None = None,
+            label: str | None = None, taskset: bool | None = None) -> dict[str, Any]:
+    """One job of a benchmark in a fresh process, ``python SCRIPT --child SPEC`` (under ``taskset
+    -c 0`` when ``pinned``, or as ``taskset`` says for a job that pins what it spawns instead);
+    its result is the JSON of its last stdout line. A failed job fails the benchmark loudly, with
+    the tail of the child's stderr and ``label`` (default: the command)."""
+    cmd = [sys.executable, os.path.abspath(script), "--child", json.dumps(spec)]
+    if pinned if taskset is None else taskset:
+        cmd = ["taskset", "-c", "0", *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False, cwd=cwd)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-6000:])
+        raise SystemExit(f"FAILED: {label or ' '.join(cmd)}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def fill_defaults(args: argparse.Namespace, table: list[tuple[str, Any, Any]]) -> None:
