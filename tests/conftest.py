@@ -12,6 +12,17 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 
+def store_head(path: str) -> int:
+    """The head position of the store at ``path``, read as a second process may: a read-only open."""
+    from eventstore import EventStore
+
+    store = EventStore.open(path, readonly=True)
+    try:
+        return store.head_position
+    finally:
+        store.close()
+
+
 @pytest.fixture
 def store_path(tmp_path):
     return str(tmp_path / "store")

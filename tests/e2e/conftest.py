@@ -81,6 +81,30 @@ def server(server_factory):
     return server_factory()
 
 
+#: two bot apps for the Session Loop API tests (``app_server``); ``mybot`` owns sessions
+APPS = """
+[apps.mybot]
+token = "bot-token"
+platform = "telegram"
+sessions = true
+containers = ["inbox", "workers"]
+
+[apps.other]
+token = "other-token"
+platform = "slack"
+containers = ["inbox"]
+"""
+
+
+@pytest.fixture
+def app_server(server_factory, tmp_path):
+    """A server with :data:`APPS` in its apps.toml (connect a bot with ``open_client(server, token)``)."""
+    data = tmp_path / "data"
+    os.makedirs(data, exist_ok=True)
+    (data / "apps.toml").write_text(APPS)
+    return server_factory(data_dir=str(data))
+
+
 class Client:
     """A JSON-RPC client over a real WebSocket; keeps the pushes it did not wait for."""
 

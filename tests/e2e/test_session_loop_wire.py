@@ -3,40 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
-from websockets.asyncio.client import connect
 
 from tests.e2e.conftest import initialized, open_client
 
 pytestmark = pytest.mark.e2e
-
-APPS = """
-[apps.mybot]
-token = "bot-token"
-platform = "telegram"
-sessions = true
-containers = ["inbox", "workers"]
-
-[apps.other]
-token = "other-token"
-platform = "slack"
-containers = ["inbox"]
-"""
-
-
-@pytest.fixture
-def app_server(server_factory, tmp_path):
-    data = tmp_path / "data"
-    os.makedirs(data, exist_ok=True)
-    (data / "apps.toml").write_text(APPS)
-    return server_factory(data_dir=str(data))
-
-
-def as_app(server, token):
-    return connect(server.url, additional_headers={"Authorization": f"Bearer {token}"})
-
 
 def run(coro):
     return asyncio.run(coro)
@@ -44,7 +16,7 @@ def run(coro):
 
 def test_a_bot_creates_sends_waits_and_lists_events_over_the_wire(app_server):
     async def go():
-        async with as_app(app_server, "bot-token") as ws:
+        async with open_client(app_server, "bot-token") as ws:
             c = await initialized(ws)
             created = await c.result("loop/create", {"containerId": "inbox", "title": "Alice",
                                                      "initialMessage": {"text": "hello", "idempotencyKey": "w1"}})
@@ -71,7 +43,7 @@ def test_a_bot_creates_sends_waits_and_lists_events_over_the_wire(app_server):
 
 def test_wait_for_turn_times_out_without_cancelling_the_turn(app_server):
     async def go():
-        async with as_app(app_server, "bot-token") as ws:
+        async with open_client(app_server, "bot-token") as ws:
             c = await initialized(ws)
             sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
             r = await c.result("loop/send", {"sessionId": sid, "text": "!sleep 1500\nslow", "idempotencyKey": "s"})
@@ -84,7 +56,7 @@ def test_wait_for_turn_times_out_without_cancelling_the_turn(app_server):
 
 def test_loop_watch_pushes_the_apps_events(app_server):
     async def go():
-        async with as_app(app_server, "bot-token") as ws:
+        async with open_client(app_server, "bot-token") as ws:
             c = await initialized(ws)
             await c.result("loop/watch", {})
             sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
@@ -96,7 +68,7 @@ def test_loop_watch_pushes_the_apps_events(app_server):
 
 def test_apps_are_isolated_and_the_owner_cannot_use_loop_methods(app_server):
     async def go():
-        async with as_app(app_server, "bot-token") as a, as_app(app_server, "other-token") as b, \
+        async with open_client(app_server, "bot-token") as a, open_client(app_server, "other-token") as b, \
                 open_client(app_server) as owner:
             ca, cb, co = await initialized(a), await initialized(b), await initialized(owner)
             mine = (await ca.result("loop/create", {"containerId": "inbox"}))["sessionId"]

@@ -13,28 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import connect as connect_sync
 
-from eventstore import EventStore
-from tests.e2e.conftest import initialized
-from tests.e2e.test_session_loop_wire import APPS, as_app
+from tests.conftest import store_head
+from tests.e2e.conftest import initialized, open_client
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def app_server(server_factory, tmp_path):
-    data = tmp_path / "data"
-    os.makedirs(data, exist_ok=True)
-    (data / "apps.toml").write_text(APPS)
-    return server_factory(data_dir=str(data))
-
-
-def head(server) -> int:
-    """The server's store head, read the way a second process may: a read-only open."""
-    store = EventStore.open(os.path.join(server.data_dir, "store"), readonly=True)
-    try:
-        return store.head_position
-    finally:
-        store.close()
 
 
 class SyncClient:
@@ -172,7 +154,7 @@ def test_every_refused_loop_call_gets_a_json_rpc_error_naming_the_field_and_writ
         @given(bad_calls(made["sessionId"], theirs))
         def check(call: tuple[str, Any, str]) -> None:
             method, params, label = call
-            before = head(app_server)
+            before = store_head(os.path.join(app_server.data_dir, "store"))
             request_id, reply = bot.call(method, params)
             assert reply.get("jsonrpc") == "2.0" and reply.get("id") == request_id and "result" not in reply, reply
             error = reply["error"]
@@ -181,7 +163,7 @@ def test_every_refused_loop_call_gets_a_json_rpc_error_naming_the_field_and_writ
             assert label.lower() in error["message"].lower(), (label, error)
             if error["code"] == -32000:
                 assert error["data"]["code"] == "not-found", error
-            assert head(app_server) == before, f"{method} {params!r:.200} wrote to the store"
+            assert store_head(os.path.join(app_server.data_dir, "store")) == before, f"{method} {params!r:.200} wrote to the store"
 
         check()
         # the connection is still served normally after all of that
@@ -193,7 +175,7 @@ def test_a_receipts_cursor_and_epoch_seq_find_exactly_that_inputs_events_over_th
     loop/listEvents, ``(epoch, seq)`` for the session/subscribe stream, even when the input was
     queued behind a running turn."""
     async def go():
-        async with as_app(app_server, "bot-token") as ws:
+        async with open_client(app_server, "bot-token") as ws:
             c = await initialized(ws)
             sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
             snapshot = await c.result("session/subscribe", {"sessionId": sid})
@@ -235,7 +217,7 @@ def test_quota_rejection_and_recovery_over_the_wire(app_server):
     """The rejected receipt has the seed's shape (state, retryAfterMs 1000, no turn) and the bot
     that waits as told gets its input accepted with the same key."""
     async def go():
-        async with as_app(app_server, "bot-token") as ws:
+        async with open_client(app_server, "bot-token") as ws:
             c = await initialized(ws)
             sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
             filled = [await c.result("loop/send", {"sessionId": sid, "text": "!sleep 1500\nhold",

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventstore import EventStore
+from tests.conftest import store_head
 from tests.e2e.conftest import initialized, open_client
 
 pytestmark = pytest.mark.e2e
@@ -64,7 +64,7 @@ def test_fuzzed_frames_get_one_valid_reply_each_write_nothing_and_others_are_una
             await initialized(fuzz_ws)
             good = await initialized(good_ws)
             sid = (await good.result("session/create", {}))["session"]["id"]
-            before = _position(store_path)
+            before = store_head(store_path)
             answered = []
             for i, frame in enumerate(corpus):
                 await fuzz_ws.send(frame)
@@ -73,7 +73,7 @@ def test_fuzzed_frames_get_one_valid_reply_each_write_nothing_and_others_are_una
                     t = time.perf_counter()
                     await good.result("session/rename", {"sessionId": sid, "title": f"t{i}"})
                     latencies.append(time.perf_counter() - t)
-            return answered, before, _position(store_path)
+            return answered, before, store_head(store_path)
 
     answered, before, after = asyncio.run(main())
     assert len(answered) == len(corpus)
@@ -83,9 +83,3 @@ def test_fuzzed_frames_get_one_valid_reply_each_write_nothing_and_others_are_una
     assert statistics.median(latencies) < 0.1
 
 
-def _position(path: str) -> int:
-    store = EventStore.open(path, readonly=True)
-    try:
-        return store.head_position
-    finally:
-        store.close()
