@@ -26,12 +26,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from websockets.asyncio.client import connect
 from websockets.exceptions import WebSocketException
 
 from eventstore import EventStore
 from eventstore import events as E
-from tests.e2e.conftest import TOKEN, Client, ServerProcess
+from tests.e2e.conftest import Client, ServerProcess, initialized, open_client
 
 APP_TOKEN = "reliability-bot-token"
 APPS = f"""
@@ -90,22 +89,15 @@ class Recorder:
     def acknowledged_sends(self) -> list[TurnSend]:
         return [s for s in self.sends if s.replied]
 
-    def unreplied_sends(self) -> list[TurnSend]:
-        return [s for s in self.sends if not s.replied and s.error is None]
-
 
 async def app_client(server: ServerProcess) -> tuple[Any, Client]:
-    ws = await connect(server.url, additional_headers={"Authorization": f"Bearer {APP_TOKEN}"})
-    client = Client(ws)
-    await client.result("initialize", {"protocolVersion": "0.2.0", "client": {"name": "rel", "version": "1"}})
-    return ws, client
+    ws = await open_client(server, APP_TOKEN)
+    return ws, await initialized(ws)
 
 
 async def owner_client(server: ServerProcess) -> tuple[Any, Client]:
-    ws = await connect(server.url, additional_headers={"Authorization": f"Bearer {TOKEN}"})
-    client = Client(ws)
-    await client.result("initialize", {"protocolVersion": "0.2.0", "client": {"name": "rel-owner", "version": "1"}})
-    return ws, client
+    ws = await open_client(server)
+    return ws, await initialized(ws)
 
 
 async def create_owner_sessions(server: ServerProcess, rec: Recorder, n: int) -> None:
@@ -126,6 +118,15 @@ async def create_sessions(server: ServerProcess, rec: Recorder, n: int) -> None:
         await ws.close()
 
 
+def rss_kib(pid: int) -> int:
+    """A process's resident set size (``VmRSS``), in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
 ITEM_PUSHES = ("item/started", "item/completed", "item/delta", "session/resync")
 CLOSED = (WebSocketException, OSError, EOFError, TimeoutError)  # the server died under a connection
 
@@ -144,13 +145,9 @@ class Subscriber:
     pushed_ids: dict[str, set[str]] = field(default_factory=dict)
     ended_by_push: dict[str, set[str]] = field(default_factory=dict)  # turns whose end was pushed
     ended_in_snapshot: dict[str, set[str]] = field(default_factory=dict)
-    snapshots: int = 0
     resubscribes: int = 0  # after a restart, with a greater epoch
-    pushes: int = 0
-    turn_pushes_after_restart: int = 0
     ws: Any = None
     client: Client | None = None
-    _after_restart: bool = False
 
     async def subscribe(self, server: ServerProcess, after_restart: bool) -> None:
         """Connect and subscribe every session (seed 004: a snapshot first, then pushes)."""
@@ -170,9 +167,7 @@ class Subscriber:
             self.ended_in_snapshot[sid] = {i for i, it in self.items[sid].items() if it["kind"] == "turn" and it.get("outcome")}
             self.pushed_ids[sid] = set()
             self.ended_by_push[sid] = set()
-            self.snapshots += 1
         self.resubscribes += after_restart
-        self._after_restart = after_restart
         stashed, self.client.pushes = self.client.pushes, []
         for msg in stashed:
             self.apply(msg)
@@ -192,7 +187,6 @@ class Subscriber:
         assert p["epoch"] == self.epoch, f"{method} of {sid} has epoch {p['epoch']}, the snapshot's is {self.epoch}"
         assert p["seq"] > self.seq[sid], f"{method} of {sid}: seq {p['seq']} after {self.seq[sid]}"
         self.seq[sid] = p["seq"]
-        self.pushes += 1
         assert method != "session/resync", f"a resync of {sid} with no rewrite of its history: {p}"
         if method == "item/delta":
             item = self.items[sid].get(p["itemId"])
@@ -205,7 +199,6 @@ class Subscriber:
         self.pushed_ids[sid].add(item["itemId"])
         if method == "item/completed" and item["kind"] == "turn" and item.get("outcome"):
             self.ended_by_push[sid].add(item["itemId"])
-            self.turn_pushes_after_restart += self._after_restart
 
     async def pump(self, until: Any, timeout: float, what: str) -> None:
         """Read pushes until ``until()`` holds."""

@@ -18,17 +18,9 @@ from eventstore import EventStore
 from eventstore import events as E
 from tests.conftest import REPO
 from tests.e2e.conftest import TOKEN, ServerProcess, initialized, open_client
-from tests.reliability.harness import APP_TOKEN, Op, Recorder, app_client, audit, prepare, result, start
+from tests.reliability.harness import APP_TOKEN, Op, Recorder, app_client, audit, prepare, result, rss_kib, start
 
 pytestmark = pytest.mark.e2e
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def test_a_stalled_subscriber_and_vanished_clients_keep_memory_bounded_and_others_served(server_factory):

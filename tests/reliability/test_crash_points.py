@@ -31,6 +31,7 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 from cli.main import main as cli_main
 from eventstore import EventStore
 from eventstore import events as E
+from tests.conftest import REPO
 from tests.e2e.conftest import ServerProcess, initialized, open_client
 from tests.reliability.harness import (
     SERVE_ARGS,
@@ -51,7 +52,6 @@ pytestmark = pytest.mark.e2e
 
 EVERY = 5  # the snapshot interval of the snapshot test
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def serve(data: str, *options: str, crash_at: str | None = None) -> ServerProcess:

@@ -29,7 +29,15 @@ from websockets.exceptions import ConnectionClosed
 from eventstore import EventStore
 from eventstore import events as E
 from tests.e2e.conftest import TOKEN, ServerProcess, initialized
-from tests.reliability.harness import APP_TOKEN, Op, Recorder, audit, prepare, start
+from tests.reliability.harness import (
+    APP_TOKEN,
+    Op,
+    Recorder,
+    audit,
+    prepare,
+    rss_kib,
+    start,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -98,14 +106,6 @@ async def mux(server: ServerProcess, token: str = TOKEN, keep_pushes: bool = Tru
     m = Mux(ws, keep_pushes)
     await m.result("initialize", HELLO)
     return m
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def p99(values: list[float]) -> float:

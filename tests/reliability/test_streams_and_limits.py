@@ -32,6 +32,7 @@ from websockets.utils import apply_mask
 from cli.serve import request_limit
 from protocol.frames import DEFAULT_MAX_FRAME_BYTES
 from tests.e2e.conftest import TOKEN, initialized, open_client
+from tests.reliability.harness import rss_kib
 
 pytestmark = pytest.mark.e2e
 
@@ -545,11 +546,7 @@ class RawWebSocket:
 
 
 def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    return rss_kib(pid) / 1024
 
 
 def test_oversize_requests_get_an_error_or_a_close_and_compression_is_never_negotiated(server_factory):
