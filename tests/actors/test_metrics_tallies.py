@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.actors.gateway_harness import wait_until
+
 
 def scraped(host) -> dict[str, float]:
     values = {}
@@ -77,10 +79,8 @@ def test_failed_and_aborted_model_calls_are_counted_with_their_duration(open_hos
     s = host.create()
     assert s.run("!sleep 300\n!error boom").state == "failed"
     receipt = s.send("!sleep 30000\nnever")
-    for _ in range(200):
-        if any(type(e.event).__name__ == "LlmStarted" and e.event.turn_id == receipt.turn_id for e in s.events()):
-            break
-        time.sleep(0.01)
+    wait_until(lambda: any(type(e.event).__name__ == "LlmStarted" and e.event.turn_id == receipt.turn_id
+                           for e in s.events()), what="the model call")
     assert s.cancel(receipt.turn_id)
     assert s.wait(receipt.turn_id, 10).code == "aborted"
     m = scraped(host)

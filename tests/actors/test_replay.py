@@ -40,8 +40,7 @@ def recorded(*events: E.Event | E.UnknownEvent, start: int = 1) -> list[Recorded
 
 def run_turns(host: Any, *texts: str) -> tuple[Any, list[RecordedEvent]]:
     session = host.create(title="demo")
-    for text in texts:
-        assert session.run(text, timeout=10).state != "timeout"
+    run_turns_on(session, *texts)
     return session, host.store.read_stream(f"session-{session.id}")
 
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from cli.main import main
 from tests.e2e.conftest import TOKEN, initialized, open_client
+
+pytestmark = pytest.mark.e2e
 
 
 async def a_session_with_turns(server) -> str:

@@ -146,15 +146,6 @@ def edit_config(server: ServerProcess, change: Any) -> None:
         f.write(dump_toml(doc))
 
 
-def item_push(sid: str, kind: str, method: str = "item/completed", **match: Any) -> Any:
-    def predicate(m: dict[str, Any]) -> bool:
-        if m["method"] != method or m["params"].get("sessionId") != sid:
-            return False
-        item = m["params"]["item"]
-        return item["kind"] == kind and all(item.get(k) == v for k, v in match.items())
-    return predicate
-
-
 async def turn(c: Any, sid: str, text: str) -> list[dict[str, Any]]:
     """Send ``text`` to a subscribed session and wait for its turn; the items of that turn."""
     c.pushes.clear()
