@@ -9,8 +9,6 @@ rewinding goes on with the others.
 
 from __future__ import annotations
 
-import os
-
 from .session_model import SessionState
 from .tools import ToolError, Workspace
 
@@ -32,17 +30,11 @@ def restore_before(state: SessionState, turn_id: str, workspace: Workspace) -> t
     removed: list[str] = []
     conflicts: list[str] = []
     for path, (existed, content) in sorted(images_before(state, turn_id).items()):
-        try:
-            real = workspace.resolve(path)
+        try:  # never through a link a command left in the workspace (Workspace.write_bytes)
             if existed:
-                os.makedirs(os.path.dirname(real), exist_ok=True)
-                tmp = f"{real}.sessionloop-rewind"
-                with open(tmp, "wb") as f:
-                    f.write(content or b"")
-                os.replace(tmp, real)
+                workspace.write_bytes(path, content or b"")
                 restored.append(path)
-            elif os.path.lexists(real):
-                os.remove(real)
+            elif workspace.remove(path):
                 removed.append(path)
         except (OSError, ToolError):
             conflicts.append(path)

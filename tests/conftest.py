@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -35,3 +36,32 @@ def store(store_path):
     s = EventStore.open(store_path, durability="nosync")
     yield s
     s.close()
+
+
+def processes_with_arg(arg: str) -> list[int]:
+    """Host pids of live (not zombie) processes with ``arg`` as one of their arguments. A command
+    in the sandbox sees its own PID namespace, so tests find its processes by a unique argument
+    (``sleep 30.4711``) rather than by the pid it prints."""
+    found: list[int] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            with open(f"/proc/{name}/stat") as f:
+                zombie = f.read().split(") ", 1)[1].startswith("Z")
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if arg.encode() in args and not zombie:
+            found.append(int(name))
+    return found
+
+
+def wait_no_process_with_arg(arg: str, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not processes_with_arg(arg):
+            return True
+        time.sleep(0.02)
+    return False

@@ -27,16 +27,21 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import logging
 import os
 import signal
-from collections.abc import Iterable
+import stat
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from eventstore.events import PlanEntry, ToolDisplay
 
 from .registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
+from .sandbox import Launch, Sandbox
 from .workspace import Workspace
+
+log = logging.getLogger("sessionloop.tools")
 
 #: ``read_file`` returns at most this many bytes of a file.
 READ_LIMIT = 256 * 1024
@@ -53,6 +58,8 @@ DEFAULT_YIELD_S = 10.0  # seconds in the foreground before exec moves to the bac
 DRAIN_GRACE_S = 0.2
 
 _READ_CHUNK = 8192
+_RELEASE_TRIES = 100  # x 10 ms: a finished command's pids cgroup empties within a few ms
+_RELEASE_PAUSE_S = 0.01
 _PLAN_STATUSES = ["pending", "in_progress", "completed"]
 
 
@@ -86,14 +93,10 @@ async def list_files(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 async def read_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """A text file's content, at most :data:`READ_LIMIT` bytes; binary files are reported as such."""
     path = args["path"]
-    real = ctx.workspace.resolve(path)
-    if not real.exists():
+    read = ctx.workspace.read_bytes(path, READ_LIMIT)
+    if read is None:
         raise ToolError(f"{path!r} does not exist")
-    if not real.is_file():
-        raise ToolError(f"{path!r} is not a file")
-    size = real.stat().st_size
-    with real.open("rb") as f:
-        data = f.read(READ_LIMIT)
+    size, data = read
     result: dict[str, Any] = {
         "path": ctx.workspace.relative(path),
         "size": size,
@@ -112,10 +115,10 @@ async def read_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 def describe_write(args: dict[str, Any], workspace: Workspace) -> ToolDisplay:
     """The ``file-change`` display: the text the write removes (None for a new file) and adds."""
     path = str(args.get("path", ""))
-    real = workspace.resolve(path)
     removed: str | None = None
-    if real.is_file():
-        removed = _clip(real.read_bytes().decode("utf-8", "replace"), DISPLAY_LIMIT)
+    read = workspace.read_bytes(path, DISPLAY_LIMIT * 4)  # at most 4 bytes a character
+    if read is not None:
+        removed = _clip(read[1].decode("utf-8", "replace"), DISPLAY_LIMIT)
     added = _clip(str(args.get("content", "")), DISPLAY_LIMIT)
     return ToolDisplay(kind="file-change", path=workspace.relative(path), removed=removed, added=added)
 
@@ -123,15 +126,12 @@ def describe_write(args: dict[str, Any], workspace: Workspace) -> ToolDisplay:
 async def write_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """Write ``content`` to ``path`` (UTF-8), creating parent directories; before-image first."""
     path, content = args["path"], args["content"]
-    real = ctx.workspace.resolve(path)
-    if real.is_dir():
+    if ctx.workspace.resolve(path).is_dir():
         raise ToolError(f"{path!r} is a directory")
     rel = ctx.workspace.relative(path)
-    existed = real.exists()
     await ctx.before_change(rel)  # SPEC §6: the checkpoint precedes the change
     data = content.encode("utf-8")
-    real.parent.mkdir(parents=True, exist_ok=True)
-    real.write_bytes(data)
+    existed = ctx.workspace.write_bytes(path, data)
     return {"path": rel, "bytes": len(data), "created": not existed}
 
 
@@ -163,17 +163,30 @@ class _Sink:
         self.target(text)
 
 
-async def _pump(stream: asyncio.StreamReader, out: Any, tail: list[str]) -> None:
-    """Read the merged output to EOF, streaming it and keeping the last :data:`OUTPUT_TAIL` chars."""
+async def _pump(command: _Command, out: Any, tail: list[str], limit: int) -> bool:
+    """Read the merged output to EOF, streaming it and keeping the last :data:`OUTPUT_TAIL` chars.
+
+    Past ``limit`` bytes (0: none) the command is killed, a line saying so ends the output, and
+    the answer is True: a command flooding its output cannot flood the session's subscribers."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    total = 0
     while True:
-        data = await stream.read(_READ_CHUNK)
-        text = decoder.decode(data, final=not data)
+        data = await command.stdout.read(_READ_CHUNK)
+        over = bool(limit) and total + len(data) > limit
+        if over:
+            data = data[: limit - total]
+        total += len(data)
+        text = decoder.decode(data, final=not data or over)
+        if over:
+            text += f"\n[output limit of {limit} bytes reached: the command was stopped]\n"
         if text:
             tail[0] = (tail[0] + text)[-OUTPUT_TAIL:]
             out(text)
+        if over:
+            await command.kill_group()
+            return True
         if not data:
-            return
+            return False
 
 
 class _ExecProtocol(asyncio.subprocess.SubprocessStreamProtocol):
@@ -203,13 +216,14 @@ class _Command:
         self.pid = transport.get_pid()
 
     @classmethod
-    async def start(cls, command: str, cwd: Path) -> _Command:
+    async def start(cls, launch: Launch, cwd: Path) -> _Command:
+        """Start ``launch`` (built by :meth:`Sandbox.prepare`: the sandbox's argv and environment;
+        nobody can page, stdin is closed)."""
         loop = asyncio.get_running_loop()
-        env = {**os.environ, "PAGER": "cat", "GIT_PAGER": "cat"}  # nobody can page: stdin is closed
         transport, protocol = await loop.subprocess_exec(
             lambda: _ExecProtocol(limit=2**16, loop=loop),
-            "/bin/sh", "-c", command,
-            cwd=cwd, env=env, start_new_session=True,
+            *launch.argv,
+            cwd=cwd, env=launch.env, start_new_session=True,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
         return cls(transport, protocol)
@@ -254,7 +268,12 @@ SNAPSHOT_SKIP = {".git", "node_modules", "__pycache__", ".venv"}
 
 def snapshot_files(root: str) -> dict[str, tuple[int, int, bytes | None]]:
     """rel path -> (mtime_ns, size, content) of the workspace's files, bounded; content only for
-    files up to 1 MB and 20 MB in all (larger changes are seen, not restorable)."""
+    regular files up to 1 MB and 20 MB in all (larger changes are seen, not restorable).
+
+    A command may leave anything in the workspace, and this runs as the server: a symlink is
+    recorded without content (never followed: a link to a secret would put the secret into a
+    checkpoint that ``turn/rewind`` writes back as a plain file), and a FIFO or device is never
+    opened (a FIFO would block the read)."""
     out: dict[str, tuple[int, int, bytes | None]] = {}
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
@@ -266,14 +285,28 @@ def snapshot_files(root: str) -> dict[str, tuple[int, int, bytes | None]]:
             try:
                 st = os.lstat(full)
                 content = None
-                if st.st_size <= SNAPSHOT_MAX_FILE and total + st.st_size <= SNAPSHOT_MAX_TOTAL:
-                    with open(full, "rb") as f:
-                        content = f.read()
-                    total += len(content)
+                if stat.S_ISREG(st.st_mode) and st.st_size <= SNAPSHOT_MAX_FILE \
+                        and total + st.st_size <= SNAPSHOT_MAX_TOTAL:
+                    content = read_regular(full, st, SNAPSHOT_MAX_FILE)
+                    total += len(content or b"")
             except OSError:
                 continue
             out[os.path.relpath(full, root)] = (st.st_mtime_ns, st.st_size, content)
     return out
+
+
+def read_regular(path: str, seen: os.stat_result, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of the regular file ``seen`` at ``path``; None when ``path`` is no
+    longer that file (swapped for a link or another file since the ``lstat``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit)
+    finally:
+        os.close(fd)
 
 
 def changed_images(before: dict[str, tuple[int, int, bytes | None]],
@@ -291,11 +324,13 @@ def changed_images(before: dict[str, tuple[int, int, bytes | None]],
 class RunningCommand:
     """A command handed to a background task: it keeps running after the tool call returned."""
 
-    def __init__(self, command: _Command, reader: asyncio.Future[None], sink: _Sink, tail: list[str]) -> None:
+    def __init__(self, command: _Command, reader: asyncio.Future[bool], sink: _Sink, tail: list[str],
+                 release: Callable[[], Awaitable[None]]) -> None:
         self._command = command
         self._reader = reader
         self._sink = sink
         self._tail = tail
+        self._release = release
 
     @property
     def tail(self) -> str:
@@ -307,24 +342,43 @@ class RunningCommand:
     async def wait(self) -> int:
         """Wait for the exit (and the output's end, briefly); release the pipes; the exit code."""
         await self._command.protocol.exited.wait()
-        done, _ = await asyncio.wait({self._reader}, timeout=DRAIN_GRACE_S)
-        if not done:
-            self._reader.cancel()
-        await asyncio.gather(self._reader, return_exceptions=True)
+        await _drain(self._reader)
         self._command.close()
+        await self._release()
         return self._command.exit_code()
 
     async def kill(self) -> None:
         await self._command.kill_group()
 
 
+async def _drain(reader: asyncio.Future[bool]) -> bool:
+    """Let the reader finish the output briefly (children left running in the background may hold
+    the pipe open: do not wait for them); whether the output limit stopped the command."""
+    done, _ = await asyncio.wait({reader}, timeout=DRAIN_GRACE_S)
+    if not done:
+        reader.cancel()
+    outcome = (await asyncio.gather(reader, return_exceptions=True))[0]
+    return outcome is True
+
+
+async def _released(sandbox: Sandbox, launch: Launch) -> None:
+    """Free the command's sandbox resources (its pids cgroup empties a moment after the exit)."""
+    for _ in range(_RELEASE_TRIES):
+        if await asyncio.to_thread(sandbox.release, launch):
+            return
+        await asyncio.sleep(_RELEASE_PAUSE_S)
+    log.warning("the pids cgroup of a finished command could not be removed: %s", launch.cgroup)
+
+
 async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    """Run ``/bin/sh -c command`` in the workspace (or ``cwd`` inside it); see the module doc.
+    """Run ``/bin/sh -c command`` in the workspace (or ``cwd`` inside it) inside the sandbox
+    (:mod:`actors.tools.sandbox`) under ``ctx.sandbox_policy``; see the module doc.
 
     With a background-task service in ``ctx.extras["background"]``, a command still running after
     the yield timeout (``ctx.extras["exec_yield_s"]``), or asked for with ``background: true``,
     is handed to a background task: the call returns at once with the task id and the output so
-    far, and the command goes on (SPEC §4).
+    far, and the command goes on (SPEC §4). Raises ToolError (``SandboxUnavailable`` when no
+    sandbox can be made: the call fails with the cause, nothing runs).
     """
     cwd_arg = args.get("cwd") or "."
     ctx.workspace.ensure()
@@ -332,11 +386,21 @@ async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
     if not cwd.is_dir():
         raise ToolError(f"cwd {cwd_arg!r} is not a directory")
     root = str(ctx.workspace.root)
-    before = await asyncio.to_thread(snapshot_files, root) if ctx.record_images is not None else None
-    command = await _Command.start(args["command"], cwd)
+    sandbox = ctx.sandbox
+    launch = await asyncio.to_thread(sandbox.prepare, ctx.sandbox_policy, args["command"], root, str(cwd))
+
+    async def release() -> None:
+        await _released(sandbox, launch)
+
+    try:
+        before = await asyncio.to_thread(snapshot_files, root) if ctx.record_images is not None else None
+        command = await _Command.start(launch, cwd)
+    except BaseException:
+        await release()
+        raise
     tail = [""]
     sink = _Sink(ctx.on_output)
-    reader = asyncio.ensure_future(_pump(command.stdout, sink, tail))
+    reader = asyncio.ensure_future(_pump(command, sink, tail, sandbox.limits.output_bytes))
     to_background = ctx.extras.get("background")
     try:
         if to_background is not None and not args.get("background"):
@@ -348,21 +412,19 @@ async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         elif to_background is None:
             await command.protocol.exited.wait()
         if to_background is not None and not command.protocol.exited.is_set():
-            task_id = to_background(RunningCommand(command, reader, sink, tail))
+            task_id = to_background(RunningCommand(command, reader, sink, tail, release))
             return ToolResult(output={"taskId": task_id, "status": "running", "output": tail[0],
                                       "note": "the command goes on as a background task"})
-        # Children left running in the background may hold the pipe open: do not wait for them.
-        done, _ = await asyncio.wait({reader}, timeout=DRAIN_GRACE_S)
-        if not done:
-            reader.cancel()
+        limited = await _drain(reader)
     except BaseException:  # cancellation (seed 002: cancel reaches the tool) or anything else
         reader.cancel()
         await command.kill_group()
         await asyncio.gather(reader, return_exceptions=True)
         command.close()
+        await release()
         raise
-    await asyncio.gather(reader, return_exceptions=True)
     command.close()
+    await release()
     code = command.exit_code()
     if before is not None and ctx.record_images is not None:
         images = changed_images(before, await asyncio.to_thread(snapshot_files, root))
@@ -370,7 +432,10 @@ async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
             outcome = ctx.record_images(images)
             if outcome is not None:
                 await outcome
-    return ToolResult(output={"exitCode": code, "output": tail[0]}, exit_code=code)
+    output: dict[str, Any] = {"exitCode": code, "output": tail[0]}
+    if limited:
+        output["outputLimited"] = True
+    return ToolResult(output=output, exit_code=code)
 
 
 # --- update_plan --------------------------------------------------------------------------------
@@ -450,6 +515,7 @@ EXEC = ToolSpec(
     display_kind="command",
     display_result_key="exitCode",
     describe=describe_exec,
+    sandboxed=True,
 )
 
 UPDATE_PLAN = ToolSpec(

@@ -32,6 +32,7 @@ import msgspec
 
 from eventstore.events import ToolDisplay
 
+from .sandbox import DEFAULT_POLICY, Sandbox, default_sandbox
 from .workspace import ToolError, Workspace
 
 __all__ = ["ToolContext", "ToolError", "ToolRegistry", "ToolResult", "ToolSpec"]
@@ -71,7 +72,8 @@ class ToolContext:
     changes a file (SPEC §6 checkpoints: before-image per file per turn); it may return an
     awaitable, which is awaited before the change, so the checkpoint can be persisted first.
     ``extras`` carries services that hooks like ``spawn_session`` need (the Session Loop API,
-    the caller session); the core tools ignore it.
+    the caller session); the core tools ignore it. ``exec`` runs its command in ``sandbox``
+    under ``sandbox_policy`` (the policy recorded on the call's card).
     """
 
     workspace: Workspace
@@ -84,6 +86,8 @@ class ToolContext:
     #: workspace before and after the command, which cannot name its files in advance).
     record_images: Callable[[list[tuple[str, bool, bytes | None]]], Awaitable[None] | None] | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
+    sandbox: Sandbox = field(default_factory=default_sandbox)
+    sandbox_policy: str = DEFAULT_POLICY
 
     async def before_change(self, path: str) -> None:
         """Call ``record_before_image(path)`` and wait for it if it is asynchronous."""
@@ -114,6 +118,8 @@ class ToolSpec:
     display_kind: DisplayKind | None = None
     display_result_key: str | None = None
     describe: Describer | None = None
+    #: runs a command in the session's sandbox: its display names the policy (SPEC §7)
+    sandboxed: bool = False
 
     def schema(self) -> dict[str, Any]:
         """The schema the model is given: ``{"name", "description", "parameters"}``."""

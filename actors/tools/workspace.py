@@ -11,10 +11,15 @@ refused." Every tool resolves its paths through :meth:`Workspace.resolve`, which
   directory is such a link);
 * NUL bytes, which the OS would reject with a less helpful error.
 
-Limits, said plainly: this is a check at the time of the call. A process started by ``exec``
-runs a shell in the workspace and can reach anything the server's user can; confinement is for
-the file tools and for ``exec``'s ``cwd``. A symlink swapped in between the check and the use
-(a TOCTOU race by another process) is not defended against.
+The file tools run as the server, while a command (``exec``, in its sandbox, maybe still running
+in the background) may change the workspace at any moment, e.g. swap a directory for a symlink
+to the data directory between the check and the use. So the check is not what protects: every
+read, write and removal goes through :meth:`Workspace.read_bytes`, :meth:`write_bytes` and
+:meth:`remove`, which open the checked path one component at a time from the root with
+``O_NOFOLLOW`` (``openat``), so a link that appeared after the check fails the call instead of
+being followed; a write goes to a new file made with ``O_EXCL`` and is renamed into place, and
+only regular files are read (a FIFO would block the server). ``exec`` itself is confined by its
+sandbox (:mod:`actors.tools.sandbox`), not by this module.
 
 The error (a :class:`ToolError`) names the path the model gave, never the
 resolved absolute path, so the message does not leak the server's directory layout.
@@ -22,7 +27,9 @@ resolved absolute path, so the message does not leak the server's directory layo
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -138,7 +145,116 @@ class Workspace:
 
     def before_image(self, path: str | os.PathLike[str]) -> tuple[bool, bytes | None]:
         """``(existed, content)`` of a file now, for a checkpoint taken before a change."""
+        read = self.read_bytes(path)
+        return (False, None) if read is None else (True, read[1])
+
+    # --- file operations that never follow a link planted after the check -----------------------
+
+    def _parent_fd(self, path: str | os.PathLike[str], *, create: bool = False) -> tuple[int, str, Path]:
+        """An fd of the checked path's directory, opened component by component without
+        following links (made with ``create``), the final name, and the checked path."""
         real = self.resolve(path)
-        if not real.is_file():
-            return False, None
-        return True, real.read_bytes()
+        if real == self.root:
+            raise ToolError(f"{os.fspath(path)!r} is the workspace itself")
+        parts = real.relative_to(self.root).parts
+        if create:
+            self.ensure()
+        fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in parts[:-1]:
+                if create:
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                fd = _step(fd, part, os.fspath(path))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, parts[-1], real
+
+    def read_bytes(self, path: str | os.PathLike[str], limit: int | None = None) -> tuple[int, bytes] | None:
+        """``(size, at most limit bytes)`` of the regular file at ``path``; None when there is
+        none. Raises ToolError for a directory, a FIFO or device, or a link swapped in."""
+        try:
+            dfd, name, _ = self._parent_fd(path)
+        except FileNotFoundError:
+            return None
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise _changed(path, e) from e
+        finally:
+            os.close(dfd)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if stat.S_ISDIR(st.st_mode):
+                raise ToolError(f"{os.fspath(path)!r} is a directory")
+            if not stat.S_ISREG(st.st_mode):
+                raise ToolError(f"{os.fspath(path)!r} is not a regular file")
+            return st.st_size, f.read() if limit is None else f.read(limit)
+
+    def write_bytes(self, path: str | os.PathLike[str], data: bytes) -> bool:
+        """Replace (or create) the file at ``path`` with ``data``, making parent directories;
+        atomic (a new file renamed into place, keeping the old one's mode); True when it existed."""
+        dfd, name, _ = self._parent_fd(path, create=True)
+        try:
+            try:
+                old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                old = None
+            if old is not None and stat.S_ISDIR(old.st_mode):
+                raise ToolError(f"{os.fspath(path)!r} is a directory")
+            tmp = f".{name}.sessionloop-{secrets.token_hex(6)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         stat.S_IMODE(old.st_mode) if old is not None and stat.S_ISREG(old.st_mode) else 0o644,
+                         dir_fd=dfd)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+                raise
+            return old is not None
+        finally:
+            os.close(dfd)
+
+    def remove(self, path: str | os.PathLike[str]) -> bool:
+        """Remove the file (or link) at ``path`` itself, never what a link points to; False when
+        there was none."""
+        try:
+            dfd, name, _ = self._parent_fd(path)
+        except FileNotFoundError:
+            return False
+        try:
+            os.unlink(name, dir_fd=dfd)
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(dfd)
+        return True
+
+
+def _step(fd: int, part: str, path: str) -> int:
+    """Open directory ``part`` below ``fd`` without following a link; close ``fd``."""
+    try:
+        return os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise _changed(path, e) from e
+    finally:
+        os.close(fd)
+
+
+def _changed(path: str | os.PathLike[str], error: OSError) -> ToolError:
+    if error.errno in (errno.ELOOP, errno.ENOTDIR):
+        return ToolError(f"path {os.fspath(path)!r} changed while it was opened (a symlink where a "
+                         "directory or file was): refused")
+    return ToolError(f"{os.fspath(path)!r}: {error.strerror}")

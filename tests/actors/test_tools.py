@@ -24,6 +24,7 @@ from actors.tools import (
     plan_from_output,
 )
 from eventstore.events import PlanEntry, ToolDisplay
+from tests.conftest import wait_no_process_with_arg
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -458,54 +459,58 @@ def test_exec_killed_by_a_signal_reports_128_plus_the_signal(ws: Workspace) -> N
     assert call("exec", {"command": "kill -9 $$"}, ToolContext(workspace=ws)).output["exitCode"] == 137
 
 
-def test_exec_does_not_wait_for_children_left_in_the_background(ws: Workspace) -> None:
-    streamed: list[str] = []
+def test_exec_does_not_wait_for_children_left_in_the_background_and_the_sandbox_ends_them(ws: Workspace) -> None:
+    marker = unique_seconds()
     start = time.monotonic()
-    outcome = call(
-        "exec", {"command": "sleep 30 & echo $!"}, ToolContext(workspace=ws, on_output=streamed.append)
-    )
-    pid = int("".join(streamed).strip())
-    os.kill(pid, 9)
+    outcome = call("exec", {"command": f"sleep {marker} & echo started"}, ToolContext(workspace=ws))
     assert time.monotonic() - start < 5 and outcome.output["exitCode"] == 0
+    # the shell was the sandbox's first process: its PID namespace ended with it
+    assert wait_no_process_with_arg(marker)
 
 
-def cancel_exec(ws: Workspace, command: str) -> int:
-    """Start ``command`` (which prints a child's pid first), cancel the call, return that pid."""
+def unique_seconds() -> str:
+    """A ``sleep`` argument no other process has: 30 seconds and a unique fraction."""
+    return f"30.{os.getpid()}{time.monotonic_ns() % 10**6:06d}"
 
-    async def scenario() -> int:
-        pid_line = asyncio.Event()
+
+def cancel_exec(ws: Workspace, command: str) -> None:
+    """Start ``command`` (which prints a line once its children run), then cancel the call."""
+
+    async def scenario() -> None:
+        first_line = asyncio.Event()
         out: list[str] = []
 
         def on_output(text: str) -> None:
             out.append(text)
             if "\n" in "".join(out):
-                pid_line.set()
+                first_line.set()
 
         task = asyncio.ensure_future(
             default_registry().execute(
                 "exec", {"command": command}, ToolContext(workspace=ws, on_output=on_output)
             )
         )
-        await asyncio.wait_for(pid_line.wait(), 5)
+        await asyncio.wait_for(first_line.wait(), 5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return int("".join(out).split()[0])
 
-    return run(scenario())
+    run(scenario())
 
 
 def test_cancelling_exec_kills_the_child_processes(ws: Workspace) -> None:
-    pid = cancel_exec(ws, "sleep 30 & echo $!; wait")
-    assert wait_gone(pid), "the child of the shell was killed with its process group"
+    marker = unique_seconds()
+    cancel_exec(ws, f"sleep {marker} & echo started; wait")
+    assert wait_no_process_with_arg(marker), "the child of the shell was killed with the sandbox"
 
 
 def test_cancelling_exec_kills_a_child_that_ignores_sigterm(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(builtin, "KILL_GRACE_S", 0.2)
-    pid = cancel_exec(ws, "trap '' TERM; sleep 30 & echo $!; wait")
-    assert wait_gone(pid)
+    marker = unique_seconds()
+    cancel_exec(ws, f"trap '' TERM; sleep {marker} & echo started; wait")
+    assert wait_no_process_with_arg(marker)
 
 
 def test_exec_displays_the_command_and_takes_the_exit_code_from_the_result(ws: Workspace) -> None:
