@@ -250,7 +250,7 @@ class ApprovalActor(pykka.ThreadingActor):
         a = self.approval
         facts = E.ApprovalFacts(params=dict(a.facts.params), command=a.facts.command, cwd=a.facts.cwd,
                                 diff_path=a.facts.diff.path if a.facts.diff else None,
-                                diff_patch=a.facts.diff.patch if a.facts.diff else None)
+                                diff_patch=a.facts.diff.patch if a.facts.diff else None, sandbox=a.facts.sandbox)
         event = E.ApprovalRequested(
             at=now_ms(), approval_id=a.id, session_id=a.session_id, turn_id=a.turn_id, call_id=a.call_id,
             origin=E.OriginInfo(kind=a.origin.kind), tool=a.tool, facts=facts, content_hash=a.content_hash,
@@ -362,7 +362,8 @@ def build_approval(state: Any, rec: Any, approval_id: str, wait_s: float, chain:
         diff = ApprovalDiff(path=args["path"], patch=_patch(display.removed if display else None,
                                                             args.get("content")))
     facts = ApprovalFacts(params=args, command=args.get("command") if isinstance(args.get("command"), str) else None,
-                          cwd=args.get("cwd") if isinstance(args.get("cwd"), str) else None, diff=diff)
+                          cwd=args.get("cwd") if isinstance(args.get("cwd"), str) else None, diff=diff,
+                          sandbox=display.sandbox if display is not None else None)
     participants = []
     created = state.created
     if created is not None and created.created_by is not None and created.created_by.user_id:

@@ -123,7 +123,7 @@ def _display(display: E.ToolDisplay | None, exit_code: int | None = None) -> Too
     if display.kind == "command":
         if not isinstance(display.command, str):
             return None
-        return CommandDisplay(command=display.command, cwd=display.cwd, exit_code=exit_code)
+        return CommandDisplay(command=display.command, cwd=display.cwd, exit_code=exit_code, sandbox=display.sandbox)
     if not isinstance(display.path, str):
         return None
     return FileChangeDisplay(path=display.path, removed=display.removed, added=display.added)

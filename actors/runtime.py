@@ -27,6 +27,7 @@ from .pubsub import Reply, SessionChannel, TurnResults
 from .session import Effect, turn_outcome
 from .session_decide import AgentConfig, ToolPolicy, system_messages
 from .tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
+from .tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
 from .worker import WorkerLoop
 
 if TYPE_CHECKING:
@@ -60,6 +61,12 @@ class HostOptions(msgspec.Struct, kw_only=True):
     presence_window_s: float = 600.0  # seed 004: present for 10 minutes after activity
     approval_rate_limit: int = 10  # approvals per session per minute
     exec_yield_s: float = 10.0  # exec runs in the foreground this long, then as a background task
+    #: how exec runs commands: ``bwrap`` (the sandbox; exec refuses where none can be made) or
+    #: ``none`` (unsandboxed: the operator's explicit choice, ``serve --sandbox none``)
+    sandbox: SandboxMode = "bwrap"
+    sandbox_policy: Policy = DEFAULT_POLICY  # a session's policy unless its settings say otherwise
+    sandbox_hide: list[str] = []  # more paths no command may see (the data directory always is)
+    exec_limits: ExecLimits = ExecLimits()
     #: session actors share N threads (0: a thread per live session actor). A session's hot
     #: commits release its pool thread while the group commits (``SessionBehaviour._commit_then``),
     #: so few threads keep many commits in flight: 4, 16 and 64 measured the same within noise
@@ -81,7 +88,9 @@ class Runtime:
 
         self.data_dir = os.path.abspath(data_dir)
         self.options = options
-        os.makedirs(self.data_dir, exist_ok=True)
+        # the owner token, the signing secret, apps.toml and the store: the server's user only
+        os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)
         self.faults = FaultInjector.from_env()
         self.store = store or EventStore.open(
             os.path.join(self.data_dir, "store"), durability=options.durability, shards=options.shards,
@@ -93,6 +102,11 @@ class Runtime:
         self.tools: ToolRegistry = default_registry()
         self.workspace_root = options.workspace_root or os.path.join(self.data_dir, "workspaces")
         self._workspace_base: str | None = None  # its real path, found on first use
+        # Commands see neither the data directory (token, secret, apps, store) nor any other
+        # session's workspace: each sees its own, bound back into the hidden tree.
+        self.sandbox = Sandbox(options.sandbox,
+                               hidden=[self.data_dir, self.workspace_root, *options.sandbox_hide],
+                               limits=options.exec_limits)
         self._channels: dict[str, SessionChannel] = {}
         self._channels_lock = threading.Lock()
         self._providers: dict[str, Provider] = {}
@@ -169,6 +183,7 @@ class Runtime:
             "permission_mode": self.default_permission(state),
             "model": state.created.model if state.created is not None else None,
             "exec_yield_s": opts.exec_yield_s,
+            "sandbox": opts.sandbox_policy,
         }
         for resolve in self.config_resolvers:
             resolve(state, values)
@@ -206,9 +221,12 @@ class Runtime:
             self._workspace_base = os.path.realpath(self.workspace_root)
         return Workspace.child(self._workspace_base, state.session_id)
 
-    def tool_checker(self, state: Any, workspace: Callable[[], Workspace]) -> Callable[[str, Any], ToolPolicy]:
+    def tool_checker(self, state: Any, workspace: Callable[[], Workspace],
+                     cfg: AgentConfig) -> Callable[[str, Any], ToolPolicy]:
         """``drive``'s view of the registry for one session: existence, argument validation,
-        approval need, and the display taken from the arguments."""
+        approval need, and the display taken from the arguments (a command's names the sandbox
+        policy it will run under, decided here and recorded with the call)."""
+        policy = self.sandbox.policy_for(cfg.sandbox)
 
         def check(name: str, args: Any) -> ToolPolicy:
             if name not in self.tools:
@@ -219,6 +237,8 @@ class Runtime:
             except ToolError as e:
                 return ToolPolicy(exists=True, error=str(e))
             display = spec.display(checked, workspace()) if spec.describe is not None else None
+            if display is not None and spec.sandboxed:
+                display = msgspec.structs.replace(display, sandbox=policy)
             if not spec.needs_approval:
                 return ToolPolicy(exists=True, display=display)
             return ToolPolicy(exists=True, needs_approval=True, display=display,
@@ -243,6 +263,9 @@ class Runtime:
 
         rec = actor.state.tool_calls.get(call_id)
         tool, display = (rec.tool, rec.display) if rec is not None else ("exec", None)
+        # the policy recorded with the call is the one it runs under
+        policy = display.sandbox if display is not None and display.sandbox else \
+            self.sandbox.policy_for(actor.config().sandbox)
 
         def to_background(running: Any) -> str:
             return self.tasks_service.adopt(running, sid, turn_id, call_id, tool, display)
@@ -255,7 +278,7 @@ class Runtime:
 
         return ToolContext(workspace=workspace, turn_id=turn_id, call_id=call_id, session_id=sid,
                            on_output=on_output, record_before_image=record_before_image,
-                           record_images=record_images,
+                           record_images=record_images, sandbox=self.sandbox, sandbox_policy=policy,
                            extras={"runtime": self, "session_id": sid, "background": to_background,
                                    "exec_yield_s": actor.config().exec_yield_s})
 
@@ -395,6 +418,7 @@ class Runtime:
         self.approvals.shutdown()
         self.tasks_service.shutdown()
         self.directory.close()
+        self.sandbox.close()
         if self.dispatcher is not None:
             self.dispatcher.stop()
         self.worker.stop()

@@ -496,7 +496,7 @@ class SessionBehaviour:
 
     def _drive(self, out: list[E.Event], inline: set[str], now: int) -> str | None:
         state, cfg = self.state, self.config()
-        check = self.rt.tool_checker(state, self.workspace)
+        check = self.rt.tool_checker(state, self.workspace, cfg)
         apply = lambda e: evolve(state, e)  # noqa: E731
         follow = drive(state, cfg, check, now, apply)
         out.extend(follow.events)

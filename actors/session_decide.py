@@ -38,6 +38,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     permission_mode: str = "acceptCalls"
     model: str | None = None  # None: the provider's own default
     exec_yield_s: float = 10.0  # exec's foreground budget before it becomes a background task
+    sandbox: str = "workspace-write"  # the sandbox policy exec runs under (actors.tools.sandbox)
 
 
 class ToolPolicy(msgspec.Struct, frozen=True, kw_only=True):

@@ -81,6 +81,7 @@ from .settings_context import (
 )
 from .settings_document import ConfigDocument, dump_toml, layer_path
 from .settings_texts import text
+from .tools.sandbox import POLICIES
 
 log = logging.getLogger("sessionloop.settings")
 
@@ -208,6 +209,10 @@ def default_fields(rt: Any) -> list[SettingField]:
         SettingField("agent", "contextChars", "integer", "Context budget (characters)",
                      "Older context is trimmed or summarised above this size.",
                      default=opt(opts.context_chars), minimum=1000, maximum=100_000_000, order=5),
+        SettingField("tools", "sandbox", "enum", "Command sandbox",
+                     "Where exec's commands run: read-only, workspace-write (the workspace is the only "
+                     "writable path), workspace-write+network, or danger-full-access (no sandbox).",
+                     default=opts.sandbox_policy, options=POLICIES, prominence="common", order=7),
         SettingField("tools", "execYieldSeconds", "number", "exec foreground seconds",
                      "exec runs in the foreground this long, then as a background task.",
                      default=opts.exec_yield_s, minimum=0, maximum=3600, order=6,
@@ -293,6 +298,7 @@ AGENT_VALUES: dict[Ident, str] = {
     ("agent", "systemPrompt"): "system_prompt",
     ("agent", "contextChars"): "context_chars",
     ("tools", "permissionMode"): "permission_mode",
+    ("tools", "sandbox"): "sandbox",
 }
 _ROOT_CACHE = 10_000
 

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from actors import gc_policy
+from actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
 from eventstore.errors import SessionloopError
 
 DEFAULT_DATA = ".sessionloop"
@@ -21,6 +22,7 @@ DEFAULT_PORT = 8765
 TOKEN_FILE = "token"
 
 log = logging.getLogger("sessionloop.serve")
+_LIMITS = ExecLimits()  # the defaults the --exec-* options show
 
 
 def read_or_create_token(data_dir: str) -> tuple[str, bool]:
@@ -73,7 +75,7 @@ class Server:
                  token: str | None = None, apps_file: str | None = None, durability: str = "sync",
                  allowed_origins: tuple[str, ...] = (), max_frame_mb: int = 64, max_outbox_mb: float = 8.0,
                  ping_interval: float = 20.0, ping_timeout: float = 20.0, close_timeout: float = 10.0,
-                 **host_options: Any) -> None:
+                 sandbox_hide: tuple[str, ...] = (), **host_options: Any) -> None:
         from actors.host import Host
         from protocol.transport import TransportConfig
 
@@ -83,8 +85,12 @@ class Server:
         if token is None:
             token, self.token_is_new = read_or_create_token(self.data_dir)
         self.token = token
-        self.host = Host.open(self.data_dir, durability=durability, **host_options)
-        apps = load_apps(apps_file or os.path.join(self.data_dir, "apps.toml"))
+        apps_path = apps_file or os.path.join(self.data_dir, "apps.toml")
+        # the apps file holds every app's token: no command may see it, wherever it lives
+        self.host = Host.open(self.data_dir, durability=durability,
+                              sandbox_hide=[os.path.abspath(apps_path), *sandbox_hide], **host_options)
+        self._report_sandbox()
+        apps = load_apps(apps_path)
         self.service = self._service(apps, request_limit(max_frame_mb * 1024 * 1024))
         self.config = TransportConfig(host=host, port=port, owner_token=token,
                                       app_tokens=self._app_tokens(apps), allowed_origins=list(allowed_origins),
@@ -93,6 +99,16 @@ class Server:
                                       ping_interval=ping_interval, ping_timeout=ping_timeout,
                                       close_timeout=close_timeout)
         self.transport: Any = None
+
+    def _report_sandbox(self) -> None:
+        """Say at start how commands will run (SPEC §7: never a silent fallback)."""
+        sandbox = self.host.rt.sandbox
+        problem = sandbox.probe()
+        if sandbox.mode == "none":
+            log.warning("--sandbox none: exec runs commands without a sandbox, as this server's user, with its "
+                        "files and network (limits and a scrubbed environment still apply)")
+        if problem is not None:
+            log.warning("exec is unavailable: %s", problem)
 
     def _service(self, apps: dict[str, Any], max_request_bytes: int) -> Any:
         from actors.gateway import SessionProtocolService
@@ -190,11 +206,32 @@ async def _run(server: Server, quiet: bool) -> None:
                    "the events after its last snapshot).")
 @click.option("--map-size-mb", default=1024, show_default=True, type=click.IntRange(min=1),
               help="Initial LMDB map size in MiB; a full map is grown (doubled) as the store fills.")
+@click.option("--sandbox", type=click.Choice(["bwrap", "none"]), default="bwrap", show_default=True,
+              help="How exec runs commands. bwrap: in a bubblewrap sandbox (read-only root, the session's "
+                   "workspace the only writable path, private /tmp and /proc, no network, no data directory, "
+                   "a scrubbed environment, resource limits); where none can be made, exec refuses with the "
+                   "cause. none: unsandboxed, as this server's user (logged at WARNING).")
+@click.option("--sandbox-policy", type=click.Choice(list(POLICIES)), default=DEFAULT_POLICY, show_default=True,
+              help="The policy of sessions whose settings (tools/sandbox) name none.")
+@click.option("--sandbox-hide", multiple=True, type=click.Path(), metavar="PATH",
+              help="Another path no command may see (the data directory and the apps file always are).")
+@click.option("--exec-cpu-seconds", default=_LIMITS.cpu_seconds, show_default=True, type=click.IntRange(min=0),
+              help="CPU seconds per process of a command (0: no limit).")
+@click.option("--exec-memory-mb", default=_LIMITS.memory_mb, show_default=True, type=click.IntRange(min=0),
+              help="Address space per process of a command, MiB (0: no limit).")
+@click.option("--exec-processes", default=_LIMITS.processes, show_default=True, type=click.IntRange(min=0),
+              help="Processes and threads one command may have at once (0: no limit).")
+@click.option("--exec-output-mb", default=_LIMITS.output_bytes / 2**20, show_default=True,
+              type=click.FloatRange(min=0), help="Output of one command, MiB; past it the command is killed.")
+@click.option("--exec-file-size-mb", default=_LIMITS.file_size_mb, show_default=True,
+              type=click.IntRange(min=0), help="Largest file a command may write, MiB (0: no limit).")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
           ping_interval: float, ping_timeout: float, close_timeout: float, snapshot_every: int,
-          map_size_mb: int, quiet: bool) -> None:
+          map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...],
+          exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
+          exec_file_size_mb: int, quiet: bool) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
     \b
@@ -209,7 +246,13 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
         server = Server(data_dir, host=host, port=port, token=token, apps_file=apps_file, durability=durability,
                         allowed_origins=allowed_origins, max_frame_mb=max_frame_mb, max_outbox_mb=max_outbox_mb,
                         ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout,
-                        model=model, snapshot_every=snapshot_every, map_size=map_size_mb * 1024 * 1024)
+                        model=model, snapshot_every=snapshot_every, map_size=map_size_mb * 1024 * 1024,
+                        sandbox=sandbox, sandbox_policy=sandbox_policy,
+                        sandbox_hide=tuple(os.path.abspath(p) for p in sandbox_hide),
+                        exec_limits=ExecLimits(cpu_seconds=exec_cpu_seconds, memory_mb=exec_memory_mb,
+                                               processes=exec_processes,
+                                               output_bytes=int(exec_output_mb * 2**20),
+                                               file_size_mb=exec_file_size_mb))
     except SessionloopError as e:
         raise click.ClickException(str(e)) from e
     except ValueError as e:

@@ -88,6 +88,8 @@ class ToolDisplay(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defa
     path: str | None = None
     removed: str | None = None
     added: str | None = None
+    #: the sandbox policy a command runs under (``workspace-write``...; ``none``: unsandboxed)
+    sandbox: str | None = None
 
 
 class PlanEntry(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
@@ -130,6 +132,7 @@ class ApprovalFacts(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_de
     cwd: str | None = None
     diff_path: str | None = None
     diff_patch: str | None = None
+    sandbox: str | None = None
 
 
 class ChainLink(msgspec.Struct, frozen=True, gc=False, kw_only=True):

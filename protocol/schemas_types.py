@@ -254,6 +254,8 @@ class CommandDisplay(_Display, tag="command", frozen=True, kw_only=True):
     command: str
     cwd: str | None = None
     exit_code: int | None = None
+    #: an extension of seed 004's display: the sandbox policy the command runs under (SPEC §7)
+    sandbox: str | None = None
 
 
 class FileChangeDisplay(_Display, tag="file-change", frozen=True, kw_only=True):
@@ -309,6 +311,7 @@ class ApprovalFacts(Wire, frozen=True, kw_only=True):
     command: str | None = None
     cwd: str | None = None
     diff: ApprovalDiff | None = None
+    sandbox: str | None = None  # extension: the sandbox policy the command would run under
 
 
 class Approval(Wire, frozen=True, kw_only=True):

@@ -171,7 +171,8 @@ def test_rows_are_sorted_composer_then_common_then_advanced_by_declared_order(wo
     items = c.result("session/config/get", {"sessionId": sid})["items"]
     assert [(r["plugin"], r["key"], r["prominence"]) for r in items] == [
         ("llm", "model", "composer"), ("tools", "permissionMode", "composer"), ("agent", "maxSteps", "common"),
-        ("agent", "systemPrompt", "common"), ("agent", "contextChars", "advanced")]
+        ("agent", "systemPrompt", "common"), ("tools", "sandbox", "common"),
+        ("agent", "contextChars", "advanced")]
 
 
 def test_a_row_carries_the_field_declaration_with_its_session_spec_and_no_functions(world):
@@ -505,7 +506,7 @@ def test_each_layer_lists_the_fields_meant_for_it(world):
         return {r["key"] for r in c.result("session/config/layer/get", {"layer": layer})["items"]}
 
     everything = {"model", "permissionMode", "maxSteps", "systemPrompt", "contextChars", "execYieldSeconds",
-                  "replyInGroups"}
+                  "sandbox", "replyInGroups"}
     assert keys(GLOBAL) == keys({"scope": "platform", "platform": "onebot"}) == everything
     assert keys({"scope": "platformType", "platform": "onebot", "type": "group"}) == everything  # rooms or tasks
     assert keys({"scope": "place", "key": WINDOW.key}) == everything - {"execYieldSeconds"}  # rooms

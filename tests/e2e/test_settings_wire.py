@@ -205,7 +205,8 @@ def test_get_lists_rows_composer_then_common_then_advanced_and_no_place_only_fie
     got = run(go())
     assert [(r["plugin"], r["key"], r["prominence"]) for r in got["items"]] == [
         ("llm", "model", "composer"), ("tools", "permissionMode", "composer"), ("agent", "maxSteps", "common"),
-        ("agent", "systemPrompt", "common"), ("agent", "contextChars", "advanced")]  # no tools/execYieldSeconds
+        ("agent", "systemPrompt", "common"), ("tools", "sandbox", "common"),
+        ("agent", "contextChars", "advanced")]  # no tools/execYieldSeconds
     assert got["platform"] == "console"  # the owner's entry platform
 
 
@@ -278,7 +279,7 @@ def test_update_answers_the_rows_with_value_effective_and_source_session(shared)
     reply, again = run(go())
     row = rows(reply["result"])[("agent", "maxSteps")]
     assert (row["value"], row["effective"], row["source"]) == (2, 2, "session")
-    assert len(reply["result"]["items"]) == 5 and reply["result"]["platform"] == "console"  # as get gives them
+    assert len(reply["result"]["items"]) == 6 and reply["result"]["platform"] == "console"  # as get gives them
     assert (again["value"], again["source"]) == (2, "session")
 
 

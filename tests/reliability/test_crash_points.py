@@ -266,11 +266,14 @@ async def owner(server: ServerProcess, seen: Approvals, ready: asyncio.Event) ->
         ready.set()
 
 
-def exec_text(effects: str, key: str) -> str:
-    return "!tool exec " + json.dumps({"command": f"echo {key} >> {effects}"})
+EFFECTS = "effects.log"  # in each session's workspace: the sandbox lets a command write nowhere else
 
 
-async def approval_load(server: ServerProcess, rec: Recorder, rng: random.Random, trial: int, effects: str,
+def exec_text(key: str) -> str:
+    return "!tool exec " + json.dumps({"command": f"echo {key} >> {EFFECTS}"})
+
+
+async def approval_load(server: ServerProcess, rec: Recorder, rng: random.Random, trial: int,
                         seen: Approvals, bots: int = 3) -> None:
     """Bots send exec calls that need approval (and plain inputs) until the server dies; the
     present owner approves them."""
@@ -288,7 +291,7 @@ async def approval_load(server: ServerProcess, rec: Recorder, rng: random.Random
             while True:
                 sid = rng.choice(rec.sessions)
                 key = f"a{trial}-b{b}-m{j}"
-                op = Op(sid, key, exec_text(effects, key) if rng.random() < 0.8 else "hello")
+                op = Op(sid, key, exec_text(key) if rng.random() < 0.8 else "hello")
                 rec.ops.append(op)
                 j += 1
                 await send_op(c, op)
@@ -330,14 +333,16 @@ async def answer_again(server: ServerProcess, approvals: list[dict[str, Any]]) -
         return codes
 
 
-def audit_approvals(data: str, rec: Recorder, seen: Approvals, effects: str) -> dict[str, Any]:
+def audit_approvals(data: str, rec: Recorder, seen: Approvals) -> dict[str, Any]:
     """Each approval settled once in its own stream and once in its session's; each tool call
-    started at most once; each exec's effect (a line in ``effects``) there at most once, and
-    there exactly when its call completed."""
+    started at most once; each exec's effect (a line in its workspace's :data:`EFFECTS`) there at
+    most once, and there exactly when its call completed."""
     lines: collections.Counter[str] = collections.Counter()
-    if os.path.exists(effects):
-        with open(effects) as f:
-            lines.update(f.read().split())
+    for sid in rec.sessions:
+        effects = os.path.join(data, "workspaces", sid, EFFECTS)
+        if os.path.exists(effects):
+            with open(effects) as f:
+                lines.update(f.read().split())
     assert all(n == 1 for n in lines.values()), f"a tool ran twice: {lines.most_common(3)}"
     store = store_of(data)
     try:
@@ -380,7 +385,6 @@ def audit_approvals(data: str, rec: Recorder, seen: Approvals, effects: str) -> 
 def test_the_server_killing_itself_after_committing_an_approval_answer_settles_it_once(tmp_path):
     data = str(tmp_path / "data")
     prepare(data)
-    effects = str(tmp_path / "effects.log")
     rng = random.Random("approval-commit")
     rec = Recorder()
     seen = Approvals()
@@ -392,7 +396,7 @@ def test_the_server_killing_itself_after_committing_an_approval_answer_settles_i
         # more answers than sessions: some session asked again, so its first approved exec ended
         server = serve(data, crash_at=f"approval-commit:{rng.randint(5, 7)}")
         since = len(rec.ops)
-        load_until_it_dies(server, approval_load(server, rec, rng, trial, effects, seen))
+        load_until_it_dies(server, approval_load(server, rec, rng, trial, seen))
         # the owner answers one approval at a time: the one it was waiting on is the one whose
         # answer was being committed when the server died
         assert len(seen.unknown) == 1, (seen.unknown, seen.answered)
@@ -403,7 +407,7 @@ def test_the_server_killing_itself_after_committing_an_approval_answer_settles_i
         assert all(code in ("approval-settled", "not-found") for code in codes), codes
         server.stop()
         audit(data, rec)
-        outcome = audit_approvals(data, rec, seen, effects)
+        outcome = audit_approvals(data, rec, seen)
         # the crashed approval's call: one settlement in its session, the answer its approval
         # recorded (not "cancelled by shutdown"), and its exec ran at most once (audit_approvals)
         assert set(outcome["restarted"]) == {in_flight["id"]}
