@@ -174,7 +174,8 @@ class LmdbRecorder:
         self._on_map_resize = on_map_resize
         self.last_batch_size = 0
         if not readonly:
-            os.makedirs(self.path, exist_ok=True)
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+            _owner_only(self.path)
             self._lock_fd = self._take_lock()
         elif not os.path.exists(os.path.join(self.path, "data.mdb")):
             raise StorageError(f"no event store at {self.path}", path=self.path)
@@ -190,6 +191,7 @@ class LmdbRecorder:
                 readahead=False,
                 lock=True,
                 writemap=False,
+                mode=0o600,  # the store holds every session's conversation: the server's user only
             )
             self.stale_readers_cleared = self._env.reader_check()
             self.env_flags = self._env.flags()  # read back, not what was asked for
@@ -782,3 +784,12 @@ def _translate_write_error(e: lmdb.Error, path: str) -> StorageFull | StorageErr
     if isinstance(e, lmdb.MapFullError) or "No space left" in text or f"{errno.ENOSPC}" in text.split(":")[-1]:
         return StorageFull(f"the disk holding {path} is full; the write was refused ({text})", path=path)
     return StorageError(f"event store write failed at {path}: {text}", path=path)
+
+
+def _owner_only(path: str) -> None:
+    """Make the store's directory 0700 and its files 0600 (a store made before they were)."""
+    os.chmod(path, 0o700)
+    for name in os.listdir(path):
+        full = os.path.join(path, name)
+        if os.path.isfile(full) and not os.path.islink(full):
+            os.chmod(full, 0o600)
