@@ -584,6 +584,10 @@ async def _spawn(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
     call = CURRENT_CALL.get()
     if call is None:
         raise ToolError("spawn_session runs only as a tool call")
+    # the model may be an attacker (SPEC §7): its arguments get the bounds a client's get
+    for field, limit in (("task", MAX_TEXT_CHARS), ("title", MAX_TITLE)):
+        if len(args.get(field, "")) > limit:
+            raise ToolError(f"field '{field}' is {len(args[field])} characters; at most {limit}")
     reply = Reply()
     rt.tell(call.session_id, Query(caller_facts, reply))
     parent: CallerFacts = await reply.future()
