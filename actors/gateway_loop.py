@@ -98,8 +98,8 @@ class _LoopHandlers:
 
     def wait_for_turn(self, conn: ClientConnection, request_id: Any, p: Any) -> None:
         loop = self.loop_of(conn)
+        timeout = loop.clamp_timeout_ms(p.timeout_ms)  # before the waiter exists: nothing to undo
         reply: Reply = loop._watch(p.session_id, p.turn_id)
-        timeout = loop.clamp_timeout_ms(p.timeout_ms)
         worker = self.svc.rt.worker.loop
 
         def done(r: Reply) -> None:

@@ -19,6 +19,7 @@ import msgspec
 from eventstore import events as E
 from protocol.errors import RpcError
 from protocol.listing import compute_room_groups, list_sessions
+from protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # seed 000: each, and all together
 from protocol.schemas import (
     BackgroundListResult,
     BackgroundOutputResult,
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("sessionloop.gateway")
 
 Handler = Callable[["ClientConnection", Any, Any], None]
-MAX_ATTACHMENTS = 10
-MAX_ATTACHMENT_BYTES = 20 * 1024 * 1024  # each, and all of one message together (seed 000)
 EMPTY = Empty()
 DEFAULT_WORKSPACE = E.PlaceRef(key="workspace:default", kind="workspace", name="Default workspace")
 

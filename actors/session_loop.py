@@ -25,6 +25,20 @@ import msgspec
 
 from eventstore import IdempotencyClaim, RecordedEvent, request_hash
 from eventstore import events as E
+from protocol.limits import (
+    DEFAULT_WAIT_MS,
+    LOOP_EVENTS_MAX_LIMIT,
+    MAX_ATTACHMENT_BYTES,
+    MAX_ATTACHMENTS,
+    MAX_ID,
+    MAX_IDEMPOTENCY_KEY,
+    MAX_INT,
+    MAX_SPACE_ID,
+    MAX_TEXT_CHARS,
+    MAX_TITLE,
+    MAX_WAIT_MS,
+    MIN_WAIT_MS,
+)
 
 from .caller import CURRENT_CALL
 from .errors import Forbidden, InvalidCommand, NotFound, RequestTimeout
@@ -34,16 +48,11 @@ from .session import Create, Query, Receipt, Send, now_ms
 if TYPE_CHECKING:
     from .host import Host
 
-MAX_KEY = 512
-MAX_TEXT = 100_000
-MAX_ATTACHMENTS = 10
-MAX_ATTACHMENT_BYTES = 20 * 1024 * 1024
+# the input bounds (MAX_*) are protocol.limits': one table for this API and the wire, where
+# loop/* params are decoded with the same numbers before they get here
 SESSION_QUOTA = 20  # unfinished turns per session (seed 000, 配额)
 APP_QUOTA = 200  # unfinished turns per app
 RETRY_AFTER_MS = 1000
-MAX_TITLE = 1_000  # a label shown in every list row; the seeds name no limit, this keeps rows small
-MAX_SPACE_ID = 512
-MAX_ID = 256  # session and turn ids are 21 characters; anything this long cannot name one
 
 
 class AppManifest(msgspec.Struct, frozen=True, kw_only=True):
@@ -319,8 +328,8 @@ class SessionLoop:
     def _check_message(self, text: Any, key: Any, attachments: list[Any], where: str = "") -> tuple[str, str]:
         if key is None or key == "":
             raise InvalidCommand(f"{where}idempotency_key is required (use a stable id from the external source)")
-        _string(f"{where}idempotency_key", key, limit=MAX_KEY)
-        _string(f"{where}text", text, limit=MAX_TEXT)
+        _string(f"{where}idempotency_key", key, limit=MAX_IDEMPOTENCY_KEY)
+        _string(f"{where}text", text, limit=MAX_TEXT_CHARS)
         if len(attachments) > MAX_ATTACHMENTS:
             raise InvalidCommand(f"{len(attachments)} attachments; at most {MAX_ATTACHMENTS}")
         total = 0
@@ -434,12 +443,15 @@ class SessionLoop:
 
     @staticmethod
     def clamp_timeout_ms(timeout_ms: int | float | None) -> float:
-        """Seed 000: default 60 s, clamped to 1-600 s; returned in seconds."""
+        """Seed 000: default 60 s, clamped to 1-600 s; returned in seconds. Any int or float
+        but NaN is clamped: it is compared in milliseconds and never converted to a float
+        before, so an integer beyond float range (``10**310``) clamps to 600 s instead of
+        overflowing."""
         if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float))
-                                       or math.isnan(timeout_ms)):
+                                       or (isinstance(timeout_ms, float) and math.isnan(timeout_ms))):
             raise InvalidCommand(f"timeout_ms must be a number of milliseconds, not {timeout_ms!r:.40}")
-        ms = 60_000 if timeout_ms is None else timeout_ms
-        return min(600.0, max(1.0, ms / 1000))
+        ms = DEFAULT_WAIT_MS if timeout_ms is None else min(MAX_WAIT_MS, max(MIN_WAIT_MS, timeout_ms))
+        return ms / 1000
 
     def _watch(self, session_id: str, turn_id: str) -> Reply:
         from .host import Session
@@ -486,10 +498,10 @@ class SessionLoop:
         """History and reconnection only (seed 000: never sleep-and-poll this; use wait_for_turn).
         Retention: 7 days and 10,000 events per app. ``after`` is an event's ``cursor`` or a
         receipt's ``cursor`` (the events of that input on)."""
-        if after is not None and not 0 <= _integer("after", after) < 2**63:
+        if after is not None and not 0 <= _integer("after", after) <= MAX_INT:
             raise InvalidCommand("after must be a cursor (an integer from 0 to 2**63 - 1)")
-        if not 1 <= _integer("limit", limit) <= 1000:
-            raise InvalidCommand("limit must be between 1 and 1000")
+        if not 1 <= _integer("limit", limit) <= LOOP_EVENTS_MAX_LIMIT:
+            raise InvalidCommand(f"limit must be between 1 and {LOOP_EVENTS_MAX_LIMIT}")
         if session_id is not None:
             self._owned(session_id)
         cursor = after or 0
@@ -572,6 +584,10 @@ async def _spawn(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
     call = CURRENT_CALL.get()
     if call is None:
         raise ToolError("spawn_session runs only as a tool call")
+    # the model may be an attacker (SPEC §7): its arguments get the bounds a client's get
+    for field, limit in (("task", MAX_TEXT_CHARS), ("title", MAX_TITLE)):
+        if len(args.get(field, "")) > limit:
+            raise ToolError(f"field '{field}' is {len(args[field])} characters; at most {limit}")
     reply = Reply()
     rt.tell(call.session_id, Query(caller_facts, reply))
     parent: CallerFacts = await reply.future()

@@ -9,6 +9,12 @@ protocol's :class:`SessionSummary` and tree :class:`SessionNode`; :func:`summary
 
 Kept apart from :mod:`actors.projections` (the items timeline) and from :mod:`actors.summaries`
 (the :class:`SummaryIndex` that holds these records).
+
+Bounds: a record's title and name are at most ``protocol.limits.MAX_TITLE`` characters and its
+reason ``MAX_REASON``, both when it is built and when it is read. The wire refuses longer titles,
+but a store written by an older version may hold a 20 MB one (from a ``session/rename`` that was
+accepted then); it is cut on read (:func:`protocol.limits.clip`), never refused, so that store
+opens and ``sessions/list`` stays a small reply. The events keep what was written.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Final, Literal, cast
 import msgspec
 
 from eventstore import events as E
+from protocol.limits import MAX_REASON, MAX_TITLE, clip
 from protocol.listing import (
     SessionNode,
     SortKey,
@@ -103,8 +110,19 @@ def encode_summary_record(record: SummaryRecord) -> bytes:
 
 
 def decode_summary_record(data: bytes) -> SummaryRecord:
-    """Raises ``msgspec.DecodeError`` / ``msgspec.ValidationError`` on bytes that are not a record."""
-    return _record_decoder.decode(data)
+    """The record in ``data``, its title, name and reason cut to their bounds (see the module
+    docstring). Raises ``msgspec.DecodeError`` / ``msgspec.ValidationError`` on bytes that are
+    not a record."""
+    return _bounded(_record_decoder.decode(data))
+
+
+def _bounded(record: SummaryRecord) -> SummaryRecord:
+    reason = record.last_reason
+    if len(record.title) <= MAX_TITLE and len(record.name) <= MAX_TITLE and (
+            reason is None or len(reason) <= MAX_REASON):
+        return record
+    return msgspec.structs.replace(record, title=clip(record.title, MAX_TITLE), name=clip(record.name, MAX_TITLE),
+                                   last_reason=clip(reason, MAX_REASON) if reason is not None else None)
 
 
 def _last_turn(state: SessionState) -> tuple[TurnOutcome | None, int | None, str | None]:
@@ -114,7 +132,7 @@ def _last_turn(state: SessionState) -> tuple[TurnOutcome | None, int | None, str
     if turn is None:
         return None, None, None
     outcome = turn.outcome if turn.outcome in ("replied", "silent", "aborted", "error") else "silent"
-    reason = (turn.reason or None) if outcome == "error" else None
+    reason = clip(turn.reason, MAX_REASON) if outcome == "error" and turn.reason else None
     return cast(TurnOutcome, outcome), turn.ended_at, reason
 
 
@@ -127,8 +145,8 @@ def summary_record(state: SessionState, attention: bool = False, background: int
     # matches keywords one by one past 16 fields), and every turn's commit builds one
     return SummaryRecord(
         state.session_id,  # id
-        state.title,  # title
-        created.name if created is not None else "",  # name
+        clip(state.title, MAX_TITLE),  # title
+        clip(created.name, MAX_TITLE) if created is not None else "",  # name
         created.kind if created is not None else "owner",  # kind
         created.parent_id if created is not None else None,  # parent_id
         created.platform if created is not None else None,  # platform

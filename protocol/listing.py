@@ -29,6 +29,7 @@ from typing import Final, Literal, Protocol, TypeVar
 import msgspec
 
 from .errors import RpcError
+from .limits import LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT
 from .schemas import SessionsListParams, SessionsListResult
 from .schemas_types import (
     AncestorRef,
@@ -54,8 +55,8 @@ __all__ = [
     "with_ancestors",
 ]
 
-DEFAULT_LIMIT: Final = 50  # seed: limit 缺省 50、最大 200
-MAX_LIMIT: Final = 200
+DEFAULT_LIMIT: Final = LIST_DEFAULT_LIMIT  # seed: limit 缺省 50、最大 200
+MAX_LIMIT: Final = LIST_MAX_LIMIT
 
 
 class ListRow(Protocol):

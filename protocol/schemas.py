@@ -9,7 +9,9 @@ seed's (004, field by field); the shared pieces (summaries, items, approvals, ..
 
 Validation that msgspec constraints can express lives in the Structs (``Meta`` bounds, ``Literal``
 enums); cross-field rules live in ``__post_init__``, which msgspec turns into a ``ValidationError``
-during decoding, so they too become ``invalidParams`` replies.
+during decoding, so they too become ``invalidParams`` replies. Every string, list, integer and raw
+JSON value of every params Struct is bounded, with the numbers of :mod:`protocol.limits` (a test
+walks :data:`METHODS` and holds every field to it).
 """
 
 from __future__ import annotations
@@ -20,6 +22,17 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
+from .limits import (
+    HISTORY_DEFAULT_LIMIT,
+    HISTORY_MAX_LIMIT,
+    LIST_MAX_LIMIT,
+    MAX_ATTACHMENTS,
+    MAX_BATCH_IDS,
+    MAX_CURSOR,
+    MAX_INT,
+    MAX_QUERY,
+    MAX_VERSION,
+)
 from .schemas_loop import (
     LoopCreateParams,
     LoopCreateResult,
@@ -52,8 +65,10 @@ from .schemas_types import (  # re-exported: one import site for every wire shap
     Forward,
     ForwardFacts,
     GlobalLayer,
+    Id,
     Identity,
     ItemAttachment,
+    JsonValue,
     LastTurn,
     NoticeItem,
     OutgoingAttachment,
@@ -76,7 +91,10 @@ from .schemas_types import (  # re-exported: one import site for every wire shap
     SettingLayer,
     SettingLayerInfo,
     SettingRow,
+    ShortName,
     Speaker,
+    Text,
+    Title,
     TokenCount,
     ToolCallItem,
     ToolDisplay,
@@ -86,6 +104,7 @@ from .schemas_types import (  # re-exported: one import site for every wire shap
     UsagePart,
     UserMessageItem,
     Wire,
+    check_json_value,
     decode_data_url,
     is_unset,
 )
@@ -100,14 +119,14 @@ class Empty(Wire, frozen=True, kw_only=True):
 class SessionIdParams(Wire, frozen=True, kw_only=True):
     """``{ sessionId }``: the params of every method that only names a session."""
 
-    session_id: str
+    session_id: Id
 
 
 # --- handshake ------------------------------------------------------------------------------------
 
 
 class InitializeParams(Wire, frozen=True, kw_only=True):
-    protocol_version: str
+    protocol_version: Annotated[str, Meta(max_length=MAX_VERSION)]
     client: ClientInfo
 
 
@@ -131,20 +150,21 @@ class FeaturesChanged(Wire, frozen=True, kw_only=True):
 
 # --- sessions and the list ------------------------------------------------------------------------
 
-ListLimit = Annotated[int, Meta(ge=1, le=200)]
+ListLimit = Annotated[int, Meta(ge=1, le=LIST_MAX_LIMIT)]
+Cursor = Annotated[str, Meta(max_length=MAX_CURSOR)]
 
 
 class SessionsListParams(Wire, frozen=True, kw_only=True):
     """Filters of ``sessions/list`` (seed 004, 列表的规则); see :mod:`protocol.listing`."""
 
     section: Literal["owner", "rooms"] | None = None
-    parent_id: str | None = None
-    instance: str | None = None
-    platform: str | None = None
+    parent_id: Id | None = None
+    instance: ShortName | None = None
+    platform: ShortName | None = None
     archived: bool | None = None
     background: Literal[True] | None = None  # seed: 只取 true
-    query: str | None = None
-    cursor: str | None = None
+    query: Annotated[str, Meta(max_length=MAX_QUERY)] | None = None
+    cursor: Cursor | None = None
     limit: ListLimit | None = None
 
     def __post_init__(self) -> None:
@@ -169,8 +189,8 @@ class SessionsChanged(Wire, frozen=True, kw_only=True):
 
 
 class SessionCreateParams(Wire, frozen=True, kw_only=True):
-    name: str | None = None
-    parent_id: str | None = None
+    name: Title | None = None
+    parent_id: Id | None = None
 
 
 class SessionResult(Wire, frozen=True, kw_only=True):
@@ -178,13 +198,13 @@ class SessionResult(Wire, frozen=True, kw_only=True):
 
 
 class SessionRenameParams(Wire, frozen=True, kw_only=True):
-    session_id: str
-    title: str
+    session_id: Id
+    title: Title
 
 
 class SessionBatchParams(Wire, frozen=True, kw_only=True):
     op: Literal["archive", "delete"]
-    ids: list[str]
+    ids: Annotated[list[Id], Meta(max_length=MAX_BATCH_IDS)]
 
 
 class BatchFailure(Wire, frozen=True, kw_only=True):
@@ -210,10 +230,13 @@ class ConfigRows(Wire, frozen=True, kw_only=True):
 class ConfigUpdateParams(Wire, frozen=True, kw_only=True):
     """``value: null`` deletes the value at this place, so ``value`` is required (null is data)."""
 
-    session_id: str
-    plugin: str
-    key: str
-    value: Any
+    session_id: Id
+    plugin: ShortName
+    key: ShortName
+    value: JsonValue
+
+    def __post_init__(self) -> None:
+        check_json_value("value", self.value)
 
 
 class LayerName(Wire, frozen=True, kw_only=True):
@@ -237,13 +260,16 @@ class LayerRows(Wire, frozen=True, kw_only=True):
 
 class LayerUpdateParams(Wire, frozen=True, kw_only=True):
     layer: SettingLayer
-    plugin: str
-    key: str
-    value: Any
+    plugin: ShortName
+    key: ShortName
+    value: JsonValue
+
+    def __post_init__(self) -> None:
+        check_json_value("value", self.value)
 
 
 class OverridesParams(Wire, frozen=True, kw_only=True):
-    plugin: str
+    plugin: ShortName
 
 
 class OverrideEntry(Wire, frozen=True, kw_only=True):
@@ -274,13 +300,10 @@ class SubscribeResult(Wire, frozen=True, kw_only=True):
     before: str | None = None
 
 
-HISTORY_DEFAULT_LIMIT: Final = 100  # seed: session/history limit 缺省 100、最大 200
-
-
 class HistoryParams(Wire, frozen=True, kw_only=True):
-    session_id: str
-    before: str | None = None
-    limit: Annotated[int, Meta(ge=1, le=200)] | None = None  # seed: default 100, max 200
+    session_id: Id
+    before: Cursor | None = None
+    limit: Annotated[int, Meta(ge=1, le=HISTORY_MAX_LIMIT)] | None = None  # seed: default 100, max 200
 
 
 class HistoryResult(Wire, frozen=True, kw_only=True):
@@ -319,9 +342,11 @@ class SessionResync(Wire, frozen=True, kw_only=True):
 class TurnSendParams(Wire, frozen=True, kw_only=True):
     """Send as this connection's identity; the text is stripped; text or attachments required."""
 
-    session_id: str
-    content: str
-    attachments: list[OutgoingAttachment] = msgspec.field(default_factory=list)
+    session_id: Id
+    content: Text
+    attachments: Annotated[list[OutgoingAttachment], Meta(max_length=MAX_ATTACHMENTS)] = msgspec.field(
+        default_factory=list
+    )
 
     def __post_init__(self) -> None:
         if not self.content.strip() and not self.attachments:
@@ -334,13 +359,13 @@ class TurnSendParams(Wire, frozen=True, kw_only=True):
 
 
 class TurnAbortParams(Wire, frozen=True, kw_only=True):
-    session_id: str
-    turn_id: str | None = None
+    session_id: Id
+    turn_id: Id | None = None
 
 
 class TurnRewindParams(Wire, frozen=True, kw_only=True):
-    session_id: str
-    turn_id: str
+    session_id: Id
+    turn_id: Id
     scope: Literal["code", "code-and-chat"]
 
 
@@ -368,8 +393,8 @@ class BackgroundChanged(Wire, frozen=True, kw_only=True):
 
 
 class BackgroundOutputParams(Wire, frozen=True, kw_only=True):
-    task_id: str
-    after: Annotated[int, Meta(ge=0)] | None = None
+    task_id: Id
+    after: Annotated[int, Meta(ge=0, le=MAX_INT)] | None = None
 
 
 class BackgroundOutputResult(Wire, frozen=True, kw_only=True):
@@ -379,7 +404,7 @@ class BackgroundOutputResult(Wire, frozen=True, kw_only=True):
 
 
 class TaskIdParams(Wire, frozen=True, kw_only=True):
-    task_id: str
+    task_id: Id
 
 
 # --- presence and approvals -----------------------------------------------------------------------
@@ -413,10 +438,10 @@ class ApprovalSettled(Wire, frozen=True, kw_only=True):
 
 
 class ApprovalRespondParams(Wire, frozen=True, kw_only=True):
-    approval_id: str
+    approval_id: Id
     decision: Literal["approve", "deny"]
-    content_hash: str
-    note: str | None = None
+    content_hash: Id
+    note: Text | None = None
 
 
 # --- the registry ---------------------------------------------------------------------------------

@@ -2,19 +2,33 @@
 
 The same operations as the in-process Python API (``create``, ``send``, ``waitForTurn``,
 ``listEvents``, ``onDidReceiveEvent``) as JSON-RPC methods ``loop/*`` on the session endpoint,
-authenticated as an app. Limits the seeds state and a Struct can check are checked here (key
-length, text length, number of attachments); the byte-size limits (20 MB per attachment and in
-total) need the decoded payloads and are the gateway's (``schemas_types.decode_data_url``).
+authenticated as an app. Limits a Struct can check are checked here, with the numbers of
+:mod:`protocol.limits` (the seeds' key length, text length, number of attachments; our bounds on
+ids, titles, cursors and integers); the byte-size limits (20 MB per attachment and in total) need
+the decoded payloads and are the gateway's (``schemas_types.decode_data_url``).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
-from .schemas_types import OutgoingAttachment, Wire
+from .limits import (
+    DEFAULT_WAIT_MS,
+    LOOP_EVENTS_MAX_LIMIT,
+    MAX_ATTACHMENTS,
+    MAX_CURSOR,
+    MAX_IDEMPOTENCY_KEY,
+    MAX_INT,
+    MAX_SPACE_ID,
+    MAX_TEXT_CHARS,
+    MAX_WAIT_MS,
+    MIN_INT,
+    MIN_WAIT_MS,
+)
+from .schemas_types import Id, OutgoingAttachment, ShortName, Text, Title, Wire
 
 __all__ = [
     "DEFAULT_WAIT_MS",
@@ -37,19 +51,11 @@ __all__ = [
     "SpaceRef",
 ]
 
-MAX_IDEMPOTENCY_KEY: Final = 512  # seed 000: idempotencyKey 必填,最长 512 字符
-MAX_TEXT_CHARS: Final = 100_000  # seed 000: 文本 10 万字符
-MAX_ATTACHMENTS: Final = 10  # seed 000: 附件每条 10 个
-DEFAULT_WAIT_MS: Final = 60_000  # seed 001: 超时默认 60 秒
-MIN_WAIT_MS: Final = 1_000  # seed 001: 钳制在 1–600 秒
-MAX_WAIT_MS: Final = 600_000
-
 IdempotencyKey = Annotated[str, Meta(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)]
-Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
 
 
 class SpaceRef(Wire, frozen=True, kw_only=True):
-    space_id: str
+    space_id: Annotated[str, Meta(max_length=MAX_SPACE_ID)]
 
 
 class InitialMessage(Wire, frozen=True, kw_only=True):
@@ -65,9 +71,9 @@ class LoopCreateParams(Wire, frozen=True, kw_only=True):
     使用会抛错).
     """
 
-    container_id: str | None = None
+    container_id: ShortName | None = None
     space: SpaceRef | None = None
-    title: str | None = None
+    title: Title | None = None
     activity: Literal["interactive", "background"] | None = None
     permission_mode: Literal["ask", "acceptCalls", "deny"] | None = None
     initial_message: InitialMessage | None = None
@@ -91,7 +97,7 @@ class LoopCreateResult(Wire, frozen=True, kw_only=True):
 
 
 class LoopSendParams(Wire, frozen=True, kw_only=True):
-    session_id: str
+    session_id: Id
     text: Text
     idempotency_key: IdempotencyKey
     attachments: Annotated[list[OutgoingAttachment], Meta(max_length=MAX_ATTACHMENTS)] = msgspec.field(
@@ -111,11 +117,12 @@ class LoopSendResult(Wire, frozen=True, kw_only=True):
 
 
 class LoopWaitForTurnParams(Wire, frozen=True, kw_only=True):
-    """Any ``timeoutMs`` is accepted and clamped, not refused (seed: 钳制在 1–600 秒)."""
+    """Any int64 ``timeoutMs`` is accepted and clamped, not refused (seed: 钳制在 1–600 秒); a
+    longer integer (JSON has no limit) is invalidParams, not an overflow in the clamp."""
 
-    session_id: str
-    turn_id: str
-    timeout_ms: int | None = None
+    session_id: Id
+    turn_id: Id
+    timeout_ms: Annotated[int, Meta(ge=MIN_INT, le=MAX_INT)] | None = None
 
     @property
     def clamped_timeout_ms(self) -> int:
@@ -133,9 +140,9 @@ class LoopWaitForTurnResult(Wire, frozen=True, kw_only=True):
 
 
 class LoopListEventsParams(Wire, frozen=True, kw_only=True):
-    session_id: str | None = None
-    after: str | None = None
-    limit: Annotated[int, Meta(ge=1, le=1000)] | None = None
+    session_id: Id | None = None
+    after: Annotated[str, Meta(max_length=MAX_CURSOR)] | None = None
+    limit: Annotated[int, Meta(ge=1, le=LOOP_EVENTS_MAX_LIMIT)] | None = None
 
 
 class LoopEvent(Wire, frozen=True, kw_only=True):

@@ -12,7 +12,12 @@ Conventions, all from msgspec's guidance and the seed:
 * consequence of ``omit_defaults``: a field that must always be on the wire has **no default**,
   and optional fields default to ``None`` (or ``UNSET`` where ``null`` is a meaningful value);
 * tagged unions use stable tags on ``kind`` (items, tool displays) or ``scope`` (setting layers);
-* times are epoch milliseconds (``int``).
+* times are epoch milliseconds (``int``);
+* every field a client sends is bounded (:mod:`protocol.limits` has the numbers and why): strings
+  and lists through ``Meta(max_length=...)``, integers through ``Meta(ge=..., le=...)``, raw JSON
+  (:data:`JsonValue`) by its encoded size and depth, checked in the holder's ``__post_init__``
+  with :func:`check_json_value`. Shapes only the server sends (summaries, items) carry no
+  bounds: a client decoding them must not break on data stored before a bound existed.
 """
 
 from __future__ import annotations
@@ -24,6 +29,20 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
+
+from .limits import (
+    MAX_DATA_URL_CHARS,
+    MAX_FILE_NAME,
+    MAX_ID,
+    MAX_INT,
+    MAX_JSON_DEPTH,
+    MAX_JSON_VALUE_BYTES,
+    MAX_NAME,
+    MAX_PLACE_KEY,
+    MAX_TEXT_CHARS,
+    MAX_TITLE,
+    MIN_INT,
+)
 
 __all__ = [
     "AgentMessageItem",
@@ -45,8 +64,10 @@ __all__ = [
     "Forward",
     "ForwardFacts",
     "GlobalLayer",
+    "Id",
     "Identity",
     "ItemAttachment",
+    "JsonValue",
     "LastTurn",
     "NoticeItem",
     "OutgoingAttachment",
@@ -69,9 +90,12 @@ __all__ = [
     "SettingLayer",
     "SettingLayerInfo",
     "SettingRow",
+    "ShortName",
     "Speaker",
+    "Text",
     "TokenCount",
     "ToolCallItem",
+    "Title",
     "ToolDisplay",
     "TurnItem",
     "Undelivered",
@@ -79,6 +103,7 @@ __all__ = [
     "UsagePart",
     "UserMessageItem",
     "Wire",
+    "check_json_value",
     "decode_data_url",
     "is_unset",
 ]
@@ -95,6 +120,42 @@ class Wire(
     """
 
 
+# --- bounded fields (what clients send) ---------------------------------------------------------
+
+Id = Annotated[str, Meta(max_length=MAX_ID)]
+ShortName = Annotated[str, Meta(max_length=MAX_NAME)]
+Title = Annotated[str, Meta(max_length=MAX_TITLE)]
+Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
+#: Raw JSON passed through (a setting's value). msgspec cannot bound ``Any`` while decoding, so
+#: the ``extra`` carries the bounds and the holder's ``__post_init__`` calls check_json_value.
+JsonValue = Annotated[Any, Meta(extra={"max_bytes": MAX_JSON_VALUE_BYTES, "max_depth": MAX_JSON_DEPTH})]
+
+_json_encoder: Final = msgspec.json.Encoder()
+
+
+def check_json_value(field: str, value: Any) -> None:
+    """Raise ``ValueError`` naming ``field`` if ``value`` encodes to more than
+    MAX_JSON_VALUE_BYTES, nests deeper than MAX_JSON_DEPTH or holds an integer outside int64
+    (JSON integers are unbounded and ``math.isfinite(10**400)`` overflows; JSON floats are
+    finite, msgspec refuses ``1e400``). msgspec turns the error into a ``ValidationError``, so
+    the client gets ``invalidParams``. The size is checked first, by msgspec's encoder, so the
+    walk only ever runs over a bounded value."""
+    size = len(_json_encoder.encode(value))
+    if size > MAX_JSON_VALUE_BYTES:
+        raise ValueError(f"{field} is {size} bytes of JSON; at most {MAX_JSON_VALUE_BYTES}")
+    todo: list[tuple[Any, int]] = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, int) and not MIN_INT <= item <= MAX_INT:
+            raise ValueError(f"{field} holds an integer outside int64")
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise ValueError(f"{field} nests deeper than {MAX_JSON_DEPTH} levels")
+        todo.extend((child, depth + 1) for child in children)
+
+
 # --- identities and handshake pieces ------------------------------------------------------------
 
 
@@ -106,8 +167,8 @@ class Identity(Wire, frozen=True, kw_only=True):
 
 
 class ClientInfo(Wire, frozen=True, kw_only=True):
-    name: str
-    version: str
+    name: ShortName
+    version: ShortName
 
 
 class Features(Wire, frozen=True, kw_only=True):
@@ -212,8 +273,8 @@ _DATA_URL_HEAD: Final = r"^data:[^,]*;base64,"
 class OutgoingAttachment(Wire, frozen=True, kw_only=True):
     """An attachment sent to the agent: ``data`` must be a base64 ``data:`` URL (seed 004)."""
 
-    data: Annotated[str, Meta(pattern=_DATA_URL_HEAD)]
-    name: str
+    data: Annotated[str, Meta(pattern=_DATA_URL_HEAD, max_length=MAX_DATA_URL_CHARS)]
+    name: Annotated[str, Meta(max_length=MAX_FILE_NAME)]
 
 
 class DataUrl(msgspec.Struct, frozen=True):
@@ -533,16 +594,16 @@ class GlobalLayer(_Layer, tag="global", frozen=True, kw_only=True):
 
 
 class PlatformLayer(_Layer, tag="platform", frozen=True, kw_only=True):
-    platform: str
+    platform: ShortName
 
 
 class PlatformTypeLayer(_Layer, tag="platformType", frozen=True, kw_only=True):
-    platform: str
-    type: str
+    platform: ShortName
+    type: ShortName
 
 
 class PlaceLayer(_Layer, tag="place", frozen=True, kw_only=True):
-    key: str
+    key: Annotated[str, Meta(max_length=MAX_PLACE_KEY)]
 
 
 SettingLayer = GlobalLayer | PlatformLayer | PlatformTypeLayer | PlaceLayer

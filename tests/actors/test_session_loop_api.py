@@ -290,6 +290,18 @@ def test_the_wait_timeout_is_clamped_to_1_to_600_seconds(bot):
     assert bot.clamp_timeout_ms(None) == 60 and bot.clamp_timeout_ms(5) == 1 and bot.clamp_timeout_ms(10**9) == 600
 
 
+@pytest.mark.parametrize("timeout_ms, seconds", [(10**310, 600), (-(10**310), 1), (2**1100, 600),
+                                                  (float("inf"), 600), (float("-inf"), 1)])
+def test_a_timeout_beyond_float_range_is_clamped_instead_of_overflowing(bot, timeout_ms, seconds):
+    assert bot.clamp_timeout_ms(timeout_ms) == seconds
+
+
+def test_waiting_with_a_310_digit_timeout_returns_the_turns_result(bot):
+    s = bot.create(container_id="inbox", initial_message={"text": "hi", "idempotency_key": "k"})
+    result = bot.wait_for_turn(s.session_id, s.turn_id, timeout_ms=int("9" * 310))
+    assert (result.state, result.output_text) == ("completed", "echo: hi")
+
+
 def test_an_app_cannot_see_send_to_or_wait_on_another_apps_sessions(loop_host, bot):
     theirs = loop_host.sessions(app="other").create(container_id="inbox")
     with pytest.raises(NotFound):

@@ -173,3 +173,17 @@ def test_a_session_an_app_creates_in_a_tool_without_context_caller_is_isolated(a
     room_dir = app_host.rt.workspace(app_host.session(room).snapshot()).root
     parent_dir = app_host.rt.workspace(app_host.session(parent).snapshot()).root
     assert room_dir != parent_dir and not (room_dir / "secret.txt").exists()
+
+
+def test_spawn_session_refuses_a_title_or_task_over_its_bound_and_makes_no_child(open_host):
+    host = open_host(permission_mode="acceptCalls")
+    parent = host.create()
+    parent.run(directive("spawn_session", task="sub job", title="t" * 1001))
+    parent.run(directive("spawn_session", task="x" * 100_001))
+    title_refused, task_refused = finished_calls(host, parent.id)
+    assert title_refused.status == "failed" and "field 'title' is 1001 characters; at most 1000" in str(
+        title_refused.output)
+    assert task_refused.status == "failed" and "field 'task' is 100001 characters; at most 100000" in str(
+        task_refused.output)
+    assert children_of(host, parent.id) == []
+
