@@ -44,11 +44,11 @@ from protocol.schemas_types import (
     ApprovalDiff,
     ApprovalFacts,
     ApprovalOrigin,
-    ApprovalSettlement,
     Participant,
-    Speaker,
 )
 
+from .grants import terms_for
+from .projections import wire_settlement
 from .pubsub import Reply
 
 if TYPE_CHECKING:
@@ -172,7 +172,8 @@ class ApprovalService:
             return [a for a in self._approvals.values() if a.session_id == session_id]
 
     def respond(self, conn: Any, approval_id: str, decision: str, content: str, note: str | None,
-                reply: Reply) -> None:
+                reply: Reply, grant: Any = None) -> None:
+        """Answer an approval; ``grant`` (a ``GrantRequest``) makes the answer settle later calls too."""
         with self._lock:
             ref = self._actors.get(approval_id)
         if ref is None:
@@ -181,7 +182,7 @@ class ApprovalService:
             else:
                 reply.fail(RpcError.not_found(f"approval {approval_id} not found"))
             return
-        ref.tell(("respond", (conn, decision, content, note, reply)))
+        ref.tell(("respond", (conn, decision, content, note, reply, grant)))
 
     def _settled_before(self, approval_id: str) -> bool:
         try:
@@ -317,19 +318,28 @@ class ApprovalActor(pykka.ThreadingActor):
             self._settle("cancelled", payload, None, None)
         return None
 
-    def _respond(self, conn: Any, decision: str, content: str, note: str | None, reply: Reply) -> None:
+    def _respond(self, conn: Any, decision: str, content: str, note: str | None, reply: Reply,
+                 grant: Any) -> None:
         if not self.svc.eligible(conn):
             reply.fail(RpcError.forbidden("this connection's identity may not answer this approval"))
             return
         if content != self.approval.content_hash:
             reply.fail(RpcError.hash_mismatch(f"the content hash does not match approval {self.approval.id}"))
             return
+        terms = None
+        if grant is not None:
+            try:
+                terms = terms_for(self.approval.tool, grant.scope, grant.command_prefix, grant.expires_in_ms, now_ms())
+            except ValueError as e:
+                reply.fail(RpcError.invalid_params(f"params.{e}"))
+                return
         by = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
-        self._settle("approved" if decision == "approve" else "denied", "answer", by, note, reply)
+        self._settle("approved" if decision == "approve" else "denied", "answer", by, note, reply, terms)
 
     def _settle(self, state: str, source: str, by: E.Speaker | None, note: str | None,
-                reply: Reply | None = None) -> None:
-        settlement = E.Settlement(state=state, source=source, at=now_ms(), by=by, note=note)  # type: ignore[arg-type]
+                reply: Reply | None = None, grant: E.GrantTerms | None = None) -> None:
+        settlement = E.Settlement(state=state, source=source, at=now_ms(), by=by, note=note,  # type: ignore[arg-type]
+                                  grant=grant)
         self.svc.rt.store.append(self.stream, [E.ApprovalSettled(at=settlement.at, approval_id=self.approval.id,
                                                                  settlement=settlement)],
                                  ANY_VERSION, flags={"approval-pending": False})
@@ -344,13 +354,6 @@ class ApprovalActor(pykka.ThreadingActor):
         if source not in ("turn-ended", "shutdown"):  # the session itself decided those
             self.svc.rt.approval_settled(self.approval, settlement)
         self.stop()
-
-
-def wire_settlement(s: E.Settlement) -> ApprovalSettlement:
-    by = None
-    if s.by is not None:
-        by = Speaker(platform=s.by.platform, user_id=s.by.user_id, nickname=s.by.nickname, owner=s.by.owner)
-    return ApprovalSettlement(state=s.state, source=s.source, at=s.at, by=by)
 
 
 def build_approval(state: Any, rec: Any, approval_id: str, wait_s: float, chain: list[AncestorRef]) -> Approval:

@@ -25,6 +25,7 @@ from protocol.schemas import (
     BackgroundOutputResult,
     BatchFailure,
     Empty,
+    GrantsListResult,
     HistoryResult,
     RewindResult,
     SessionBatchResult,
@@ -37,6 +38,7 @@ from protocol.schemas_types import decode_data_url
 
 from .blobs import kind_of, sniff_mime
 from .errors import InvalidCommand, NotFound
+from .projections import wire_grant
 from .pubsub import Reply
 from .session import Apply, Cancel, Compact, Create, Query, Send, now_ms
 from .session_decide import decide_cancel, decide_rename, ensure_usable
@@ -110,6 +112,8 @@ def build_handlers(svc: SessionProtocolService) -> dict[str, Handler]:
         "plan/clear": h.plan_clear,
         "presence/update": h.presence,
         "approval/respond": h.approval_respond,
+        "approval/grants/list": h.grants_list,
+        "approval/grants/revoke": h.grants_revoke,
         "background/list": h.background_list,
         "background/watch": h.background_watch,
         "background/output": h.background_output,
@@ -376,7 +380,36 @@ def _presence(self: _Handlers, conn: ClientConnection, request_id: Any, params: 
 
 def _approval_respond(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
     self.rt.approvals.respond(conn, params.approval_id, params.decision, params.content_hash, params.note,
-                              answer(conn, request_id, lambda _: EMPTY))
+                              answer(conn, request_id, lambda _: EMPTY), grant=params.grant)
+
+
+def _grants_list(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    """``approval/grants/list``: the session's grants that settle calls now (0.2.1)."""
+    sid = params.session_id
+    self.check(conn, sid)
+
+    def listing(actor: Any) -> GrantsListResult:
+        state, now = actor.state, now_ms()
+        return GrantsListResult(grants=[wire_grant(sid, g) for g in state.grants.values()
+                                        if g.active(now, state.current_turn)])
+
+    self.rt.tell(sid, Query(listing, answer(conn, request_id, lambda r: r)))
+
+
+def _grants_revoke(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    """``approval/grants/revoke``: the grant settles no more calls; who may answer approvals may
+    revoke (the owner); not-found for a grant the session does not have or that already ended."""
+    if not self.rt.approvals.eligible(conn):
+        raise RpcError.forbidden("this connection's identity may not revoke approval grants")
+    by = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
+
+    def decide(state: Any, now: int) -> list[E.Event]:
+        grant = state.grants.get(params.grant_id)
+        if grant is None or not grant.active(now, state.current_turn):
+            raise NotFound(f"grant {params.grant_id} not found in session {params.session_id}")
+        return [E.ApprovalGrantRevoked(at=now, grant_id=grant.id, by=by)]
+
+    self.apply(conn, request_id, params.session_id, decide, drive=False)
 
 
 def _background_list(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
@@ -440,6 +473,8 @@ _Handlers.background_stop = _background_stop  # type: ignore[attr-defined]
 _Handlers.background_stop_all = _background_stop_all  # type: ignore[attr-defined]
 _Handlers.presence = _presence  # type: ignore[attr-defined]
 _Handlers.approval_respond = _approval_respond  # type: ignore[attr-defined]
+_Handlers.grants_list = _grants_list  # type: ignore[attr-defined]
+_Handlers.grants_revoke = _grants_revoke  # type: ignore[attr-defined]
 
 
 class _Do:

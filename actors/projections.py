@@ -34,9 +34,11 @@ from eventstore import events as E
 from protocol.schemas_types import (
     AgentMessageItem,
     AgentModel,
+    ApprovalGrant,
     ApprovalSettlement,
     CommandDisplay,
     FileChangeDisplay,
+    GrantTerms,
     ItemAttachment,
     NoticeItem,
     PlanEntry,
@@ -57,6 +59,7 @@ from protocol.schemas_types import (
 )
 
 from .context import is_summary, summary_text
+from .grants import Grant
 from .errors import NotFound
 
 __all__ = [
@@ -130,11 +133,26 @@ def _display(display: E.ToolDisplay | None, exit_code: int | None = None) -> Too
 
 
 def _settlement(settlement: E.Settlement | None) -> ApprovalSettlement | None:
-    if settlement is None:
+    return None if settlement is None else wire_settlement(settlement)
+
+
+def wire_settlement(s: E.Settlement) -> ApprovalSettlement:
+    """The wire settlement (the tool card's, ``approval/settled``'s), with a grant it made or used."""
+    return ApprovalSettlement(state=s.state, source=s.source, at=s.at, by=_speaker(s.by), grant=wire_terms(s.grant),
+                              grant_id=s.grant_id)
+
+
+def wire_terms(terms: E.GrantTerms | None) -> GrantTerms | None:
+    if terms is None:
         return None
-    return ApprovalSettlement(
-        state=settlement.state, source=settlement.source, at=settlement.at, by=_speaker(settlement.by)
-    )
+    return GrantTerms(scope=terms.scope, tool=terms.tool, command_prefix=terms.command_prefix,
+                      expires_at=terms.expires_at)
+
+
+def wire_grant(session_id: str, g: Grant) -> ApprovalGrant:
+    """A grant as ``approval/grants/list`` shows it."""
+    return ApprovalGrant(id=g.id, session_id=session_id, decision=g.decision, terms=wire_terms(g.terms),  # type: ignore[arg-type]
+                         turn_id=g.turn_id, at=g.at, by=_speaker(g.by))
 
 
 def _failed_result(output: Any, exit_code: int | None) -> bool:

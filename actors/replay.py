@@ -297,6 +297,7 @@ class _TimelineBuilder:
             E.LlmStarted: self._llm_started, E.LlmCompleted: self._llm_done, E.LlmFailed: self._llm_done,
             E.ToolStarted: self._tool_started, E.ToolFinished: self._tool_finished,
             E.ToolApprovalRequested: self._approval_requested, E.ToolApprovalSettled: self._approval_settled,
+            E.ApprovalGrantRevoked: self._grant_revoked,
             E.NoticePosted: self._notice, E.PlanUpdated: self._plan, E.PlanCleared: self._plan,
             E.ContextTrimmed: self._context, E.ContextCompacted: self._context, E.ContextCompactFailed: self._context,
             E.CheckpointRecorded: self._checkpoint, E.TurnRewound: self._rewound, E.ArtifactRecorded: self._artifact,
@@ -445,6 +446,8 @@ class _TimelineBuilder:
         facts: dict[str, Any] = {"callId": e.call_id, "tool": e.tool, "args": summarize_args(e.args)}
         if e.display is not None:
             facts["display"] = e.display.kind
+            if e.display.sandbox is not None:
+                facts["sandbox"] = e.display.sandbox  # the policy the command ran under
         if e.call_id in self.approvals:
             facts["approval"] = self.approvals[e.call_id]
         self.open[f"call:{e.call_id}"] = self._entry(rec, "tool", "call", turn_id=e.turn_id, status="running",
@@ -488,11 +491,21 @@ class _TimelineBuilder:
             entry.facts["by"] = s.by.nickname or s.by.user_id or s.by.platform
         if s.note:
             entry.facts["note"] = s.note
+        if s.grant_id is not None:
+            entry.facts["grantId"] = s.grant_id  # settled by that grant: no approval was asked
+        if s.grant is not None:
+            entry.facts["grant"] = grant_text(s.state, s.grant)
         self._close(entry, rec, s.state, max(0, s.at - entry.at) if s.at else None)
         self.approvals[e.call_id] = f"{s.state} ({s.source})"
         call = self.open.get(f"call:{e.call_id}")
         if call is not None:
             call.facts["approval"] = self.approvals[e.call_id]
+
+    def _grant_revoked(self, rec: RecordedEvent, e: E.ApprovalGrantRevoked) -> None:
+        facts: dict[str, Any] = {"grantId": e.grant_id}
+        if e.by is not None:
+            facts["by"] = e.by.nickname or e.by.user_id or e.by.platform
+        self._entry(rec, "approval", "grant revoked", status="revoked", facts=facts)
 
     # notices, plan, context, files
 
@@ -1354,3 +1367,9 @@ def _divergence(i: int, want: tuple[str, RecordedEvent] | None, have: tuple[str,
         d.expected = payload(want[1].event) if want is not None else ABSENT
         d.got = payload(have[1].event) if have is not None else ABSENT
     return d
+
+
+def grant_text(state: str, terms: E.GrantTerms) -> str:
+    """``approve exec 'git status' for the session until <ms>``: a grant in one line."""
+    what = terms.tool + (f" {terms.command_prefix!r}" if terms.command_prefix else "")
+    return f"{'approve' if state == 'approved' else 'deny'} {what} for the {terms.scope} until {terms.expires_at}"

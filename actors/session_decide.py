@@ -23,6 +23,7 @@ from eventstore import events as E
 
 from .context import model_view
 from .errors import Conflict, ExpectedTurnMismatch, InvalidCommand, NotFound, SessionBusy, SessionParked
+from .grants import settlement_by, settling
 from .session_model import SessionState
 
 NOT_EXECUTED = "not executed: the turn ended before this tool call ran"
@@ -275,6 +276,11 @@ def _start_call(state: SessionState, cfg: AgentConfig, check: ToolCheck, rec: An
         return True
     if policy.needs_approval and cfg.permission_mode != "acceptCalls":
         return _gate(state, cfg, policy, rec, turn_id, now, emit)
+    if policy.needs_approval and rec.settlement is None:  # a denying grant holds in acceptCalls too
+        grant = settling(state.grants.values(), rec.tool, rec.args, now, turn_id, approving=False)
+        if grant is not None:
+            _settle_by_grant(state, policy, rec, turn_id, grant, now, emit)
+            return True
     emit(E.ToolStarted(at=now, turn_id=turn_id, call_id=rec.call_id, tool=rec.tool, args=rec.args,
                        display=policy.display))
     return True
@@ -300,6 +306,11 @@ def _gate(state: SessionState, cfg: AgentConfig, policy: ToolPolicy, rec: Any, t
         return True
     if rec.approval_id is not None:
         return False
+    grant = settling(state.grants.values(), rec.tool, rec.args, now, turn_id,
+                     approving=cfg.permission_mode == "ask")
+    if grant is not None:
+        _settle_by_grant(state, policy, rec, turn_id, grant, now, emit)
+        return True
     source = None
     if cfg.permission_mode == "deny":
         source = "ineligible"
@@ -315,6 +326,20 @@ def _gate(state: SessionState, cfg: AgentConfig, policy: ToolPolicy, rec: Any, t
     return False
 
 
+def _settle_by_grant(state: SessionState, policy: ToolPolicy, rec: Any, turn_id: str, grant: Any, now: int,
+                     emit: Callable[[E.Event], None]) -> None:
+    """A grant settles the call at once, no approval asked; the settlement names the grant."""
+    approval_id = approval_id_of(state.session_id, turn_id, rec.call_id)
+    settlement = settlement_by(grant, now)
+    emit(E.ToolApprovalSettled(at=now, turn_id=turn_id, call_id=rec.call_id, approval_id=approval_id,
+                               settlement=settlement))
+    if settlement.state == "approved":
+        emit(E.ToolStarted(at=now, turn_id=turn_id, call_id=rec.call_id, tool=rec.tool, args=rec.args,
+                           display=policy.display))
+    else:
+        emit(_denied(turn_id, rec.call_id, approval_id, settlement, now))
+
+
 _DENIAL_TEXT = {
     "ineligible": "the permission mode is deny",
     "absent": "nobody was present to approve it",
@@ -327,7 +352,9 @@ _DENIAL_TEXT = {
 
 def _denied(turn_id: str, call_id: str, approval_id: str, settlement: E.Settlement, now: int) -> E.ToolFinished:
     why = _DENIAL_TEXT.get(settlement.source, settlement.state)
-    if settlement.source == "answer":
+    if settlement.source == "grant":
+        why = f"the user denies such calls (grant {settlement.grant_id})"
+    elif settlement.source == "answer":
         why = "the user denied it" + (f": {settlement.note}" if settlement.note else "")
     return E.ToolFinished(at=now, turn_id=turn_id, call_id=call_id, status="denied",
                           output={"error": f"denied: {why}"}, approval_id=approval_id, settlement=settlement)

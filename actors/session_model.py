@@ -24,8 +24,10 @@ import msgspec
 from eventstore import events as E
 
 from .context import summary_message
+from .grants import Grant, grant_of
 
 STATE_FORMAT = 1  # bump when SessionState changes shape: old snapshots are then ignored
+MAX_GRANTS = 100  # grants a session keeps (revoked and expired ones are dropped first)
 
 
 class Status(str, enum.Enum):
@@ -178,6 +180,7 @@ class SessionState(msgspec.Struct, kw_only=True):
     settings_rev: int = 0  # bumped on every settings change: lets the shell cache its config
     summaries: int = 0  # summary messages inserted so far (0: the model view needs no merging)
     notices: list[E.NoticePosted] = []
+    grants: dict[str, Grant] = {}  # approval grants by id (the approval whose answer made them)
 
     @property
     def is_busy(self) -> bool:
@@ -427,6 +430,19 @@ def _approval_settled(s: SessionState, e: E.ToolApprovalSettled) -> None:
     rec = s.tool_calls.get(e.call_id)
     if rec is not None:
         rec.approval_id, rec.settlement = e.approval_id, e.settlement
+    grant = grant_of(e)
+    if grant is not None:
+        if len(s.grants) >= MAX_GRANTS:  # the oldest ended grants go first
+            ended = [g.id for g in s.grants.values() if g.revoked or g.terms.expires_at <= e.at]
+            for gid in (ended or list(s.grants))[: len(s.grants) - MAX_GRANTS + 1]:
+                del s.grants[gid]
+        s.grants[grant.id] = grant
+
+
+def _grant_revoked(s: SessionState, e: E.ApprovalGrantRevoked) -> None:
+    grant = s.grants.get(e.grant_id)
+    if grant is not None:
+        grant.revoked = True
 
 
 def _notice(s: SessionState, e: E.NoticePosted) -> None:
@@ -512,6 +528,7 @@ _HANDLERS: dict[type, Any] = {
     E.ToolFinished: _tool_finished,
     E.ToolApprovalRequested: _approval_requested,
     E.ToolApprovalSettled: _approval_settled,
+    E.ApprovalGrantRevoked: _grant_revoked,
     E.NoticePosted: _notice,
     E.PlanUpdated: _plan,
     E.PlanCleared: _plan,

@@ -68,14 +68,28 @@ class Usage(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=T
     completion_tokens: int = 0
 
 
+class GrantTerms(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
+    """What an answer grants beyond its own call (as Codex's ``acceptForSession``, ACP's
+    ``allow_always``/``reject_always``): later calls of ``tool`` (of ``exec`` commands starting
+    with ``command_prefix``) in this turn or session are settled the same way until ``expires_at``."""
+
+    scope: Literal["turn", "session"]
+    tool: str
+    command_prefix: str | None = None
+    expires_at: int
+
+
 class Settlement(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
-    """How an approval ended (seed 004, ApprovalSettlement)."""
+    """How an approval ended (seed 004, ApprovalSettlement). An answer may make a grant
+    (``grant``: its id is the approval's); a call settled by a grant names it (``grant_id``)."""
 
     state: Literal["approved", "denied", "expired", "cancelled"]
-    source: Literal["answer", "absent", "timeout", "ineligible", "rate-limit", "turn-ended", "shutdown"]
+    source: Literal["answer", "absent", "timeout", "ineligible", "rate-limit", "turn-ended", "shutdown", "grant"]
     at: int
     by: Speaker | None = None
     note: str | None = None
+    grant: GrantTerms | None = None
+    grant_id: str | None = None
 
 
 class ToolDisplay(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
@@ -362,6 +376,13 @@ class ToolApprovalSettled(Event, tag="tool.approval.settled", kw_only=True):
     settlement: Settlement
 
 
+class ApprovalGrantRevoked(Event, tag="approval.grant.revoked", kw_only=True):
+    """A grant (made by the answer to approval ``grant_id``) no longer settles calls."""
+
+    grant_id: str
+    by: Speaker | None = None
+
+
 # --- notices, plan, context -------------------------------------------------------------------
 
 
@@ -540,6 +561,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ToolFinished,
     ToolApprovalRequested,
     ToolApprovalSettled,
+    ApprovalGrantRevoked,
     NoticePosted,
     PlanUpdated,
     PlanCleared,

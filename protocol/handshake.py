@@ -30,7 +30,7 @@ __all__ = [
     "parse_version",
 ]
 
-SESSION_PROTOCOL_VERSION: Final = "0.2.0"
+SESSION_PROTOCOL_VERSION: Final = "0.2.1"  # 0.2.1: approval grants (additive)
 
 # ASCII digits only (``\d`` would accept other scripts' digits), and a bound on each part so
 # ``int()`` never meets a 5,000-digit number.

@@ -29,6 +29,8 @@ __all__ = [
     "MAX_CURSOR",
     "MAX_DATA_URL_CHARS",
     "MAX_FILE_NAME",
+    "MAX_GRANT_MS",
+    "MAX_GRANT_PREFIX",
     "MAX_ID",
     "MAX_IDEMPOTENCY_KEY",
     "MAX_INT",
@@ -49,6 +51,11 @@ __all__ = [
 ]
 
 # --- strings --------------------------------------------------------------------------------------
+
+#: An approval grant's command prefix: a few shell words, never a script.
+MAX_GRANT_PREFIX: Final = 1_000
+#: An approval grant lasts at most 30 days.
+MAX_GRANT_MS: Final = 30 * 24 * 3600 * 1000
 
 #: Session, turn, task and approval ids we issue are 21 characters, content hashes 64: this
 #: names none of ours and keeps the not-found message that echoes it short.

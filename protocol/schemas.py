@@ -29,6 +29,8 @@ from .limits import (
     MAX_ATTACHMENTS,
     MAX_BATCH_IDS,
     MAX_CURSOR,
+    MAX_GRANT_MS,
+    MAX_GRANT_PREFIX,
     MAX_INT,
     MAX_QUERY,
     MAX_VERSION,
@@ -52,21 +54,26 @@ from .schemas_types import (  # re-exported: one import site for every wire shap
     Approval,
     ApprovalDiff,
     ApprovalFacts,
+    ApprovalGrant,
     ApprovalOrigin,
     ApprovalSettlement,
     BackgroundCall,
     BackgroundTask,
     ChatInfo,
+    check_json_value,
     ClientInfo,
     CommandDisplay,
     DataUrl,
+    decode_data_url,
     Features,
     FileChangeDisplay,
     Forward,
     ForwardFacts,
     GlobalLayer,
+    GrantTerms,
     Id,
     Identity,
+    is_unset,
     ItemAttachment,
     JsonValue,
     LastTurn,
@@ -91,6 +98,7 @@ from .schemas_types import (  # re-exported: one import site for every wire shap
     SettingLayer,
     SettingLayerInfo,
     SettingRow,
+    SettlementSource,
     ShortName,
     Speaker,
     Text,
@@ -104,9 +112,6 @@ from .schemas_types import (  # re-exported: one import site for every wire shap
     UsagePart,
     UserMessageItem,
     Wire,
-    check_json_value,
-    decode_data_url,
-    is_unset,
 )
 
 # --- shared --------------------------------------------------------------------------------------
@@ -421,9 +426,10 @@ class ApprovalRequested(Wire, frozen=True, kw_only=True):
 class ApprovalSettled(Wire, frozen=True, kw_only=True):
     approval_id: str
     state: Literal["approved", "denied", "expired", "cancelled"]
-    source: Literal["answer", "absent", "timeout", "ineligible", "rate-limit", "turn-ended", "shutdown"]
+    source: SettlementSource
     at: int
     by: Speaker | None = None
+    grant: GrantTerms | None = None
 
     @classmethod
     def of(cls, approval_id: str, settlement: ApprovalSettlement) -> ApprovalSettled:
@@ -434,7 +440,19 @@ class ApprovalSettled(Wire, frozen=True, kw_only=True):
             source=settlement.source,
             at=settlement.at,
             by=settlement.by,
+            grant=settlement.grant,
         )
+
+
+class GrantRequest(Wire, frozen=True, kw_only=True):
+    """``approval/respond``'s ``grant`` (0.2.1): settle later calls of the approval's tool the same
+    way, for the rest of the ``turn`` or the ``session``; ``commandPrefix`` narrows an ``exec``
+    grant to commands whose shell words start with it; ``expiresInMs`` (default 1 h for a turn,
+    24 h for a session; at most 30 days)."""
+
+    scope: Literal["turn", "session"]
+    command_prefix: Annotated[str, Meta(max_length=MAX_GRANT_PREFIX)] | None = None
+    expires_in_ms: Annotated[int, Meta(ge=1, le=MAX_GRANT_MS)] | None = None
 
 
 class ApprovalRespondParams(Wire, frozen=True, kw_only=True):
@@ -442,6 +460,16 @@ class ApprovalRespondParams(Wire, frozen=True, kw_only=True):
     decision: Literal["approve", "deny"]
     content_hash: Id
     note: Text | None = None
+    grant: GrantRequest | None = None
+
+
+class GrantsListResult(Wire, frozen=True, kw_only=True):
+    grants: list[ApprovalGrant]
+
+
+class GrantRevokeParams(Wire, frozen=True, kw_only=True):
+    session_id: Id
+    grant_id: Id
 
 
 # --- the registry ---------------------------------------------------------------------------------
@@ -495,6 +523,8 @@ METHODS: Final[dict[str, MethodSpec]] = dict(
         _spec("background/stopAll", SessionIdParams, Empty),
         _spec("presence/update", PresenceParams, Empty),
         _spec("approval/respond", ApprovalRespondParams, Empty),
+        _spec("approval/grants/list", SessionIdParams, GrantsListResult),  # 0.2.1
+        _spec("approval/grants/revoke", GrantRevokeParams, Empty),  # 0.2.1
         # Session Loop API for bots (seeds 000/001, SPEC §5)
         _spec("loop/create", LoopCreateParams, LoopCreateResult),
         _spec("loop/send", LoopSendParams, LoopSendResult),
@@ -533,6 +563,11 @@ __all__ = [
     "ApprovalRespondParams",
     "ApprovalSettled",
     "ApprovalSettlement",
+    "ApprovalGrant",
+    "GrantRequest",
+    "GrantRevokeParams",
+    "GrantTerms",
+    "GrantsListResult",
     "BackgroundCall",
     "BackgroundChanged",
     "BackgroundListResult",

@@ -341,11 +341,41 @@ class Speaker(Wire, frozen=True, kw_only=True):
     source: str | None = None  # injection source (注入来源), when not a person typed it
 
 
+SettlementSource = Literal["answer", "absent", "timeout", "ineligible", "rate-limit", "turn-ended", "shutdown",
+                           "grant"]
+
+
+class GrantTerms(Wire, frozen=True, kw_only=True):
+    """What a grant covers (extension, protocol 0.2.1): calls of ``tool`` (``exec`` commands whose
+    shell words start with ``commandPrefix``) in the ``turn`` or ``session``, until ``expiresAt``."""
+
+    scope: Literal["turn", "session"]
+    tool: str
+    command_prefix: str | None = None
+    expires_at: int
+
+
 class ApprovalSettlement(Wire, frozen=True, kw_only=True):
-    """How an approval ended; same shape as ``approval/settled`` minus the id."""
+    """How an approval ended; same shape as ``approval/settled`` minus the id. Extensions
+    (0.2.1): ``grant``, the grant this answer made (its id is the approval's); ``grantId``, the
+    grant that settled this call (``source: "grant"``)."""
 
     state: Literal["approved", "denied", "expired", "cancelled"]
-    source: Literal["answer", "absent", "timeout", "ineligible", "rate-limit", "turn-ended", "shutdown"]
+    source: SettlementSource
+    at: int
+    by: Speaker | None = None
+    grant: GrantTerms | None = None
+    grant_id: str | None = None
+
+
+class ApprovalGrant(Wire, frozen=True, kw_only=True):
+    """A grant in ``approval/grants/list`` (0.2.1)."""
+
+    id: str
+    session_id: str
+    decision: Literal["approve", "deny"]
+    terms: GrantTerms
+    turn_id: str
     at: int
     by: Speaker | None = None
 

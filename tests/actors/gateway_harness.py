@@ -54,6 +54,11 @@ class MemoryClient:
                     raise TimeoutError(f"no matching frame; have {[f.get('method') for f in self.frames]}")
                 self.cond.wait(left)
 
+    def clear(self) -> None:
+        """Forget the frames received so far (the next waits see only what comes after)."""
+        with self.cond:
+            self.frames.clear()
+
     def pushes(self, method: str) -> list[dict[str, Any]]:
         with self.cond:
             return [f for f in self.frames if f.get("method") == method]
