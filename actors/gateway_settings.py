@@ -41,6 +41,7 @@ from protocol.schemas_types import (
     SettingLayerInfo,
 )
 
+from .apps import MODES
 from .errors import NotFound
 from .gateway_methods import _as_rpc, answer, in_background
 from .pubsub import Reply
@@ -50,6 +51,7 @@ from .settings import SettingsService
 from .settings_context import DEFAULT_WORKSPACE
 from .settings_texts import text
 from .summary_records import summary_from_record
+from .tools.sandbox import POLICIES
 
 if TYPE_CHECKING:
     from .gateway import ClientConnection, SessionProtocolService
@@ -167,8 +169,10 @@ class _SettingsHandlers:
 
     def update(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
         """Seed 写: the session's own layer, through an ``Apply`` (InvalidSetting -> invalidParams,
-        nothing written); then the rows as ``session/config/get`` gives them."""
+        nothing written); then the rows as ``session/config/get`` gives them. An app may not raise
+        its session's permission mode or sandbox policy beyond its manifest: ``forbidden``."""
         self._record(conn, params.session_id)
+        self._within_manifest(conn, params.plugin, params.key, params.value)
         settings = self.settings
 
         def applied(r: Reply) -> None:
@@ -186,6 +190,17 @@ class _SettingsHandlers:
         self.rt.tell(params.session_id, Apply(
             lambda state, now: settings.session_events(state, params.plugin, params.key, params.value, now),
             reply, drive=False))
+
+    def _within_manifest(self, conn: ClientConnection, plugin: str, key: str, value: Any) -> None:
+        app = self.rt.apps.find(conn.peer.app_id)
+        if app is None or plugin != "tools" or not isinstance(value, str):
+            return  # the owner; another field; a delete or a value of the wrong type (invalidParams)
+        if key == "permissionMode" and value in MODES and not app.allows_mode(value):
+            raise RpcError.forbidden(f"app {app.id!r} may not set permission mode {value!r}: its manifest allows "
+                                     f"{', '.join(app.permission_modes)}")
+        if key == "sandbox" and value in POLICIES and not app.allows_policy(value):
+            raise RpcError.forbidden(f"app {app.id!r} may not set sandbox policy {value!r}: its manifest allows "
+                                     f"at most {app.sandbox}")
 
     # --- layers ---------------------------------------------------------------------------------
 

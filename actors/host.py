@@ -20,10 +20,12 @@ import msgspec
 from eventstore import IdempotencyClaim, RecordedEvent, request_hash
 from eventstore import events as E
 
+from .apps import MODES, AppManifest
 from .context import keep_turns
 from .errors import InvalidCommand, NotFound, SessionBusy
 from .pubsub import Reply, TurnOutcome
 from .runtime import HostOptions, Runtime
+from .tools.sandbox import DEFAULT_POLICY
 from .session import Apply, Cancel, Compact, Create, Query, Receipt, Send, SessionActor, now_ms
 from .session_decide import ensure_usable
 from .session_model import SessionState, Status, copy_state
@@ -68,7 +70,7 @@ class Host:
     """
 
     def __init__(self, runtime: Runtime) -> None:
-        from .session_loop import AppRegistry, Watchers
+        from .session_loop import Watchers
 
         from .session_loop import spawn_session_spec
 
@@ -76,7 +78,7 @@ class Host:
         runtime.host = self
         if "spawn_session" not in runtime.tools:
             runtime.tools.register(spawn_session_spec())
-        self.apps = AppRegistry()
+        self.apps = runtime.apps
         self.loop_watchers = Watchers()
         runtime.loop_watchers = self.loop_watchers
         runtime.listeners.append(self._emit_loop_events)
@@ -118,12 +120,13 @@ class Host:
     # --- the Session Loop API (seeds 000/001) ------------------------------------------------------
 
     def register_app(self, app_id: str, *, platform: str = "", sessions: bool = True,
-                     containers: list[str] | tuple[str, ...] = (), token: str | None = None) -> None:
-        """Register an app (the seeds' minitool) with its manifest."""
-        from .session_loop import AppManifest
-
+                     containers: list[str] | tuple[str, ...] = (), token: str | None = None,
+                     permission_modes: list[str] | tuple[str, ...] = MODES, sandbox: str = DEFAULT_POLICY) -> None:
+        """Register an app (the seeds' minitool) with its manifest; ``permission_modes`` and
+        ``sandbox`` bound what its sessions may do (:mod:`actors.apps`). Raises InvalidCommand."""
         self.apps.register(AppManifest(id=app_id, platform=platform or app_id, sessions=sessions,
-                                       containers=list(containers), token=token))
+                                       containers=list(containers), token=token,
+                                       permission_modes=list(permission_modes), sandbox=sandbox))
 
     def sessions(self, app: str) -> Any:
         """The Session Loop API handle of a registered app (sync)."""

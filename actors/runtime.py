@@ -18,6 +18,7 @@ import msgspec
 from eventstore import EventStore
 from eventstore import events as E
 
+from .apps import AppRegistry, clamp_mode, clamp_policy
 from .context import compaction_input, build_summary_request, summary_text
 from .directory import Directory
 from .errors import SessionBusy
@@ -119,6 +120,7 @@ class Runtime:
         self.disconnect_hooks: list[Callable[[Any], None]] = []
         self.approval_listers: list[Callable[[str], list[Any]]] = []
         self.settings_service: Any = None
+        self.apps = AppRegistry()  # the apps' manifests bound their sessions (actors.apps)
         self._app_lock = threading.Lock()
         self.app_unfinished: dict[str, int] = {}
         self.compaction = Compaction(self)
@@ -188,15 +190,22 @@ class Runtime:
         }
         for resolve in self.config_resolvers:
             resolve(state, values)
+        app = self.apps.find(state.created.app_id if state.created is not None else None)
+        if app is not None:  # whatever the layers say, an app's session stays within its manifest
+            values["permission_mode"] = clamp_mode(values["permission_mode"], app)
+            values["sandbox"] = clamp_policy(values["sandbox"], app)
         return AgentConfig(**values)
 
     def default_permission(self, state: Any) -> str:
         created = state.created
         if created is not None and created.permission_mode:
-            return str(created.permission_mode)
-        if self.options.permission_mode is not None:
-            return self.options.permission_mode
-        return "acceptCalls" if created is not None and created.activity == "background" else "ask"
+            mode = str(created.permission_mode)
+        elif self.options.permission_mode is not None:
+            mode = self.options.permission_mode
+        else:
+            mode = "acceptCalls" if created is not None and created.activity == "background" else "ask"
+        app = self.apps.find(created.app_id if created is not None else None)
+        return clamp_mode(mode, app) if app is not None else mode
 
     def provider_for(self, state: Any) -> Provider:
         name = self.options.model

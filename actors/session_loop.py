@@ -40,6 +40,7 @@ from protocol.limits import (
     MIN_WAIT_MS,
 )
 
+from .apps import AppManifest, clamp_mode
 from .caller import CURRENT_CALL
 from .errors import Forbidden, InvalidCommand, NotFound, RequestTimeout
 from .pubsub import Reply, TurnOutcome
@@ -53,17 +54,6 @@ if TYPE_CHECKING:
 SESSION_QUOTA = 20  # unfinished turns per session (seed 000, 配额)
 APP_QUOTA = 200  # unfinished turns per app
 RETRY_AFTER_MS = 1000
-
-
-class AppManifest(msgspec.Struct, frozen=True, kw_only=True):
-    """A registered client identity (the seeds' "minitool"): what it may do and where it places
-    sessions."""
-
-    id: str
-    platform: str = ""
-    sessions: bool = True  # permissions.sessions
-    containers: list[str] = []  # contributes.sessionContainers
-    token: str | None = None
 
 
 class LoopReceipt(Receipt, frozen=True, kw_only=True):
@@ -193,24 +183,6 @@ def feed_event(recorded: RecordedEvent) -> LoopEvent | None:
     return None
 
 
-class AppRegistry:
-    def __init__(self) -> None:
-        self._apps: dict[str, AppManifest] = {}
-        self._lock = threading.Lock()
-
-    def register(self, manifest: AppManifest) -> None:
-        if not manifest.id or "\x00" in manifest.id:
-            raise InvalidCommand("an app needs a non-empty id")
-        with self._lock:
-            self._apps[manifest.id] = manifest
-
-    def get(self, app_id: str) -> AppManifest:
-        found = self._apps.get(app_id)
-        if found is None:
-            raise NotFound(f"app {app_id!r} is not registered")
-        return found
-
-
 class Watchers:
     """``on_did_receive_event`` callbacks per app, fed from committed events (and live deltas)."""
 
@@ -293,8 +265,12 @@ class SessionLoop:
                                                           IdempotencyClaim | None]:
         from .host import new_id
 
-        mode = permission_mode or (caller.permission_mode if caller is not None else
-                                   "acceptCalls" if activity == "background" else "ask")
+        if permission_mode is not None and not self.app.allows_mode(permission_mode):
+            raise Forbidden(f"app {self.app.id!r} may not create sessions in permission mode {permission_mode!r}: "
+                            f"its manifest allows {', '.join(self.app.permission_modes)}")
+        # a default (the caller's, or the activity's) within the manifest: never above it (actors.apps)
+        mode = permission_mode or clamp_mode(caller.permission_mode if caller is not None else
+                                             "acceptCalls" if activity == "background" else "ask", self.app)
         kind = "task" if caller is not None else ("room" if container_id is not None else "owner")
         session_id = new_id()
         now = now_ms()

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from actors import gc_policy
+from actors.apps import MODES
 from actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
 from eventstore.errors import SessionloopError
 
@@ -120,7 +121,9 @@ class Server:
                 self.host.register_app(app_id, platform=str(table.get("platform", app_id)),
                                        sessions=bool(table.get("sessions", True)),
                                        containers=[str(c) for c in table.get("containers", [])],
-                                       token=table.get("token"))
+                                       token=table.get("token"),
+                                       permission_modes=list(table.get("permission_modes", MODES)),
+                                       sandbox=str(table.get("sandbox", DEFAULT_POLICY)))
         for hook in service_hooks:
             hook(self, service, apps)
         return service
