@@ -9,15 +9,55 @@ Why it is shaped this way (see ../shared/RELIABILITY.md, LMDB):
   gate that a resize closes for the few microseconds it takes;
 * ``MDB_MAP_FULL`` never reaches a caller: the leader aborts, doubles the map, and redoes the
   whole group (requests are pure data, their checks run again);
-* a full disk aborts the group's transaction (nothing half-written) and raises StorageFull;
 * ``reader_check()`` at open clears reader slots left by killed processes; an ``flock`` on
   ``LOCK`` refuses a second writing process with StoreLocked instead of risking corruption.
+
+When a commit fails (every answer a client gets is true)
+--------------------------------------------------------
+
+A client that is told "not written" and believes it sends again without its idempotency key,
+so an error may only say "not written" when nothing of the write is in the store. What LMDB
+0.9 (py-lmdb 3.0's ``mdb.c``) does when a write transaction fails:
+
+* a put fails (a page spill on a full disk, ``MDB_MAP_FULL``): the transaction is aborted and
+  nothing of it was written. ``MDB_MAP_FULL`` grows the map and redoes the group; anything
+  else answers :class:`StorageFull` / :class:`StorageUnavailable` with ``outcome="not-written"``.
+* ``mdb_txn_commit`` writes the dirty pages (``pwrite``/``writev``; a short write on a full
+  disk is reported as ``EIO``), then ``fdatasync``s them, then writes the meta page (through an
+  ``O_DSYNC`` descriptor in ``sync``). A failure before the meta page: the transaction is
+  aborted and invisible, its pages are unreferenced free space. A failure *of* the meta page
+  write: LMDB writes the old meta page back to the page cache and marks the environment fatal
+  (every later transaction gets ``MDB_PANIC``); what the disk holds for that page is unknown.
+
+py-lmdb's ``Transaction.commit()`` hands ``mdb_txn_commit``'s code on as ``lmdb.Error`` after
+LMDB has ended the transaction (a later ``abort()`` is a no-op). So after a commit raised,
+the writer (the group's leader, holding every other writer off) finds out before it answers:
+
+1. it reads back, in a fresh read transaction, a witness of every request of the group: the
+   exact bytes each one put (a log record at its position, a snapshot, a counter);
+2. if that read gets ``MDB_PANIC``, it closes the environment and opens it again (readers wait
+   at the gate; the ``LOCK`` stays ours), then commits a small synced transaction: it takes the
+   slot of the meta page whose write failed (or builds on it, if that write made it), so what
+   the reopened store shows is now what the disk holds; then it reads the witnesses back;
+3. all witnesses present: the group committed; every request gets its result (a witness
+   present without a fatal error first gets the same synced transaction, to be durable);
+   none present: every request gets ``StorageUnavailable(outcome="not-written")`` (retryable,
+   ``retry_after_ms``), and a retry writes it once;
+4. it cannot tell (the reopen or the synced transaction fails, or only some witnesses are
+   present, which an atomic transaction cannot do): **fail-stop**, as PostgreSQL does after
+   a failed fsync: the group's requests get ``StorageUnavailable(outcome="unknown")``, every
+   later write gets ``StorageUnavailable(reason="stopped")``, and the next open (a restart)
+   shows what was written. Idempotency receipts are committed with their events, so a retry
+   with the same key after the restart returns the original receipt or writes it once.
+
+Each failed group is logged once (the driver's error, the path, the outcome found).
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import threading
 import time
@@ -29,12 +69,17 @@ import msgspec
 
 from . import keys as K
 from .errors import (
+    RETRY_AFTER_MS,
+    STOPPED_RETRY_AFTER_MS,
+    UNKNOWN,
     EventDecodeError,
     IdempotencyConflict,
     ReadOnlyStore,
     StorageError,
     StorageFull,
+    StorageUnavailable,
     StoreClosed,
+    StoreError,
     StoreLocked,
     WrongExpectedVersion,
 )
@@ -47,6 +92,8 @@ from .records import (
     IdemValue,
     SnapshotRecord,
 )
+
+log = logging.getLogger("sessionloop.eventstore")
 
 FORMAT_VERSION = 1
 ANY_VERSION = -1
@@ -105,11 +152,14 @@ class _ReadGate:
                 self._cond.wait()
             self._readers += 1
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, error: object, tb: object) -> None:
         with self._cond:
             self._readers -= 1
             if not self._readers:
                 self._cond.notify_all()
+        if isinstance(error, lmdb.PanicError):  # the writer is reopening the environment after a failed commit
+            raise StorageUnavailable(f"the event store could not be read ({error}); retry after "
+                                     f"{RETRY_AFTER_MS} ms") from error
 
     def exclusive(self, fn: Any) -> None:
         with self._cond:
@@ -178,28 +228,19 @@ class LmdbRecorder:
             self._lock_fd = self._take_lock()
         elif not os.path.exists(os.path.join(self.path, "data.mdb")):
             raise StorageError(f"no event store at {self.path}", path=self.path)
+        self._max_readers = max_readers
+        self._map_size = map_size
+        self._stopped: str | None = None  # why the store stopped accepting writes (fail-stop)
+        self._env_usable = True
+        self.commit_failures = 0
+        self.reopens = 0
         try:
-            self._env = lmdb.open(
-                self.path,
-                map_size=map_size,
-                max_dbs=len(_DBS) + 2,
-                max_readers=max_readers,
-                sync=durability == "sync",
-                metasync=durability == "sync",
-                readonly=readonly,
-                readahead=False,
-                lock=True,
-                writemap=False,
-            )
+            self._open_env()
             self.stale_readers_cleared = self._env.reader_check()
-            self.env_flags = self._env.flags()  # read back, not what was asked for
             mismatch = durability_mismatch(durability, self.env_flags)
             if mismatch is not None and not readonly:
                 self._env.close()
                 raise StorageError(f"event store at {self.path}: {mismatch}", path=self.path)
-            self._db = {
-                name: self._env.open_db(name.encode(), create=not readonly) for name in _DBS
-            }
         except lmdb.Error as e:
             self._release_lock()
             raise StorageError(f"cannot open event store at {self.path}: {e}", path=self.path) from e
@@ -209,6 +250,23 @@ class LmdbRecorder:
         self._committer = GroupCommitter(self._commit_batch, timed=(AppendOp,))
 
     # --- open / close -----------------------------------------------------------------------
+
+    def _open_env(self) -> None:
+        """Open the environment and its databases (at start, and again after a fatal commit error)."""
+        self._env = lmdb.open(
+            self.path,
+            map_size=self._map_size,
+            max_dbs=len(_DBS) + 2,
+            max_readers=self._max_readers,
+            sync=self.durability == "sync",
+            metasync=self.durability == "sync",
+            readonly=self.readonly,
+            readahead=False,
+            lock=True,
+            writemap=False,
+        )
+        self.env_flags = self._env.flags()  # read back, not what was asked for
+        self._db = {name: self._env.open_db(name.encode(), create=not self.readonly) for name in _DBS}
 
     def _take_lock(self) -> int:
         lock_path = os.path.join(self.path, "LOCK")
@@ -261,7 +319,7 @@ class LmdbRecorder:
             return
         self._committer.close()
         self._closed = True
-        if not self.readonly and self.durability == "nosync":
+        if not self.readonly and self.durability == "nosync" and self._stopped is None:
             self._env.sync(True)
         self._env.close()
         self._release_lock()
@@ -271,20 +329,24 @@ class LmdbRecorder:
         return self._head
 
     def info(self) -> dict[str, Any]:
-        stat = self._env.info()
+        map_size = self._env.info()["map_size"] if self._env_usable else self._map_size
         return {
             "path": self.path,
             "durability": self.durability,
             "fsync_per_commit": bool(self.env_flags["sync"] and self.env_flags["metasync"]),
             "readonly": self.readonly,
             "shards": self.shards,
-            "map_size": stat["map_size"],
+            "map_size": map_size,
             "last_position": self._head,
             "stale_readers_cleared": self.stale_readers_cleared,
             "map_resizes": self.map_resizes,
             "batches": self._committer.batches,
             "requests": self._committer.requests,
             "last_batch_size": self.last_batch_size,
+            "commit_failures": self.commit_failures,
+            "reopens": self.reopens,
+            "writable": self._stopped is None and not self.readonly,
+            "stopped": self._stopped,
         }
 
     def commit_stats(self) -> dict[str, HistogramSnapshot]:
@@ -306,38 +368,147 @@ class LmdbRecorder:
             raise StoreClosed()
         if self.readonly:
             raise ReadOnlyStore(self.path)
+        if self._stopped is not None:
+            raise self._stopped_error()
+
+    def _stopped_error(self) -> StorageUnavailable:
+        return StorageUnavailable(
+            "the event store stopped accepting writes after a write it could not confirm; nothing of this "
+            f"one was written; it takes writes again after a restart (retry after {STOPPED_RETRY_AFTER_MS} ms)",
+            reason="stopped", retry_after_ms=STOPPED_RETRY_AFTER_MS, path=self.path)
 
     def _commit_batch(self, batch: list[Request]) -> None:
+        """One group's write transaction; sets every request's result or error (see the module
+        docstring, "When a commit fails", for how each answer is made true)."""
         while True:
-            txn = self._env.begin(write=True)
+            if self._stopped is not None:
+                return _fail_all(batch, self._stopped_error())
             try:
-                batch_ctx = _BatchContext(self, txn)
+                txn = self._env.begin(write=True)
+            except lmdb.Error as e:  # nothing started, nothing written
+                return self._refuse(batch, e)
+            committing = False
+            try:
+                ctx = _BatchContext(self, txn)
                 for req in batch:
                     req.result, req.error = None, None
                     try:
-                        req.result = batch_ctx.apply(req.payload)
+                        req.result = ctx.apply(req.payload)
                     except (WrongExpectedVersion, IdempotencyConflict) as e:
                         req.error = e
                 self._maybe_prune(txn)
+                committing = True
                 txn.commit()
-            except lmdb.MapFullError:
-                self._grow_map(txn)
+            except lmdb.MapFullError:  # from a put, or from the commit's page allocation: before any write
+                try:
+                    self._grow_map(txn)
+                except StorageFull as e:
+                    log.warning("a group of %d writes was refused: %s", len(batch), e)
+                    return _fail_all(batch, e)
                 continue
             except lmdb.Error as e:
-                txn.abort()
-                err = _translate_write_error(e, self.path)
-                for req in batch:
-                    req.result, req.error = None, err
-                return
+                txn.abort()  # a no-op after a failed commit: LMDB has ended the transaction
+                if committing:
+                    return self._settle(batch, ctx, e)
+                return self._refuse(batch, e)
             except BaseException:
                 txn.abort()
                 raise
-            self._versions.update(batch_ctx.versions)
-            if len(self._versions) > 200_000:
-                self._versions.clear()
-            self._head = batch_ctx.head
-            self.last_batch_size = len(batch)
-            return
+            return self._applied(batch, ctx)
+
+    def _applied(self, batch: list[Request], ctx: _BatchContext) -> None:
+        self._versions.update(ctx.versions)
+        if len(self._versions) > 200_000:
+            self._versions.clear()
+        self._head = ctx.head
+        self.last_batch_size = len(batch)
+
+    def _refuse(self, batch: list[Request], e: lmdb.Error) -> None:
+        """LMDB failed the group before its commit (a put, a page spill, the transaction's start):
+        it aborted the transaction, so nothing of it was written."""
+        err = _translate_write_error(e, self.path)
+        log.warning("a group of %d writes to %s was refused before its commit (%s): nothing written",
+                    len(batch), self.path, e)
+        _fail_all(batch, err)
+
+    # --- when a commit fails ------------------------------------------------------------------------
+
+    def _settle(self, batch: list[Request], ctx: _BatchContext, error: lmdb.Error) -> None:
+        """``txn.commit()`` raised ``error``: find out whether the group is in the store, then
+        answer every request of it with what is true (module docstring)."""
+        self.commit_failures += 1
+        try:
+            found = self._witnessed(ctx.witnesses)
+            reopened = False
+        except lmdb.Error:  # MDB_PANIC: LMDB failed to write the meta page; this handle is dead
+            found, reopened = None, True
+        try:
+            if reopened:
+                self._reopen()
+                self._barrier()
+                found = self._witnessed(ctx.witnesses)
+            elif found:  # present after a reported failure (not what LMDB 0.9 does): make it durable
+                self._barrier()
+        except (lmdb.Error, OSError) as e:
+            return self._stop(batch, f"{error}; then, finding out what was written: {e}")
+        if found is None:
+            return self._stop(batch, f"{error}; its records are only partly in the store")
+        if found:
+            log.error("the commit of a group of %d writes to %s reported %r, but the group is in the store "
+                      "(checked%s): answered as committed", len(batch), self.path, str(error),
+                      " after reopening the environment" if reopened else "")
+            return self._applied(batch, ctx)
+        log.error("the commit of a group of %d writes to %s failed (%s); nothing of it is in the store "
+                  "(checked%s): answered storage-unavailable, not written", len(batch), self.path, error,
+                  " after reopening the environment" if reopened else "")
+        _fail_all(batch, _translate_write_error(error, self.path))
+
+    def _witnessed(self, witnesses: list[tuple[str, bytes, bytes]]) -> bool | None:
+        """Whether the group's writes are in the store, read in a fresh transaction: True if all
+        are, False if none is (also when there is nothing to check), None if only some are."""
+        with self._env.begin() as txn:  # the leader's own read: the gate is for other threads
+            seen = [txn.get(key, db=self._db[db]) == value for db, key, value in witnesses]
+        if not seen or not any(seen):
+            return False
+        return True if all(seen) else None
+
+    def _reopen(self) -> None:
+        """Close the dead environment and open it again, with every reader held at the gate (the
+        lock on ``LOCK`` stays ours: no other process can slip in). What it shows is what a
+        restarted server would show; ``_barrier`` then makes it durable."""
+
+        def reopen() -> None:
+            self._env_usable = False
+            self._map_size = max(self._map_size, int(self._env.info()["map_size"]))
+            self._env.close()
+            self._open_env()
+            self._env_usable = True
+
+        self._gate.exclusive(reopen)
+        self.reopens += 1
+        self._versions.clear()
+        self._head = self._read_head()
+
+    def _barrier(self) -> None:
+        """A durable write over whatever the failed commit left: it takes the place of the meta
+        page whose write failed (or, if that write made it, builds on it), so once it is synced
+        what the store shows is what the disk holds."""
+        with self._env.begin(write=True, db=self._db["meta"]) as txn:
+            txn.put(b"recovered_at", _enc.encode(int(time.time() * 1000)))
+        self._env.sync(True)
+
+    def _stop(self, batch: list[Request], why: str) -> None:
+        """Fail-stop (as PostgreSQL does after a failed fsync): the store cannot tell whether the
+        group was written, so it takes no more writes and the next open decides. Every request of
+        the group is told the outcome is unknown."""
+        self._stopped = why
+        log.critical("the event store at %s stopped accepting writes: a commit failed and its outcome could "
+                     "not be determined (%s); restart the server: the store will show what was written",
+                     self.path, why)
+        _fail_all(batch, StorageUnavailable(
+            "the event store could not confirm this write and stopped accepting writes; after a restart, "
+            "retry with the same idempotency key: the original receipt comes back if it was written",
+            outcome=UNKNOWN, reason="stopped", retry_after_ms=STOPPED_RETRY_AFTER_MS, path=self.path))
 
     def _grow_map(self, txn: Any) -> None:
         """Abort the group's transaction and double the map, with every reader held at the gate:
@@ -347,7 +518,7 @@ class LmdbRecorder:
         if ceiling is not None and current >= ceiling:
             txn.abort()
             raise StorageFull(
-                f"event store at {self.path} reached its map size ceiling of {ceiling} bytes",
+                f"the event store reached its map size ceiling of {ceiling} bytes; nothing was written",
                 path=self.path,
             )
         new_size = current * 2 if ceiling is None else min(current * 2, ceiling)
@@ -357,6 +528,7 @@ class LmdbRecorder:
             if self._on_map_resize is not None:
                 self._on_map_resize()
             self._env.set_mapsize(new_size)
+            self._map_size = new_size
 
         self._gate.exclusive(resize)
         self.map_resizes += 1
@@ -384,6 +556,10 @@ class LmdbRecorder:
     def _read(self) -> Any:
         if self._closed:
             raise StoreClosed()
+        if not self._env_usable:
+            raise StorageUnavailable("the event store stopped after a write it could not confirm; it can be "
+                                     f"read again after a restart (retry after {STOPPED_RETRY_AFTER_MS} ms)",
+                                     reason="stopped", retry_after_ms=STOPPED_RETRY_AFTER_MS, path=self.path)
         return self._gate
 
     def stream_key(self, stream: str) -> bytes:
@@ -602,6 +778,13 @@ class _BatchContext:
         self.claims: dict[bytes, IdemValue] = {}
         self.head = rec._head
         self.now = int(time.time() * 1000)
+        #: (database, key, value) of a put each request made, to find out after a failed commit
+        #: whether the group is in the store
+        self.witnesses: list[tuple[str, bytes, bytes]] = []
+
+    def _put(self, db: str, key: bytes, value: bytes, **kw: Any) -> None:
+        self.txn.put(key, value, db=self.db[db], **kw)
+        self.witnesses.append((db, key, value))
 
     def apply(self, op: AppendOp | SnapshotOp | MetaOp) -> Any:
         if isinstance(op, AppendOp):
@@ -609,10 +792,10 @@ class _BatchContext:
         if isinstance(op, SnapshotOp):
             skey = K.stream_key(K.shard_of(op.stream, self.rec.shards), op.raw_stream)
             record = SnapshotRecord(version=op.version, state=op.state, at=self.now)
-            self.txn.put(skey, _enc.encode(record), db=self.db["snapshots"])
+            self._put("snapshots", skey, _enc.encode(record))
             return None
         value = int(_any_dec.decode(self.txn.get(op.name.encode(), b"\x00", db=self.db["meta"]))) + 1
-        self.txn.put(op.name.encode(), _enc.encode(value), db=self.db["meta"])
+        self._put("meta", op.name.encode(), _enc.encode(value))
         return value
 
     def _version(self, skey: bytes) -> int:
@@ -666,7 +849,7 @@ class _BatchContext:
         )
         logkey = K.u64(last_pos)
         txn, db = self.txn, self.db
-        txn.put(logkey, _enc.encode(record), db=db["log"], append=True)
+        self._put("log", logkey, _enc.encode(record), append=True)
         txn.put(K.index_key(skey, last_v), logkey, db=db["streams"])
         if current == 0:
             txn.put(K.catalogue_key(K.category_of(op.stream), op.raw_stream), K.u64(first_pos),
@@ -777,8 +960,27 @@ def _prune_idem(txn: Any, dbs: dict[str, Any], cutoff: int, budget: int) -> int:
     return deleted
 
 
-def _translate_write_error(e: lmdb.Error, path: str) -> StorageFull | StorageError:
+def _translate_write_error(e: lmdb.Error, path: str) -> StorageUnavailable:
+    """The client's answer for a write LMDB refused and that is known not to be in the store."""
     text = str(e)
-    if isinstance(e, lmdb.MapFullError) or "No space left" in text or f"{errno.ENOSPC}" in text.split(":")[-1]:
-        return StorageFull(f"the disk holding {path} is full; the write was refused ({text})", path=path)
-    return StorageError(f"event store write failed at {path}: {text}", path=path)
+    if isinstance(e, (lmdb.MapFullError, lmdb.DiskError)) or "No space left" in text \
+            or f"{errno.ENOSPC}" in text.split(":")[-1] or _nearly_full(path):
+        return StorageFull(f"the disk holding the event store is full; nothing was written "
+                           f"(retry after {RETRY_AFTER_MS} ms)", path=path)
+    return StorageUnavailable(f"the event store could not write (I/O error); nothing was written "
+                              f"(retry after {RETRY_AFTER_MS} ms)", reason="io-error", path=path)
+
+
+def _nearly_full(path: str) -> bool:
+    """LMDB reports a short write as ``EIO`` ("short write, filesystem full?", mdb.c): call the
+    disk full when less than 1 MiB is left on it."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20
+
+
+def _fail_all(batch: list[Request], error: StoreError) -> None:
+    for req in batch:
+        req.result, req.error = None, error
