@@ -12,11 +12,12 @@ from typing import Any
 
 import msgspec
 
+from .batch import ANY_VERSION, AppendOp, MetaOp, SnapshotOp
 from .errors import IdempotencyConflict
 from .codec import decode_event, encode_json, event_to_builtins
 from .events import Event
 from .groupcommit import HistogramSnapshot
-from .lmdb_recorder import ANY_VERSION, DAY_MS, AppendOp, LmdbRecorder, MetaOp, SnapshotOp
+from .lmdb_recorder import DAY_MS, LmdbRecorder
 from .records import (
     AppendResult,
     CommitRecordIn,
