@@ -861,11 +861,11 @@ class SessionBehaviour:
 
     def on_apply(self, msg: Apply) -> None:
         events = msg.decide(self.state, now_ms())
-        result = None
-        if events:
-            result, _ = self._commit(list(events), run_drive=msg.drive)
         assert msg.reply is not None
-        msg.reply.set(result)
+        if not events:
+            msg.reply.set(None)
+            return
+        self._commit(list(events), run_drive=msg.drive, then=msg.reply.set)
 
     def on_passivate(self, msg: Passivate) -> None:
         state = self.state
