@@ -261,11 +261,13 @@ def test_a_full_disk_refuses_writes_with_storage_unavailable_writes_nothing_and_
                 await app_ws.close()
                 return sid, ok, errors, listed, full, refused
             sid, ok, errors, listed, full, refused = asyncio.run(fill())
-            assert errors and errors[0]["code"] == -32000 and errors[0]["data"]["code"] == "storage-unavailable", errors
-            assert errors[0]["data"]["reason"] == "full" and "full" in errors[0]["message"], errors
+            first = errors[0] if errors else {}
+            assert first.get("code") == -32000 and first["data"]["code"] == "storage-unavailable", errors
+            assert first["data"]["reason"] == "full" and "full" in first["message"], errors
             assert sorted(s["id"] for s in listed["sessions"]) == sorted(rec.sessions)  # the owner sees the room too
             assert "error" in refused and refused["error"]["data"]["code"] == "storage-unavailable", refused
-            assert refused["error"]["data"]["outcome"] == "not-written" and refused["error"]["data"]["retryAfterMs"] > 0
+            data = refused["error"]["data"]
+            assert data["outcome"] == "not-written" and data["retryAfterMs"] > 0, refused
             subprocess.run(["mount", "-o", "remount,size=64m", mount], check=True)
 
             async def after():
@@ -369,7 +371,8 @@ def test_on_a_full_disk_an_input_answered_storage_unavailable_is_not_stored_and_
                 assert mount not in error["message"], "the client's message names no server path"
             subprocess.run(["mount", "-o", "remount,size=256m", mount], check=True)
             stored = _stored_inputs(mount, rec.sessions)
-            assert not [op.key for op, _ in refused if op.key in stored], "inputs answered with an error are stored"
+            wrongly = [op.key for op, _ in refused if op.key in stored]
+            assert not wrongly, f"inputs answered with an error are stored: {wrongly}"
             assert all(op.key in stored for op in rec.acknowledged()), "an acknowledged input is missing"
 
             async def retry() -> list[dict]:
@@ -395,8 +398,10 @@ def test_on_a_full_disk_an_input_answered_storage_unavailable_is_not_stored_and_
         with open(server.log.name) as f:
             log_text = f.read()
         for sid in {op.session_id for op, _ in refused}:
-            assert re.search(rf"WARNING .*session {sid}: Send refused, the event store is unavailable", log_text), sid
+            line = rf"WARNING .*session {sid}: Send refused, the event store is unavailable"
+            assert re.search(line, log_text), f"no warning with session {sid} in the server's log"
         assert APP_TOKEN not in log_text and TOKEN not in log_text
-        print(f"\n{len(refused)} inputs refused on a full disk, none stored; retried: one turn each; {counts}, {whole}")
+        print(f"\n{len(refused)} inputs refused on a full disk, none stored; retried: one turn each; "
+              f"{counts}, {whole}")
     finally:
         subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
