@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
-from eventstore import IdempotencyClaim, SessionloopError, StoreError, WrongExpectedVersion
+from eventstore import IdempotencyClaim, SessionloopError, StorageUnavailable, StoreError, WrongExpectedVersion
 from eventstore import events as E
 
 from .caller import CURRENT_CALL, CallerContext
@@ -264,6 +264,7 @@ class SessionBehaviour:
         self._tool_tasks: dict[str, Any] = {}
         self._failures: list[float] = []
         self._snapshot_version = 0
+        self._snapshot_retry_at = 0  # after a refused snapshot: the version to try again at
         self._active: bool | None = None
         self._workspace: Any = None
         self._unfinished = 0
@@ -303,6 +304,9 @@ class SessionBehaviour:
             # reloaded the state): the request fails with the error; an internal message
             # (a model or tool outcome) is retried, so a full disk does not lose a turn.
             if message.reply is not None:
+                if isinstance(e, StorageUnavailable):  # the client hears storage-unavailable; the log says where
+                    log.warning("session %s: %s refused, the event store is unavailable (outcome %s): %s",
+                                self.sid, type(message).__name__, e.outcome, e)
                 message.reply.fail(e)
             elif isinstance(e, StoreError) and isinstance(message, Msg):
                 self.rt.retry_later(self.actor_ref, message, e)
@@ -404,17 +408,20 @@ class SessionBehaviour:
         return self._workspace
 
     def _commit(self, events: list[E.Event], *, claim: IdempotencyClaim | None = None,
-                run_drive: bool = True) -> tuple[Any, list[E.Event]]:
+                run_drive: bool = True, then: Any = None) -> tuple[Any, list[E.Event]]:
         """Apply ``events`` and what follows from them, append all as one commit, then publish.
 
         The state is updated before the append (``drive`` needs the evolved state); if the
         append fails the state is reloaded from the store, so nothing unpersisted survives.
         A model step the provider can answer at once (the mock with nothing to wait for) is
         taken into the same commit: a plain turn is then one commit (SPEC §10: "commit once
-        per step or per turn").
+        per step or per turn"). ``then(result)`` answers the request once the append committed
+        (``None``: nothing to commit), see ``_committed``.
         """
         pending = self._prepare(events, run_drive)
         if pending is None:
+            if then is not None:
+                then(None)
             return None, []
         try:
             result = self.rt.store.append(self.stream, pending.events, pending.version,
@@ -422,7 +429,7 @@ class SessionBehaviour:
         except BaseException:
             self._reload()
             raise
-        return self._committed(pending, result)
+        return self._committed(pending, result, then)
 
     def _commit_then(self, message: Msg, events: list[E.Event], then: Any, *,
                      claim: IdempotencyClaim | None = None) -> None:
@@ -430,8 +437,7 @@ class SessionBehaviour:
         while the group commits: the actor suspends (its mailbox waits, other sessions run) and
         resumes with the outcome, so a few threads keep many commits in flight."""
         if not isinstance(self, PooledActor):
-            result, _ = self._commit(events, claim=claim)
-            then(result)
+            self._commit(events, claim=claim, then=then)
             return
         pending = self._prepare(events, True)
         if pending is None:
@@ -460,8 +466,7 @@ class SessionBehaviour:
         if error is not None:
             self._reload()
             raise error
-        committed, _ = self._committed(pending, result)
-        then(committed)
+        self._committed(pending, result, then)
 
     def _prepare(self, events: list[E.Event], run_drive: bool) -> _Pending | None:
         state = self.state
@@ -486,12 +491,25 @@ class SessionBehaviour:
         self.record_dirty = False
         self._load()
 
-    def _committed(self, pending: _Pending, result: Any) -> tuple[Any, list[E.Event]]:
+    def _committed(self, pending: _Pending, result: Any, then: Any = None) -> tuple[Any, list[E.Event]]:
+        """After the append committed: publish and start effects, then ``then(result)``. If
+        something after the commit fails (a bug in a projection, an effect), the request is still
+        answered with its result before supervision takes over: its events are in the log, and a
+        client told "failed" would send the input again and get two turns."""
         if result.duplicate:
             self._load()
+            if then is not None:
+                then(result)
             return result, []
-        self.rt.faults.hit("after-commit")
-        self._after_commit(pending.events, pending.inline, pending.compaction, result)
+        try:
+            self.rt.faults.hit("after-commit")
+            self._after_commit(pending.events, pending.inline, pending.compaction, result)
+        except BaseException:
+            if then is not None:
+                then(result)
+            raise
+        if then is not None:
+            then(result)
         return result, pending.events
 
     def _drive(self, out: list[E.Event], inline: set[str], now: int) -> str | None:
@@ -606,7 +624,8 @@ class SessionBehaviour:
     def _after_commit(self, events: list[E.Event], inline: set[str], compaction: str | None,
                       result: Any) -> None:
         state = self.state
-        if state.version - self._snapshot_version >= self.rt.options.snapshot_every:
+        if (state.version - self._snapshot_version >= self.rt.options.snapshot_every
+                and state.version >= self._snapshot_retry_at):
             self._save_snapshot()
         if self.items is not None or self.channel.has_subscribers:
             self._publish(events)
@@ -670,8 +689,19 @@ class SessionBehaviour:
         return out
 
     def _save_snapshot(self) -> None:
-        self.rt.faults.hit("snapshot")
-        self.rt.store.save_snapshot(self.stream, self.state.version, encode_state(self.state))
+        """Save the state as a snapshot. Runs after a commit, before its request is answered: a
+        snapshot only makes activation faster, so one the store refuses (a full disk) is logged
+        and tried again later, and never turns the committed request into a failure (the input
+        is in the log: its client must get its receipt, not "write failed")."""
+        try:
+            self.rt.faults.hit("snapshot")
+            self.rt.store.save_snapshot(self.stream, self.state.version, encode_state(self.state))
+        except StoreError as e:
+            self._snapshot_retry_at = self.state.version + max(1, self.rt.options.snapshot_every // 4)
+            log.warning("session %s: the snapshot at version %d was not saved (%s); the events are committed, "
+                        "it is tried again %d events later", self.sid, self.state.version, e,
+                        self._snapshot_retry_at - self.state.version)
+            return
         self._snapshot_version = self.state.version
 
     def _cancel_tasks(self) -> None:
@@ -831,11 +861,11 @@ class SessionBehaviour:
 
     def on_apply(self, msg: Apply) -> None:
         events = msg.decide(self.state, now_ms())
-        result = None
-        if events:
-            result, _ = self._commit(list(events), run_drive=msg.drive)
         assert msg.reply is not None
-        msg.reply.set(result)
+        if not events:
+            msg.reply.set(None)
+            return
+        self._commit(list(events), run_drive=msg.drive, then=msg.reply.set)
 
     def on_passivate(self, msg: Passivate) -> None:
         state = self.state

@@ -9,7 +9,8 @@ layer can turn them into ``applicationError`` frames without parsing messages::
     │   ├── WrongExpectedVersion        stream, expected, actual
     │   ├── IdempotencyConflict         scope, key
     │   ├── StoreLocked                 path, holder
-    │   ├── StorageFull                 the disk or the map refused a write
+    │   ├── StorageUnavailable          a write could not be taken now: outcome, retry_after_ms
+    │   │   └── StorageFull             the disk or the map refused a write (nothing written)
     │   ├── StorageError                any other driver failure, chained with ``from``
     │   ├── EventDecodeError            stream, version
     │   ├── InvalidStreamName           stream
@@ -89,10 +90,48 @@ class StoreLocked(StoreError):
         self.holder = holder
 
 
-class StorageFull(StoreError):
+#: How long a client should wait before retrying a write the store refused (disk full, I/O
+#: error); and after the store stopped accepting writes (it needs a restart).
+RETRY_AFTER_MS = 1000
+STOPPED_RETRY_AFTER_MS = 5000
+
+NOT_WRITTEN = "not-written"
+UNKNOWN = "unknown"
+
+
+class StorageUnavailable(StoreError):
+    """The store could not take a write now; the client may retry after ``retry_after_ms``.
+
+    ``outcome`` is what became of the write, and it is always true:
+
+    * ``"not-written"``: nothing of it is in the store (checked after the failure), so a retry
+      writes it once;
+    * ``"unknown"``: the store could not find out, stopped accepting writes (fail-stop) and
+      decides at its next open; a retry with the same idempotency key after the restart returns
+      the original receipt if the write made it, or writes it once.
+
+    ``reason`` is ``"full"`` (disk or map ceiling), ``"io-error"`` or ``"stopped"`` (refused
+    because an earlier failure stopped the store). The message is written for the client and
+    names no path; the log line the store writes has the driver's error and the path.
+    """
+
+    code = "storage-unavailable"
+
+    def __init__(self, message: str, *, outcome: str = NOT_WRITTEN, reason: str = "io-error",
+                 retry_after_ms: int = RETRY_AFTER_MS, path: str = "") -> None:
+        # data keys are the wire's names (``error.data``); ``_path`` stays on the server
+        super().__init__(message, retryAfterMs=retry_after_ms, outcome=outcome, reason=reason, _path=path)
+        self.outcome = outcome
+        self.reason = reason
+        self.retry_after_ms = retry_after_ms
+        self.path = path
+
+
+class StorageFull(StorageUnavailable):
     """The disk (or a configured map-size ceiling) refused a write; nothing of it was written."""
 
-    code = "storage-full"
+    def __init__(self, message: str, *, path: str = "", retry_after_ms: int = RETRY_AFTER_MS) -> None:
+        super().__init__(message, outcome=NOT_WRITTEN, reason="full", retry_after_ms=retry_after_ms, path=path)
 
 
 class StorageError(StoreError):

@@ -191,7 +191,7 @@ class GroupCommitter:
             started = time.perf_counter()
             try:
                 self._commit_batch(batch)
-            except BaseException as e:  # the transaction failed: no request of it was committed
+            except BaseException as e:  # raised before the commit (a bug): nothing of it was committed
                 for req in batch:
                     req.result, req.error = None, e
             acked = time.perf_counter()

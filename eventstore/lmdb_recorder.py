@@ -9,15 +9,55 @@ Why it is shaped this way (see ../shared/RELIABILITY.md, LMDB):
   gate that a resize closes for the few microseconds it takes;
 * ``MDB_MAP_FULL`` never reaches a caller: the leader aborts, doubles the map, and redoes the
   whole group (requests are pure data, their checks run again);
-* a full disk aborts the group's transaction (nothing half-written) and raises StorageFull;
 * ``reader_check()`` at open clears reader slots left by killed processes; an ``flock`` on
   ``LOCK`` refuses a second writing process with StoreLocked instead of risking corruption.
+
+When a commit fails (every answer a client gets is true)
+--------------------------------------------------------
+
+A client that is told "not written" and believes it sends again without its idempotency key,
+so an error may only say "not written" when nothing of the write is in the store. What LMDB
+0.9 (py-lmdb 3.0's ``mdb.c``) does when a write transaction fails:
+
+* a put fails (a page spill on a full disk, ``MDB_MAP_FULL``): the transaction is aborted and
+  nothing of it was written. ``MDB_MAP_FULL`` grows the map and redoes the group; anything
+  else answers :class:`StorageFull` / :class:`StorageUnavailable` with ``outcome="not-written"``.
+* ``mdb_txn_commit`` writes the dirty pages (``pwrite``/``writev``; a short write on a full
+  disk is reported as ``EIO``), then ``fdatasync``s them, then writes the meta page (through an
+  ``O_DSYNC`` descriptor in ``sync``). A failure before the meta page: the transaction is
+  aborted and invisible, its pages are unreferenced free space. A failure *of* the meta page
+  write: LMDB writes the old meta page back to the page cache and marks the environment fatal
+  (every later transaction gets ``MDB_PANIC``); what the disk holds for that page is unknown.
+
+py-lmdb's ``Transaction.commit()`` hands ``mdb_txn_commit``'s code on as ``lmdb.Error`` after
+LMDB has ended the transaction (a later ``abort()`` is a no-op). So after a commit raised,
+the writer (the group's leader, holding every other writer off) finds out before it answers:
+
+1. it reads back, in a fresh read transaction, a witness of every request of the group: the
+   exact bytes each one put (a log record at its position, a snapshot, a counter);
+2. if that read gets ``MDB_PANIC``, it closes the environment and opens it again (readers wait
+   at the gate; the ``LOCK`` stays ours), then commits a small synced transaction: it takes the
+   slot of the meta page whose write failed (or builds on it, if that write made it), so what
+   the reopened store shows is now what the disk holds; then it reads the witnesses back;
+3. all witnesses present: the group committed; every request gets its result (a witness
+   present without a fatal error first gets the same synced transaction, to be durable);
+   none present: every request gets ``StorageUnavailable(outcome="not-written")`` (retryable,
+   ``retry_after_ms``), and a retry writes it once;
+4. it cannot tell (the reopen or the synced transaction fails, or only some witnesses are
+   present, which an atomic transaction cannot do): **fail-stop**, as PostgreSQL does after
+   a failed fsync: the group's requests get ``StorageUnavailable(outcome="unknown")``, every
+   later write gets ``StorageUnavailable(reason="stopped")``, and the next open (a restart)
+   shows what was written. Idempotency receipts are committed with their events, so a retry
+   with the same key after the restart returns the original receipt or writes it once.
+
+Each failed group is logged once (the driver's error, the path, the outcome found).
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import threading
 import time
@@ -28,28 +68,40 @@ import lmdb
 import msgspec
 
 from . import keys as K
+from .batch import (
+    AppendOp,
+    BatchContext,
+    MetaOp,
+    SnapshotOp,
+    feed_apps,
+    prune_feed_age,
+    prune_idem,
+)
 from .errors import (
+    RETRY_AFTER_MS,
+    STOPPED_RETRY_AFTER_MS,
+    UNKNOWN,
     EventDecodeError,
     IdempotencyConflict,
     ReadOnlyStore,
     StorageError,
     StorageFull,
+    StorageUnavailable,
     StoreClosed,
+    StoreError,
     StoreLocked,
     WrongExpectedVersion,
 )
 from .groupcommit import GroupCommitter, HistogramSnapshot, Request
 from .records import (
-    AppendResult,
     CommitRecordIn,
-    CommitRecordOut,
-    IdempotencyClaim,
     IdemValue,
     SnapshotRecord,
 )
 
+log = logging.getLogger("sessionloop.eventstore")
+
 FORMAT_VERSION = 1
-ANY_VERSION = -1
 DAY_MS = 86_400_000
 
 _enc = msgspec.msgpack.Encoder()
@@ -59,34 +111,6 @@ _snap_dec = msgspec.msgpack.Decoder(SnapshotRecord)
 _any_dec = msgspec.msgpack.Decoder()
 
 _DBS = ("meta", "log", "streams", "catalogue", "snapshots", "idem", "idem_time", "feed", "stream_meta", "flags")
-
-
-class AppendOp(msgspec.Struct):
-    """``events`` are Event structs (encoded once, inside the record) or pre-encoded ``Raw``."""
-
-    stream: str
-    raw_stream: bytes
-    events: list[Any]
-    feed_flags: list[bool]
-    expected_version: int
-    commit_id: str | None
-    idem: IdempotencyClaim | None
-    feed: str | None
-    meta: bytes | None = None
-    flags: dict[str, bool] | None = None
-
-
-class SnapshotOp(msgspec.Struct):
-    raw_stream: bytes
-    stream: str
-    version: int
-    state: bytes
-
-
-class MetaOp(msgspec.Struct):
-    """Increment a counter in ``meta`` (used for epochs); returns the new value."""
-
-    name: str
 
 
 class _ReadGate:
@@ -105,11 +129,14 @@ class _ReadGate:
                 self._cond.wait()
             self._readers += 1
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, error: object, tb: object) -> None:
         with self._cond:
             self._readers -= 1
             if not self._readers:
                 self._cond.notify_all()
+        if isinstance(error, lmdb.PanicError):  # the writer is reopening the environment after a failed commit
+            raise StorageUnavailable(f"the event store could not be read ({error}); retry after "
+                                     f"{RETRY_AFTER_MS} ms") from error
 
     def exclusive(self, fn: Any) -> None:
         with self._cond:
@@ -179,29 +206,19 @@ class LmdbRecorder:
             self._lock_fd = self._take_lock()
         elif not os.path.exists(os.path.join(self.path, "data.mdb")):
             raise StorageError(f"no event store at {self.path}", path=self.path)
+        self._max_readers = max_readers
+        self._map_size = map_size
+        self._stopped: str | None = None  # why the store stopped accepting writes (fail-stop)
+        self._env_usable = True
+        self.commit_failures = 0
+        self.reopens = 0
         try:
-            self._env = lmdb.open(
-                self.path,
-                map_size=map_size,
-                max_dbs=len(_DBS) + 2,
-                max_readers=max_readers,
-                sync=durability == "sync",
-                metasync=durability == "sync",
-                readonly=readonly,
-                readahead=False,
-                lock=True,
-                writemap=False,
-                mode=0o600,  # the store holds every session's conversation: the server's user only
-            )
+            self._open_env()
             self.stale_readers_cleared = self._env.reader_check()
-            self.env_flags = self._env.flags()  # read back, not what was asked for
             mismatch = durability_mismatch(durability, self.env_flags)
             if mismatch is not None and not readonly:
                 self._env.close()
                 raise StorageError(f"event store at {self.path}: {mismatch}", path=self.path)
-            self._db = {
-                name: self._env.open_db(name.encode(), create=not readonly) for name in _DBS
-            }
         except lmdb.Error as e:
             self._release_lock()
             raise StorageError(f"cannot open event store at {self.path}: {e}", path=self.path) from e
@@ -211,6 +228,24 @@ class LmdbRecorder:
         self._committer = GroupCommitter(self._commit_batch, timed=(AppendOp,))
 
     # --- open / close -----------------------------------------------------------------------
+
+    def _open_env(self) -> None:
+        """Open the environment and its databases (at start, and again after a fatal commit error)."""
+        self._env = lmdb.open(
+            self.path,
+            map_size=self._map_size,
+            max_dbs=len(_DBS) + 2,
+            max_readers=self._max_readers,
+            sync=self.durability == "sync",
+            metasync=self.durability == "sync",
+            readonly=self.readonly,
+            readahead=False,
+            lock=True,
+            writemap=False,
+            mode=0o600,  # the store holds every session's conversation: the server's user only
+        )
+        self.env_flags = self._env.flags()  # read back, not what was asked for
+        self._db = {name: self._env.open_db(name.encode(), create=not self.readonly) for name in _DBS}
 
     def _take_lock(self) -> int:
         lock_path = os.path.join(self.path, "LOCK")
@@ -263,7 +298,7 @@ class LmdbRecorder:
             return
         self._committer.close()
         self._closed = True
-        if not self.readonly and self.durability == "nosync":
+        if not self.readonly and self.durability == "nosync" and self._stopped is None:
             self._env.sync(True)
         self._env.close()
         self._release_lock()
@@ -273,20 +308,24 @@ class LmdbRecorder:
         return self._head
 
     def info(self) -> dict[str, Any]:
-        stat = self._env.info()
+        map_size = self._env.info()["map_size"] if self._env_usable else self._map_size
         return {
             "path": self.path,
             "durability": self.durability,
             "fsync_per_commit": bool(self.env_flags["sync"] and self.env_flags["metasync"]),
             "readonly": self.readonly,
             "shards": self.shards,
-            "map_size": stat["map_size"],
+            "map_size": map_size,
             "last_position": self._head,
             "stale_readers_cleared": self.stale_readers_cleared,
             "map_resizes": self.map_resizes,
             "batches": self._committer.batches,
             "requests": self._committer.requests,
             "last_batch_size": self.last_batch_size,
+            "commit_failures": self.commit_failures,
+            "reopens": self.reopens,
+            "writable": self._stopped is None and not self.readonly,
+            "stopped": self._stopped,
         }
 
     def commit_stats(self) -> dict[str, HistogramSnapshot]:
@@ -308,38 +347,147 @@ class LmdbRecorder:
             raise StoreClosed()
         if self.readonly:
             raise ReadOnlyStore(self.path)
+        if self._stopped is not None:
+            raise self._stopped_error()
+
+    def _stopped_error(self) -> StorageUnavailable:
+        return StorageUnavailable(
+            "the event store stopped accepting writes after a write it could not confirm; nothing of this "
+            f"one was written; it takes writes again after a restart (retry after {STOPPED_RETRY_AFTER_MS} ms)",
+            reason="stopped", retry_after_ms=STOPPED_RETRY_AFTER_MS, path=self.path)
 
     def _commit_batch(self, batch: list[Request]) -> None:
+        """One group's write transaction; sets every request's result or error (see the module
+        docstring, "When a commit fails", for how each answer is made true)."""
         while True:
-            txn = self._env.begin(write=True)
+            if self._stopped is not None:
+                return _fail_all(batch, self._stopped_error())
             try:
-                batch_ctx = _BatchContext(self, txn)
+                txn = self._env.begin(write=True)
+            except lmdb.Error as e:  # nothing started, nothing written
+                return self._refuse(batch, e)
+            committing = False
+            try:
+                ctx = BatchContext(self, txn, int(time.time() * 1000))
                 for req in batch:
                     req.result, req.error = None, None
                     try:
-                        req.result = batch_ctx.apply(req.payload)
+                        req.result = ctx.apply(req.payload)
                     except (WrongExpectedVersion, IdempotencyConflict) as e:
                         req.error = e
                 self._maybe_prune(txn)
+                committing = True
                 txn.commit()
-            except lmdb.MapFullError:
-                self._grow_map(txn)
+            except lmdb.MapFullError:  # from a put, or from the commit's page allocation: before any write
+                try:
+                    self._grow_map(txn)
+                except StorageFull as e:
+                    log.warning("a group of %d writes was refused: %s", len(batch), e)
+                    return _fail_all(batch, e)
                 continue
             except lmdb.Error as e:
-                txn.abort()
-                err = _translate_write_error(e, self.path)
-                for req in batch:
-                    req.result, req.error = None, err
-                return
+                txn.abort()  # a no-op after a failed commit: LMDB has ended the transaction
+                if committing:
+                    return self._settle(batch, ctx, e)
+                return self._refuse(batch, e)
             except BaseException:
                 txn.abort()
                 raise
-            self._versions.update(batch_ctx.versions)
-            if len(self._versions) > 200_000:
-                self._versions.clear()
-            self._head = batch_ctx.head
-            self.last_batch_size = len(batch)
-            return
+            return self._applied(batch, ctx)
+
+    def _applied(self, batch: list[Request], ctx: BatchContext) -> None:
+        self._versions.update(ctx.versions)
+        if len(self._versions) > 200_000:
+            self._versions.clear()
+        self._head = ctx.head
+        self.last_batch_size = len(batch)
+
+    def _refuse(self, batch: list[Request], e: lmdb.Error) -> None:
+        """LMDB failed the group before its commit (a put, a page spill, the transaction's start):
+        it aborted the transaction, so nothing of it was written."""
+        err = _translate_write_error(e, self.path)
+        log.warning("a group of %d writes to %s was refused before its commit (%s): nothing written",
+                    len(batch), self.path, e)
+        _fail_all(batch, err)
+
+    # --- when a commit fails ------------------------------------------------------------------------
+
+    def _settle(self, batch: list[Request], ctx: BatchContext, error: lmdb.Error) -> None:
+        """``txn.commit()`` raised ``error``: find out whether the group is in the store, then
+        answer every request of it with what is true (module docstring)."""
+        self.commit_failures += 1
+        try:
+            found = self._witnessed(ctx.witnesses)
+            reopened = False
+        except lmdb.Error:  # MDB_PANIC: LMDB failed to write the meta page; this handle is dead
+            found, reopened = None, True
+        try:
+            if reopened:
+                self._reopen()
+                self._barrier()
+                found = self._witnessed(ctx.witnesses)
+            elif found:  # present after a reported failure (not what LMDB 0.9 does): make it durable
+                self._barrier()
+        except (lmdb.Error, OSError) as e:
+            return self._stop(batch, f"{error}; then, finding out what was written: {e}")
+        if found is None:
+            return self._stop(batch, f"{error}; its records are only partly in the store")
+        if found:
+            log.error("the commit of a group of %d writes to %s reported %r, but the group is in the store "
+                      "(checked%s): answered as committed", len(batch), self.path, str(error),
+                      " after reopening the environment" if reopened else "")
+            return self._applied(batch, ctx)
+        log.error("the commit of a group of %d writes to %s failed (%s); nothing of it is in the store "
+                  "(checked%s): answered storage-unavailable, not written", len(batch), self.path, error,
+                  " after reopening the environment" if reopened else "")
+        _fail_all(batch, _translate_write_error(error, self.path))
+
+    def _witnessed(self, witnesses: list[tuple[str, bytes, bytes]]) -> bool | None:
+        """Whether the group's writes are in the store, read in a fresh transaction: True if all
+        are, False if none is (also when there is nothing to check), None if only some are."""
+        with self._env.begin() as txn:  # the leader's own read: the gate is for other threads
+            seen = [txn.get(key, db=self._db[db]) == value for db, key, value in witnesses]
+        if not seen or not any(seen):
+            return False
+        return True if all(seen) else None
+
+    def _reopen(self) -> None:
+        """Close the dead environment and open it again, with every reader held at the gate (the
+        lock on ``LOCK`` stays ours: no other process can slip in). What it shows is what a
+        restarted server would show; ``_barrier`` then makes it durable."""
+
+        def reopen() -> None:
+            self._env_usable = False
+            self._map_size = max(self._map_size, int(self._env.info()["map_size"]))
+            self._env.close()
+            self._open_env()
+            self._env_usable = True
+
+        self._gate.exclusive(reopen)
+        self.reopens += 1
+        self._versions.clear()
+        self._head = self._read_head()
+
+    def _barrier(self) -> None:
+        """A durable write over whatever the failed commit left: it takes the place of the meta
+        page whose write failed (or, if that write made it, builds on it), so once it is synced
+        what the store shows is what the disk holds."""
+        with self._env.begin(write=True, db=self._db["meta"]) as txn:
+            txn.put(b"recovered_at", _enc.encode(int(time.time() * 1000)))
+        self._env.sync(True)
+
+    def _stop(self, batch: list[Request], why: str) -> None:
+        """Fail-stop (as PostgreSQL does after a failed fsync): the store cannot tell whether the
+        group was written, so it takes no more writes and the next open decides. Every request of
+        the group is told the outcome is unknown."""
+        self._stopped = why
+        log.critical("the event store at %s stopped accepting writes: a commit failed and its outcome could "
+                     "not be determined (%s); restart the server: the store will show what was written",
+                     self.path, why)
+        _fail_all(batch, StorageUnavailable(
+            "the event store could not confirm this write and stopped accepting writes; after a restart, "
+            "retry with the same idempotency key: the original receipt comes back if it was written",
+            outcome=UNKNOWN, reason="stopped", retry_after_ms=STOPPED_RETRY_AFTER_MS, path=self.path))
 
     def _grow_map(self, txn: Any) -> None:
         """Abort the group's transaction and double the map, with every reader held at the gate:
@@ -349,7 +497,7 @@ class LmdbRecorder:
         if ceiling is not None and current >= ceiling:
             txn.abort()
             raise StorageFull(
-                f"event store at {self.path} reached its map size ceiling of {ceiling} bytes",
+                f"the event store reached its map size ceiling of {ceiling} bytes; nothing was written",
                 path=self.path,
             )
         new_size = current * 2 if ceiling is None else min(current * 2, ceiling)
@@ -359,6 +507,7 @@ class LmdbRecorder:
             if self._on_map_resize is not None:
                 self._on_map_resize()
             self._env.set_mapsize(new_size)
+            self._map_size = new_size
 
         self._gate.exclusive(resize)
         self.map_resizes += 1
@@ -371,11 +520,11 @@ class LmdbRecorder:
         self._last_prune = now
         wall = int(time.time() * 1000)
         budget = self._prune_batch
-        budget -= _prune_idem(txn, self._db, wall - self.idempotency_ttl_ms, budget)
-        for prefix in list(_feed_apps(txn, self._db["meta"])):
+        budget -= prune_idem(txn, self._db, wall - self.idempotency_ttl_ms, budget)
+        for prefix in list(feed_apps(txn, self._db["meta"])):
             if budget <= 0:
                 break
-            budget -= _prune_feed_age(txn, self._db, prefix, wall - self.feed_ttl_ms, budget)
+            budget -= prune_feed_age(txn, self._db, prefix, wall - self.feed_ttl_ms, budget)
 
     def _current_version(self, txn: Any, skey: bytes) -> int:
         v = self._versions.get(skey)
@@ -386,6 +535,10 @@ class LmdbRecorder:
     def _read(self) -> Any:
         if self._closed:
             raise StoreClosed()
+        if not self._env_usable:
+            raise StorageUnavailable("the event store stopped after a write it could not confirm; it can be "
+                                     f"read again after a restart (retry after {STOPPED_RETRY_AFTER_MS} ms)",
+                                     reason="stopped", retry_after_ms=STOPPED_RETRY_AFTER_MS, path=self.path)
         return self._gate
 
     def stream_key(self, stream: str) -> bytes:
@@ -593,133 +746,6 @@ class LmdbRecorder:
         return len(claims)
 
 
-class _BatchContext:
-    """State of one group's write transaction: versions and receipts written so far in it."""
-
-    def __init__(self, rec: LmdbRecorder, txn: Any) -> None:
-        self.rec = rec
-        self.txn = txn
-        self.db = rec._db
-        self.versions: dict[bytes, int] = {}
-        self.claims: dict[bytes, IdemValue] = {}
-        self.head = rec._head
-        self.now = int(time.time() * 1000)
-
-    def apply(self, op: AppendOp | SnapshotOp | MetaOp) -> Any:
-        if isinstance(op, AppendOp):
-            return self.append(op)
-        if isinstance(op, SnapshotOp):
-            skey = K.stream_key(K.shard_of(op.stream, self.rec.shards), op.raw_stream)
-            record = SnapshotRecord(version=op.version, state=op.state, at=self.now)
-            self.txn.put(skey, _enc.encode(record), db=self.db["snapshots"])
-            return None
-        value = int(_any_dec.decode(self.txn.get(op.name.encode(), b"\x00", db=self.db["meta"]))) + 1
-        self.txn.put(op.name.encode(), _enc.encode(value), db=self.db["meta"])
-        return value
-
-    def _version(self, skey: bytes) -> int:
-        v = self.versions.get(skey)
-        return v if v is not None else self.rec._current_version(self.txn, skey)
-
-    def _duplicate(self, claim: IdempotencyClaim) -> AppendResult | None:
-        ikey = K.idem_key(claim.scope, claim.key)
-        found = self.claims.get(ikey)
-        if found is None:
-            raw = self.txn.get(ikey, db=self.db["idem"])
-            found = None if raw is None else _idem_dec.decode(raw)
-        if found is None or found.claim.scope != claim.scope or found.claim.key != claim.key:
-            return None
-        if found.claim.request_hash != claim.request_hash:
-            raise IdempotencyConflict(claim.scope, claim.key)
-        return AppendResult(
-            stream=found.stream,
-            first_version=found.first_version,
-            last_version=found.last_version,
-            first_position=found.first_position,
-            last_position=found.last_position,
-            at=found.at,
-            duplicate=True,
-            receipt=found.claim.receipt,
-        )
-
-    def append(self, op: AppendOp) -> AppendResult:
-        if op.idem is not None:
-            dup = self._duplicate(op.idem)
-            if dup is not None:
-                return dup
-        skey = K.stream_key(K.shard_of(op.stream, self.rec.shards), op.raw_stream)
-        current = self._version(skey)
-        if op.expected_version != ANY_VERSION and op.expected_version != current:
-            raise WrongExpectedVersion(op.stream, op.expected_version, current)
-        n = len(op.events)
-        first_pos = self.head + 1
-        last_pos = self.head + n
-        first_v = current + 1
-        last_v = current + n
-        record = CommitRecordOut(
-            stream=op.stream,
-            first_version=first_v,
-            first_position=first_pos,
-            at=self.now,
-            commit_id=op.commit_id,
-            events=op.events,
-            idem=op.idem,
-            feed=op.feed,
-        )
-        logkey = K.u64(last_pos)
-        txn, db = self.txn, self.db
-        txn.put(logkey, _enc.encode(record), db=db["log"], append=True)
-        txn.put(K.index_key(skey, last_v), logkey, db=db["streams"])
-        if current == 0:
-            txn.put(K.catalogue_key(K.category_of(op.stream), op.raw_stream), K.u64(first_pos),
-                    db=db["catalogue"])
-        if op.feed is not None:
-            self._index_feed(op, first_pos)
-        if op.meta is not None:
-            txn.put(skey, _enc.encode((op.stream, op.meta)), db=db["stream_meta"])
-        if op.flags:
-            for flag, on in op.flags.items():
-                fkey = flag.encode() + b"\x00" + op.raw_stream
-                if on:
-                    txn.put(fkey, b"", db=db["flags"])
-                else:
-                    txn.delete(fkey, db=db["flags"])
-        receipt = op.idem.receipt if op.idem is not None else b""
-        result = AppendResult(op.stream, first_v, last_v, first_pos, last_pos, self.now, False, receipt)
-        if op.idem is not None:
-            self._record_claim(op, result)
-        self.versions[skey] = last_v
-        self.head = last_pos
-        return result
-
-    def _record_claim(self, op: AppendOp, result: AppendResult) -> None:
-        assert op.idem is not None
-        ikey = K.idem_key(op.idem.scope, op.idem.key)
-        value = IdemValue(op.idem, op.stream, result.first_version, result.last_version,
-                          result.first_position, result.last_position, self.now)
-        self.txn.put(ikey, _enc.encode(value), db=self.db["idem"])
-        self.txn.put(K.u64(self.now) + ikey, b"", db=self.db["idem_time"])
-        self.claims[ikey] = value
-
-    def _index_feed(self, op: AppendOp, first_pos: int) -> None:
-        assert op.feed is not None
-        prefix = K.feed_prefix(op.feed)
-        stamp = K.u64(self.now)
-        added = 0
-        for i, flag in enumerate(op.feed_flags):
-            if flag:
-                self.txn.put(prefix + K.u64(first_pos + i), stamp, db=self.db["feed"])
-                added += 1
-        if not added:
-            return
-        count_key = b"feedcount\x00" + prefix
-        count = int(_any_dec.decode(self.txn.get(count_key, b"\x00", db=self.db["meta"]))) + added
-        excess = count - self.rec.feed_max_events
-        if excess > 0:
-            count -= _delete_prefix_head(self.txn, self.db["feed"], prefix, excess)
-        self.txn.put(count_key, _enc.encode(count), db=self.db["meta"])
-
-
 def _decode_record(raw: bytes, stream: str, where: int, unit: str = "version") -> CommitRecordIn:
     try:
         return _rec_dec.decode(raw)
@@ -729,61 +755,30 @@ def _decode_record(raw: bytes, stream: str, where: int, unit: str = "version") -
         raise EventDecodeError(stream, where, f"corrupt commit record ({e})") from e
 
 
-def _delete_prefix_head(txn: Any, db: Any, prefix: bytes, n: int, older_than: int | None = None) -> int:
-    cur = txn.cursor(db=db)
-    deleted = 0
-    if not cur.set_range(prefix):
-        return 0
-    while deleted < n and cur.key().startswith(prefix):
-        if older_than is not None and K.from_u64(cur.value()) >= older_than:
-            break
-        if not cur.delete():
-            break
-        deleted += 1
-    return deleted
-
-
-def _feed_apps(txn: Any, meta_db: Any) -> Iterator[bytes]:
-    cur = txn.cursor(db=meta_db)
-    if cur.set_range(b"feedcount\x00"):
-        for key in cur.iternext(keys=True, values=False):
-            if not key.startswith(b"feedcount\x00"):
-                return
-            yield key[len(b"feedcount\x00"):]
-
-
-def _prune_feed_age(txn: Any, dbs: dict[str, Any], prefix: bytes, cutoff: int, budget: int) -> int:
-    deleted = _delete_prefix_head(txn, dbs["feed"], prefix, budget, older_than=cutoff)
-    if deleted:
-        count_key = b"feedcount\x00" + prefix
-        count = int(_any_dec.decode(txn.get(count_key, b"\x00", db=dbs["meta"])))
-        txn.put(count_key, _enc.encode(max(0, count - deleted)), db=dbs["meta"])
-    return deleted
-
-
-def _prune_idem(txn: Any, dbs: dict[str, Any], cutoff: int, budget: int) -> int:
-    cur = txn.cursor(db=dbs["idem_time"])
-    deleted = 0
-    if not cur.first():
-        return 0
-    while deleted < budget:
-        key = cur.key()
-        if not key or K.from_u64(key) >= cutoff:
-            break
-        raw = txn.get(key[8:], db=dbs["idem"])
-        if raw is not None and _idem_dec.decode(raw).at == K.from_u64(key):
-            txn.delete(key[8:], db=dbs["idem"])
-        if not cur.delete():
-            break
-        deleted += 1
-    return deleted
-
-
-def _translate_write_error(e: lmdb.Error, path: str) -> StorageFull | StorageError:
+def _translate_write_error(e: lmdb.Error, path: str) -> StorageUnavailable:
+    """The client's answer for a write LMDB refused and that is known not to be in the store."""
     text = str(e)
-    if isinstance(e, lmdb.MapFullError) or "No space left" in text or f"{errno.ENOSPC}" in text.split(":")[-1]:
-        return StorageFull(f"the disk holding {path} is full; the write was refused ({text})", path=path)
-    return StorageError(f"event store write failed at {path}: {text}", path=path)
+    if isinstance(e, (lmdb.MapFullError, lmdb.DiskError)) or "No space left" in text \
+            or f"{errno.ENOSPC}" in text.split(":")[-1] or _nearly_full(path):
+        return StorageFull(f"the disk holding the event store is full; nothing was written "
+                           f"(retry after {RETRY_AFTER_MS} ms)", path=path)
+    return StorageUnavailable(f"the event store could not write (I/O error); nothing was written "
+                              f"(retry after {RETRY_AFTER_MS} ms)", reason="io-error", path=path)
+
+
+def _nearly_full(path: str) -> bool:
+    """LMDB reports a short write as ``EIO`` ("short write, filesystem full?", mdb.c): call the
+    disk full when less than 1 MiB is left on it."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20
+
+
+def _fail_all(batch: list[Request], error: StoreError) -> None:
+    for req in batch:
+        req.result, req.error = None, error
 
 
 def _owner_only(path: str) -> None:

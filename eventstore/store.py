@@ -12,11 +12,12 @@ from typing import Any
 
 import msgspec
 
+from .batch import ANY_VERSION, AppendOp, MetaOp, SnapshotOp
 from .errors import IdempotencyConflict
 from .codec import decode_event, encode_json, event_to_builtins
 from .events import Event
 from .groupcommit import HistogramSnapshot
-from .lmdb_recorder import ANY_VERSION, DAY_MS, AppendOp, LmdbRecorder, MetaOp, SnapshotOp
+from .lmdb_recorder import DAY_MS, LmdbRecorder
 from .records import (
     AppendResult,
     CommitRecordIn,
@@ -165,8 +166,11 @@ class EventStore:
         or clears named markers of the stream (e.g. "has unfinished work"), both in the same
         transaction, so they can never disagree with the events.
 
-        Returns only after the commit (fsynced in ``sync`` mode). Raises WrongExpectedVersion,
-        IdempotencyConflict, StorageFull or StorageError; on any of them nothing was written.
+        Returns only after the commit (fsynced in ``sync`` mode). Raises WrongExpectedVersion or
+        IdempotencyConflict (nothing was written), or StorageUnavailable (StorageFull for a full
+        disk) whose ``outcome`` is ``"not-written"`` (checked after the failure: nothing of it is
+        in the store) or ``"unknown"`` (the store could not tell and stopped taking writes; retry
+        with the same idempotency key after a restart). Never reports a committed append as failed.
         """
         op = _append_op(stream, events, expected_version, commit_id, idempotency, feed, meta, flags)
         result: AppendResult = self._rec.submit(op)

@@ -43,6 +43,7 @@ __all__ = [
     "PARSE_ERROR",
     "REJECTED",
     "RPC_ERROR_CODES",
+    "STORAGE_UNAVAILABLE",
     "TOO_LARGE",
     "UNSUPPORTED",
     "ProtocolMisuse",
@@ -80,6 +81,10 @@ UNSUPPORTED: Final = "unsupported"  # protocol version mismatch, or a needed ser
 # Ours, not the seed's: back-pressure (rate limit, too many requests in flight) and size limits.
 REJECTED: Final = "rejected"
 TOO_LARGE: Final = "too-large"
+# The event store could not take the write (disk full, I/O error); ``data.retryAfterMs`` says
+# when to retry and ``data.outcome`` what became of it: "not-written" (checked: a retry writes
+# it once) or "unknown" (retry with the same idempotency key: the original receipt, or one write).
+STORAGE_UNAVAILABLE: Final = "storage-unavailable"
 
 BUSINESS_CODES: Final[frozenset[str]] = frozenset(
     {
@@ -92,6 +97,7 @@ BUSINESS_CODES: Final[frozenset[str]] = frozenset(
         UNSUPPORTED,
         REJECTED,
         TOO_LARGE,
+        STORAGE_UNAVAILABLE,
     }
 )
 
@@ -227,6 +233,7 @@ _DOMAIN_CODE_MAP: Final[dict[str, str]] = {
     "unsupported": UNSUPPORTED,
     "rejected": REJECTED,
     "too-large": TOO_LARGE,
+    "storage-unavailable": STORAGE_UNAVAILABLE,
 }
 
 
@@ -234,8 +241,10 @@ def from_domain_error(error: SessionloopError) -> RpcError:
     """Translate any error of the tree into the reply a client should get.
 
     An :class:`RpcError` is returned unchanged; an error whose ``code`` is a business code becomes
-    that ``applicationError`` (keeping JSON-safe scalar ``data`` fields); everything else is an
-    ``internalError`` (e.g. ``StorageFull`` -> "a write failed", seed: 落盘失败).
+    that ``applicationError`` (keeping JSON-safe scalar ``data`` fields, not those whose name
+    starts with ``_``); everything else is an ``internalError``. A store that cannot write
+    (``StorageFull``, ``StorageUnavailable``; seed: 落盘失败) answers ``storage-unavailable``
+    with ``retryAfterMs`` and ``outcome``.
     """
     if isinstance(error, RpcError):
         return error

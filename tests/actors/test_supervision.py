@@ -125,3 +125,34 @@ def test_a_tool_outcome_refused_at_commit_time_is_retried_and_the_turn_completes
     finished = [r.event for r in s.events() if isinstance(r.event, E.ToolFinished)]
     assert len(finished) == 1  # the outcome was committed once, after the reload
     assert any("retrying ToolDone" in r.getMessage() and "expected" in r.getMessage().lower() for r in caplog.records)
+
+
+def test_a_snapshot_the_store_refuses_after_an_input_committed_still_answers_with_its_receipt(open_host, caplog):
+    """The snapshot is written after the input's commit and before its reply. A full disk that
+    refuses the snapshot must not turn the committed input into an error: its client, told
+    "write failed", would send it again and get two turns (seen on a full tmpfs)."""
+    host = open_host(permission_mode="acceptCalls", snapshot_every=3)
+    s = host.create()
+    stream = f"session-{s.id}"
+    host.rt.faults.arm("snapshot", StorageFull("disk full (injected)"))
+    receipt = s.send("kept")  # before the fix: raises StorageFull, and the turn runs anyway
+    assert receipt.state == "accepted"
+    assert s.wait(receipt.turn_id, 10).output_text == "echo: kept"
+    assert [e.event.text for e in s.events() if isinstance(e.event, E.InputAccepted)] == ["kept"]
+    assert host.store.load_snapshot(stream) is None
+    assert f"session {s.id}: the snapshot at version" in caplog.text
+    assert s.run("later").output_text == "echo: later"  # the snapshot is tried again, and made
+    assert host.store.load_snapshot(stream).version == host.store.stream_version(stream)
+
+
+def test_a_failure_after_an_input_committed_still_answers_with_its_receipt_and_runs_one_turn(host):
+    """Supervision takes over after a handler fails; when the failure comes after the commit
+    (here injected at ``after-commit``, as a bug in a projection would), the input is in the
+    log and its client gets its receipt, not an error."""
+    s = host.create()
+    host.rt.faults.arm("after-commit", RuntimeError("a projection bug"))
+    receipt = s.send("kept")  # before the fix: ActorError "failed while handling Send"
+    assert receipt.state == "accepted"
+    assert s.wait(receipt.turn_id, 10).output_text == "echo: kept"
+    started = [e.event.turn_id for e in s.events() if isinstance(e.event, E.TurnStarted)]
+    assert started == [receipt.turn_id]

@@ -23,7 +23,6 @@ from protocol.connection import (
 )
 from protocol.errors import (
     APPLICATION_ERROR,
-    INTERNAL_ERROR,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     ProtocolMisuse,
@@ -96,8 +95,9 @@ def test_domain_errors_are_translated_to_business_codes_or_internal_error(peer: 
     peer.conn.receive(request("session/rename", {"sessionId": "s", "title": "t"}, 2))
     conflict = json.loads(peer.conn.error(1, WrongExpectedVersion("session-s", 3, 4)) or "")
     assert conflict["error"]["code"] == APPLICATION_ERROR and conflict["error"]["data"]["code"] == "conflict"
-    full = json.loads(peer.conn.error(2, StorageFull("disk full")) or "")
-    assert full["error"] == {"code": INTERNAL_ERROR, "message": "disk full"}
+    full = json.loads(peer.conn.error(2, StorageFull("disk full", path="/srv/data/store")) or "")
+    data = {"code": "storage-unavailable", "retryAfterMs": 1000, "outcome": "not-written", "reason": "full"}
+    assert full["error"] == {"code": APPLICATION_ERROR, "message": "disk full", "data": data}  # no server path
 
 
 def test_answering_an_id_that_is_not_in_flight_is_misuse(peer: Peer) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -18,7 +19,18 @@ from eventstore import EventStore
 from eventstore import events as E
 from tests.conftest import REPO
 from tests.e2e.conftest import TOKEN, ServerProcess, initialized, open_client
-from tests.reliability.harness import APP_TOKEN, Op, Recorder, app_client, audit, prepare, result, rss_kib, start
+from tests.reliability.harness import (
+    APP_TOKEN,
+    Op,
+    Recorder,
+    app_client,
+    audit,
+    call,
+    prepare,
+    result,
+    rss_kib,
+    start,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -204,7 +216,7 @@ def audit_whole_store(data_dir: str) -> dict[str, int]:
         store.close()
 
 
-def test_a_full_disk_refuses_writes_with_internal_error_writes_nothing_and_recovers(tmp_path):
+def test_a_full_disk_refuses_writes_with_storage_unavailable_writes_nothing_and_recovers(tmp_path):
     """A real full disk: the data directory on a small tmpfs. Where this machine cannot mount one,
     the same failure is injected at the store boundary (SESSIONLOOP_CRASH_AT has no such point, so
     the tmpfs is the only route); without permission to mount we fail loudly rather than skip.
@@ -249,9 +261,13 @@ def test_a_full_disk_refuses_writes_with_internal_error_writes_nothing_and_recov
                 await app_ws.close()
                 return sid, ok, errors, listed, full, refused
             sid, ok, errors, listed, full, refused = asyncio.run(fill())
-            assert errors and errors[0]["code"] == -32603 and ("full" in errors[0]["message"] or "space" in errors[0]["message"])
+            first = errors[0] if errors else {}
+            assert first.get("code") == -32000 and first["data"]["code"] == "storage-unavailable", errors
+            assert first["data"]["reason"] == "full" and "full" in first["message"], errors
             assert sorted(s["id"] for s in listed["sessions"]) == sorted(rec.sessions)  # the owner sees the room too
-            assert "error" in refused and refused["error"]["code"] == -32603, refused
+            assert "error" in refused and refused["error"]["data"]["code"] == "storage-unavailable", refused
+            data = refused["error"]["data"]
+            assert data["outcome"] == "not-written" and data["retryAfterMs"] > 0, refused
             subprocess.run(["mount", "-o", "remount,size=64m", mount], check=True)
 
             async def after():
@@ -290,3 +306,102 @@ def test_a_full_disk_refuses_writes_with_internal_error_writes_nothing_and_recov
             server.stop()
     finally:
         subprocess.run(["umount", "-l", mount], capture_output=True)
+
+
+def _stored_inputs(data_dir: str, sessions: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """Per idempotency key, the (session, turn id) of every input stored under it, read beside
+    the running server."""
+    store = EventStore.open(os.path.join(data_dir, "store"), readonly=True)
+    try:
+        found: dict[str, list[tuple[str, str]]] = {}
+        for sid in sessions:
+            for e in store.read_stream(f"session-{sid}"):
+                if isinstance(e.event, E.InputAccepted) and e.event.idempotency_key:
+                    found.setdefault(e.event.idempotency_key, []).append((sid, e.event.turn_id))
+        return found
+    finally:
+        store.close()
+
+
+def test_on_a_full_disk_an_input_answered_storage_unavailable_is_not_stored_and_its_retry_makes_one_turn(tmp_path):
+    """The issue's adversarial run, on a real small tmpfs: bots send keyed inputs concurrently
+    until the disk refuses them. Every input answered with an error must be absent (a client
+    that trusts the error and sends the text again under a new key must not get two turns);
+    every receipt must be in the store; the error is ``storage-unavailable`` with
+    ``retryAfterMs``, logged by the server with the session id. Snapshots are due often, as
+    they are after 500 events of a busy session: before the fix a snapshot the full disk refused
+    after the input had committed turned the input's answer into "write failed"."""
+    mount = str(tmp_path / "small")
+    assert _mount_tmpfs(mount, "12m"), "this test needs to mount a tmpfs (root); .ci/run runs as root"
+    try:
+        prepare(mount)
+        server = ServerProcess(mount, "--durability", "sync", "--snapshot-every", "60").start()
+        rec = Recorder()
+        refused: list[tuple[Op, dict]] = []
+        try:
+            async def fill(bots: int = 4, refusals_each: int = 3) -> None:
+                ws, c = await app_client(server)
+                for _ in range(2):
+                    rec.sessions.append((await result(c, "loop/create", {"containerId": "inbox"}))["sessionId"])
+                await ws.close()
+
+                async def bot(b: int) -> None:
+                    ws, c = await app_client(server)
+                    mine = 0
+                    for j in range(4000):
+                        op = Op(rec.sessions[(b + j) % 2], f"b{b}-m{j}", f"b{b}-m{j} " + "y" * 3000)
+                        reply = await call(c, "loop/send", {"sessionId": op.session_id, "text": op.text,
+                                                            "idempotencyKey": op.key})
+                        if "error" in reply:
+                            refused.append((op, reply["error"]))
+                            mine += 1
+                            if mine == refusals_each:
+                                break
+                            continue
+                        op.receipt = reply["result"]
+                        rec.ops.append(op)
+                    await ws.close()
+
+                await asyncio.gather(*(bot(b) for b in range(bots)))
+            asyncio.run(fill())
+            assert len(refused) == 12, f"the disk never filled: {len(refused)} refusals"
+            for op, error in refused:
+                assert error["code"] == -32000 and error["data"]["code"] == "storage-unavailable", error
+                assert error["data"]["outcome"] == "not-written" and error["data"]["retryAfterMs"] > 0, error
+                assert mount not in error["message"], "the client's message names no server path"
+            subprocess.run(["mount", "-o", "remount,size=256m", mount], check=True)
+            stored = _stored_inputs(mount, rec.sessions)
+            wrongly = [op.key for op, _ in refused if op.key in stored]
+            assert not wrongly, f"inputs answered with an error are stored: {wrongly}"
+            assert all(op.key in stored for op in rec.acknowledged()), "an acknowledged input is missing"
+
+            async def retry() -> list[dict]:
+                ws, c = await app_client(server)
+                done = []
+                for op, _ in refused:  # the same key, sent again once there is room: one turn each
+                    op.receipt = await result(c, "loop/send", {"sessionId": op.session_id, "text": op.text,
+                                                               "idempotencyKey": op.key})
+                    rec.ops.append(op)
+                    done.append(await result(c, "loop/waitForTurn", {"sessionId": op.session_id,
+                                                                     "turnId": op.receipt["turnId"]}))
+                await ws.close()
+                return done
+            done = asyncio.run(retry())
+            assert [op.receipt["state"] for op, _ in refused] == ["accepted"] * len(refused)
+            assert [d["state"] for d in done] == ["completed"] * len(refused)
+            stored = _stored_inputs(mount, rec.sessions)
+            assert all(len(stored[op.key]) == 1 for op, _ in refused)
+            counts = audit(mount, rec)  # one input per key, receipts, every turn started once and ended
+            whole = audit_whole_store(mount)
+        finally:
+            server.stop()
+        with open(server.log.name) as f:
+            log_text = f.read()
+        for sid in {op.session_id for op, _ in refused}:
+            line = rf"WARNING .*session {sid}: Send refused, the event store is unavailable"
+            assert re.search(line, log_text), f"no warning with session {sid} in the server's log"
+        assert APP_TOKEN not in log_text and TOKEN not in log_text
+        print(f"\n{len(refused)} inputs refused on a full disk, none stored; retried: one turn each; "
+              f"{counts}, {whole}")
+    finally:
+        subprocess.run(["umount", "-l", mount], capture_output=True, check=False)

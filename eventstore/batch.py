@@ -1,0 +1,250 @@
+"""The writes of one group's write transaction: the requests a writer hands the recorder
+(``AppendOp``, ``SnapshotOp``, ``MetaOp``, pure data, so a group can be redone after the map
+grew) and :class:`BatchContext`, which applies them to the transaction and keeps what the
+group wrote so far (versions and receipts of earlier requests of the same group, and a witness
+of every put, to find out after a failed commit whether the group is in the store).
+
+No ``lmdb`` import: the transaction is handed in (``lmdb_recorder`` is the only module that
+imports it); the retention helpers prune inside ordinary groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from . import keys as K
+from .errors import IdempotencyConflict, WrongExpectedVersion
+from .records import (
+    AppendResult,
+    CommitRecordOut,
+    IdempotencyClaim,
+    IdemValue,
+    SnapshotRecord,
+)
+
+if TYPE_CHECKING:
+    from .lmdb_recorder import LmdbRecorder
+
+ANY_VERSION = -1
+
+_enc = msgspec.msgpack.Encoder()
+_idem_dec = msgspec.msgpack.Decoder(IdemValue)
+_any_dec = msgspec.msgpack.Decoder()
+
+
+class AppendOp(msgspec.Struct):
+    """``events`` are Event structs (encoded once, inside the record) or pre-encoded ``Raw``."""
+
+    stream: str
+    raw_stream: bytes
+    events: list[Any]
+    feed_flags: list[bool]
+    expected_version: int
+    commit_id: str | None
+    idem: IdempotencyClaim | None
+    feed: str | None
+    meta: bytes | None = None
+    flags: dict[str, bool] | None = None
+
+
+class SnapshotOp(msgspec.Struct):
+    raw_stream: bytes
+    stream: str
+    version: int
+    state: bytes
+
+
+class MetaOp(msgspec.Struct):
+    """Increment a counter in ``meta`` (used for epochs); returns the new value."""
+
+    name: str
+
+
+class BatchContext:
+    """State of one group's write transaction: versions and receipts written so far in it.
+
+    ``rec`` is the recorder leading the group (its databases, head and version cache are read
+    here, written back by the recorder only once the group committed)."""
+
+    def __init__(self, rec: LmdbRecorder, txn: Any, now_ms: int) -> None:
+        self.rec = rec
+        self.txn = txn
+        self.db = rec._db
+        self.versions: dict[bytes, int] = {}
+        self.claims: dict[bytes, IdemValue] = {}
+        self.head = rec._head
+        self.now = now_ms
+        #: (database, key, value) of a put each request made, to find out after a failed commit
+        #: whether the group is in the store
+        self.witnesses: list[tuple[str, bytes, bytes]] = []
+
+    def _put(self, db: str, key: bytes, value: bytes, **kw: Any) -> None:
+        self.txn.put(key, value, db=self.db[db], **kw)
+        self.witnesses.append((db, key, value))
+
+    def apply(self, op: AppendOp | SnapshotOp | MetaOp) -> Any:
+        if isinstance(op, AppendOp):
+            return self.append(op)
+        if isinstance(op, SnapshotOp):
+            skey = K.stream_key(K.shard_of(op.stream, self.rec.shards), op.raw_stream)
+            record = SnapshotRecord(version=op.version, state=op.state, at=self.now)
+            self._put("snapshots", skey, _enc.encode(record))
+            return None
+        value = int(_any_dec.decode(self.txn.get(op.name.encode(), b"\x00", db=self.db["meta"]))) + 1
+        self._put("meta", op.name.encode(), _enc.encode(value))
+        return value
+
+    def _version(self, skey: bytes) -> int:
+        v = self.versions.get(skey)
+        return v if v is not None else self.rec._current_version(self.txn, skey)
+
+    def _duplicate(self, claim: IdempotencyClaim) -> AppendResult | None:
+        ikey = K.idem_key(claim.scope, claim.key)
+        found = self.claims.get(ikey)
+        if found is None:
+            raw = self.txn.get(ikey, db=self.db["idem"])
+            found = None if raw is None else _idem_dec.decode(raw)
+        if found is None or found.claim.scope != claim.scope or found.claim.key != claim.key:
+            return None
+        if found.claim.request_hash != claim.request_hash:
+            raise IdempotencyConflict(claim.scope, claim.key)
+        return AppendResult(
+            stream=found.stream,
+            first_version=found.first_version,
+            last_version=found.last_version,
+            first_position=found.first_position,
+            last_position=found.last_position,
+            at=found.at,
+            duplicate=True,
+            receipt=found.claim.receipt,
+        )
+
+    def append(self, op: AppendOp) -> AppendResult:
+        if op.idem is not None:
+            dup = self._duplicate(op.idem)
+            if dup is not None:
+                return dup
+        skey = K.stream_key(K.shard_of(op.stream, self.rec.shards), op.raw_stream)
+        current = self._version(skey)
+        if op.expected_version != ANY_VERSION and op.expected_version != current:
+            raise WrongExpectedVersion(op.stream, op.expected_version, current)
+        n = len(op.events)
+        first_pos = self.head + 1
+        last_pos = self.head + n
+        first_v = current + 1
+        last_v = current + n
+        record = CommitRecordOut(
+            stream=op.stream,
+            first_version=first_v,
+            first_position=first_pos,
+            at=self.now,
+            commit_id=op.commit_id,
+            events=op.events,
+            idem=op.idem,
+            feed=op.feed,
+        )
+        logkey = K.u64(last_pos)
+        txn, db = self.txn, self.db
+        self._put("log", logkey, _enc.encode(record), append=True)
+        txn.put(K.index_key(skey, last_v), logkey, db=db["streams"])
+        if current == 0:
+            txn.put(K.catalogue_key(K.category_of(op.stream), op.raw_stream), K.u64(first_pos),
+                    db=db["catalogue"])
+        if op.feed is not None:
+            self._index_feed(op, first_pos)
+        if op.meta is not None:
+            txn.put(skey, _enc.encode((op.stream, op.meta)), db=db["stream_meta"])
+        if op.flags:
+            for flag, on in op.flags.items():
+                fkey = flag.encode() + b"\x00" + op.raw_stream
+                if on:
+                    txn.put(fkey, b"", db=db["flags"])
+                else:
+                    txn.delete(fkey, db=db["flags"])
+        receipt = op.idem.receipt if op.idem is not None else b""
+        result = AppendResult(op.stream, first_v, last_v, first_pos, last_pos, self.now, False, receipt)
+        if op.idem is not None:
+            self._record_claim(op, result)
+        self.versions[skey] = last_v
+        self.head = last_pos
+        return result
+
+    def _record_claim(self, op: AppendOp, result: AppendResult) -> None:
+        assert op.idem is not None
+        ikey = K.idem_key(op.idem.scope, op.idem.key)
+        value = IdemValue(op.idem, op.stream, result.first_version, result.last_version,
+                          result.first_position, result.last_position, self.now)
+        self.txn.put(ikey, _enc.encode(value), db=self.db["idem"])
+        self.txn.put(K.u64(self.now) + ikey, b"", db=self.db["idem_time"])
+        self.claims[ikey] = value
+
+    def _index_feed(self, op: AppendOp, first_pos: int) -> None:
+        assert op.feed is not None
+        prefix = K.feed_prefix(op.feed)
+        stamp = K.u64(self.now)
+        added = 0
+        for i, flag in enumerate(op.feed_flags):
+            if flag:
+                self.txn.put(prefix + K.u64(first_pos + i), stamp, db=self.db["feed"])
+                added += 1
+        if not added:
+            return
+        count_key = b"feedcount\x00" + prefix
+        count = int(_any_dec.decode(self.txn.get(count_key, b"\x00", db=self.db["meta"]))) + added
+        excess = count - self.rec.feed_max_events
+        if excess > 0:
+            count -= delete_prefix_head(self.txn, self.db["feed"], prefix, excess)
+        self.txn.put(count_key, _enc.encode(count), db=self.db["meta"])
+
+
+def delete_prefix_head(txn: Any, db: Any, prefix: bytes, n: int, older_than: int | None = None) -> int:
+    cur = txn.cursor(db=db)
+    deleted = 0
+    if not cur.set_range(prefix):
+        return 0
+    while deleted < n and cur.key().startswith(prefix):
+        if older_than is not None and K.from_u64(cur.value()) >= older_than:
+            break
+        if not cur.delete():
+            break
+        deleted += 1
+    return deleted
+
+
+def feed_apps(txn: Any, meta_db: Any) -> Iterator[bytes]:
+    cur = txn.cursor(db=meta_db)
+    if cur.set_range(b"feedcount\x00"):
+        for key in cur.iternext(keys=True, values=False):
+            if not key.startswith(b"feedcount\x00"):
+                return
+            yield key[len(b"feedcount\x00"):]
+
+
+def prune_feed_age(txn: Any, dbs: dict[str, Any], prefix: bytes, cutoff: int, budget: int) -> int:
+    deleted = delete_prefix_head(txn, dbs["feed"], prefix, budget, older_than=cutoff)
+    if deleted:
+        count_key = b"feedcount\x00" + prefix
+        count = int(_any_dec.decode(txn.get(count_key, b"\x00", db=dbs["meta"])))
+        txn.put(count_key, _enc.encode(max(0, count - deleted)), db=dbs["meta"])
+    return deleted
+
+
+def prune_idem(txn: Any, dbs: dict[str, Any], cutoff: int, budget: int) -> int:
+    cur = txn.cursor(db=dbs["idem_time"])
+    deleted = 0
+    if not cur.first():
+        return 0
+    while deleted < budget:
+        key = cur.key()
+        if not key or K.from_u64(key) >= cutoff:
+            break
+        raw = txn.get(key[8:], db=dbs["idem"])
+        if raw is not None and _idem_dec.decode(raw).at == K.from_u64(key):
+            txn.delete(key[8:], db=dbs["idem"])
+        if not cur.delete():
+            break
+        deleted += 1
+    return deleted
