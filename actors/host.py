@@ -19,6 +19,7 @@ import msgspec
 
 from eventstore import IdempotencyClaim, RecordedEvent, request_hash
 from eventstore import events as E
+from protocol.limits import MAX_TITLE
 
 from .apps import MODES, AppManifest
 from .context import keep_turns
@@ -161,6 +162,9 @@ class Host:
                idempotency_key: str | None = None, **created: Any) -> Session:
         """Create a session (``session.created``); with ``initial_input`` its first input is
         accepted in the same commit, so a failure leaves no session behind."""
+        for field, value in (("title", title), ("name", name)):
+            if len(value) > MAX_TITLE:
+                raise InvalidCommand(f"{field}: at most {MAX_TITLE} characters, got {len(value)}")
         session_id = new_id()
         now = now_ms()
         try:

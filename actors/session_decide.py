@@ -21,6 +21,8 @@ import msgspec
 
 from eventstore import events as E
 
+from protocol.limits import MAX_TITLE
+
 from .context import model_view
 from .errors import Conflict, ExpectedTurnMismatch, InvalidCommand, NotFound, SessionBusy, SessionParked
 from .grants import settlement_by, settling
@@ -163,6 +165,8 @@ def decide_rename(state: SessionState, title: str, now: int) -> list[E.Event]:
     title = title.strip()
     if not title:
         raise InvalidCommand("title must not be empty")
+    if len(title) > MAX_TITLE:
+        raise InvalidCommand(f"title: at most {MAX_TITLE} characters, got {len(title)}")
     return [E.SessionRenamed(at=now, title=title)]
 
 

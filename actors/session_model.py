@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from eventstore import events as E
+from protocol.limits import MAX_TITLE, clip
 
 from .context import summary_message
 from .grants import Grant, grant_of
@@ -251,13 +252,15 @@ def fold(events: Any, state: SessionState) -> SessionState:
 
 
 def _created(s: SessionState, e: E.SessionCreated) -> None:
+    if len(e.title) > MAX_TITLE or len(e.name) > MAX_TITLE:  # stored before the bound: cut when read
+        e = msgspec.structs.replace(e, title=clip(e.title, MAX_TITLE), name=clip(e.name, MAX_TITLE))
     s.created = e
     s.title = e.title or e.name
     s.created_at = e.at
 
 
 def _renamed(s: SessionState, e: E.SessionRenamed) -> None:
-    s.title = e.title
+    s.title = clip(e.title, MAX_TITLE)
 
 
 def _archived(s: SessionState, e: E.Event) -> None:

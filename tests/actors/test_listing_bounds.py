@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from actors.errors import InvalidCommand
 from actors.replay import fold_events
 from actors.summaries import SummaryIndex
 from actors.summary_records import (
@@ -67,3 +68,24 @@ def test_titles_names_and_reasons_within_their_bounds_are_read_whole() -> None:
     assert (record.title, record.name, record.last_reason) == ("t" * MAX_TITLE, "n" * MAX_TITLE, "r" * MAX_REASON)
     cut = decode_summary_record(old_record("s", "t" * (MAX_TITLE + 1)))
     assert cut.title == "t" * (MAX_TITLE - 1) + "…"
+
+
+def test_a_sessions_live_state_cuts_a_title_and_name_stored_before_the_bound() -> None:
+    state = fold_events("big", [E.SessionCreated(at=1, session_id="big", title="T" * HUGE, name="N" * HUGE)])
+    assert len(state.title) == MAX_TITLE and len(state.created.title) == MAX_TITLE
+    assert len(state.created.name) == MAX_TITLE  # what fork and the approval chain copy
+    renamed = fold_events("big", [E.SessionCreated(at=1, session_id="big"), E.SessionRenamed(at=2, title="T" * HUGE)])
+    assert renamed.title == "T" * (MAX_TITLE - 1) + "…"
+
+
+def test_the_python_api_refuses_a_title_or_name_over_the_bound_and_writes_nothing(open_host: Any) -> None:
+    host = open_host()
+    with pytest.raises(InvalidCommand, match="title: at most 1000 characters"):
+        host.create(title="T" * (MAX_TITLE + 1))
+    with pytest.raises(InvalidCommand, match="name: at most 1000 characters"):
+        host.create(name="N" * (MAX_TITLE + 1))
+    assert host.list() == []
+    session = host.create(title="ok")
+    with pytest.raises(InvalidCommand, match="title: at most 1000 characters"):
+        session.rename("T" * (MAX_TITLE + 1))
+    session.rename("T" * MAX_TITLE)  # at the bound: fine

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from actors.replay import build_timeline
 from actors.tools import ToolContext, ToolError, Workspace, default_registry
 from actors.tools.sandbox import POLICIES, Sandbox, SandboxUnavailable, policy_at_most, policy_rank
+from eventstore import events as E
 
 
 def argv(sandbox: Sandbox, policy: str, ws: Path) -> list[str]:
@@ -86,3 +88,13 @@ def test_exec_refuses_with_the_cause_when_bubblewrap_cannot_be_started(tmp_path:
         "exec", {"command": "touch ran"}, ToolContext(workspace=Workspace(tmp_path), sandbox=sandbox)))
     assert outcome.is_error and "exec is unavailable" in outcome.output["error"]
     assert not (tmp_path / "ran").exists()
+
+
+def test_the_policy_a_command_ran_under_is_in_its_event_and_in_replay(open_host) -> None:
+    host = open_host(permission_mode="acceptCalls", sandbox_policy="read-only")
+    session = host.create(title="policy")
+    session.run('!tool exec {"command": "true"}')
+    started = [r.event for r in session.events() if isinstance(r.event, E.ToolStarted)]
+    assert [e.display.sandbox for e in started] == ["read-only"]
+    (tool,) = [e for e in build_timeline(session.id, list(session.events())).entries if e.kind == "tool"]
+    assert tool.facts["sandbox"] == "read-only"
