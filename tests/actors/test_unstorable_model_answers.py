@@ -15,6 +15,7 @@ import msgspec
 import pytest
 
 from actors.model import ModelResponse, OpenAIProvider
+from actors.model.openai import parse_sse_lines
 from actors.model.scripted import ScriptedProvider
 from actors.model.storable import (
     MAX_ARGS_BYTES,
@@ -83,6 +84,14 @@ def test_after_a_reopen_the_session_with_the_refused_call_loads_and_keeps_workin
     assert s.snapshot().parked is None
     assert "integer out of range" in the_failed_call(s).output["error"]
     assert s.run("after the reopen", timeout=30).output_text == "echo: after the reopen"
+
+
+def test_a_mock_tool_line_nested_too_deeply_fails_the_turn_with_a_model_error_not_the_session(host):
+    s = host.create()
+    result = s.run("!tool list_files " + "[" * 5000 + "]" * 5000, timeout=30)
+    assert (result.state, result.code) == ("failed", "model-error")
+    assert "nest too deeply" in result.reason
+    assert s.run("still here", timeout=30).output_text == "echo: still here"
 
 
 # --- the scripted provider (through generate and ModelDone) --------------------------------------
@@ -220,6 +229,16 @@ def test_an_openai_answer_with_a_huge_integer_argument_and_huge_token_counts_goe
     assert the_failed_call(s).output["error"].startswith("argument 'timeoutMs': integer out of range")
     first = events_of(s, E.LlmCompleted)[0]
     assert first.usage.prompt_tokens == MAX_INT
+
+
+def test_openai_arguments_nested_too_deeply_for_the_decoder_are_kept_as_text_and_refused_by_the_registry():
+    deep = "[" * 5000 + "]" * 5000
+    line = {"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "id": "c", "function": {"name": "list_files", "arguments": deep}}]}, "finish_reason": "stop"}]}
+    response = parse_sse_lines(["data: " + json.dumps(line), "data: [DONE]"])
+    assert response.tool_calls[0].args == deep
+    with pytest.raises(ToolError, match="nest too deeply"):
+        _registry().validate("list_files", deep)
 
 
 # --- the pieces -----------------------------------------------------------------------------------
