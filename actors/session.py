@@ -34,6 +34,7 @@ from eventstore import events as E
 from .caller import CURRENT_CALL, CallerContext
 from .context import model_view
 from .model.base import ignore_delta
+from .model.storable import storable_response
 from .dispatch import PooledActor
 from .errors import ActorError, NotFound, SessionParked
 from .pubsub import Reply, TurnOutcome
@@ -548,9 +549,7 @@ class SessionBehaviour:
             return step_id, decide_model_done(state, step_id, None, str(e), now)
         if r is None:
             return None
-        completed = E.LlmCompleted(at=now, turn_id=turn_id, step_id=step_id, text=r.text, reasoning=r.reasoning,
-                                   tool_calls=list(r.tool_calls), usage=r.usage, model=r.model,
-                                   provider=r.provider, duration_ms=_ms_since(started))
+        completed = _llm_completed(r, now, turn_id, step_id, _ms_since(started))
         return step_id, decide_model_done(state, step_id, completed, None, now)
 
     def _model_request(self, cfg: AgentConfig) -> Any:
@@ -835,9 +834,7 @@ class SessionBehaviour:
         completed = None
         r = msg.response
         if r is not None:
-            completed = E.LlmCompleted(at=now, turn_id=state.current_turn, step_id=msg.step_id, text=r.text,
-                                       reasoning=r.reasoning, tool_calls=list(r.tool_calls), usage=r.usage,
-                                       model=r.model, provider=r.provider, duration_ms=msg.duration_ms)
+            completed = _llm_completed(r, now, state.current_turn, msg.step_id, msg.duration_ms)
         self._commit_then(msg, decide_model_done(state, msg.step_id, completed, msg.error, now), _ignore)
 
     def on_tool_done(self, msg: ToolDone) -> None:
@@ -915,6 +912,18 @@ def _streaming_item(kind: str, item_id: str, turn_id: str | None) -> Any:
     if kind == "text":
         return AgentMessageItem(item_id=item_id, at=now_ms(), turn_id=turn_id, text="")
     return ReasoningItem(item_id=item_id, at=now_ms(), turn_id=turn_id, text="")
+
+
+def _llm_completed(response: Any, now: int, turn_id: str, step_id: str, duration_ms: int) -> E.LlmCompleted:
+    """The event of a model's answer: the one place every provider's answer passes (the mock's
+    taken in place and every ``generate`` result), so it is where an answer is made storable
+    (a tool call whose arguments the store cannot encode becomes one that fails, see
+    ``actors/model/storable.py``); before, such an answer failed every commit and the re-issued
+    model call failed again until the session was parked."""
+    r = storable_response(response)
+    return E.LlmCompleted(at=now, turn_id=turn_id, step_id=step_id, text=r.text, reasoning=r.reasoning,
+                          tool_calls=list(r.tool_calls), usage=r.usage, model=r.model, provider=r.provider,
+                          duration_ms=duration_ms)
 
 
 def _ms_since(started: float) -> int:

@@ -57,6 +57,7 @@ from msgspec import UNSET
 
 from eventstore import events as E
 from eventstore.errors import WrongExpectedVersion
+from protocol.limits import MAX_INT, MIN_INT
 from protocol.schemas_types import (
     PlaceLayer,
     PlatformLayer,
@@ -165,13 +166,18 @@ def check_value(f: SettingField, value: Any) -> str | None:
         return None if isinstance(value, str) and value in f.options else \
             f"{name}: expected one of {', '.join(f.options)}"
     if f.type in ("integer", "number"):
+        kind = "an integer" if f.type == "integer" else "a number"
         numeric = isinstance(value, int) or (f.type == "number" and isinstance(value, float))
-        if isinstance(value, bool) or not numeric or not math.isfinite(value):
-            return f"{name}: expected {'an integer' if f.type == 'integer' else 'a number'}"
+        # an int is never checked with math.isfinite: it overflows on 10**400 (the Python API
+        # passes any int; the wire refuses ones outside int64 before they get here)
+        if isinstance(value, bool) or not numeric or (isinstance(value, float) and not math.isfinite(value)):
+            return f"{name}: expected {kind}"
         if f.minimum is not None and value < f.minimum:
             return f"{name}: at least {f.minimum:g}"
         if f.maximum is not None and value > f.maximum:
             return f"{name}: at most {f.maximum:g}"
+        if isinstance(value, int) and not MIN_INT <= value <= MAX_INT:  # the store holds int64
+            return f"{name}: expected {kind} from -2**63 to 2**63-1"
         return None
     return f"{name}: unknown field type {f.type!r}"
 

@@ -134,7 +134,9 @@ def _parse_tool(line: str, rest: str) -> tuple[str, Any]:
     try:
         return name, msgspec.json.decode(raw)
     except msgspec.DecodeError as e:
-        raise ModelError(f"mock: invalid JSON arguments in {line!r}: {e}") from e
+        raise ModelError(f"mock: invalid JSON arguments in {line[:200]!r}: {e}") from e
+    except RecursionError as e:  # msgspec gives up around 1,000 levels of nesting
+        raise ModelError(f"mock: the JSON arguments of {name[:200]!r} nest too deeply") from e
 
 
 def _parse_ms(line: str, rest: str) -> int:

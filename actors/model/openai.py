@@ -128,7 +128,7 @@ class _ToolCallBuffer:
         if raw.strip():
             try:
                 args = msgspec.json.decode(raw)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):  # msgspec gives up around 1,000 levels
                 args = raw  # the registry reports invalid JSON arguments to the model
         return ToolCallSpec(call_id=self.call_id or f"call_{index}", name=self.name, args=args)
 

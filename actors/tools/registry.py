@@ -31,7 +31,9 @@ from typing import Any, Literal
 import msgspec
 
 from eventstore.events import ToolDisplay
+from protocol.limits import MAX_INT, MIN_INT
 
+from ..model.storable import args_problem, refusal_of
 from .sandbox import DEFAULT_POLICY, Sandbox, default_sandbox
 from .workspace import ToolError, Workspace
 
@@ -175,6 +177,9 @@ def _check(value: Any, schema: Mapping[str, Any], path: str) -> None:
                 break
         else:
             raise ToolError(f"{_where(path)} must be {' or '.join(names)}, got {_json_type(value)}")
+    if isinstance(value, int) and not isinstance(value, bool) and not MIN_INT <= value <= MAX_INT:
+        # JSON integers are unbounded; the store (msgpack) and every tool's arithmetic are not
+        raise ToolError(f"{_where(path)} must be an integer from -2**63 to 2**63-1")
     if "enum" in schema and value not in schema["enum"]:
         choices = ", ".join(repr(c) for c in schema["enum"])
         raise ToolError(f"{_where(path)} must be one of {choices}, got {value!r}")
@@ -252,7 +257,8 @@ class ToolRegistry:
         """The arguments of a call to ``name`` checked against its schema.
 
         Accepts a JSON string (a model's unparsed arguments) or a dict; raises ToolError naming
-        the field that is missing or has the wrong type.
+        the field that is missing or has the wrong type (an integer outside int64 is the wrong
+        type), or with the sentence of arguments that could not be stored.
         """
         spec = self.get(name)
         if args is None:
@@ -262,6 +268,14 @@ class ToolRegistry:
                 args = msgspec.json.decode(args) if args.strip() else {}
             except msgspec.DecodeError as e:
                 raise ToolError(f"the arguments of {name} are not valid JSON: {e}") from e
+            except RecursionError as e:  # msgspec gives up around 1,000 levels
+                raise ToolError(f"the arguments of {name} nest too deeply") from e
+            problem = args_problem(args)  # decoded here, so never checked on the way to the store
+            if problem is not None:
+                raise ToolError(problem)
+        refused = refusal_of(args)
+        if refused is not None:  # the model's arguments could not be stored (actors/model/storable.py)
+            raise ToolError(refused)
         if not isinstance(args, dict):
             raise ToolError(f"the arguments of {name} must be a JSON object, got {_json_type(args)}")
         _check(args, spec.parameters, "")

@@ -13,7 +13,7 @@ import pytest
 from actors.gateway import SessionProtocolService
 from actors.model import MockProvider
 from actors.session import Create
-from actors.settings import SettingField
+from actors.settings import SettingField, check_value
 from actors.settings_document import dump_toml
 from eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
@@ -820,3 +820,20 @@ def test_query_platform_colon_group_finds_a_room_by_its_window_key(world):
     host, _, c = world
     sid = room(host, place=E.PlaceRef(key="onebot:42:group:20001", kind="window", name="Team"))
     assert [s["id"] for s in c.result("sessions/list", {"query": "onebot:20001"})["sessions"]] == [sid]
+
+
+# --- check_value: the in-process Python API passes any int -----------------------------------------
+
+
+@pytest.mark.parametrize(("f", "value", "sentence"), [
+    (SettingField("agent", "maxSteps", "integer", "Steps", minimum=1, maximum=1000), 10**400,
+     "agent/maxSteps: at most 1000"),
+    (SettingField("agent", "maxSteps", "integer", "Steps", minimum=1, maximum=1000), -10**400,
+     "agent/maxSteps: at least 1"),
+    (SettingField("ui", "count", "integer", "Count"), 10**400,
+     "ui/count: expected an integer from -2**63 to 2**63-1"),
+    (SettingField("ui", "ratio", "number", "Ratio"), 10**400,
+     "ui/ratio: expected a number from -2**63 to 2**63-1"),
+], ids=["over-the-maximum", "under-the-minimum", "unbounded-integer", "unbounded-number"])
+def test_check_value_on_a_huge_integer_answers_the_fields_sentence(f, value, sentence):
+    assert check_value(f, value) == sentence
