@@ -38,6 +38,7 @@ class AppManifest(msgspec.Struct, frozen=True, kw_only=True):
     sessions: bool = True  # permissions.sessions
     containers: list[str] = []  # contributes.sessionContainers
     token: str | None = None
+    name: str = ""  # the display name: the label of the app's room group (seed 004 RoomGroup.label)
     permission_modes: list[str] = msgspec.field(default_factory=lambda: list(MODES))
     sandbox: str = DEFAULT_POLICY  # the widest sandbox policy its sessions may use
 
@@ -96,6 +97,14 @@ class AppRegistry:
 
     def find(self, app_id: str | None) -> AppManifest | None:
         return None if app_id is None else self._apps.get(app_id)
+
+    def group_label(self, platform: str, instance: str | None) -> str:
+        """A room group's label (seed 004 分组: the instance's display name; the platform's name
+        for the rooms of no instance): the app's ``name``, else its id."""
+        if instance is None:
+            return platform
+        app = self.find(instance)
+        return app.name if app is not None and app.name else instance
 
 
 __all__ = ["MODES", "AppManifest", "AppRegistry", "check_manifest", "clamp_mode", "clamp_policy"]

@@ -72,7 +72,10 @@ class _LoopHandlers:
         def work() -> LoopCreateResult:
             made = loop.create(container_id=p.container_id, space={"spaceId": p.space.space_id} if p.space else None,
                                title=p.title or "", activity=p.activity or "interactive",
-                               permission_mode=p.permission_mode, initial_message=initial)
+                               permission_mode=p.permission_mode, initial_message=initial,
+                               chat={"type": p.chat.type, "multiParty": p.chat.multi_party} if p.chat else None,
+                               account=p.account,
+                               place={"key": p.place.key, "name": p.place.name} if p.place else None)
             return LoopCreateResult(session_id=made.session_id, turn_id=made.turn_id)
 
         in_background(self.svc, conn, request_id, work)

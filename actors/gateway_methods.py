@@ -163,6 +163,7 @@ class _Handlers:
             if params.parent_id is not None:
                 self.check(conn, params.parent_id)
             return list_sessions(self.index.rows(conn.visible), params, search_terms=terms,
+                                 group_label=self.rt.apps.group_label,
                                  materialize=summary_from_row, key=listing_key)
 
         in_background(self.svc, conn, request_id, work)
@@ -176,7 +177,8 @@ class _Handlers:
         visible = [sid for sid in upserts if (rec := self.index.get(sid)) is not None and conn.visible(rec)]
         summaries = self.index.summaries_for(visible, conn.visible) if visible else []
         rooms = self.index.room_trees(conn.visible)
-        return SessionsChanged(upserts=summaries, removes=removes, groups=compute_room_groups(rooms))
+        return SessionsChanged(upserts=summaries, removes=removes,
+                               groups=compute_room_groups(rooms, self.rt.apps.group_label))
 
     # --- session lifecycle -------------------------------------------------------------------------
 

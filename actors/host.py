@@ -122,11 +122,12 @@ class Host:
 
     def register_app(self, app_id: str, *, platform: str = "", sessions: bool = True,
                      containers: list[str] | tuple[str, ...] = (), token: str | None = None,
-                     permission_modes: list[str] | tuple[str, ...] = MODES, sandbox: str = DEFAULT_POLICY) -> None:
+                     permission_modes: list[str] | tuple[str, ...] = MODES, sandbox: str = DEFAULT_POLICY,
+                     name: str = "") -> None:
         """Register an app (the seeds' minitool) with its manifest; ``permission_modes`` and
         ``sandbox`` bound what its sessions may do (:mod:`actors.apps`). Raises InvalidCommand."""
         self.apps.register(AppManifest(id=app_id, platform=platform or app_id, sessions=sessions,
-                                       containers=list(containers), token=token,
+                                       containers=list(containers), token=token, name=name,
                                        permission_modes=list(permission_modes), sandbox=sandbox))
 
     def sessions(self, app: str) -> Any:

@@ -33,6 +33,8 @@ from protocol.limits import (
     MAX_ID,
     MAX_IDEMPOTENCY_KEY,
     MAX_INT,
+    MAX_NAME,
+    MAX_PLACE_KEY,
     MAX_SPACE_ID,
     MAX_TEXT_CHARS,
     MAX_TITLE,
@@ -54,6 +56,43 @@ if TYPE_CHECKING:
 SESSION_QUOTA = 20  # unfinished turns per session (seed 000, 配额)
 APP_QUOTA = 200  # unfinished turns per app
 RETRY_AFTER_MS = 1000
+
+
+class Room(msgspec.Struct, frozen=True, kw_only=True):
+    """What a bot says of the room a session is (checked by :func:`_check_room`)."""
+
+    chat: E.ChatInfo | None = None
+    account: str | None = None
+    place: E.PlaceRef | None = None
+
+
+def _check_room(container_id: str | None, chat: Any, account: Any, place: Any) -> Room:
+    """The room facts of ``create``, each checked naming the field; only a room has them."""
+    if container_id is None:
+        if chat is not None or account is not None or place is not None:
+            raise InvalidCommand("chat, account and place describe a room: give them with container_id")
+        return Room()
+    info = None
+    if chat is not None:
+        given = _keys("chat", chat, ("type", "multiParty", "multi_party"))
+        _string("chat.type", given.get("type"), limit=MAX_NAME)
+        if not given.get("type"):
+            raise InvalidCommand("chat.type is required (the platform's own name of the chat type)")
+        multi = given.get("multiParty", given.get("multi_party", False))
+        if not isinstance(multi, bool):
+            raise InvalidCommand("chat.multiParty must be true or false")
+        info = E.ChatInfo(type=given["type"], multi_party=multi)
+    _string("account", account, optional=True, limit=MAX_NAME)
+    where = None
+    if place is not None:
+        given = _keys("place", place, ("key", "name"))
+        key = given.get("key")
+        _string("place.key", key, limit=MAX_PLACE_KEY)
+        if not key:
+            raise InvalidCommand("place.key is required")
+        _string("place.name", given.get("name", ""), limit=MAX_TITLE)
+        where = E.PlaceRef(key=key, kind="window", name=given.get("name") or key)
+    return Room(chat=info, account=account or None, place=where)
 
 
 class LoopReceipt(Receipt, frozen=True, kw_only=True):
@@ -261,8 +300,8 @@ class SessionLoop:
 
     def _plan_create(self, container_id: str | None, space_id: str | None, title: str, activity: str,
                      permission_mode: str | None, message: tuple[str, str] | None,
-                     caller: CallerFacts | None) -> tuple[E.SessionCreated, E.InputAccepted | None,
-                                                          IdempotencyClaim | None]:
+                     caller: CallerFacts | None, room: Room) -> tuple[E.SessionCreated, E.InputAccepted | None,
+                                                                      IdempotencyClaim | None]:
         from .host import new_id
 
         if permission_mode is not None and not self.app.allows_mode(permission_mode):
@@ -282,6 +321,7 @@ class SessionLoop:
             parent_id=caller.created.session_id if caller is not None else None,
             cwd=caller.cwd if caller is not None else "",
             model=caller.model if caller is not None else None,
+            chat=room.chat, account=room.account, place=room.place,
         )
         initial, claim = None, None
         if message is not None:
@@ -321,25 +361,33 @@ class SessionLoop:
 
     def create(self, *, container_id: str | None = None, space: dict[str, Any] | None = None, title: str = "",
                activity: str = "interactive", permission_mode: str | None = None,
-               initial_message: dict[str, Any] | None = None, context: str | None = None) -> CreateResult:
+               initial_message: dict[str, Any] | None = None, context: str | None = None,
+               chat: dict[str, Any] | None = None, account: str | None = None,
+               place: dict[str, Any] | None = None) -> CreateResult:
         """Create a session (seed 000). With ``initial_message`` its first input is accepted in the
         same commit: if anything fails, no session exists afterwards. With ``context='caller'``
         (only inside a tool's execution) it is a child of the calling session and works in its
-        directory with its model and permission policy."""
+        directory with its model and permission policy. A room (``container_id``) may say what
+        it is: ``chat={"type": "group", "multiParty": True}``, the bot's ``account`` in it, and
+        its window ``place={"key": "im:bot1:group:20001", "name": "Team"}``."""
         container_id, space_id, message = self._check_create(container_id, space, title, activity,
                                                               permission_mode, initial_message, context)
+        room = _check_room(container_id, chat, account, place)
         calling = self._calling_session(context)
         caller = self.rt.ask(calling, lambda r: Query(caller_facts, r)) if calling is not None else None
         created, initial, claim = self._plan_create(container_id, space_id, title, activity, permission_mode,
-                                                     message, caller)
+                                                     message, caller, room)
         made = self.rt.ask(created.session_id, lambda r: Create(created, initial, r, claim))
         return CreateResult(session_id=made.session_id, turn_id=made.turn_id)
 
     async def acreate(self, *, container_id: str | None = None, space: dict[str, Any] | None = None,
                       title: str = "", activity: str = "interactive", permission_mode: str | None = None,
-                      initial_message: dict[str, Any] | None = None, context: str | None = None) -> CreateResult:
+                      initial_message: dict[str, Any] | None = None, context: str | None = None,
+                      chat: dict[str, Any] | None = None, account: str | None = None,
+                      place: dict[str, Any] | None = None) -> CreateResult:
         container_id, space_id, message = self._check_create(container_id, space, title, activity,
                                                               permission_mode, initial_message, context)
+        room = _check_room(container_id, chat, account, place)
         calling = self._calling_session(context)
         caller = None
         if calling is not None:  # asked without blocking the loop the calling tool runs on
@@ -347,7 +395,7 @@ class SessionLoop:
             self.rt.tell(calling, Query(caller_facts, asked))
             caller = await asyncio.wait_for(asked.future(), self.rt.options.request_timeout_s)
         created, initial, claim = self._plan_create(container_id, space_id, title, activity, permission_mode,
-                                                     message, caller)
+                                                     message, caller, room)
         reply = Reply()
         self.rt.tell(created.session_id, Create(created, initial, reply, claim))
         made = await asyncio.wait_for(reply.future(), self.rt.options.request_timeout_s)
@@ -505,10 +553,12 @@ class AsyncSessionLoop:
 
     async def create(self, *, container_id: str | None = None, space: dict[str, Any] | None = None,
                      title: str = "", activity: str = "interactive", permission_mode: str | None = None,
-                     initial_message: dict[str, Any] | None = None, context: str | None = None) -> CreateResult:
+                     initial_message: dict[str, Any] | None = None, context: str | None = None,
+                     chat: dict[str, Any] | None = None, account: str | None = None,
+                     place: dict[str, Any] | None = None) -> CreateResult:
         return await self._sync.acreate(container_id=container_id, space=space, title=title, activity=activity,
                                         permission_mode=permission_mode, initial_message=initial_message,
-                                        context=context)
+                                        context=context, chat=chat, account=account, place=place)
 
     async def send(self, session_id: str, text: str, idempotency_key: str,
                    attachments: list[Any] | None = None) -> LoopReceipt:

@@ -122,6 +122,7 @@ class Server:
                                        sessions=bool(table.get("sessions", True)),
                                        containers=[str(c) for c in table.get("containers", [])],
                                        token=table.get("token"),
+                                       name=str(table.get("name", "")),
                                        permission_modes=list(table.get("permission_modes", MODES)),
                                        sandbox=str(table.get("sandbox", DEFAULT_POLICY)))
         for hook in service_hooks:

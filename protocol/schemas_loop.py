@@ -22,6 +22,7 @@ from .limits import (
     MAX_CURSOR,
     MAX_IDEMPOTENCY_KEY,
     MAX_INT,
+    MAX_PLACE_KEY,
     MAX_SPACE_ID,
     MAX_TEXT_CHARS,
     MAX_WAIT_MS,
@@ -38,6 +39,8 @@ __all__ = [
     "MAX_WAIT_MS",
     "MIN_WAIT_MS",
     "InitialMessage",
+    "LoopChat",
+    "LoopPlace",
     "LoopCreateParams",
     "LoopCreateResult",
     "LoopEvent",
@@ -63,6 +66,23 @@ class InitialMessage(Wire, frozen=True, kw_only=True):
     idempotency_key: IdempotencyKey
 
 
+class LoopChat(Wire, frozen=True, kw_only=True):
+    """The chat window a room is (seed 004 SessionSummary.chat): the platform's own type name,
+    shown as is, and whether more than two parties talk in it."""
+
+    type: ShortName
+    multi_party: bool = False
+
+
+class LoopPlace(Wire, frozen=True, kw_only=True):
+    """A room's window place (seed 004 场所): its key (by convention
+    ``<platform>:<account>:<type>:<number>``, so ``sessions/list`` finds ``<platform>:<number>``)
+    and its display name (the group's name, or the other party's nickname)."""
+
+    key: Annotated[str, Meta(min_length=1, max_length=MAX_PLACE_KEY)]
+    name: Title = ""
+
+
 class LoopCreateParams(Wire, frozen=True, kw_only=True):
     """Placement is ``containerId`` or ``space``, never both (seed 001: 投放位置二选一).
 
@@ -78,6 +98,11 @@ class LoopCreateParams(Wire, frozen=True, kw_only=True):
     permission_mode: Literal["ask", "acceptCalls", "deny"] | None = None
     initial_message: InitialMessage | None = None
     context: Literal["caller"] | None = None
+    #: a room's description (with ``containerId``): its chat window, the bot's account in it and
+    #: its window place (SPEC §5; seed 004 摘要: chat, account, place)
+    chat: LoopChat | None = None
+    account: ShortName | None = None
+    place: LoopPlace | None = None
 
     def __post_init__(self) -> None:
         if self.container_id is not None and self.space is not None:

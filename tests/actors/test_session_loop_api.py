@@ -434,3 +434,16 @@ def test_the_app_quota_holds_when_many_sessions_send_at_once(loop_host):
     receipts = asyncio.run(go())
     assert sum(r.state != "rejected" for r in receipts) == 200
     assert loop_host.rt.app_unfinished["mybot"] == 200
+
+
+def test_a_room_created_through_the_python_api_records_its_chat_account_and_window_place(loop_host) -> None:
+    loop = loop_host.sessions(app="mybot")
+    made = loop.create(container_id="inbox", title="Team", chat={"type": "group", "multiParty": True},
+                       account="bot-1", place={"key": "telegram:bot-1:group:77", "name": "Team chat"})
+    created = loop_host.session(made.session_id).snapshot().created
+    assert created.chat == E.ChatInfo(type="group", multi_party=True) and created.account == "bot-1"
+    assert created.place == E.PlaceRef(key="telegram:bot-1:group:77", kind="window", name="Team chat")
+    with pytest.raises(InvalidCommand, match="describe a room"):
+        loop.create(space={"spaceId": "s"}, chat={"type": "group"})
+    with pytest.raises(InvalidCommand, match="chat.multiParty must be true or false"):
+        loop.create(container_id="inbox", chat={"type": "group", "multiParty": "yes"})
