@@ -21,6 +21,8 @@ from eventstore.errors import SessionloopError
 DEFAULT_DATA = ".sessionloop"
 DEFAULT_PORT = 8765
 TOKEN_FILE = "token"
+#: an app token is a password strangers may guess at: 32 characters of token_urlsafe are 192 bits
+MIN_APP_TOKEN_CHARS = 32
 
 log = logging.getLogger("sessionloop.serve")
 _LIMITS = ExecLimits()  # the defaults the --exec-* options show
@@ -56,6 +58,12 @@ def load_apps(path: str) -> dict[str, Any]:
     apps = doc.get("apps", {})
     if not isinstance(apps, dict):
         raise click.ClickException(f"{path}: [apps] must be a table of app tables")
+    for app_id, table in apps.items():
+        token = table.get("token") if isinstance(table, dict) else None
+        if isinstance(token, str) and len(token) < MIN_APP_TOKEN_CHARS:
+            raise click.ClickException(f"{path}: [apps.{app_id}] token has {len(token)} characters, "
+                                       f"at least {MIN_APP_TOKEN_CHARS} are needed (e.g. python -c "
+                                       f"'import secrets; print(secrets.token_urlsafe(32))')")
     return apps
 
 
