@@ -84,7 +84,8 @@ class Server:
                  token: str | None = None, apps_file: str | None = None, durability: str = "sync",
                  allowed_origins: tuple[str, ...] = (), max_frame_mb: int = 64, max_outbox_mb: float = 8.0,
                  ping_interval: float = 20.0, ping_timeout: float = 20.0, close_timeout: float = 10.0,
-                 sandbox_hide: tuple[str, ...] = (), **host_options: Any) -> None:
+                 sandbox_hide: tuple[str, ...] = (), metrics_public: bool = False, auth_failures: int = 20,
+                 auth_window: float = 60.0, **host_options: Any) -> None:
         from actors.host import Host
         from protocol.transport import TransportConfig
 
@@ -106,7 +107,8 @@ class Server:
                                       max_frame_bytes=max_frame_mb * 1024 * 1024,
                                       max_outbox_bytes=int(max_outbox_mb * 1024 * 1024),
                                       ping_interval=ping_interval, ping_timeout=ping_timeout,
-                                      close_timeout=close_timeout)
+                                      close_timeout=close_timeout, metrics_public=metrics_public,
+                                      auth_failures=auth_failures, auth_window=auth_window)
         self.transport: Any = None
 
     def _report_sandbox(self) -> None:
@@ -200,7 +202,11 @@ async def _run(server: Server, quiet: bool) -> None:
 @click.option("--durability", type=click.Choice(["sync", "nosync"]), default="sync", show_default=True,
               help="sync: fsync before every acknowledgement; nosync: faster, survives a process crash only.")
 @click.option("--model", default="mock", show_default=True, help="Model provider: mock, openai.")
-@click.option("--allow-origin", "allowed_origins", multiple=True, help="Extra browser Origin to accept.")
+@click.option("--allow-origin", "allowed_origins", multiple=True,
+              help="A browser Origin to accept (repeatable), e.g. https://console.example. Accepted without it: "
+                   "requests with no Origin (terminals, bots) and the server's own listen address (bound to "
+                   "loopback: http://127.0.0.1:PORT, http://localhost:PORT, http://[::1]:PORT). The Host header "
+                   "is never trusted for this (DNS rebinding); any other Origin gets 403.")
 @click.option("--max-frame-mb", default=64, show_default=True, type=click.IntRange(min=1),
               help="Hard WebSocket frame limit (a frame above it is closed with 1009); requests above 3/8 of "
                    "it, at most 24 MiB, are answered 'request too large'.")
@@ -212,6 +218,15 @@ async def _run(server: Server, quiet: bool) -> None:
               help="Seconds an unanswered ping may wait before the connection is closed (silent peer).")
 @click.option("--close-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0.01),
               help="Seconds a closing peer gets to close its side before the socket is dropped.")
+@click.option("--metrics-public", is_flag=True,
+              help="Serve GET /metrics without a token (default: it needs the owner token, as a Bearer header or "
+                   "?token=; app tokens get 403). GET /healthz never needs one.")
+@click.option("--auth-failures", default=20, show_default=True, type=click.IntRange(min=1),
+              help="Failed authentications (401) one client address may have within --auth-window; past them it "
+                   "gets 429 with Retry-After, whatever token it sends, until the oldest failure is that old. "
+                   "Other addresses are unaffected; up to 4,096 addresses are remembered (IPv6 by /64).")
+@click.option("--auth-window", default=60.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Seconds over which --auth-failures are counted.")
 @click.option("--snapshot-every", default=500, show_default=True, type=click.IntRange(min=1),
               help="Write a session's state snapshot after this many new events (activation replays only "
                    "the events after its last snapshot).")
@@ -241,7 +256,8 @@ async def _run(server: Server, quiet: bool) -> None:
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
-          ping_interval: float, ping_timeout: float, close_timeout: float, snapshot_every: int,
+          ping_interval: float, ping_timeout: float, close_timeout: float, metrics_public: bool,
+          auth_failures: int, auth_window: float, snapshot_every: int,
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
           exec_file_size_mb: int, quiet: bool) -> None:
@@ -259,6 +275,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
         server = Server(data_dir, host=host, port=port, token=token, apps_file=apps_file, durability=durability,
                         allowed_origins=allowed_origins, max_frame_mb=max_frame_mb, max_outbox_mb=max_outbox_mb,
                         ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout,
+                        metrics_public=metrics_public, auth_failures=auth_failures, auth_window=auth_window,
                         model=model, snapshot_every=snapshot_every, map_size=map_size_mb * 1024 * 1024,
                         sandbox=sandbox, sandbox_policy=sandbox_policy, sandbox_bwrap=sandbox_bwrap,
                         sandbox_hide=tuple(os.path.abspath(p) for p in sandbox_hide),

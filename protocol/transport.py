@@ -6,10 +6,15 @@ no actor: the service is anything with ``connect``, ``resolve_file`` and ``can_r
 
 * ``/session`` — the protocol, after authentication (``Authorization: Bearer`` or ``?token=``;
   401 before the upgrade for a missing or wrong token) and an Origin check (403 before the
-  upgrade for a browser page of another origin);
+  upgrade for a browser page whose origin is neither the server's own listen address nor on
+  ``allowed_origins``; no Origin at all — terminals, bots — passes);
 * ``GET /api/session-file?sessionId=…&handle=…`` — an attachment, as ``application/octet-stream``,
   only for a handle the service issued for that session in this epoch;
-* ``GET /metrics`` (Prometheus text) and ``GET /healthz``.
+* ``GET /metrics`` (Prometheus text; the owner token, unless ``metrics_public``) and ``GET /healthz``.
+
+Before any of that: a request with two ``Authorization`` or two ``Origin`` headers is answered
+400; an address that failed authentication ``auth_failures`` times in ``auth_window`` seconds is
+answered 429 with ``Retry-After`` (:class:`~protocol.guards.AuthThrottle`).
 
 Every connection has a bounded outbox: pushes from actor threads are queued without blocking
 them; a client that does not read lets its outbox grow to ``max_outbox_bytes``, then it is
@@ -24,7 +29,9 @@ import asyncio
 import hmac
 import http
 import logging
+import math
 import threading
+import time
 import urllib.parse
 from collections import deque
 from collections.abc import Callable
@@ -36,10 +43,14 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from .guards import AuthThrottle, origin_key, own_origins
+
 log = logging.getLogger("sessionloop.transport")
 
 CLOSE_SLOW_CONSUMER = 4008
 DEFAULT_MAX_OUTBOX = 8 * 1024 * 1024
+#: the headers a request may carry once: two would make "which one counts" the attacker's choice
+SINGLE_HEADERS = ("Authorization", "Origin")
 
 
 class Peer(msgspec.Struct, kw_only=True):
@@ -77,7 +88,7 @@ class TransportConfig(msgspec.Struct, kw_only=True):
     port: int = 8765
     owner_token: str
     app_tokens: dict[str, AppCredential] = {}
-    allowed_origins: list[str] = []  # besides same-host http(s) origins and no Origin at all
+    allowed_origins: list[str] = []  # besides the server's own listen address (guards.own_origins)
     max_frame_bytes: int = 64 * 1024 * 1024  # the socket's hard limit (close 1009 above it)
     max_outbox_bytes: int = DEFAULT_MAX_OUTBOX
     ping_interval: float | None = 20.0
@@ -86,6 +97,9 @@ class TransportConfig(msgspec.Struct, kw_only=True):
     # socket is aborted: a dead peer is let go ping_interval + ping_timeout + close_timeout after
     # it fell silent
     close_timeout: float | None = 10.0
+    metrics_public: bool = False  # /metrics without a token
+    auth_failures: int = 20  # failed authentications an address may have ...
+    auth_window: float = 60.0  # ... in this many seconds before it gets 429
 
 
 class Outbox:
@@ -154,6 +168,8 @@ class SessionServer:
         self._server: Server | None = None
         self.port: int | None = None
         self.connections: dict[ServerConnection, Outbox] = {}
+        self.throttle = AuthThrottle(config.auth_failures, config.auth_window)
+        self.origins: set[str] = set()
 
     async def start(self) -> int:
         self._server = await serve(
@@ -163,6 +179,8 @@ class SessionServer:
             close_timeout=self.config.close_timeout, compression=None,
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        self.origins = {origin_key(o) for o in [*own_origins(self.config.host, self.port),
+                                                 *self.config.allowed_origins]}
         return self.port
 
     async def stop(self, reason: str = "server shutting down", drain_s: float = 1.0) -> None:
@@ -204,33 +222,46 @@ class SessionServer:
         return None
 
     def _origin_allowed(self, request: Request) -> bool:
+        """No Origin: not a browser (terminals and bots send none). Otherwise the origin must be
+        the server's own listen address or on the allow list — never judged by the request's
+        Host header, which a DNS-rebinding page controls as much as its Origin."""
         origin = request.headers.get("Origin")
-        if origin is None:
-            return True  # not a browser: terminals and bots send no Origin
-        if origin in self.config.allowed_origins:
-            return True
-        host = request.headers.get("Host", "")
-        parsed = urllib.parse.urlsplit(origin)
-        return parsed.scheme in ("http", "https") and parsed.netloc == host
+        return origin is None or origin_key(origin) in self.origins
 
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = urllib.parse.urlsplit(request.path).path
         if path == "/healthz":
             body = msgspec.json.encode(self.health() if self.health else {"status": "ok"})
             return _response(200, body, "application/json")
-        if path == "/metrics":
-            return _response(200, self.metrics() if self.metrics else b"", "text/plain; version=0.0.4")
-        if path not in ("/session", "/api/session-file"):
+        if path not in ("/metrics", "/session", "/api/session-file"):
             return _response(404, b"not found\n", "text/plain")
+        for name in SINGLE_HEADERS:
+            if len(request.headers.get_all(name)) > 1:
+                return _response(400, f"more than one {name} header\n".encode(), "text/plain")
+        if path == "/metrics" and self.config.metrics_public:
+            return self._metrics()
+        address = _client_address(connection)
+        wait = self.throttle.retry_after(address, time.monotonic())
+        if wait is not None:
+            return _response(429, b"too many failed authentications: try again later\n", "text/plain",
+                             {"Retry-After": str(math.ceil(wait))})
         peer = self._authenticate(request)
         if peer is None:
+            self.throttle.failed(address, time.monotonic())
             return _response(401, b"missing or wrong token\n", "text/plain", {"WWW-Authenticate": "Bearer"})
+        if path == "/metrics":
+            if not peer.is_owner:
+                return _response(403, b"/metrics needs the owner token\n", "text/plain")
+            return self._metrics()
         if not self._origin_allowed(request):
             return _response(403, b"forbidden origin\n", "text/plain")
         if path == "/api/session-file":
             return await self._file(peer, request)
         connection.peer = peer  # type: ignore[attr-defined]
         return None
+
+    def _metrics(self) -> Response:
+        return _response(200, self.metrics() if self.metrics else b"", "text/plain; version=0.0.4")
 
     async def _file(self, peer: Peer, request: Request) -> Response:
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
@@ -288,6 +319,11 @@ class SessionServer:
 async def _close(ws: ServerConnection, code: int, reason: str) -> None:
     encoded = reason.encode("utf-8")[:123].decode("utf-8", "ignore")  # close frames carry 123 bytes
     await ws.close(code, encoded)
+
+
+def _client_address(connection: ServerConnection) -> str:
+    address = connection.remote_address
+    return str(address[0]) if isinstance(address, tuple) and address else str(address)
 
 
 def _read(path: str) -> bytes:

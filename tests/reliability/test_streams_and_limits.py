@@ -584,7 +584,7 @@ def test_a_smaller_frame_limit_keeps_the_request_too_large_reply_below_it(server
 
 
 def connections_gauge(server: Any) -> float:
-    text = httpx.get(f"http://127.0.0.1:{server.port}/metrics").text
+    text = httpx.get(f"http://127.0.0.1:{server.port}/metrics", headers=AUTH).text
     found = re.search(r"^sessionloop_connections (\S+)$", text, re.MULTILINE)
     assert found is not None, text
     return float(found.group(1))
@@ -615,7 +615,7 @@ def test_handshake_refusals_come_before_the_upgrade_and_silent_peers_are_closed_
             body = await asyncio.wait_for(raw.reader.read(), 5)  # the server hangs up after the answer
             assert body in (b"missing or wrong token\n", b"forbidden origin\n")
             raw.writer.close()
-        for origin in ("https://app.example", own_origin):  # the allow list and the same host pass
+        for origin in ("https://app.example", own_origin):  # the allow list and the server's own address pass
             async with connect(server.url, additional_headers={**AUTH, "Origin": origin}) as ws:
                 await initialized(ws)  # upgraded and served
         await until(lambda: connections_gauge(server) == 0, 5, "the accepted connections to be forgotten")
