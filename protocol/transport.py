@@ -30,7 +30,7 @@ Outgoing frames: every connection has a bounded outbox: pushes from actor thread
 without blocking them; a client that does not read lets its outbox grow to ``max_outbox_bytes``,
 then it is closed with code 4008 ("slow consumer") and unsubscribed at once. Writers are
 woken in bursts (:class:`Waker`) and write what they have queued in batches, a batch each in
-turn. Every close the server starts — 4008, 1013,
+turn, of frame bytes made once per push for all its subscribers (:class:`WireFrames`). Every close the server starts — 4008, 1013,
 the protocol's own, 1001 at shutdown — gives the peer ``close_timeout`` seconds to take the
 close frame and answer it; a peer that does not (its socket buffer is full because it does not
 read) is then cut off with a TCP reset, so neither the process nor the kernel keeps its buffers.
@@ -62,6 +62,7 @@ import msgspec
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
 from websockets.protocol import State
 
@@ -423,6 +424,7 @@ class SessionServer:
         self._closing: dict[ServerConnection, asyncio.Task[None]] = {}
         self._watchdog: asyncio.Task[None] | None = None
         self._waker: Waker | None = None
+        self._wire = WireFrames()
 
     async def start(self) -> int:
         def connection(*args: Any, **kwargs: Any) -> GuardedConnection:
@@ -589,7 +591,7 @@ class SessionServer:
                 for i, batch in enumerate(_batches(frames)):
                     if i:
                         await asyncio.sleep(0)  # round robin: a batch, then the other writers' turn
-                    await _send_all(ws, batch)  # waits while the socket's buffer is full
+                    await _send_all(ws, batch, self._wire)  # waits while the socket's buffer is full
                     outbox.stuck_since = loop.time()
                 outbox.stuck_since = None
         except ConnectionClosed:
@@ -662,19 +664,45 @@ def _batches(frames: list[str]) -> list[list[str]]:
     return batches
 
 
-async def _send_all(ws: ServerConnection, frames: list[str]) -> None:
+class WireFrames:
+    """The bytes of a text frame as the server sends it, made once for every connection.
+
+    A server's frames are not masked and this server negotiates no extension, so a push's frame
+    is the same bytes for each of its subscribers; a stream of item deltas is hundreds of small
+    pushes a second per session, and framing each again per subscriber was most of what a push
+    cost the event loop. Event loop only; at most ``max_bytes`` are kept, oldest out first, and
+    frames over ``max_frame`` (rarer, and costly to keep) are not kept at all."""
+
+    def __init__(self, max_bytes: int = 4 * 1024 * 1024, max_frame: int = 64 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self.max_frame = max_frame
+        self._kept: dict[int, tuple[str, bytes]] = {}  # id(text) -> (text, frame): the text keeps the id valid
+        self._size = 0
+
+    def wire(self, text: str) -> bytes:
+        kept = self._kept.get(id(text))
+        if kept is not None and kept[0] is text:
+            return kept[1]
+        data = Frame(Opcode.TEXT, text.encode()).serialize(mask=False)
+        if len(data) <= self.max_frame:
+            self._kept[id(text)] = (text, data)
+            self._size += len(data)
+            while self._size > self.max_bytes:
+                _, old = self._kept.pop(next(iter(self._kept)))
+                self._size -= len(old)
+        return data
+
+
+async def _send_all(ws: ServerConnection, frames: list[str], wire: WireFrames) -> None:
     """Send ``frames`` as text messages with one socket write and one wait for the socket.
 
-    ``ServerConnection.send`` does exactly this for one message (``send_context`` checks the
-    connection is open, then writes what the sans-I/O protocol framed and drains); item deltas
-    come in bursts of hundreds of small frames per subscriber, and per frame that is most of
-    what a push costs the event loop."""
-    if len(frames) == 1:
-        await ws.send(frames[0])
-        return
+    ``ServerConnection.send`` does this for one message: ``send_context`` checks the connection
+    is open, the sans-I/O protocol frames the text (``send_text``: a text frame, unmasked on the
+    server side), and on leaving the context the bytes are written and the socket drained. Here
+    the frames come from :class:`WireFrames`, and the connection's own frames (pings, pongs, the
+    close) still go through the protocol, whole, between two writes."""
     async with ws.send_context():
-        for frame in frames:
-            ws.protocol.send_text(frame.encode())
+        ws.transport.write(b"".join([wire.wire(frame) for frame in frames]))
 
 
 def _cap_send_buffer(ws: ServerConnection, size: int) -> None:
