@@ -94,7 +94,7 @@ def app_id(bot: int) -> str:
 
 
 def app_token(bot: int) -> str:
-    return f"bots-bench-token-{bot}"
+    return f"bots-bench-app-token-of-bot-{bot:08d}"
 
 
 def expected_answer(text: str) -> str:

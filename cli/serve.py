@@ -20,7 +20,11 @@ from eventstore.errors import SessionloopError
 
 DEFAULT_DATA = ".sessionloop"
 DEFAULT_PORT = 8765
+DEFAULT_MAX_INFLIGHT_MB = 128
+MIB = 1024 * 1024
 TOKEN_FILE = "token"
+#: an app token is a password strangers may guess at: 32 characters of token_urlsafe are 192 bits
+MIN_APP_TOKEN_CHARS = 32
 
 log = logging.getLogger("sessionloop.serve")
 _LIMITS = ExecLimits()  # the defaults the --exec-* options show
@@ -56,6 +60,12 @@ def load_apps(path: str) -> dict[str, Any]:
     apps = doc.get("apps", {})
     if not isinstance(apps, dict):
         raise click.ClickException(f"{path}: [apps] must be a table of app tables")
+    for app_id, table in apps.items():
+        token = table.get("token") if isinstance(table, dict) else None
+        if isinstance(token, str) and len(token) < MIN_APP_TOKEN_CHARS:
+            raise click.ClickException(f"{path}: [apps.{app_id}] token has {len(token)} characters, "
+                                       f"at least {MIN_APP_TOKEN_CHARS} are needed (e.g. python -c "
+                                       f"'import secrets; print(secrets.token_urlsafe(32))')")
     return apps
 
 
@@ -76,10 +86,15 @@ class Server:
                  token: str | None = None, apps_file: str | None = None, durability: str = "sync",
                  allowed_origins: tuple[str, ...] = (), max_frame_mb: int = 64, max_outbox_mb: float = 8.0,
                  ping_interval: float = 20.0, ping_timeout: float = 20.0, close_timeout: float = 10.0,
-                 sandbox_hide: tuple[str, ...] = (), **host_options: Any) -> None:
+                 sandbox_hide: tuple[str, ...] = (), max_inflight_mb: int = DEFAULT_MAX_INFLIGHT_MB,
+                 inflight_wait: float = 30.0, metrics_public: bool = False, auth_failures: int = 20,
+                 auth_window: float = 60.0, **host_options: Any) -> None:
         from actors.host import Host
         from protocol.transport import TransportConfig
 
+        if max_inflight_mb < max_frame_mb:
+            raise ValueError(f"--max-inflight-mb {max_inflight_mb} is below --max-frame-mb {max_frame_mb}: "
+                             "a frame the socket accepts could never be received")
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
         self.token_is_new = False
@@ -98,7 +113,9 @@ class Server:
                                       max_frame_bytes=max_frame_mb * 1024 * 1024,
                                       max_outbox_bytes=int(max_outbox_mb * 1024 * 1024),
                                       ping_interval=ping_interval, ping_timeout=ping_timeout,
-                                      close_timeout=close_timeout)
+                                      close_timeout=close_timeout, max_inflight_bytes=max_inflight_mb * MIB,
+                                      inflight_wait=inflight_wait, metrics_public=metrics_public,
+                                      auth_failures=auth_failures, auth_window=auth_window)
         self.transport: Any = None
 
     def _report_sandbox(self) -> None:
@@ -193,18 +210,44 @@ async def _run(server: Server, quiet: bool) -> None:
 @click.option("--durability", type=click.Choice(["sync", "nosync"]), default="sync", show_default=True,
               help="sync: fsync before every acknowledgement; nosync: faster, survives a process crash only.")
 @click.option("--model", default="mock", show_default=True, help="Model provider: mock, openai.")
-@click.option("--allow-origin", "allowed_origins", multiple=True, help="Extra browser Origin to accept.")
+@click.option("--allow-origin", "allowed_origins", multiple=True,
+              help="A browser Origin to accept (repeatable), e.g. https://console.example. Accepted without it: "
+                   "requests with no Origin (terminals, bots) and the server's own listen address (bound to "
+                   "loopback: http://127.0.0.1:PORT, http://localhost:PORT, http://[::1]:PORT). The Host header "
+                   "is never trusted for this (DNS rebinding); any other Origin gets 403.")
 @click.option("--max-frame-mb", default=64, show_default=True, type=click.IntRange(min=1),
               help="Hard WebSocket frame limit (a frame above it is closed with 1009); requests above 3/8 of "
                    "it, at most 24 MiB, are answered 'request too large'.")
+@click.option("--max-inflight-mb", default=DEFAULT_MAX_INFLIGHT_MB, show_default=True, type=click.IntRange(min=1),
+              help="Server-wide budget for incoming frames being received and parsed. Each connection may hold 1 "
+                   "MiB of frames freely; a larger frame takes room for its payload when its header arrives, before "
+                   "it is buffered, and waits (its sender is held back) while there is none. Memory for incoming "
+                   "frames stays under about 2x this plus 1 MiB per connection (a frame costs up to twice its size "
+                   "while it is parsed). At least --max-frame-mb.")
+@click.option("--inflight-wait", default=30.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Seconds a frame may wait for room in --max-inflight-mb; then its connection is closed 1013 "
+                   "(try again later).")
 @click.option("--max-outbox-mb", default=8.0, show_default=True, type=float,
-              help="Per-connection outgoing buffer; a client that falls this far behind is closed (4008).")
+              help="Per-connection outgoing buffer; a client that falls this far behind is sent a 4008 close "
+                   "(slow consumer) and, if it does not take it within --close-timeout, is reset. The kernel's "
+                   "send buffer of each connection is capped at 256 KiB besides.")
 @click.option("--ping-interval", default=20.0, show_default=True, type=click.FloatRange(min=0.01),
               help="Seconds between the server's keepalive pings on each connection.")
 @click.option("--ping-timeout", default=20.0, show_default=True, type=click.FloatRange(min=0.01),
-              help="Seconds an unanswered ping may wait before the connection is closed (silent peer).")
+              help="Seconds an unanswered ping may wait before the connection is closed (silent peer). A "
+                   "connection whose socket takes nothing for --ping-interval + --ping-timeout while frames wait "
+                   "for it is closed 4008 (slow consumer).")
 @click.option("--close-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0.01),
-              help="Seconds a closing peer gets to close its side before the socket is dropped.")
+              help="Seconds a peer gets to answer the server's close (any code) before its socket is reset.")
+@click.option("--metrics-public", is_flag=True,
+              help="Serve GET /metrics without a token (default: it needs the owner token, as a Bearer header or "
+                   "?token=; app tokens get 403). GET /healthz never needs one.")
+@click.option("--auth-failures", default=20, show_default=True, type=click.IntRange(min=1),
+              help="Failed authentications (401) one client address may have within --auth-window; past them it "
+                   "gets 429 with Retry-After, whatever token it sends, until the oldest failure is that old. "
+                   "Other addresses are unaffected; up to 4,096 addresses are remembered (IPv6 by /64).")
+@click.option("--auth-window", default=60.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Seconds over which --auth-failures are counted.")
 @click.option("--snapshot-every", default=500, show_default=True, type=click.IntRange(min=1),
               help="Write a session's state snapshot after this many new events (activation replays only "
                    "the events after its last snapshot).")
@@ -234,7 +277,8 @@ async def _run(server: Server, quiet: bool) -> None:
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
-          ping_interval: float, ping_timeout: float, close_timeout: float, snapshot_every: int,
+          ping_interval: float, ping_timeout: float, close_timeout: float, max_inflight_mb: int,
+          inflight_wait: float, metrics_public: bool, auth_failures: int, auth_window: float, snapshot_every: int,
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
           exec_file_size_mb: int, quiet: bool) -> None:
@@ -252,6 +296,8 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
         server = Server(data_dir, host=host, port=port, token=token, apps_file=apps_file, durability=durability,
                         allowed_origins=allowed_origins, max_frame_mb=max_frame_mb, max_outbox_mb=max_outbox_mb,
                         ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout,
+                        max_inflight_mb=max_inflight_mb, inflight_wait=inflight_wait, metrics_public=metrics_public,
+                        auth_failures=auth_failures, auth_window=auth_window,
                         model=model, snapshot_every=snapshot_every, map_size=map_size_mb * 1024 * 1024,
                         sandbox=sandbox, sandbox_policy=sandbox_policy, sandbox_bwrap=sandbox_bwrap,
                         sandbox_hide=tuple(os.path.abspath(p) for p in sandbox_hide),

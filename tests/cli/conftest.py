@@ -20,7 +20,7 @@ from click.testing import CliRunner, Result
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_TIMEOUT_S = 20.0
 APP_ID = "clibot"
-APP_TOKEN = "cli-test-app-token"
+APP_TOKEN = "cli-test-app-token-of-the-cli-tests"
 
 
 @dataclass

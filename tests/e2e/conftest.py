@@ -92,13 +92,13 @@ def server(server_factory):
 #: two bot apps for the Session Loop API tests (``app_server``); ``mybot`` owns sessions
 APPS = """
 [apps.mybot]
-token = "bot-token"
+token = "bot-token-for-the-end-to-end-tests"
 platform = "telegram"
 sessions = true
 containers = ["inbox", "workers"]
 
 [apps.other]
-token = "other-token"
+token = "other-token-for-the-end-to-end-tests"
 platform = "slack"
 containers = ["inbox"]
 """

@@ -37,7 +37,7 @@ async def listed(client: Any) -> tuple[dict[str, Any], int]:
 
 def test_a_20_mb_rename_is_invalid_params_for_an_app_and_the_owner_and_changes_nothing(app_server) -> None:
     async def go() -> tuple[list[dict[str, Any]], dict[str, Any], int, int]:
-        async with open_client(app_server, "bot-token") as bot_ws, open_client(app_server) as owner_ws:
+        async with open_client(app_server, "bot-token-for-the-end-to-end-tests") as bot_ws, open_client(app_server) as owner_ws:
             bot, owner = await initialized(bot_ws), await initialized(owner_ws)
             theirs = (await bot.result("loop/create", {"containerId": "inbox", "title": "Chat with Alice"}))["sessionId"]
             mine = (await owner.result("session/create", {"name": "Mine"}))["session"]["id"]
@@ -99,7 +99,7 @@ def test_a_stored_20_mb_title_from_an_older_version_lists_cut_and_sessions_ls_wo
 
 def test_a_310_digit_timeout_is_invalid_params_and_int64_ends_are_clamped_over_the_wire(app_server) -> None:
     async def go() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
-        async with open_client(app_server, "bot-token") as ws:
+        async with open_client(app_server, "bot-token-for-the-end-to-end-tests") as ws:
             bot = await initialized(ws)
             made = await bot.result("loop/create", {"containerId": "inbox",
                                                     "initialMessage": {"text": "hi", "idempotencyKey": "k"}})

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import initialized, open_client
+from tests.e2e.conftest import TOKEN, initialized, open_client
 
 pytestmark = pytest.mark.e2e
 
@@ -20,7 +20,7 @@ STORE_KEYS = ("sessionloop_store_commit_batches", "sessionloop_store_commit_requ
 
 
 def scrape(server) -> dict[str, float]:
-    text = httpx.get(f"http://127.0.0.1:{server.port}/metrics").text
+    text = httpx.get(f"http://127.0.0.1:{server.port}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
     values: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("#") or not line.strip():

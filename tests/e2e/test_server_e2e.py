@@ -24,7 +24,7 @@ def run(coro):
 def test_health_and_metrics_answer_over_http(server):
     health = httpx.get(f"http://127.0.0.1:{server.port}/healthz").json()
     assert health["status"] == "ok" and health["epoch"] == server.epoch and health["durability"] == "nosync"
-    metrics = httpx.get(f"http://127.0.0.1:{server.port}/metrics").text
+    metrics = httpx.get(f"http://127.0.0.1:{server.port}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
     assert "sessionloop_store_info" in metrics and 'durability="nosync"' in metrics
 
 

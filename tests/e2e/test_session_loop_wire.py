@@ -16,7 +16,7 @@ def run(coro):
 
 def test_a_bot_creates_sends_waits_and_lists_events_over_the_wire(app_server):
     async def go():
-        async with open_client(app_server, "bot-token") as ws:
+        async with open_client(app_server, "bot-token-for-the-end-to-end-tests") as ws:
             c = await initialized(ws)
             created = await c.result("loop/create", {"containerId": "inbox", "title": "Alice",
                                                      "initialMessage": {"text": "hello", "idempotencyKey": "w1"}})
@@ -43,7 +43,7 @@ def test_a_bot_creates_sends_waits_and_lists_events_over_the_wire(app_server):
 
 def test_wait_for_turn_times_out_without_cancelling_the_turn(app_server):
     async def go():
-        async with open_client(app_server, "bot-token") as ws:
+        async with open_client(app_server, "bot-token-for-the-end-to-end-tests") as ws:
             c = await initialized(ws)
             sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
             r = await c.result("loop/send", {"sessionId": sid, "text": "!sleep 1500\nslow", "idempotencyKey": "s"})
@@ -56,7 +56,7 @@ def test_wait_for_turn_times_out_without_cancelling_the_turn(app_server):
 
 def test_loop_watch_pushes_the_apps_events(app_server):
     async def go():
-        async with open_client(app_server, "bot-token") as ws:
+        async with open_client(app_server, "bot-token-for-the-end-to-end-tests") as ws:
             c = await initialized(ws)
             await c.result("loop/watch", {})
             sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
@@ -68,7 +68,7 @@ def test_loop_watch_pushes_the_apps_events(app_server):
 
 def test_apps_are_isolated_and_the_owner_cannot_use_loop_methods(app_server):
     async def go():
-        async with open_client(app_server, "bot-token") as a, open_client(app_server, "other-token") as b, \
+        async with open_client(app_server, "bot-token-for-the-end-to-end-tests") as a, open_client(app_server, "other-token-for-the-end-to-end-tests") as b, \
                 open_client(app_server) as owner:
             ca, cb, co = await initialized(a), await initialized(b), await initialized(owner)
             mine = (await ca.result("loop/create", {"containerId": "inbox"}))["sessionId"]

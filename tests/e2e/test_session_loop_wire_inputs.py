@@ -140,7 +140,7 @@ def bad_calls(sid: str, theirs: str) -> st.SearchStrategy:
 
 
 def test_every_refused_loop_call_gets_a_json_rpc_error_naming_the_field_and_writes_nothing(app_server):
-    with app_client(app_server, "bot-token") as bot_ws, app_client(app_server, "other-token") as other_ws:
+    with app_client(app_server, "bot-token-for-the-end-to-end-tests") as bot_ws, app_client(app_server, "other-token-for-the-end-to-end-tests") as other_ws:
         bot, other = SyncClient(bot_ws), SyncClient(other_ws)
         initialize(bot)
         initialize(other)
@@ -175,7 +175,7 @@ def test_a_receipts_cursor_and_epoch_seq_find_exactly_that_inputs_events_over_th
     loop/listEvents, ``(epoch, seq)`` for the session/subscribe stream, even when the input was
     queued behind a running turn."""
     async def go():
-        async with open_client(app_server, "bot-token") as ws:
+        async with open_client(app_server, "bot-token-for-the-end-to-end-tests") as ws:
             c = await initialized(ws)
             sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
             snapshot = await c.result("session/subscribe", {"sessionId": sid})
@@ -217,7 +217,7 @@ def test_quota_rejection_and_recovery_over_the_wire(app_server):
     """The rejected receipt has the seed's shape (state, retryAfterMs 1000, no turn) and the bot
     that waits as told gets its input accepted with the same key."""
     async def go():
-        async with open_client(app_server, "bot-token") as ws:
+        async with open_client(app_server, "bot-token-for-the-end-to-end-tests") as ws:
             c = await initialized(ws)
             sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
             filled = [await c.result("loop/send", {"sessionId": sid, "text": "!sleep 1500\nhold",
@@ -244,7 +244,7 @@ def test_a_send_with_attachments_to_a_session_not_found_saves_no_attachment(app_
     """Refused before anything is written: the attachment is not saved for a session the app
     does not have (the blob store would grow with every refused send)."""
     blobs = os.path.join(app_server.data_dir, "blobs")
-    with app_client(app_server, "bot-token") as ws:
+    with app_client(app_server, "bot-token-for-the-end-to-end-tests") as ws:
         bot = SyncClient(ws)
         initialize(bot)
         _, reply = bot.call("loop/send", {"sessionId": "0" * 21, "text": "hi", "idempotencyKey": "k1",

@@ -28,21 +28,21 @@ INVALID_PARAMS = -32602
 BUSINESS = -32000  # seed: business errors carry data.code
 APPS = """
 [apps.mybot]
-token = "bot-token"
+token = "bot-token-for-the-end-to-end-tests"
 platform = "telegram"
 containers = ["inbox"]
 
 [apps.other]
-token = "other-token"
+token = "other-token-for-the-end-to-end-tests"
 platform = "slack"
 containers = ["inbox"]
 
 [apps.late]
-token = "late-token"
+token = "late-token-for-the-end-to-end-tests"
 platform = "matrix"
 containers = ["inbox"]
 """
-BOT, OTHER, LATE = "bot-token", "other-token", "late-token"
+BOT, OTHER, LATE = "bot-token-for-the-end-to-end-tests", "other-token-for-the-end-to-end-tests", "late-token-for-the-end-to-end-tests"
 GLOBAL = {"scope": "global"}
 CONSOLE = {"scope": "platform", "platform": "console"}
 TELEGRAM = {"scope": "platform", "platform": "telegram"}

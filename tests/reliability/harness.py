@@ -32,7 +32,7 @@ from eventstore import EventStore
 from eventstore import events as E
 from tests.e2e.conftest import Client, ServerProcess, initialized, open_client
 
-APP_TOKEN = "reliability-bot-token"
+APP_TOKEN = "reliability-bot-token-of-the-harness"
 APPS = f"""
 [apps.loadbot]
 token = "{APP_TOKEN}"

@@ -125,7 +125,7 @@ def test_an_app_cannot_read_another_apps_sessions_events_or_files(tmp_path):
     data = str(tmp_path / "data")
     prepare(data)
     with open(os.path.join(data, "apps.toml"), "a") as f:
-        f.write('\n[apps.spy]\ntoken = "spy-token"\nplatform = "x"\ncontainers = ["inbox"]\n')
+        f.write('\n[apps.spy]\ntoken = "spy-token-for-the-reliability-tests"\nplatform = "x"\ncontainers = ["inbox"]\n')
     server = start(data)
     png = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"1" * 16).decode()
     try:
@@ -137,7 +137,7 @@ def test_an_app_cannot_read_another_apps_sessions_events_or_files(tmp_path):
             await result(bot, "loop/waitForTurn", {"sessionId": sid, "turnId": r["turnId"]})
             snap = await result(bot, "session/subscribe", {"sessionId": sid})
             handle = next(i for i in snap["items"] if i["kind"] == "user-message")["attachments"][0]["src"]
-            spy_ws = await connect(server.url, additional_headers={"Authorization": "Bearer spy-token"})
+            spy_ws = await connect(server.url, additional_headers={"Authorization": "Bearer spy-token-for-the-reliability-tests"})
             from tests.e2e.conftest import Client
 
             spy = Client(spy_ws)
@@ -151,7 +151,7 @@ def test_an_app_cannot_read_another_apps_sessions_events_or_files(tmp_path):
         sid, handle, events, feed, history = asyncio.run(go())
         base = f"http://127.0.0.1:{server.port}/api/session-file"
         ok = httpx.get(base, params={"sessionId": sid, "handle": handle}, headers={"Authorization": f"Bearer {APP_TOKEN}"})
-        stolen = httpx.get(base, params={"sessionId": sid, "handle": handle}, headers={"Authorization": "Bearer spy-token"})
+        stolen = httpx.get(base, params={"sessionId": sid, "handle": handle}, headers={"Authorization": "Bearer spy-token-for-the-reliability-tests"})
     finally:
         server.stop()
     assert events["error"]["data"]["code"] == "not-found" and feed["events"] == []

@@ -13,9 +13,7 @@ lost push and is counted as a gap.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import os
 import random
 import re
 import struct
@@ -27,12 +25,12 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
-from websockets.utils import apply_mask
 
 from cli.serve import request_limit
 from protocol.frames import DEFAULT_MAX_FRAME_BYTES
 from tests.e2e.conftest import TOKEN, initialized, open_client
 from tests.reliability.harness import rss_kib
+from tests.reliability.raw_ws import RawWebSocket
 
 pytestmark = pytest.mark.e2e
 
@@ -472,79 +470,6 @@ def test_a_snapshot_taken_while_a_reply_streams_holds_it_so_far(server):
 # --- oversize ---------------------------------------------------------------------------------------
 
 
-class RawWebSocket:
-    """A bare WebSocket client over a TCP socket: it sends what a library would not (RSV1 set
-    without an extension) and answers nothing by itself (no pong, no close reply), like a dead peer."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: str) -> None:
-        self.reader, self.writer, self.head = reader, writer, head
-
-    @classmethod
-    async def open(cls, port: int, headers: dict[str, str], path: str = "/session") -> RawWebSocket:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        key = base64.b64encode(os.urandom(16)).decode()
-        lines = [f"GET {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Upgrade: websocket",
-                 "Connection: Upgrade", f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13",
-                 *(f"{k}: {v}" for k, v in headers.items())]
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
-        head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).decode("latin-1")
-        return cls(reader, writer, head)
-
-    @property
-    def status(self) -> int:
-        return int(self.head.split(" ", 2)[1])
-
-    def header(self, name: str) -> str | None:
-        for line in self.head.split("\r\n")[1:]:
-            key, _, value = line.partition(":")
-            if key.strip().lower() == name.lower():
-                return value.strip()
-        return None
-
-    def send_frame(self, opcode: int, payload: bytes, rsv1: bool = False) -> None:
-        first = 0x80 | (0x40 if rsv1 else 0) | opcode
-        n = len(payload)
-        if n < 126:
-            head = struct.pack("!BB", first, 0x80 | n)
-        elif n < 65536:
-            head = struct.pack("!BBH", first, 0x80 | 126, n)
-        else:
-            head = struct.pack("!BBQ", first, 0x80 | 127, n)
-        mask = os.urandom(4)
-        self.writer.write(head + mask + apply_mask(payload, mask))
-
-    async def recv_frame(self, timeout: float = 10) -> tuple[int, bytes]:
-        """(opcode, payload) of the server's next frame; IncompleteReadError at EOF."""
-        async def read() -> tuple[int, bytes]:
-            first, second = await self.reader.readexactly(2)
-            n = second & 0x7F
-            if n == 126:
-                n = struct.unpack("!H", await self.reader.readexactly(2))[0]
-            elif n == 127:
-                n = struct.unpack("!Q", await self.reader.readexactly(8))[0]
-            return first & 0x0F, await self.reader.readexactly(n)
-        return await asyncio.wait_for(read(), timeout)
-
-    async def request(self, rid: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        frame = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
-        self.send_frame(0x1, json.dumps(frame).encode())
-        while True:
-            opcode, payload = await self.recv_frame()
-            if opcode == 0x1:
-                msg: dict[str, Any] = json.loads(payload)
-                if msg.get("id") == rid:
-                    return msg
-
-    async def close_frame(self, timeout: float = 10) -> tuple[int, str, float]:
-        """Skip to the server's close frame: (code, reason, when it came)."""
-        while True:
-            opcode, payload = await self.recv_frame(timeout)
-            if opcode == 0x8:
-                when = time.monotonic()
-                code = struct.unpack("!H", payload[:2])[0]
-                return code, payload[2:].decode(), when
-
-
 def rss_mib(pid: int) -> float:
     return rss_kib(pid) / 1024
 
@@ -659,7 +584,7 @@ def test_a_smaller_frame_limit_keeps_the_request_too_large_reply_below_it(server
 
 
 def connections_gauge(server: Any) -> float:
-    text = httpx.get(f"http://127.0.0.1:{server.port}/metrics").text
+    text = httpx.get(f"http://127.0.0.1:{server.port}/metrics", headers=AUTH).text
     found = re.search(r"^sessionloop_connections (\S+)$", text, re.MULTILINE)
     assert found is not None, text
     return float(found.group(1))
@@ -690,7 +615,7 @@ def test_handshake_refusals_come_before_the_upgrade_and_silent_peers_are_closed_
             body = await asyncio.wait_for(raw.reader.read(), 5)  # the server hangs up after the answer
             assert body in (b"missing or wrong token\n", b"forbidden origin\n")
             raw.writer.close()
-        for origin in ("https://app.example", own_origin):  # the allow list and the same host pass
+        for origin in ("https://app.example", own_origin):  # the allow list and the server's own address pass
             async with connect(server.url, additional_headers={**AUTH, "Origin": origin}) as ws:
                 await initialized(ws)  # upgraded and served
         await until(lambda: connections_gauge(server) == 0, 5, "the accepted connections to be forgotten")
