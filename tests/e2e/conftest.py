@@ -105,12 +105,22 @@ containers = ["inbox"]
 
 
 @pytest.fixture
-def app_server(server_factory, tmp_path):
+def apps_server(server_factory, tmp_path):
+    """``make(apps_toml) -> ServerProcess``: a server whose data directory has that apps.toml."""
+
+    def make(apps: str) -> ServerProcess:
+        data = tmp_path / "data"
+        os.makedirs(data, exist_ok=True)
+        (data / "apps.toml").write_text(apps)
+        return server_factory(data_dir=str(data))
+
+    return make
+
+
+@pytest.fixture
+def app_server(apps_server):
     """A server with :data:`APPS` in its apps.toml (connect a bot with ``open_client(server, token)``)."""
-    data = tmp_path / "data"
-    os.makedirs(data, exist_ok=True)
-    (data / "apps.toml").write_text(APPS)
-    return server_factory(data_dir=str(data))
+    return apps_server(APPS)
 
 
 class Client:

@@ -5,7 +5,6 @@ listing, its groups, its search and the settings layers."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
@@ -25,11 +24,8 @@ GROUP_KEY = "onebot:10001:group:20001"
 
 
 @pytest.fixture
-def server(server_factory, tmp_path):
-    data = tmp_path / "data"
-    os.makedirs(data)
-    (data / "apps.toml").write_text(APPS)
-    return server_factory(data_dir=str(data))
+def server(apps_server):
+    return apps_server(APPS)
 
 
 def test_rooms_a_bot_describes_are_listed_grouped_found_and_have_a_place_layer(server):

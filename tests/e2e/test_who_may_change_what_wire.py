@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import pytest
 
@@ -29,11 +28,8 @@ def run(coro):
 
 
 @pytest.fixture
-def server(server_factory, tmp_path):
-    data = tmp_path / "data"
-    os.makedirs(data)
-    (data / "apps.toml").write_text(APPS)
-    return server_factory(data_dir=str(data))
+def server(apps_server):
+    return apps_server(APPS)
 
 
 def test_an_app_cannot_switch_its_background_session_to_accept_calls_or_widen_its_sandbox(server):
