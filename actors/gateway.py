@@ -261,6 +261,13 @@ class SessionProtocolService:
             return None
         return self.blobs.path(sha256), name or sha256
 
+    def options(self, peer: Peer, source: str, dependency: str | None) -> Any:
+        """``GET /api/models/<source>`` (seed 004 可选项): ``{"service", "options"}``, or None for a
+        source nobody answers. Any authenticated peer may ask: an app sets its own sessions' rows."""
+        settings = self.rt.settings_service
+        found = settings.option_list(source, dependency) if settings is not None else None
+        return None if found is None else {"service": source, "options": found}
+
     def decorate(self, session_id: str, item: Any) -> Any:
         """Replace the internal ``blob:<sha256>`` source of each attachment of a user message by a
         download handle signed for this session and epoch."""

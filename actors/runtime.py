@@ -23,7 +23,8 @@ from .context import compaction_input, build_summary_request, summary_text
 from .directory import Directory
 from .errors import SessionBusy
 from .faults import FaultInjector
-from .model import ModelRequest, Provider, make_provider
+from .model import ModelRequest, Provider
+from .model.registry import ModelConfig, ModelRegistry, builtin_model
 from .pubsub import Reply, SessionChannel, TurnResults
 from .session import Effect, turn_outcome
 from .session_decide import AgentConfig, ToolPolicy, system_messages
@@ -43,8 +44,11 @@ class HostOptions(msgspec.Struct, kw_only=True):
     durability: str = "sync"
     shards: int = 16
     map_size: int = 1 << 30
+    #: the built-in model when ``models`` is empty: a provider name (``make_provider``) and its options
     model: str = "mock"
     model_options: dict[str, Any] = {}
+    #: the configured models (``[models.NAME]``, ``serve --model-*``; actors.model.registry), validated
+    models: list[ModelConfig] = []
     system_prompt: str | None = None
     max_steps: int = 20
     context_chars: int | None = None
@@ -90,6 +94,9 @@ class Runtime:
 
         self.data_dir = os.path.abspath(data_dir)
         self.options = options
+        # first: a model that cannot be used refuses the start before anything is opened
+        self.models = ModelRegistry.for_host(options.models, options.model, options.model_options)
+        self._provider_override: Provider | None = None
         # the owner token, the signing secret, apps.toml and the store: the server's user only
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
         os.chmod(self.data_dir, 0o700)
@@ -111,7 +118,6 @@ class Runtime:
                                limits=options.exec_limits, bwrap=options.sandbox_bwrap)
         self._channels: dict[str, SessionChannel] = {}
         self._channels_lock = threading.Lock()
-        self._providers: dict[str, Provider] = {}
         self.config_generation = 0  # bump when a host-level setting changes
         self.listeners: list[Callable[[SessionActor, list[E.Event], Any], None]] = []
         self.config_resolvers: list[Callable[[Any, dict[str, Any]], None]] = []
@@ -208,18 +214,40 @@ class Runtime:
         return clamp_mode(mode, app) if app is not None else mode
 
     def provider_for(self, state: Any) -> Provider:
-        name = self.options.model
-        provider = self._providers.get(name)
-        if provider is None:
-            provider = self._providers[name] = make_provider(name, **self.options.model_options)
-        return provider
+        """The provider of the session's effective model (its ``llm/model`` setting, else the
+        model it was created with, else the default model; actors.model.registry)."""
+        if self._provider_override is not None:
+            return self._provider_override
+        single = self.models.single()
+        if single is not None:  # one model: every reference is it, no settings to resolve
+            return single
+        ref = self.agent_config(state).model if state is not None and state.created is not None else None
+        return self.models.provider(ref)
 
     def set_provider(self, provider: Provider) -> None:
         """Use ``provider`` for every session (scripted/replay providers, tests, ``rerun``)."""
-        self._providers[self.options.model] = provider
+        self._provider_override = provider
+
+    def reload_models(self, configs: list[ModelConfig]) -> None:
+        """Use ``configs`` from now on (a configuration reload; ``load_model_configs`` makes
+        them; [] is the built-in model of the host's options): sessions take the new models at
+        their next model call. Raises ModelConfigError and keeps the current models when one
+        cannot be used."""
+        if configs:
+            self.models.replace(configs)
+        else:
+            cfg, provider = builtin_model(self.options.model, self.options.model_options)
+            self.models.replace([cfg], {cfg.name: provider})
+        if self.settings_service is not None:  # clients re-read the model field and its options
+            self.settings_service.changed_elsewhere()
+        else:
+            self.config_generation += 1
 
     def model_request(self, cfg: AgentConfig, messages: list[E.Message]) -> ModelRequest:
-        return ModelRequest(messages=messages, tools=self.tools.schemas(), model=cfg.model)
+        """The request of one model call: the model id the session's model reference stands for
+        (None: the provider's own model)."""
+        model = None if cfg.model is None else self.models.resolve(cfg.model).model_id
+        return ModelRequest(messages=messages, tools=self.tools.schemas(), model=model)
 
     # --- tools -----------------------------------------------------------------------------------
 

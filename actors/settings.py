@@ -90,6 +90,8 @@ OWNER_PLATFORM = "console"  # SPEC §6: the owner's identity is {platform: 'cons
 PROMINENCE_RANK = {"composer": 0, "common": 1, "advanced": 2}
 COMPOSER_PER_GROUP = 2  # seed: composer 同一组最多两项,多出的已退到 common
 _MISSING: Any = object()
+#: the option source of the model field: the configured models (``GET /api/models/llm``)
+MODEL_OPTIONS = "llm"
 
 
 class InvalidSetting(InvalidCommand):
@@ -117,7 +119,13 @@ class SettingField:
     order: int | None = None
     applies_to: tuple[str, ...] | None = None  # session kinds: owner | room | task; None: all
     narrowest: str | None = None  # 'place': cannot be set on one session
+    #: seed 可选项: the option source clients fetch with ``GET /api/models/<source>``
+    dynamic_options: str | None = None
+    #: the key of the row (same plugin) whose effective value the options depend on
+    depends_on: str | None = None
     actual: Callable[[Any], SettingActual | None] | None = dc_field(default=None, compare=False)
+    #: a further check of a value (why it does not fit, or None): ``llm/model`` must be configured
+    check: Callable[[Any], str | None] | None = dc_field(default=None, compare=False)
 
     @property
     def ident(self) -> Ident:
@@ -132,7 +140,8 @@ class SettingField:
             out["default"] = self.default
         if self.options:
             out["options"] = list(self.options)
-        for name, value in (("minimum", self.minimum), ("maximum", self.maximum), ("maxLength", self.max_length)):
+        for name, value in (("minimum", self.minimum), ("maximum", self.maximum), ("maxLength", self.max_length),
+                            ("dynamicOptions", self.dynamic_options), ("dependsOn", self.depends_on)):
             if value is not None:
                 out[name] = value
         session: dict[str, Any] = {"prominence": self.prominence}
@@ -151,6 +160,14 @@ class SettingField:
 
 def check_value(f: SettingField, value: Any) -> str | None:
     """Why ``value`` does not fit ``f`` (a sentence naming the field), or None when it fits."""
+    problem = _type_problem(f, value)
+    if problem is None and f.check is not None:
+        found = f.check(value)
+        problem = None if found is None else f"{f.plugin}/{f.key}: {found}"
+    return problem
+
+
+def _type_problem(f: SettingField, value: Any) -> str | None:
     name = f"{f.plugin}/{f.key}"
     if f.type in ("string", "text", "llm-ref"):
         if not isinstance(value, str):
@@ -188,10 +205,11 @@ def default_fields(rt: Any) -> list[SettingField]:
     opts = rt.options
 
     def model_actual(state: Any) -> SettingActual | None:
-        provider = rt.provider_for(state)
-        model = getattr(provider, "model", None) or rt.options.model
-        return SettingActual(value=f"{rt.options.model}/{model}",
-                             label=text(opts.language, "follow", model=model))
+        # the model in use without a setting: the one the session was created with, else the
+        # default; as an entry id <name>/<model id> (seed 004 可选项)
+        created = state.created if state is not None else None
+        resolved = rt.models.resolve(created.model if created is not None else None)
+        return SettingActual(value=resolved.entry_id, label=text(opts.language, "follow", model=resolved.model_id))
 
     def permission_actual(state: Any) -> SettingActual | None:
         return SettingActual(value=rt.default_permission(state)) if state is not None else None
@@ -200,8 +218,10 @@ def default_fields(rt: Any) -> list[SettingField]:
         return UNSET if value is None else value
 
     return [
-        SettingField("llm", "model", "llm-ref", "Model", "The model this session talks to.", prominence="composer",
-                     order=1, actual=model_actual),
+        SettingField("llm", "model", "llm-ref", "Model",
+                     "The model this session talks to: one of the models the server is configured with.",
+                     prominence="composer", order=1, dynamic_options=MODEL_OPTIONS, actual=model_actual,
+                     check=lambda value: rt.models.check(value)),  # rt.models at call time: reloads swap it
         SettingField("tools", "permissionMode", "enum", "Tool permission",
                      "ask: approve risky calls; acceptCalls: run them; deny: refuse them.",
                      # no default: unset, each session keeps the mode it was created with (actual)
@@ -341,6 +361,9 @@ class SettingsService:
         self._seen_platforms: set[tuple[str | None, str | None]] = {(OWNER_PLATFORM, None)}
         for f in default_fields(rt):
             self.fields[f.ident] = f
+        #: seed 可选项: option sources by name, ``answer(dependency) -> options``
+        self.option_sources: dict[str, Callable[[str | None], list[dict[str, Any]]]] = {
+            MODEL_OPTIONS: lambda dependency: rt.models.options()}
         self._load_places()
 
     # --- declarations -------------------------------------------------------------------------
@@ -366,6 +389,28 @@ class SettingsService:
         with self._lock:
             self.platform_types.setdefault(platform, {}).update(types)
         self._changed(generation=False)
+
+    def declare_options(self, source: str, answer: Callable[[str | None], list[dict[str, Any]]]) -> None:
+        """An option source (seed 可选项: one a plugin contributes). ``answer(dependency)`` lists
+        the options of the fields declaring ``dynamicOptions=source``; ``dependency`` is what the
+        client sends for a field with ``dependsOn``: the effective value of the row it depends
+        on (that row's actual when unset), else None."""
+        if not source or len(source) > 64 or not all(c.isalnum() or c in "_.-" for c in source):
+            raise ValueError(f"bad option source name {source!r}")
+        with self._lock:
+            self.option_sources[source] = answer
+        self._changed(generation=False)
+
+    def option_list(self, source: str, dependency: str | None) -> list[dict[str, Any]] | None:
+        """The options of ``source`` (``GET /api/models/<source>``), or None for an unknown one."""
+        with self._lock:
+            answer = self.option_sources.get(source)
+        return None if answer is None else answer(dependency)
+
+    def changed_elsewhere(self) -> None:
+        """Something fields depend on changed outside the layers (the configured models were
+        reloaded): sessions re-resolve, clients are told to re-read (``session/config/changed``)."""
+        self._changed(generation=True)
 
     def plugins(self) -> set[str]:
         with self._lock:
@@ -652,8 +697,7 @@ class SettingsService:
                 values[name] = found[0]
         model = effective.get(("llm", "model"))
         if model is not None and model[1] != "default":
-            prefix = f"{self.rt.options.model}/"  # an entry id <provider instance>/<model id>
-            values["model"] = model[0].removeprefix(prefix)
+            values["model"] = model[0]  # a configured model, by name or entry id (actors.model.registry)
         yield_s = effective.get(("tools", "execYieldSeconds"))
         if yield_s is not None and yield_s[1] != "default":
             values["exec_yield_s"] = float(yield_s[0])
@@ -795,6 +839,6 @@ def _now() -> int:
 
 
 __all__ = [
-    "AGENT_VALUES", "InvalidSetting", "SettingField", "SettingsService", "check_value", "default_fields",
+    "AGENT_VALUES", "MODEL_OPTIONS", "InvalidSetting", "SettingField", "SettingsService", "check_value", "default_fields",
     "effective_prominence", "resolve", "session_setting_events", "sorted_fields",
 ]

@@ -6,6 +6,9 @@ platformType layers::
     [sessionSettings.platform.<platform>.<plugin>]
     [sessionSettings.platformType.<platform>.<type>.<plugin>]
 
+The same file holds the named models, ``[models.NAME]``, read by :mod:`actors.model.registry`
+at start (and on a reload), never written here: a settings write keeps them, as every other key.
+
 :class:`ConfigDocument` re-reads it when it changed on disk and writes it whole and atomically
 (temp file, fsync, rename), keeping every other key; a failed or refused save (no write bit on
 the file) is answered with the ``unsaved`` sentence, not raised. :func:`dump_toml` is the TOML

@@ -326,3 +326,15 @@ def parse_sse_lines(lines: Sequence[str], on_delta: DeltaCallback | None = None)
         if state.done:
             break
     return state.response("openai", "")
+
+
+def openai_provider(*, base_url: str, model: str, api_key: str, vision: bool = False,
+                    limits: Any = None) -> OpenAIProvider:
+    """The provider of one configured model (:mod:`actors.model.registry` calls only this, with
+    plain arguments, so the constructor may change without the registry changing).
+
+    ``api_key`` "" sends no key (a local endpoint). ``vision`` and ``limits`` (an object with
+    ``max_concurrency``, ``rpm``, ``tpm``, each None or an int) are accepted for the provider to
+    honour; this constructor does not take them yet.
+    """
+    return OpenAIProvider(model=model, base_url=base_url, api_key=api_key)
