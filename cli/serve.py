@@ -9,12 +9,19 @@ import secrets
 import signal
 import sys
 import tomllib
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from actors import gc_policy
 from actors.apps import MODES
+from actors.model.registry import (
+    CONFIG_PROVIDERS,
+    ModelConfigError,
+    ModelFlags,
+    load_model_configs,
+)
 from actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
 from eventstore.errors import SessionloopError
 
@@ -23,11 +30,40 @@ DEFAULT_PORT = 8765
 DEFAULT_MAX_INFLIGHT_MB = 128
 MIB = 1024 * 1024
 TOKEN_FILE = "token"
+CONFIG_FILE = "config.toml"  # the host configuration document: [models.NAME], [plugins.*], [sessionSettings.*]
 #: an app token is a password strangers may guess at: 32 characters of token_urlsafe are 192 bits
 MIN_APP_TOKEN_CHARS = 32
 
 log = logging.getLogger("sessionloop.serve")
+models_log = logging.getLogger("sessionloop.models")
 _LIMITS = ExecLimits()  # the defaults the --exec-* options show
+#: libraries that log every connection or request at INFO: kept at WARNING
+QUIET_LOGGERS = ("websockets", "httpx", "httpcore")
+
+
+def model_flag_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The one-model flags (``serve``, ``doctor``): they describe the model ``default``, over
+    ``[models.default]`` of config.toml when it has one."""
+    options = [
+        click.option("--model-provider", type=click.Choice(list(CONFIG_PROVIDERS)), default=None,
+                     help="Provider of the model 'default': openai (any OpenAI-compatible endpoint: vLLM, Ollama, "
+                          "LiteLLM, OpenRouter, the OpenAI API) or mock. Default with any other --model-* flag: "
+                          "openai."),
+        click.option("--base-url", default=None, metavar="URL",
+                     help="Base URL of the endpoint, e.g. http://127.0.0.1:8000/v1 (default: https://api.openai.com/v1)."),
+        click.option("--model-name", default=None, metavar="ID", help="Model id the endpoint is asked for."),
+        click.option("--api-key-env", default=None, metavar="VAR",
+                     help="Name of the environment variable that holds the API key (never the key itself)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def flags_from(model_provider: str | None, base_url: str | None, model_name: str | None,
+                api_key_env: str | None) -> ModelFlags | None:
+    flags = ModelFlags(provider=model_provider, base_url=base_url, model=model_name, api_key_env=api_key_env)
+    return flags if flags.table() else None
 
 
 def read_or_create_token(data_dir: str) -> tuple[str, bool]:
@@ -88,7 +124,7 @@ class Server:
                  ping_interval: float = 20.0, ping_timeout: float = 20.0, close_timeout: float = 10.0,
                  sandbox_hide: tuple[str, ...] = (), max_inflight_mb: int = DEFAULT_MAX_INFLIGHT_MB,
                  inflight_wait: float = 30.0, metrics_public: bool = False, auth_failures: int = 20,
-                 auth_window: float = 60.0, **host_options: Any) -> None:
+                 auth_window: float = 60.0, model_flags: ModelFlags | None = None, **host_options: Any) -> None:
         from actors.host import Host
         from protocol.transport import TransportConfig
 
@@ -96,6 +132,11 @@ class Server:
             raise ValueError(f"--max-inflight-mb {max_inflight_mb} is below --max-frame-mb {max_frame_mb}: "
                              "a frame the socket accepts could never be received")
         self.data_dir = os.path.abspath(data_dir)
+        # the models first: one that cannot be used refuses the start before anything is written
+        self.config_path = os.path.join(self.data_dir, CONFIG_FILE)
+        self.model_flags = model_flags
+        if "models" not in host_options:
+            host_options["models"] = load_model_configs(self.config_path, model_flags)
         os.makedirs(self.data_dir, exist_ok=True)
         self.token_is_new = False
         if token is None:
@@ -127,6 +168,30 @@ class Server:
                         "files and network (limits and a scrubbed environment still apply)")
         if problem is not None:
             log.warning("exec is unavailable: %s", problem)
+
+    def _report_models(self) -> None:
+        """Say at start (INFO) which models sessions use: providers, model ids, base URLs and the
+        names of the key variables, never a key."""
+        models = self.host.rt.models
+        default = models.default
+        if default.builtin:
+            models_log.info("no models configured: sessions use the built-in %s model (configure [models.NAME] in "
+                            "%s, or serve --model-provider/--base-url/--model-name/--api-key-env)",
+                            default.provider, self.config_path)
+        for line in models.describe():
+            models_log.info("%s", line)
+
+    def reload_models(self) -> str | None:
+        """Read the models of config.toml (and the flags) again and use them (a reload, e.g. on
+        SIGHUP): sessions take them at their next model call. On a problem the models in use
+        stay, and the one-line reason is logged and returned."""
+        try:
+            self.host.rt.reload_models(load_model_configs(self.config_path, self.model_flags))
+        except ModelConfigError as e:
+            models_log.error("models not reloaded, the current ones stay: %s", e)
+            return str(e)
+        self._report_models()
+        return None
 
     def _service(self, apps: dict[str, Any], max_request_bytes: int) -> Any:
         from actors.gateway import SessionProtocolService
@@ -164,7 +229,9 @@ class Server:
 
         self.transport = SessionServer(self.service, self.config, metrics=lambda: render_metrics(self.host),
                                        health=self.health)
-        return await self.transport.start()
+        port = await self.transport.start()
+        self._report_models()  # once serving: a start refused for another reason stays one line
+        return port
 
     def health(self) -> dict[str, Any]:
         info = self.host.store.info()
@@ -209,7 +276,10 @@ async def _run(server: Server, quiet: bool) -> None:
 @click.option("--apps", "apps_file", default=None, help="Apps file (default DATA/apps.toml).")
 @click.option("--durability", type=click.Choice(["sync", "nosync"]), default="sync", show_default=True,
               help="sync: fsync before every acknowledgement; nosync: faster, survives a process crash only.")
-@click.option("--model", default="mock", show_default=True, help="Model provider: mock, openai.")
+@click.option("--model", default="mock", show_default=True,
+              help="Provider of the built-in model when no model is configured (mock, openai with OPENAI_* "
+                   "variables); prefer [models.NAME] in DATA/config.toml or --model-provider.")
+@model_flag_options
 @click.option("--allow-origin", "allowed_origins", multiple=True,
               help="A browser Origin to accept (repeatable), e.g. https://console.example. Accepted without it: "
                    "requests with no Origin (terminals, bots) and the server's own listen address (bound to "
@@ -276,7 +346,8 @@ async def _run(server: Server, quiet: bool) -> None:
               type=click.IntRange(min=0), help="Largest file a command may write, MiB (0: no limit).")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
-          model: str, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
+          model: str, model_provider: str | None, base_url: str | None, model_name: str | None,
+          api_key_env: str | None, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
           ping_interval: float, ping_timeout: float, close_timeout: float, max_inflight_mb: int,
           inflight_wait: float, metrics_public: bool, auth_failures: int, auth_window: float, snapshot_every: int,
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
@@ -284,13 +355,20 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
           exec_file_size_mb: int, quiet: bool) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
+    Models are configured by name in DATA/config.toml ([models.NAME]: provider, base_url, model,
+    api_key_env), or for one model with the --model-* flags; serve refuses to start, naming the
+    model and the problem, when one cannot be used. The startup log (INFO) lists them.
+
     \b
     Example:
       sessionloop serve --data ./.sessionloop --port 8765
       sessionloop chat            # in another terminal
+      OPENAI_API_KEY=... sessionloop serve --model-name gpt-4o-mini --api-key-env OPENAI_API_KEY
     """
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
     gc_policy.apply()
     try:
         server = Server(data_dir, host=host, port=port, token=token, apps_file=apps_file, durability=durability,
@@ -298,7 +376,8 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                         ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout,
                         max_inflight_mb=max_inflight_mb, inflight_wait=inflight_wait, metrics_public=metrics_public,
                         auth_failures=auth_failures, auth_window=auth_window,
-                        model=model, snapshot_every=snapshot_every, map_size=map_size_mb * 1024 * 1024,
+                        model=model, model_flags=flags_from(model_provider, base_url, model_name, api_key_env),
+                        snapshot_every=snapshot_every, map_size=map_size_mb * 1024 * 1024,
                         sandbox=sandbox, sandbox_policy=sandbox_policy, sandbox_bwrap=sandbox_bwrap,
                         sandbox_hide=tuple(os.path.abspath(p) for p in sandbox_hide),
                         exec_limits=ExecLimits(cpu_seconds=exec_cpu_seconds, memory_mb=exec_memory_mb,
