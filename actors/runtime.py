@@ -25,6 +25,7 @@ from .errors import SessionBusy
 from .faults import FaultInjector
 from .model import ModelRequest, Provider
 from .model.registry import ModelConfig, ModelRegistry, builtin_model
+from .prompts import ToolLine, default_system_prompt
 from .pubsub import Reply, SessionChannel, TurnResults
 from .session import Effect, turn_outcome
 from .session_decide import AgentConfig, ToolPolicy, system_messages
@@ -97,6 +98,7 @@ class Runtime:
         # first: a model that cannot be used refuses the start before anything is opened
         self.models = ModelRegistry.for_host(options.models, options.model, options.model_options)
         self._provider_override: Provider | None = None
+        self._prompts: dict[tuple[Any, ...], str] = {}
         # the owner token, the signing secret, apps.toml and the store: the server's user only
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
         os.chmod(self.data_dir, 0o700)
@@ -200,7 +202,25 @@ class Runtime:
         if app is not None:  # whatever the layers say, an app's session stays within its manifest
             values["permission_mode"] = clamp_mode(values["permission_mode"], app)
             values["sandbox"] = clamp_policy(values["sandbox"], app)
+        if values["system_prompt"] is None:  # "" (set on purpose) sends no system prompt
+            values["system_prompt"] = self.default_prompt(state, values["sandbox"], values["permission_mode"])
         return AgentConfig(**values)
+
+    def default_prompt(self, state: Any, sandbox: str, permission_mode: str) -> str:
+        """The built-in system prompt of ``state``'s session (actors.prompts): its tools, its
+        workspace (relative), its sandbox policy and permission mode. Cached: sessions share a few."""
+        cwd = state.created.cwd if state is not None and state.created is not None else None
+        policy = self.sandbox.policy_for(sandbox)
+        names = tuple(self.tools.names())
+        key = (names, cwd or None, policy, permission_mode)
+        prompt = self._prompts.get(key)
+        if prompt is None:
+            tools = [ToolLine(n, self.tools.get(n).needs_approval) for n in names]
+            prompt = default_system_prompt(tools, cwd=cwd, sandbox=policy, permission_mode=permission_mode)
+            if len(self._prompts) >= 1024:  # project folders are many: keep the cache bounded
+                self._prompts.clear()
+            self._prompts[key] = prompt
+        return prompt
 
     def default_permission(self, state: Any) -> str:
         created = state.created

@@ -211,6 +211,15 @@ def default_fields(rt: Any) -> list[SettingField]:
         resolved = rt.models.resolve(created.model if created is not None else None)
         return SettingActual(value=resolved.entry_id, label=text(opts.language, "follow", model=resolved.model_id))
 
+    def prompt_actual(state: Any) -> SettingActual | None:
+        # shown when no layer sets a prompt: the built-in one this session is sent (a layer's
+        # row: the one of a session with the host's defaults)
+        if state is not None and state.created is not None:
+            prompt = rt.agent_config(state).system_prompt
+        else:
+            prompt = rt.default_prompt(None, opts.sandbox_policy, opts.permission_mode or "ask")
+        return SettingActual(value=prompt or "", label=text(opts.language, "builtin-prompt"))
+
     def permission_actual(state: Any) -> SettingActual | None:
         return SettingActual(value=rt.default_permission(state)) if state is not None else None
 
@@ -230,8 +239,10 @@ def default_fields(rt: Any) -> list[SettingField]:
         SettingField("agent", "maxSteps", "integer", "Model calls per turn",
                      "After this many model calls a turn stops with a notice; continue resumes it.",
                      default=opts.max_steps, minimum=1, maximum=1000, prominence="common", order=3),
-        SettingField("agent", "systemPrompt", "text", "System prompt", default=opt(opts.system_prompt),
-                     max_length=100_000, prominence="common", order=4),
+        SettingField("agent", "systemPrompt", "text", "System prompt",
+                     "Unset: a built-in prompt naming the tools, the workspace and the sandbox; empty: none.",
+                     default=opt(opts.system_prompt), max_length=100_000, prominence="common", order=4,
+                     actual=prompt_actual),
         SettingField("agent", "contextChars", "integer", "Context budget (characters)",
                      "Older context is trimmed or summarised above this size.",
                      default=opt(opts.context_chars), minimum=1000, maximum=100_000_000, order=5),

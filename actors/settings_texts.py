@@ -11,6 +11,7 @@ _TEXTS: dict[str, dict[str, str]] = {
         "global": "Global (plugin configuration)", "platform": "Platform", "platformType": "Platform chat type",
         "place": "Place", "session": "This session", "default-workspace": "Default workspace",
         "workspace": 'Workspace "{name}"', "follow": "Follow the service preference (now: {model})",
+        "builtin-prompt": "Built-in prompt (the tools, the workspace and the sandbox)",
         "refused": "Applied, but not saved: the configuration file {path} may not be written; "
                    "the change is lost on restart.",
         "failed": "Applied, but not saved: writing the configuration file {path} failed ({error}); "
@@ -20,6 +21,7 @@ _TEXTS: dict[str, dict[str, str]] = {
         "global": "全局(插件配置)", "platform": "平台档", "platformType": "平台类型档", "place": "场所",
         "session": "本会话", "default-workspace": "默认工作区", "workspace": "工作区「{name}」",
         "follow": "跟随服务偏好(此刻:{model})",
+        "builtin-prompt": "内置提示词(工具、工作区与沙箱)",
         "refused": "已生效,但没有保存:配置文件 {path} 不许写入,重启后这项改动会丢失。",
         "failed": "已生效,但没有保存:写入配置文件 {path} 失败({error}),重启后这项改动会丢失。",
     },

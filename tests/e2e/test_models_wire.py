@@ -236,3 +236,22 @@ def test_a_session_switched_to_another_configured_model_calls_that_model(served,
     assert "result" in switched
     model = next(i["model"] for i in second if i["kind"] == "agent-message")
     assert (model["model"], model["promptTokens"]) == ("model-b", 12)  # the fake's usage chunk
+
+
+def test_the_model_receives_the_built_in_system_prompt_with_its_tools_and_no_server_path(served, fake):
+    server = served()
+
+    async def go() -> None:
+        async with open_client(server) as ws:
+            c = await initialized(ws)
+            sid = (await c.result("session/create", {}))["session"]["id"]
+            await c.result("session/subscribe", {"sessionId": sid})
+            await turn(c, sid, "hi")
+    run(go())
+    body = fake.requests[-1]["body"]
+    system = body["messages"][0]
+    assert system["role"] == "system" and body["messages"][1] == {"role": "user", "content": "hi"}
+    for tool in body["tools"]:
+        assert tool["function"]["name"] in system["content"]
+    assert "Workspace: a directory of your own for this session" in system["content"]
+    assert server.data_dir not in system["content"] and os.path.abspath(server.data_dir) not in system["content"]
