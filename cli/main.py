@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "events": "cli.replay_cmd:events",
     "import": "cli.replay_cmd:import_events",
     "bench": "cli.bench_cmd:bench",
+    "doctor": "cli.doctor:doctor",
 }
 
 
