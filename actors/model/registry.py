@@ -415,8 +415,8 @@ class ModelRegistry:
         return f"no configured model {ref!r} (configured: {known})"
 
     def options(self) -> list[dict[str, Any]]:
-        """The option list of the ``llm`` source (``GET /api/models/llm``): one entry per model,
-        the default first-marked; base URLs and keys are not in it."""
+        """The option list of the ``llm`` source (``GET /api/models/llm``): one entry per model in
+        configuration order, the default marked; base URLs and keys are not in it."""
         snap = self._snap
         return [{"id": cfg.entry_id, "name": cfg.name, "label": _label(cfg), "provider": cfg.provider,
                  "model": cfg.model, "vision": cfg.vision, "default": cfg is snap.default}
