@@ -50,6 +50,7 @@ from .session_model import SessionState, decode_state, evolve, new_state
 from .summary_records import (
     SummaryRecord,
     decode_summary_record,
+    rewrites_listing,
     summary_record,
 )
 
@@ -93,12 +94,6 @@ IGNORED_KEYS: Final = frozenset({
 #: Listing-record fields that are not a function of the session's own events (other streams).
 NOT_FROM_EVENTS: Final = frozenset({"attention", "background"})
 
-#: Commits containing one of these rewrite the listing record (as ``SessionActor._meta`` does).
-SUMMARY_EVENTS: Final = (
-    E.SessionCreated, E.SessionRenamed, E.SessionArchived, E.SessionUnarchived, E.SessionDeleted,
-    E.SessionSeen, E.SessionParked, E.SessionUnparked, E.TurnStarted, E.TurnCompleted, E.TurnFailed,
-    E.TurnAborted, E.TurnLimitReached, E.MessagesImported,
-)
 _TURN_END: Final = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
 EXCERPT: Final = 120
 
@@ -654,7 +649,8 @@ def verify(session_id: str, events: Sequence[RecordedEvent], snapshot: Snapshot 
     """
     report = VerifyReport(session_id=session_id, compared="live" if live is not None else "offline",
                           events=len(events))
-    summary_at = [i for i, r in enumerate(events) if isinstance(r.event, SUMMARY_EVENTS)]
+    # the commits that rewrote the record, by the rule the session actor writes it by
+    summary_at = [i for i, r in enumerate(events) if rewrites_listing([r.event])]
     candidates: set[int] = set()
     if summary_at:
         last = summary_at[-1]

@@ -50,7 +50,7 @@ from .session_decide import (
     system_messages,
 )
 from .session_model import SessionState, decode_state, encode_state, evolve, new_state
-from .summary_records import encode_summary_record, summary_record
+from .summary_records import encode_summary_record, rewrites_listing, summary_record
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -64,11 +64,6 @@ _TURN_END_TYPES = frozenset(_TURN_END)
 _STREAM_END_TYPES = _TURN_END_TYPES | {E.LlmCompleted, E.LlmFailed}
 #: the events a commit acts on after it is durable (effects to start, turns to report)
 _EFFECT_TYPES = _TURN_END_TYPES | {E.LlmStarted, E.ToolStarted, E.ToolApprovalRequested, E.ToolApprovalSettled}
-_SUMMARY_TYPES = frozenset({  # event structs are final: no subclass to miss
-    E.SessionCreated, E.SessionRenamed, E.SessionArchived, E.SessionUnarchived, E.SessionDeleted,
-    E.SessionSeen, E.SessionParked, E.SessionUnparked, E.TurnStarted, *_TURN_END, E.MessagesImported,
-    E.ToolApprovalRequested, E.ToolApprovalSettled,
-})
 
 
 def now_ms() -> int:
@@ -591,17 +586,9 @@ class SessionBehaviour:
         return created.app_id if created is not None else None
 
     def _meta(self, events: list[E.Event]) -> bytes | None:
-        """The listing record, rewritten by commits that change what a listing shows.
-
-        ``background`` (running background tasks) moves when a task starts (the tool call that
-        hands back its ``taskId``) or ends: with its notice, or, for an end the model is not told
-        of (stopped), with the copy of ``task.ended`` the task service has the session commit."""
-        for e in events:
-            t = type(e)
-            if t in _SUMMARY_TYPES or (t is E.ToolFinished and e.task_id) or t is E.TaskEnded or (  # type: ignore[attr-defined]
-                    t is E.NoticePosted and e.topic == "background-task"):  # type: ignore[attr-defined]
-                break
-        else:
+        """The listing record, rewritten by commits that change what a listing shows
+        (:func:`rewrites_listing`, the rule ``replay --verify`` checks records by)."""
+        if not rewrites_listing(events):
             return None
         self.last_record = summary_record(self.state, self._awaiting_approval(), self.rt.background(self.sid))
         self.record_dirty = True

@@ -52,6 +52,7 @@ __all__ = [
     "listing_key",
     "listing_row",
     "node_from_record",
+    "rewrites_listing",
     "summary_from_record",
     "summary_from_row",
     "summary_node",
@@ -60,6 +61,31 @@ __all__ = [
 ]
 
 DEFAULT_TITLE: Final = "New session"
+
+#: A commit holding one of these rewrites the listing record (event structs are final: no
+#: subclass to miss); :func:`rewrites_listing` adds the background-task events.
+LISTING_EVENT_TYPES: Final = frozenset({
+    E.SessionCreated, E.SessionRenamed, E.SessionArchived, E.SessionUnarchived, E.SessionDeleted,
+    E.SessionSeen, E.SessionParked, E.SessionUnparked, E.TurnStarted, E.TurnCompleted, E.TurnFailed,
+    E.TurnAborted, E.TurnLimitReached, E.MessagesImported, E.ToolApprovalRequested, E.ToolApprovalSettled,
+    E.TaskEnded,
+})
+
+
+def rewrites_listing(events: list[E.Event]) -> bool:
+    """Whether a commit of ``events`` rewrites the session's listing record: the one rule the
+    session actor writes records by and ``replay --verify`` checks them by.
+
+    Besides :data:`LISTING_EVENT_TYPES`, ``background`` (running background tasks) moves when a
+    task starts (the tool call that hands back its ``taskId``) or ends: with its notice, or, for
+    an end the model is not told of (stopped), with the copy of ``task.ended`` the task service
+    has the session commit."""
+    for e in events:
+        t = type(e)
+        if t in LISTING_EVENT_TYPES or (t is E.ToolFinished and e.task_id) or (  # type: ignore[attr-defined]
+                t is E.NoticePosted and e.topic == "background-task"):  # type: ignore[attr-defined]
+            return True
+    return False
 
 
 class SummaryRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
