@@ -78,6 +78,14 @@ def content_hash(facts: ApprovalFacts) -> str:
     return request_hash(msgspec.to_builtins(facts))
 
 
+class GateInputs(msgspec.Struct, frozen=True, kw_only=True):
+    """What a session's approval gate (``session_decide._gate``) is told about one call."""
+
+    present: bool  # someone who may answer is present: ask (else denied at once, ``absent``)
+    rate_limited: bool  # the session asked too often in the last minute (``rate-limit``)
+    grants: bool = True  # the session's grants may settle the call
+
+
 class _Presence:
     __slots__ = ("active", "active_at", "holding")
 
@@ -143,6 +151,11 @@ class ApprovalService:
             actors = list(self._actors.values())
         for ref in actors:
             ref.tell(("presence", None))
+
+    def gate(self, session_id: str, call_id: str) -> GateInputs:
+        """The gate's inputs for call ``call_id`` of ``session_id``, decided now: presence and
+        the rate limit; grants may settle it. (``rerun`` answers from a recording instead.)"""
+        return GateInputs(present=bool(self.present_approvers()), rate_limited=self.rate_limited(session_id))
 
     def rate_limited(self, session_id: str) -> bool:
         now = time.monotonic()

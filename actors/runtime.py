@@ -218,6 +218,11 @@ class Runtime:
         """Use ``provider`` for every session (scripted/replay providers, tests, ``rerun``)."""
         self._providers[self.options.model] = provider
 
+    def set_approvals(self, approvals: Any) -> None:
+        """Use ``approvals`` (an ``ApprovalService``) for every session's approvals from now on:
+        ``rerun`` answers its fork's approvals from the recording."""
+        self.approvals = approvals
+
     def model_request(self, cfg: AgentConfig, messages: list[E.Message]) -> ModelRequest:
         return ModelRequest(messages=messages, tools=self.tools.schemas(), model=cfg.model)
 
@@ -238,7 +243,7 @@ class Runtime:
         policy it will run under, decided here and recorded with the call)."""
         policy = self.sandbox.policy_for(cfg.sandbox)
 
-        def check(name: str, args: Any) -> ToolPolicy:
+        def check(name: str, args: Any, call_id: str) -> ToolPolicy:
             if name not in self.tools:
                 return ToolPolicy(exists=False)
             spec = self.tools.get(name)
@@ -251,9 +256,9 @@ class Runtime:
                 display = msgspec.structs.replace(display, sandbox=policy)
             if not spec.needs_approval:
                 return ToolPolicy(exists=True, display=display)
-            return ToolPolicy(exists=True, needs_approval=True, display=display,
-                              approvers_present=bool(self.approvals.present_approvers()),
-                              rate_limited=self.approvals.rate_limited(state.session_id))
+            gate = self.approvals.gate(state.session_id, call_id)
+            return ToolPolicy(exists=True, needs_approval=True, display=display, approvers_present=gate.present,
+                              rate_limited=gate.rate_limited, grants=gate.grants)
 
         return check
 

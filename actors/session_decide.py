@@ -53,9 +53,13 @@ class ToolPolicy(msgspec.Struct, frozen=True, kw_only=True):
     display: E.ToolDisplay | None = None
     approvers_present: bool = False  # someone who may answer an approval is present now
     rate_limited: bool = False  # this session asked for too many approvals in the last minute
+    #: grants may settle the call (actors.grants); ``rerun`` turns this off for a call its
+    #: recording settled otherwise, so the recorded answer decides it
+    grants: bool = True
 
 
-ToolCheck = Callable[[str, Any], ToolPolicy]
+#: ``check(tool, args, call_id)``: the registry's and the approvals' view of one generated call
+ToolCheck = Callable[[str, Any, str], ToolPolicy]
 
 
 class Drive(msgspec.Struct, kw_only=True):
@@ -269,7 +273,7 @@ def _start_call(state: SessionState, cfg: AgentConfig, check: ToolCheck, rec: An
     """Start, refuse or hold one generated call; False while it waits for an approval."""
     turn_id = state.current_turn
     assert turn_id is not None
-    policy = check(rec.tool, rec.args)
+    policy = check(rec.tool, rec.args, rec.call_id)
     if not policy.exists:
         emit(E.ToolFinished(at=now, turn_id=turn_id, call_id=rec.call_id, status="failed",
                             output={"error": f"unknown tool {rec.tool!r}"}))
@@ -280,7 +284,7 @@ def _start_call(state: SessionState, cfg: AgentConfig, check: ToolCheck, rec: An
         return True
     if policy.needs_approval and cfg.permission_mode != "acceptCalls":
         return _gate(state, cfg, policy, rec, turn_id, now, emit)
-    if policy.needs_approval and rec.settlement is None:  # a denying grant holds in acceptCalls too
+    if policy.needs_approval and policy.grants and rec.settlement is None:  # a denying grant holds here too
         grant = settling(state.grants.values(), rec.tool, rec.args, now, turn_id, approving=False)
         if grant is not None:
             _settle_by_grant(state, policy, rec, turn_id, grant, now, emit)
@@ -311,7 +315,7 @@ def _gate(state: SessionState, cfg: AgentConfig, policy: ToolPolicy, rec: Any, t
     if rec.approval_id is not None:
         return False
     grant = settling(state.grants.values(), rec.tool, rec.args, now, turn_id,
-                     approving=cfg.permission_mode == "ask")
+                     approving=cfg.permission_mode == "ask") if policy.grants else None
     if grant is not None:
         _settle_by_grant(state, policy, rec, turn_id, grant, now, emit)
         return True
