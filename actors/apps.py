@@ -89,6 +89,14 @@ class AppRegistry:
         with self._lock:
             self._apps[manifest.id] = manifest
 
+    def register_all(self, manifests: list[AppManifest]) -> None:
+        """Register (or replace) several apps at once: every manifest is checked first, so a
+        bad one raises InvalidCommand and changes nothing; then all are in force together."""
+        for manifest in manifests:
+            check_manifest(manifest)
+        with self._lock:
+            self._apps.update((m.id, m) for m in manifests)
+
     def get(self, app_id: str) -> AppManifest:
         found = self._apps.get(app_id)
         if found is None:

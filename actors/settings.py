@@ -80,7 +80,7 @@ from .settings_context import (
     session_chain,
     settings_of,
 )
-from .settings_document import ConfigDocument, dump_toml, layer_path
+from .settings_document import ConfigDocument, dump_toml, layer_path, setting_values
 from .settings_texts import text
 from .tools.sandbox import POLICIES
 
@@ -341,6 +341,14 @@ class SettingsService:
         self._seen_platforms: set[tuple[str | None, str | None]] = {(OWNER_PLATFORM, None)}
         for f in default_fields(rt):
             self.fields[f.ident] = f
+        if self.doc.problem is not None:  # at start there is nothing older to keep
+            log.warning("%s: %s; no settings are read from it (fix the file, then send the server SIGHUP)",
+                        self.doc.path, self.doc.problem)
+        else:
+            problem = self._document_values_problem(self.doc.doc)
+            if problem is not None:  # kept and shown (seed: 全局层不合法的值也照样给出), never in force
+                log.warning("%s: %s; that value is not used (fix the file, then send the server SIGHUP)",
+                            self.doc.path, problem)
         self._load_places()
 
     # --- declarations -------------------------------------------------------------------------
@@ -510,12 +518,41 @@ class SettingsService:
             return self.doc.values(["sessionSettings", "platformType", layer.platform, layer.type])
         return self.doc.values(["plugins"])
 
-    def refresh_host_config(self) -> None:
-        """Pick up an edit of the configuration document made by someone else."""
+    def refresh_host_config(self) -> bool:
+        """Pick up an edit of the configuration document made by someone else: True when a new
+        version is in force. An edit that is not a configuration document, or holds a value one
+        of the fields refuses, is refused (logged once; the values read before stay in force)."""
         with self._lock:
-            changed = self.doc.refresh()
+            changed = self.doc.refresh(self._document_values_problem)
         if changed:
-            self._changed(generation=True)
+            self._changed(generation=True)  # the next decision of every session reads the new values
+        return changed
+
+    def reload_host_config(self) -> str:
+        """``serve``'s SIGHUP: re-read the configuration document now; one line saying what came of it."""
+        path = self.doc.path
+        if self.refresh_host_config():
+            return f"{path} reloaded"
+        if self.doc.problem is not None:
+            return f"{path} refused: {self.doc.problem}; the settings read before stay in force"
+        return f"{path} unchanged"
+
+    def app_name(self) -> str | None:
+        """The document's ``name`` (the ``appName`` of a handshake), re-read if the file changed."""
+        self.refresh_host_config()
+        with self._lock:
+            name = self.doc.doc.get("name")
+        return name if isinstance(name, str) and name else None
+
+    def _document_values_problem(self, doc: dict[str, Any]) -> str | None:
+        """The first value of a declared field the field refuses, as ``<where in the file>: <why>``."""
+        with self._lock:
+            for where, plugin, key, value in setting_values(doc):
+                f = self.fields.get((plugin, key))
+                problem = check_value(f, value) if f is not None else None
+                if problem is not None:
+                    return f"{where}: {problem.split(': ', 1)[-1]}"
+        return None
 
     def effective(self, state: Any) -> dict[Ident, tuple[Any, str] | None]:
         """The effective value and source of every field that applies to the session."""

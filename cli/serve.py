@@ -1,4 +1,15 @@
-"""``sessionloop serve``: the host, the gateway and the WebSocket transport in one process."""
+"""``sessionloop serve``: the host, the gateway and the WebSocket transport in one process.
+
+Reloading: on SIGHUP the server re-reads ``config.toml`` (the global, platform and platformType
+layers of the session settings, and the ``name`` of handshakes) and the apps file. A file that
+does not load (not TOML, a table or value that is wrong, an app token under 32 characters...)
+is refused with one log line naming the file and what is wrong, and what was read before stays
+in force. A reload of the apps file swaps the transport's token table and the app manifests
+together (a token never authenticates an app without its manifest); an app removed from the
+file, or whose token changed, loses access at once: its open connections are closed with
+:data:`CLOSE_REVOKED`. A removed app's last manifest stays the ceiling of its existing sessions
+until the server restarts. One line on stdout says what each reload did.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +25,11 @@ from typing import Any
 import click
 
 from actors import gc_policy
-from actors.apps import MODES
+from actors.apps import MODES, AppManifest, check_manifest
+from actors.errors import InvalidCommand
 from actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
 from eventstore.errors import SessionloopError
+from protocol.transport import AppCredential
 
 DEFAULT_DATA = ".sessionloop"
 DEFAULT_PORT = 8765
@@ -25,6 +38,10 @@ MIB = 1024 * 1024
 TOKEN_FILE = "token"
 #: an app token is a password strangers may guess at: 32 characters of token_urlsafe are 192 bits
 MIN_APP_TOKEN_CHARS = 32
+
+#: WebSocket close code of a connection whose credential a reload revoked (4000-4999: ours;
+#: 4001 as HTTP 401, beside 4008 "slow consumer")
+CLOSE_REVOKED = 4001
 
 log = logging.getLogger("sessionloop.serve")
 _LIMITS = ExecLimits()  # the defaults the --exec-* options show
@@ -101,15 +118,17 @@ class Server:
         if token is None:
             token, self.token_is_new = read_or_create_token(self.data_dir)
         self.token = token
-        apps_path = apps_file or os.path.join(self.data_dir, "apps.toml")
+        self.apps_path = apps_file or os.path.join(self.data_dir, "apps.toml")
         # the apps file holds every app's token: no command may see it, wherever it lives
         self.host = Host.open(self.data_dir, durability=durability,
-                              sandbox_hide=[os.path.abspath(apps_path), *sandbox_hide], **host_options)
+                              sandbox_hide=[os.path.abspath(self.apps_path), *sandbox_hide], **host_options)
         self._report_sandbox()
-        apps = load_apps(apps_path)
+        apps = load_apps(self.apps_path)
+        manifests, app_tokens = self._apps_of(apps)
+        self.host.apps.register_all(manifests)
         self.service = self._service(apps, request_limit(max_frame_mb * 1024 * 1024))
         self.config = TransportConfig(host=host, port=port, owner_token=token,
-                                      app_tokens=self._app_tokens(apps), allowed_origins=list(allowed_origins),
+                                      app_tokens=app_tokens, allowed_origins=list(allowed_origins),
                                       max_frame_bytes=max_frame_mb * 1024 * 1024,
                                       max_outbox_bytes=int(max_outbox_mb * 1024 * 1024),
                                       ping_interval=ping_interval, ping_timeout=ping_timeout,
@@ -133,29 +152,82 @@ class Server:
         from protocol.connection import Limits
 
         service = SessionProtocolService(self.host.rt, host=self.host, limits=Limits(max_frame_bytes=max_request_bytes))
-        for app_id, table in apps.items():
-            if isinstance(table, dict):
-                self.host.register_app(app_id, platform=str(table.get("platform", app_id)),
-                                       sessions=bool(table.get("sessions", True)),
-                                       containers=[str(c) for c in table.get("containers", [])],
-                                       token=table.get("token"),
-                                       name=str(table.get("name", "")),
-                                       permission_modes=list(table.get("permission_modes", MODES)),
-                                       sandbox=str(table.get("sandbox", DEFAULT_POLICY)))
         for hook in service_hooks:
             hook(self, service, apps)
         return service
 
-    def _app_tokens(self, apps: dict[str, Any]) -> dict[str, Any]:
-        from protocol.transport import AppCredential
-
-        tokens = {}
+    def _apps_of(self, apps: dict[str, Any]) -> tuple[list[AppManifest], dict[str, AppCredential]]:
+        """The manifests and the token table of ``load_apps``'s tables, all checked: raises
+        ClickException naming the app and what is wrong (never a token), changing nothing."""
+        manifests: list[AppManifest] = []
+        tokens: dict[str, AppCredential] = {}
         for app_id, table in apps.items():
-            token = table.get("token") if isinstance(table, dict) else None
+            where = f"{self.apps_path}: [apps.{app_id}]"
+            if not isinstance(table, dict):
+                raise click.ClickException(f"{where} must be a table")
+            token = table.get("token")
             if not isinstance(token, str) or not token:
-                raise click.ClickException(f"apps file: [apps.{app_id}] needs a token")
-            tokens[token] = AppCredential(app_id=app_id, platform=str(table.get("platform", app_id)))
-        return tokens
+                raise click.ClickException(f"{where} needs a token")
+            if token in tokens or token == self.token:
+                other = tokens[token].app_id if token in tokens else "the owner"
+                raise click.ClickException(f"{where} has the same token as {other}")
+            modes, containers = table.get("permission_modes", list(MODES)), table.get("containers", [])
+            if not isinstance(modes, list) or not isinstance(containers, list):
+                raise click.ClickException(f"{where}: permission_modes and containers must be lists")
+            platform = str(table.get("platform", app_id)) or app_id
+            manifest = AppManifest(id=app_id, platform=platform, sessions=bool(table.get("sessions", True)),
+                                   containers=[str(c) for c in containers], token=token,
+                                   name=str(table.get("name", "")), permission_modes=[str(m) for m in modes],
+                                   sandbox=str(table.get("sandbox", DEFAULT_POLICY)))
+            try:
+                check_manifest(manifest)
+            except InvalidCommand as e:
+                raise click.ClickException(f"{where}: {e}") from e
+            manifests.append(manifest)
+            tokens[token] = AppCredential(app_id=app_id, platform=platform)
+        return manifests, tokens
+
+    # --- SIGHUP -----------------------------------------------------------------------------------
+
+    def reload(self) -> str:
+        """Re-read config.toml and the apps file (SIGHUP; see the module docstring): the line
+        saying what came of it. Runs on the event loop's thread, so no authentication runs
+        while the token table changes."""
+        settings = self.host.rt.settings_service
+        said = [settings.reload_host_config() if settings is not None else "no settings service",
+                self._reload_apps()]
+        return "reload (SIGHUP): " + "; ".join(said)
+
+    def _reload_apps(self) -> str:
+        try:
+            manifests, tokens = self._apps_of(load_apps(self.apps_path))
+        except click.ClickException as e:
+            log.warning("apps file refused: %s; the apps read before stay in force", e.message)
+            return f"{self.apps_path} refused: {e.message}; the apps read before stay in force"
+        before = {cred.app_id: token for token, cred in self.config.app_tokens.items()}
+        after = {cred.app_id: token for token, cred in tokens.items()}
+        old = {m.id: self.host.apps.find(m.id) for m in manifests}
+        self.host.apps.register_all(manifests)  # in force before any token can name them
+        self.config.app_tokens = tokens  # one swap: the transport reads the table per request
+        revoked = {a for a in before if a not in after or after[a] != before[a]}
+        closed = self._close_connections_of(revoked)
+        added = sorted(a for a in after if a not in before)
+        changed = sorted(m.id for m in manifests if m.id in before and old[m.id] != m and m.id not in revoked)
+        return (f"{self.apps_path} reloaded: {len(after)} app(s); added {', '.join(added) or 'none'}; removed "
+                f"{', '.join(sorted(a for a in before if a not in after)) or 'none'}; token changed "
+                f"{', '.join(sorted(a for a in revoked if a in after)) or 'none'}; manifest changed "
+                f"{', '.join(changed) or 'none'}; {closed} connection(s) of revoked apps closed")
+
+    def _close_connections_of(self, app_ids: set[str]) -> int:
+        if not app_ids:
+            return 0
+        closed = 0
+        for conn in list(self.service.connections):
+            peer = conn.peer
+            if peer.app_id in app_ids and peer.disconnect is not None:
+                peer.disconnect(CLOSE_REVOKED, "the app's token was revoked (the apps file was reloaded)")
+                closed += 1
+        return closed
 
     async def start(self) -> int:
         from protocol.transport import SessionServer
@@ -182,6 +254,13 @@ class Server:
 service_hooks: list[Any] = []
 
 
+def _reload(server: Server) -> None:
+    try:
+        print(f"sessionloop {server.reload()}", flush=True)
+    except Exception:  # a reload must never stop the server
+        log.exception("reload (SIGHUP) failed; what was read before stays in force")
+
+
 async def _run(server: Server, quiet: bool) -> None:
     port = await server.start()
     gc_policy.freeze_startup()
@@ -189,6 +268,7 @@ async def _run(server: Server, quiet: bool) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, _reload, server)
     info = server.host.store.info()
     print(f"sessionloop listening on ws://{server.config.host}:{port}/session "
           f"(data {server.data_dir}, durability {info['durability']}, epoch {server.host.epoch})", flush=True)
@@ -284,10 +364,18 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
           exec_file_size_mb: int, quiet: bool) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
+    Reloading: send the server SIGHUP to re-read DATA/config.toml (the global, platform and
+    platformType session settings, the name) and the apps file (tokens and manifests); the files
+    are not watched. A file that does not load is refused with one log line naming it and what
+    is wrong, and what was read before stays in force. An app removed from the apps file, or
+    whose token changed, loses access at once: its open connections are closed (code 4001).
+    One line on stdout says what each reload did.
+
     \b
     Example:
       sessionloop serve --data ./.sessionloop --port 8765
       sessionloop chat            # in another terminal
+      kill -HUP <pid of serve>    # after editing config.toml or apps.toml
     """
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)

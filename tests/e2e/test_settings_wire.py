@@ -484,14 +484,19 @@ def test_an_edit_of_config_toml_by_someone_else_is_picked_up(shared):
     assert run(go()) == (11, "global")
 
 
-def test_an_invalid_value_written_in_config_toml_is_shown_but_not_effective(shared):
+def test_an_edit_of_config_toml_with_an_invalid_value_is_refused_and_the_value_before_stays(shared):
     async def go():
         async with open_client(shared) as ws:
             c = await initialized(ws)
+            assert "result" in await set_layer(c, GLOBAL, "agent", "maxSteps", 6)
             edit_config(shared, lambda d: d.setdefault("plugins", {}).setdefault("agent", {}).update(maxSteps="lots"))
             return await layer_row(c, GLOBAL, "agent", "maxSteps")
     row = run(go())
-    assert (row["value"], row["effective"], row["source"]) == ("lots", 20, "default")
+    assert (row["value"], row["effective"], row["source"]) == (6, 6, "global")
+    shared.log.flush()
+    with open(shared.log.name) as f:
+        said = [line for line in f if "config.toml refused: plugins.agent.maxSteps: expected an integer" in line]
+    assert len(said) == 1, said
 
 
 @pytest.mark.parametrize("layer, named", [
