@@ -367,12 +367,27 @@ async def _send_as_app(client: Client, session_id: str, text: str, key: str, wai
             **({"code": done.code} if done.code else {})}
 
 
-async def _send(endpoint: Endpoint, ref: str, text: str, key: str, wait: bool, timeout: float) -> dict[str, Any]:
+#: Why the owner token cannot take ``--key`` (one line, said before anything is sent).
+OWNER_KEY_REFUSED = ("--key cannot be kept with the owner token: the owner sends with turn/send, which has no "
+                     "idempotency key (seed 004), so sending again would make a second turn; send without --key, "
+                     "or with an app token (loop/send keeps the key)")
+APP_KEY_REQUIRED = ("--key is required with an app token: loop/send needs an idempotency key (sending again with "
+                    "the same key returns the first receipt)")
+
+
+async def _send(endpoint: Endpoint, ref: str, text: str, key: str | None, wait: bool,
+                timeout: float) -> dict[str, Any]:
     async with connect(endpoint) as client:
+        owner = _is_owner(client)
+        if owner and key is not None:
+            raise ClientError(OWNER_KEY_REFUSED)
+        if not owner and key is None:
+            raise ClientError(APP_KEY_REQUIRED)
         session_id = await resolve_session(client, ref)
-        if _is_owner(client):
+        if owner:
             receipt = await _send_as_owner(client, session_id, text, wait, timeout)
         else:
+            assert key is not None
             receipt = await _send_as_app(client, session_id, text, key, wait, timeout)
         return {"sessionId": session_id, "key": key, **receipt}
 
@@ -380,26 +395,31 @@ async def _send(endpoint: Endpoint, ref: str, text: str, key: str, wait: bool, t
 @click.command("send")
 @click.argument("session")
 @click.argument("text")
-@click.option("--key", required=True, help="Idempotency key of this message (see below).")
+@click.option("--key", default=None,
+              help="Idempotency key of this message: required with an app token, refused with the owner's "
+                   "(see below).")
 @click.option("--wait", is_flag=True, help="Wait for the turn to end and print the agent's answer.")
 @click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds --wait waits; the turn itself is not stopped.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print {sessionId, key, state, idempotent, turnId, outcome, text}.")
 @connection_options
-def send(session: str, text: str, key: str, wait: bool, timeout: float, as_json: bool, endpoint: Endpoint) -> None:
+def send(session: str, text: str, key: str | None, wait: bool, timeout: float, as_json: bool,
+         endpoint: Endpoint) -> None:
     """Send TEXT to SESSION as a new message (TEXT "-" reads it from stdin).
 
-    With an app token this is the Session Loop API's loop/send: sending again with the same --key
-    does not send twice, it returns the first receipt (state "duplicate") and --wait waits for
-    that same turn. With the owner token (the loop API is for apps) it is turn/send: --key is
-    accepted and reported, but NOT deduplicated. --wait exits 1 when the turn fails or is aborted.
+    With an app token this is the Session Loop API's loop/send, and --key is required: sending
+    again with the same --key does not send twice, it returns the first receipt (state
+    "duplicate") and --wait waits for that same turn. With the owner token it is turn/send,
+    which has no idempotency key (seed 004): --key is refused before anything is sent, since
+    it could not be kept; each send is a new message. --wait exits 1 when the turn fails or is
+    aborted.
 
     \b
     Examples:
-      sessionloop send 1a2266 "summarise the log" --key job-42
-      sessionloop send 1a2266 "what changed?" --key q-7 --wait
-      git log -5 | sessionloop send 1a2266 - --key log-1 --wait --json
+      sessionloop send 1a2266 "summarise the log" --key job-42       # an app token
+      SESSIONLOOP_TOKEN=$BOT_TOKEN sessionloop send 1a2266 "what changed?" --key q-7 --wait
+      git log -5 | sessionloop send 1a2266 - --wait --json            # the owner token: no --key
     """
     if text == "-":
         text = sys.stdin.read()
@@ -412,8 +432,8 @@ def send(session: str, text: str, key: str, wait: bool, timeout: float, as_json:
         if receipt["text"] or receipt.get("outcome") not in _FAILED_OUTCOMES:
             click.echo(clean(receipt["text"]))
     else:
-        dedup = "" if receipt["idempotent"] else "; not deduplicated with the owner token"
-        click.echo(f"{receipt['state']}: sent to {receipt['sessionId']} (key {clean(key)}{dedup})")
+        keyed = f" (key {clean(key)})" if key is not None else ""
+        click.echo(f"{receipt['state']}: sent to {receipt['sessionId']}{keyed}")
     if wait and receipt.get("outcome") in _FAILED_OUTCOMES:
         if not as_json:
             code = f" ({clean(receipt['code'])})" if receipt.get("code") else ""
