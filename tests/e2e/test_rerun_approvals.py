@@ -117,6 +117,8 @@ def test_rerun_with_the_replay_provider_answers_approvals_as_recorded_and_reprod
     ran = [e.output for e in session_events(data_dir, report["fork"])
            if isinstance(e, E.ToolFinished) and e.status == "completed"]
     assert [o["output"] for o in ran] == ["approved\n", "granted\n", "by-the-grant\n"]  # replayed results
+    verified = cli("replay", report["fork"], "--data", data_dir, "--verify")
+    assert verified.exit_code == 0, verified.output
 
 
 def test_rerun_text_output_says_identical_for_an_ask_mode_session(ask_session) -> None:
