@@ -31,7 +31,12 @@ import msgspec
 
 from actors.approvals import ApprovalService, GateInputs
 from actors.gateway import SessionProtocolService
-from actors.replay import MemoryClient, override_settlement, replayed_settlement, rerun_gate
+from actors.replay import (
+    MemoryClient,
+    override_settlement,
+    replayed_settlement,
+    rerun_gate,
+)
 from actors.session import Query
 from eventstore import EventStore, RecordedEvent
 from eventstore import events as E

@@ -223,10 +223,10 @@ def test_send_with_the_owner_token_refuses_a_key_it_cannot_keep_before_sending_a
     for args in (("--key", "same"), ("--key", "same"), ("--key", "same", "--wait")):
         result = run_cli_process("send", session_id, "twice?", *args)
         assert result.returncode == 1 and result.stdout == ""
-        assert result.stderr.strip().splitlines() == [
+        assert result.stderr.strip().splitlines() == [(
             "Error: --key cannot be kept with the owner token: the owner sends with turn/send, which has no "
             "idempotency key (seed 004), so sending again would make a second turn; send without --key, or with "
-            "an app token (loop/send keeps the key)"]
+            "an app token (loop/send keeps the key)")]
     assert user_messages(cli, session_id) == []  # the same key twice made two turns before: now none
 
 
@@ -254,9 +254,9 @@ def test_send_with_an_app_token_requires_a_key_and_sends_nothing_without_one(cli
     session_id = cli("sessions", "new", "bot session without a key", env=as_app).stdout.strip()
     result = run_cli_process("send", session_id, "no key", env={**server.env, **as_app})
     assert result.returncode == 1 and result.stdout == ""
-    assert result.stderr.strip().splitlines() == [
+    assert result.stderr.strip().splitlines() == [(
         "Error: --key is required with an app token: loop/send needs an idempotency key (sending again with the "
-        "same key returns the first receipt)"]
+        "same key returns the first receipt)")]
     assert user_messages(cli, session_id, env=as_app) == []
 
 

@@ -52,9 +52,8 @@ def settlements(data_dir: str, sid: str) -> list[tuple[str, str, str | None]]:
     settlement of the calls denied at once (no approval event for those)."""
     out = []
     for e in session_events(data_dir, sid):
-        if isinstance(e, E.ToolApprovalSettled):
-            out.append((e.settlement.state, e.settlement.source, e.settlement.note))
-        elif isinstance(e, E.ToolFinished) and e.settlement is not None and e.settlement.source == "absent":
+        denied_at_once = isinstance(e, E.ToolFinished) and e.settlement is not None and e.settlement.source == "absent"
+        if isinstance(e, E.ToolApprovalSettled) or denied_at_once:
             out.append((e.settlement.state, e.settlement.source, e.settlement.note))
     return out
 
