@@ -106,6 +106,15 @@ class AppRegistry:
     def find(self, app_id: str | None) -> AppManifest | None:
         return None if app_id is None else self._apps.get(app_id)
 
+    def bounds_of(self, app_id: str | None) -> AppManifest | None:
+        """The manifest that bounds a session made by ``app_id`` (None for the owner's): an app no
+        longer registered (removed from apps.toml) leaves its sessions unable to run a tool that
+        needs approval (``deny``) and with a read-only sandbox, until it is registered again."""
+        if app_id is None:
+            return None
+        found = self._apps.get(app_id)
+        return found if found is not None else AppManifest(id=app_id, permission_modes=["deny"], sandbox="read-only")
+
     def group_label(self, platform: str, instance: str | None) -> str:
         """A room group's label (seed 004 分组: the instance's display name; the platform's name
         for the rooms of no instance): the app's ``name``, else its id."""

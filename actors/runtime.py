@@ -190,7 +190,7 @@ class Runtime:
         }
         for resolve in self.config_resolvers:
             resolve(state, values)
-        app = self.apps.find(state.created.app_id if state.created is not None else None)
+        app = self.apps.bounds_of(state.created.app_id if state.created is not None else None)
         if app is not None:  # whatever the layers say, an app's session stays within its manifest
             values["permission_mode"] = clamp_mode(values["permission_mode"], app)
             values["sandbox"] = clamp_policy(values["sandbox"], app)
@@ -204,7 +204,7 @@ class Runtime:
             mode = self.options.permission_mode
         else:
             mode = "acceptCalls" if created is not None and created.activity == "background" else "ask"
-        app = self.apps.find(created.app_id if created is not None else None)
+        app = self.apps.bounds_of(created.app_id if created is not None else None)
         return clamp_mode(mode, app) if app is not None else mode
 
     def provider_for(self, state: Any) -> Provider:
