@@ -114,7 +114,7 @@ class _LoopHandlers:
             else:
                 result = _result(value)
                 conn.result(request_id, LoopWaitForTurnResult(state=result.state, output_text=result.output_text,
-                                                              code=result.code))
+                                                              code=result.code, message=result.message))
 
         def expire() -> None:
             self.svc.rt.results.cancel_wait(p.turn_id, reply.set)

@@ -31,6 +31,7 @@ import msgspec
 from msgspec import UNSET
 
 from eventstore import events as E
+from protocol.limits import one_line
 from protocol.schemas_types import (
     AgentMessageItem,
     AgentModel,
@@ -523,7 +524,8 @@ class ItemsProjection:
             pushes.extend(self._queue_push(e.at))
         return pushes
 
-    def _end_turn(self, turn_id: str, at: int, outcome: TurnOutcome, *, stopped: bool) -> list[Push]:
+    def _end_turn(self, turn_id: str, at: int, outcome: TurnOutcome, *, stopped: bool, reason: str | None = None,
+                  step_id: str | None = None) -> list[Push]:
         """Close the turn's unfinished calls, mark unsent room words, then complete the turn item."""
         view = self._turns.get(turn_id)
         if view is None:
@@ -534,7 +536,7 @@ class ItemsProjection:
         view.live = False
         self._move_to_end(turn_id)
         turn = TurnItem(item_id=turn_id, at=view.started_at or at, turn_id=turn_id, source=view.source,
-                        outcome=outcome, ended_at=at)
+                        outcome=outcome, ended_at=at, reason=reason, step_id=step_id)
         pushes.append(self._done(turn))
         return pushes
 
@@ -571,7 +573,8 @@ class ItemsProjection:
         return self._end_turn(e.turn_id, e.at, e.outcome, stopped=False)
 
     def _turn_failed(self, e: E.TurnFailed) -> list[Push]:
-        return self._end_turn(e.turn_id, e.at, "error", stopped=False)
+        return self._end_turn(e.turn_id, e.at, "error", stopped=False, reason=one_line(e.reason or e.code),
+                              step_id=e.step_id)
 
     def _turn_aborted(self, e: E.TurnAborted) -> list[Push]:
         return self._end_turn(e.turn_id, e.at, "aborted", stopped=True)

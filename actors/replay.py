@@ -555,7 +555,8 @@ def _turn_end_facts(e: Any) -> tuple[str, dict[str, Any]]:
     if isinstance(e, E.TurnCompleted):
         return "completed", {"outcome": e.outcome, "output": excerpt(e.output_text)}
     if isinstance(e, E.TurnFailed):
-        return "failed", {"outcome": "error", "code": e.code, "reason": e.reason}
+        facts = {"outcome": "error", "code": e.code, "reason": e.reason}
+        return "failed", facts if e.step_id is None else {**facts, "step": e.step_id}
     if isinstance(e, E.TurnAborted):
         return "aborted", {"outcome": "aborted", "reason": e.reason}
     return "limit", {"outcome": "silent", "code": "tool-limit", "reason": f"stopped after {e.max_steps} model calls"}

@@ -17,6 +17,7 @@ import msgspec
 
 from eventstore import EventStore
 from eventstore import events as E
+from protocol.limits import one_line
 
 from .apps import AppRegistry, clamp_mode, clamp_policy
 from .context import compaction_input, build_summary_request, summary_text
@@ -408,6 +409,9 @@ class Runtime:
 
     def turn_ended(self, state: Any, event: E.Event) -> None:
         self.results.complete(turn_outcome(state, event))
+        if isinstance(event, E.TurnFailed):  # one line a failed turn, as an operator greps for it
+            log.warning("turn failed: session %s turn %s step %s (%s): %s", state.session_id, event.turn_id,
+                        event.step_id or "-", event.code, one_line(event.reason or event.code))
 
     def results_fail_pending(self, state: Any, code: str) -> None:
         from .pubsub import TurnOutcome

@@ -153,7 +153,8 @@ def decide_model_done(state: SessionState, step_id: str, completed: E.LlmComplet
         return events
     return [
         E.LlmFailed(at=now, turn_id=turn_id, step_id=step_id, error=error or "model call failed"),
-        E.TurnFailed(at=now, turn_id=turn_id, code="model-error", reason=error or "model call failed"),
+        E.TurnFailed(at=now, turn_id=turn_id, code="model-error", reason=error or "model call failed",
+                     step_id=step_id),
     ]
 
 

@@ -18,7 +18,6 @@ import logging
 import os
 import secrets
 import signal
-import sys
 import tomllib
 from typing import Any
 
@@ -30,6 +29,10 @@ from actors.errors import InvalidCommand
 from actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
 from eventstore.errors import SessionloopError
 from protocol.transport import AppCredential
+
+from .logs import FORMATS as LOG_FORMATS
+from .logs import LEVELS as LOG_LEVELS
+from .logs import configure as configure_logging
 
 DEFAULT_DATA = ".sessionloop"
 DEFAULT_PORT = 8765
@@ -136,6 +139,10 @@ class Server:
                                       inflight_wait=inflight_wait, metrics_public=metrics_public,
                                       auth_failures=auth_failures, auth_window=auth_window)
         self.transport: Any = None
+
+    def secrets(self) -> list[str]:
+        """What no log line may show: the owner token and every app token now in force."""
+        return [self.token, *self.config.app_tokens]
 
     def _report_sandbox(self) -> None:
         """Say at start how commands will run (SPEC §7: never a silent fallback)."""
@@ -270,6 +277,10 @@ async def _run(server: Server, quiet: bool) -> None:
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, _reload, server)
     info = server.host.store.info()
+    rt = server.host.rt
+    log.info("serving ws://%s:%d/session: data %s, durability %s, epoch %d, model %s, sandbox %s (default policy "
+             "%s), %d apps", server.config.host, port, server.data_dir, info["durability"], server.host.epoch,
+             rt.options.model, rt.sandbox.mode, rt.options.sandbox_policy, len(server.config.app_tokens))
     print(f"sessionloop listening on ws://{server.config.host}:{port}/session "
           f"(data {server.data_dir}, durability {info['durability']}, epoch {server.host.epoch})", flush=True)
     if server.token_is_new and not quiet:
@@ -354,6 +365,13 @@ async def _run(server: Server, quiet: bool) -> None:
               type=click.FloatRange(min=0), help="Output of one command, MiB; past it the command is killed.")
 @click.option("--exec-file-size-mb", default=_LIMITS.file_size_mb, show_default=True,
               type=click.IntRange(min=0), help="Largest file a command may write, MiB (0: no limit).")
+@click.option("--log-level", type=click.Choice(list(LOG_LEVELS)), default="info", show_default=True,
+              help="Log lines at this level and above go to stderr (the configuration at start is info; failed "
+                   "turns and retries are warning).")
+@click.option("--log-format", type=click.Choice(list(LOG_FORMATS)), default="text", show_default=True,
+              help="text: 'time LEVEL logger: message'; json: one JSON object a line. No token or key is ever "
+                   "written: the owner and app tokens and the values of *_KEY/*_TOKEN/*_SECRET/*_PASSWORD "
+                   "environment variables are replaced by [redacted].")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
@@ -361,7 +379,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
           inflight_wait: float, metrics_public: bool, auth_failures: int, auth_window: float, snapshot_every: int,
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
-          exec_file_size_mb: int, quiet: bool) -> None:
+          exec_file_size_mb: int, log_level: str, log_format: str, quiet: bool) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
     Reloading: send the server SIGHUP to re-read DATA/config.toml (the global, platform and
@@ -377,8 +395,8 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
       sessionloop chat            # in another terminal
       kill -HUP <pid of serve>    # after editing config.toml or apps.toml
     """
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    started: list[Server] = []
+    configure_logging(log_level, log_format, lambda: started[0].secrets() if started else [token or ""])
     gc_policy.apply()
     try:
         server = Server(data_dir, host=host, port=port, token=token, apps_file=apps_file, durability=durability,
@@ -397,6 +415,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
         raise click.ClickException(str(e)) from e
     except ValueError as e:
         raise click.ClickException(str(e)) from e
+    started.append(server)
     try:
         asyncio.run(_run(server, quiet))
     except OSError as e:

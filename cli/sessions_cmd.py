@@ -323,6 +323,13 @@ def watch(as_json: bool, count: int | None, endpoint: Endpoint) -> None:
 # --- send -----------------------------------------------------------------------------------------
 
 _FAILED_OUTCOMES = ("error", "aborted", "failed")
+#: ``send --wait``'s exit status by how the turn ended (a wait that timed out exits 4).
+EXIT_BY_OUTCOME = {"replied": 0, "completed": 0, "error": 1, "failed": 1, "aborted": 2, "silent": 3}
+EXIT_TIMEOUT = 4
+
+
+class WaitTimedOut(ClientError):
+    """``send --wait`` got no answer in time (the turn goes on)."""
 
 
 def _is_owner(client: Client) -> bool:
@@ -342,10 +349,10 @@ async def _send_as_owner(client: Client, session_id: str, text: str, wait: bool,
     view.expect(text)
     await client.call("turn/send", params)
     if not await wait_for_turn(client, view, timeout):
-        raise ClientError(f"no answer from {session_id} within {timeout:g} s (the turn goes on; "
-                          "see `sessionloop sessions show`)")
+        raise WaitTimedOut(f"no answer from {session_id} within {timeout:g} s (the turn goes on; "
+                           "see `sessionloop sessions show`)")
     return {"state": "accepted", "idempotent": False, "turnId": view.turn_id, "outcome": view.outcome,
-            "text": view.answer}
+            "text": view.answer, **({"reason": view.reason} if view.reason else {})}
 
 
 async def _send_as_app(client: Client, session_id: str, text: str, key: str, wait: bool,
@@ -362,9 +369,10 @@ async def _send_as_app(client: Client, session_id: str, text: str, key: str, wai
     done: LoopWaitForTurnResult = await client.call(
         "loop/waitForTurn", {"sessionId": session_id, "turnId": receipt.turn_id, "timeoutMs": int(timeout * 1000)})
     if done.state == "timeout":
-        raise ClientError(f"no answer from {session_id} within {timeout:g} s (the turn goes on)")
-    return {**out, "outcome": done.state, "text": done.output_text or "",
-            **({"code": done.code} if done.code else {})}
+        raise WaitTimedOut(f"no answer from {session_id} within {timeout:g} s (the turn goes on)")
+    outcome = "aborted" if done.code == "aborted" else done.state
+    return {**out, "outcome": outcome, "text": done.output_text or "",
+            **({"code": done.code} if done.code else {}), **({"reason": done.message} if done.message else {})}
 
 
 #: Why the owner token cannot take ``--key`` (one line, said before anything is sent).
@@ -412,8 +420,9 @@ def send(session: str, text: str, key: str | None, wait: bool, timeout: float, a
     again with the same --key does not send twice, it returns the first receipt (state
     "duplicate") and --wait waits for that same turn. With the owner token it is turn/send,
     which has no idempotency key (seed 004): --key is refused before anything is sent, since
-    it could not be kept; each send is a new message. --wait exits 1 when the turn fails or is
-    aborted.
+    it could not be kept; each send is a new message. With --wait the exit status says how the
+    turn ended: 0 replied, 1 error (the reason is printed), 2 aborted, 3 silent (no reply),
+    4 no answer within --timeout.
 
     \b
     Examples:
@@ -425,7 +434,11 @@ def send(session: str, text: str, key: str | None, wait: bool, timeout: float, a
         text = sys.stdin.read()
     if not text.strip():
         raise click.BadParameter("the message is empty", param_hint="TEXT")
-    receipt = run(_send(endpoint, session, text, key, wait, timeout))
+    try:
+        receipt = run(_send(endpoint, session, text, key, wait, timeout))
+    except WaitTimedOut as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(EXIT_TIMEOUT)
     if as_json:
         echo_json(receipt)
     elif wait:
@@ -434,8 +447,9 @@ def send(session: str, text: str, key: str | None, wait: bool, timeout: float, a
     else:
         keyed = f" (key {clean(key)})" if key is not None else ""
         click.echo(f"{receipt['state']}: sent to {receipt['sessionId']}{keyed}")
-    if wait and receipt.get("outcome") in _FAILED_OUTCOMES:
-        if not as_json:
-            code = f" ({clean(receipt['code'])})" if receipt.get("code") else ""
-            click.echo(f"the turn ended: {receipt['outcome']}{code}", err=True)
-        sys.exit(1)
+    if wait and receipt.get("outcome") in _FAILED_OUTCOMES and not as_json:
+        code = f" ({clean(receipt['code'])})" if receipt.get("code") else ""
+        reason = f": {clean(receipt['reason'])}" if receipt.get("reason") else ""
+        click.echo(f"the turn ended: {receipt['outcome']}{code}{reason}", err=True)
+    if wait:
+        sys.exit(EXIT_BY_OUTCOME.get(str(receipt.get("outcome")), 1))

@@ -280,6 +280,7 @@ class TurnFailed(Event, tag="turn.failed", kw_only=True):
     turn_id: str
     code: str
     reason: str = ""
+    step_id: str | None = None  # the step that failed (a model call), when one did
 
 
 class TurnAborted(Event, tag="turn.aborted", kw_only=True):

@@ -552,3 +552,13 @@ def test_a_rerun_plan_knows_how_each_approval_was_settled_and_the_settings_of_ea
     assert plan.find_approval("c1").approval_id == "s1.t1.c1"
     with pytest.raises(ValueError, match="approval 4 does not exist: 3 approvals after turn 0"):
         plan.find_approval("4")
+
+
+def test_the_timeline_of_a_failed_turn_names_its_code_reason_and_failing_step(host) -> None:
+    session = host.create(title="fails")
+    session.run("!error the upstream said no")
+    events = list(session.events())
+    (ended,) = [e for e in build_timeline(session.id, events).entries if e.kind == "turn" and e.what == "ended"]
+    (failed_call,) = [r.event for r in events if isinstance(r.event, E.LlmFailed)]
+    assert ended.status == "failed" and ended.facts["code"] == "model-error"
+    assert ended.facts["reason"] == "the upstream said no" and ended.facts["step"] == failed_call.step_id
