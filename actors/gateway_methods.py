@@ -313,7 +313,7 @@ class _Handlers:
         self._send(conn, request_id, params.session_id, params.text, [])
 
     def _send_with_files(self, conn: ClientConnection, request_id: Any, params: Any) -> msgspec.Struct:
-        refs = store_attachments(self.svc, params.attachments)
+        refs = store_attachments(self.svc, params.attachments, params.session_id)
         reply = Reply()
         self.rt.tell(params.session_id, self._send_message(conn, params.session_id, params.text, refs, reply))
         reply.result(self.rt.options.request_timeout_s)  # on the pool thread, not an actor's
@@ -511,10 +511,12 @@ def _tree_decision(op: str) -> Callable[[Any, int], list[E.Event]]:
     return decide
 
 
-def store_attachments(svc: SessionProtocolService, attachments: list[Any]) -> list[E.AttachmentRef]:
-    """Decode, check and store outgoing attachments (seed 004: base64 data URLs only; the type is
-    sniffed from the bytes; seed 000: at most 10, each and all together at most 20 MB)."""
+def store_attachments(svc: SessionProtocolService, attachments: list[Any], session_id: str) -> list[E.AttachmentRef]:
+    """Decode, check and store outgoing attachments for ``session_id`` (seed 004: base64 data URLs
+    only; the type is sniffed from the bytes; seed 000: at most 10, each and all together at most
+    20 MB). Every one is checked before the first is stored."""
     refs: list[E.AttachmentRef] = []
+    payloads: list[tuple[str, bytes]] = []
     total = 0
     for i, att in enumerate(attachments):
         decoded = decode_data_url(att.data)
@@ -526,9 +528,11 @@ def store_attachments(svc: SessionProtocolService, attachments: list[Any]) -> li
             raise RpcError.invalid_params(f"params.attachments[{i}]: {size} bytes, more than 20 MB")
         if total > MAX_ATTACHMENT_BYTES:
             raise RpcError.invalid_params("params.attachments: more than 20 MB together")
-        mime = sniff_mime(decoded.payload)
-        digest = svc.blobs.put(decoded.payload)
-        refs.append(E.AttachmentRef(name=att.name, kind=kind_of(mime), mime=mime, size=size, sha256=digest))
+        payloads.append((att.name, decoded.payload))
+    for name, payload in payloads:
+        mime = sniff_mime(payload)
+        digest = svc.blobs.put(payload, session_id)
+        refs.append(E.AttachmentRef(name=name, kind=kind_of(mime), mime=mime, size=len(payload), sha256=digest))
     return refs
 
 

@@ -19,6 +19,7 @@ from eventstore import EventStore
 from eventstore import events as E
 
 from .apps import AppRegistry, clamp_mode, clamp_policy
+from .blobs import BlobStore
 from .context import compaction_input, build_summary_request, summary_text
 from .directory import Directory
 from .errors import SessionBusy
@@ -103,6 +104,7 @@ class Runtime:
         self.results = TurnResults()
         self.tools: ToolRegistry = default_registry()
         self.workspace_root = options.workspace_root or os.path.join(self.data_dir, "workspaces")
+        self.blobs = BlobStore(os.path.join(self.data_dir, "blobs"))  # attachments, by sha256
         self._workspace_base: str | None = None  # its real path, found on first use
         # Commands see neither the data directory (token, secret, apps, store) nor any other
         # session's workspace: each sees its own, bound back into the hidden tree.
