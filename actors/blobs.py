@@ -26,9 +26,9 @@ import os
 import re
 import threading
 
-from .errors import NotFound
-
 import filetype
+
+from .errors import NotFound
 
 #: Media kinds the protocol names (seed 004 ItemAttachment.kind); every other type is a "file".
 MEDIA = ("image", "audio", "video")

@@ -41,7 +41,7 @@ from .errors import InvalidCommand, NotFound
 from .projections import wire_grant
 from .pubsub import Reply
 from .session import Apply, Cancel, Compact, Create, Query, Send, now_ms
-from .session_decide import decide_cancel, decide_rename, ensure_usable
+from .session_decide import decide_rename, ensure_usable
 from .summary_records import ListingRow, listing_key, summary_from_row
 
 if TYPE_CHECKING:
@@ -209,6 +209,13 @@ class _Handlers:
                 done: Callable[[BaseException | None], None] | None = None) -> None:
         """archive / unarchive / delete a session and every session below it (seed 004)."""
         self.check(conn, session_id)
+        if op == "delete":
+            def delete() -> msgspec.Struct:
+                self.rt.deletions.delete_tree(session_id, self.index.descendants)
+                return EMPTY
+
+            in_background(self.svc, conn, request_id, delete)
+            return
         targets = [session_id, *self.index.descendants(session_id)]
         pending = {"left": len(targets), "error": None}
 
@@ -231,11 +238,30 @@ class _Handlers:
             reply.add_callback(finished)
             self.rt.tell(sid, Apply(_tree_decision(op), reply, drive=False))
 
+    def _delete_batch(self, conn: ClientConnection, ids: list[str]) -> SessionBatchResult:
+        """``session/batch`` delete: each session with its children (``actors/deletion.py``), one
+        after another on a pool thread. A session already deleted as the child of an earlier one
+        of the batch is not a failure."""
+        failures: list[BatchFailure] = []
+        gone: set[str] = set()
+        for sid in dict.fromkeys(ids):
+            if sid in gone:
+                continue
+            try:
+                self.check(conn, sid)
+                gone.update(self.rt.deletions.delete_tree(sid, self.index.descendants))
+            except Exception as e:
+                failures.append(BatchFailure(session_id=sid, message=str(e)))
+        return SessionBatchResult(failed=failures)
+
     def session_batch(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
         failures: list[BatchFailure] = []
         left = {"n": len(params.ids)}
         if not params.ids:
             conn.result(request_id, SessionBatchResult(failed=[]))
+            return
+        if params.op == "delete":
+            in_background(self.svc, conn, request_id, lambda: self._delete_batch(conn, list(params.ids)))
             return
 
         def one_done(session_id: str, error: BaseException | None) -> None:
@@ -495,18 +521,12 @@ class _Do:
 
 
 def _tree_decision(op: str) -> Callable[[Any, int], list[E.Event]]:
+    """archive and unarchive (a delete is ``actors/deletion.py``'s)."""
     def decide(state: Any, now: int) -> list[E.Event]:
         ensure_usable(state)
         if op == "archive":
             return [] if state.archived else [E.SessionArchived(at=now)]
-        if op == "unarchive":
-            return [E.SessionUnarchived(at=now)] if state.archived else []
-        events: list[E.Event] = []
-        if state.current_turn is not None:
-            events += decide_cancel(state, None, "the session was deleted", now)
-        events += [E.InputDropped(at=now, input_id=q.input_id, turn_id=q.turn_id, reason="session deleted")
-                   for q in state.queue]
-        return events + [E.SessionDeleted(at=now)]
+        return [E.SessionUnarchived(at=now)] if state.archived else []
 
     return decide
 

@@ -21,6 +21,7 @@ from eventstore import events as E
 from .apps import AppRegistry, clamp_mode, clamp_policy
 from .blobs import BlobStore
 from .context import compaction_input, build_summary_request, summary_text
+from .deletion import Deletions
 from .directory import Directory
 from .errors import SessionBusy
 from .faults import FaultInjector
@@ -98,6 +99,7 @@ class Runtime:
         self.store = store or EventStore.open(
             os.path.join(self.data_dir, "store"), durability=options.durability, shards=options.shards,
             map_size=options.map_size, on_map_resize=lambda: self.faults.hit("map-resize"),
+            on_purge=lambda: self.faults.hit("purge"),
         )
         self.epoch = self.store.next_epoch()
         self.worker = WorkerLoop()
@@ -138,6 +140,8 @@ class Runtime:
         from .tasks import TaskService
 
         self.tasks_service = TaskService(self)
+        self.deletions = Deletions(self)
+        self.deletions.finish_pending()  # the files of purges a crash interrupted, before anyone is served
         actor_class: Any = SessionActor
         self.dispatcher = None
         if options.dispatcher_threads > 0:
