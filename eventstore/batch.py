@@ -241,7 +241,7 @@ class BatchContext:
             stream = raw.decode("utf-8", "surrogatepass")
             names.append(stream)
             records += len(entries)
-            events += P.remove_records(self, stream, entries, erased, op.stream)
+            events += P.remove_records(self, entries, erased, op.stream)
             P.clear_stream(self, stream, raw, keep_catalogue=raw == op.raw_stream)
             purged_key = K.stream_key(K.shard_of(stream, self.rec.shards), raw)
             self.versions.pop(purged_key, None)

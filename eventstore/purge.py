@@ -70,8 +70,8 @@ def partition_streams(ctx: BatchContext, op: PurgeOp) -> dict[bytes, list[tuple[
     return found
 
 
-def remove_records(ctx: BatchContext, stream: str, entries: list[tuple[bytes, bytes]],
-                   erased: list[tuple[bytes, int]], tombstone: str) -> int:
+def remove_records(ctx: BatchContext, entries: list[tuple[bytes, bytes]], erased: list[tuple[bytes, int]],
+                   tombstone: str) -> int:
     """Delete one stream's commit records and their index, feed and idempotency entries; returns
     the events they held. Claims are erased (their digest and time appended to ``erased``)."""
     txn, db = ctx.txn, ctx.db
@@ -79,12 +79,16 @@ def remove_records(ctx: BatchContext, stream: str, entries: list[tuple[bytes, by
     for index_key, logkey in entries:
         raw = txn.get(logkey, db=db["log"])
         if raw is not None:
-            rec = _rec_dec.decode(raw)
-            events += len(rec.events)
-            if rec.idem is not None:
-                _erase_claim(ctx, rec, erased, tombstone)
-            if rec.feed is not None:
-                _drop_feed(ctx, rec)
+            try:
+                rec: CommitRecordIn | None = _rec_dec.decode(raw)
+            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+                rec = None  # a corrupt record goes too; what it indexed (if anything) points at nothing
+            if rec is not None:
+                events += len(rec.events)
+                if rec.idem is not None:
+                    _erase_claim(ctx, rec, erased, tombstone)
+                if rec.feed is not None:
+                    _drop_feed(ctx, rec)
             txn.delete(logkey, db=db["log"])
         txn.delete(index_key, db=db["streams"])
     return events

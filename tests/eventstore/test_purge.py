@@ -34,10 +34,6 @@ SECRET = "the secret of the purged session"
 PARTITION = ["session", "approval", "task"]
 
 
-def claim(key: str, text: str = SECRET) -> IdempotencyClaim:
-    return IdempotencyClaim("app:bot:s1", key, request_hash({"text": text}), b"receipt")
-
-
 def fill(store: EventStore, sid: str = "s1", turns: int = 3) -> None:
     """A session with inputs (idempotent, feed-indexed), an approval, a task, a snapshot, flags."""
     stream = f"session-{sid}"
