@@ -113,7 +113,7 @@ class Deletions:
         for session_id in session_ids:
             try:
                 self._ask(session_id, Thaw)
-            except Exception as e:  # the error the delete answers is the one that matters
+            except Exception as e:  # noqa: BLE001 - the error the delete answers is the one that matters
                 log.warning("could not thaw session %s after a failed delete: %s", session_id, e)
 
     def _stop_work(self, tree: list[str]) -> None:
@@ -170,5 +170,5 @@ def _wait(reply: Reply, what: str) -> None:
         pass
     except pykka.ActorDeadError:
         pass
-    except Exception as e:  # the delete goes on: the purge seals the stream either way
+    except Exception as e:  # noqa: BLE001 - the delete goes on: the purge seals the stream either way
         log.warning("deleting: %s did not stop cleanly: %s", what, e)

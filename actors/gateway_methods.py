@@ -250,7 +250,7 @@ class _Handlers:
             try:
                 self.check(conn, sid)
                 gone.update(self.rt.deletions.delete_tree(sid, self.index.descendants))
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - seed 004: each id that failed is named with why
                 failures.append(BatchFailure(session_id=sid, message=str(e)))
         return SessionBatchResult(failed=failures)
 

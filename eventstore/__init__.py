@@ -16,7 +16,14 @@ from .errors import (
     StreamDeleted,
     WrongExpectedVersion,
 )
-from .records import AppendResult, IdempotencyClaim, PurgeResult, RecordedEvent, Snapshot, StreamPage
+from .records import (
+    AppendResult,
+    IdempotencyClaim,
+    PurgeResult,
+    RecordedEvent,
+    Snapshot,
+    StreamPage,
+)
 from .store import ANY_VERSION, NO_STREAM, EventStore, request_hash
 
 __all__ = [

@@ -132,7 +132,7 @@ def test_deleting_a_session_kills_the_background_commands_of_it_and_its_child_an
             task_removes = await removals(c, "background/changed", tasks)
             session_removes = await removals(c, "sessions/changed", {parent, child})
             listed = {t["id"] for t in (await c.result("background/list", {}))["tasks"]}
-            task = sorted(tasks)[0]
+            task = min(tasks)
             output = await c.call("background/output", {"taskId": task})
             stop = await c.call("background/stop", {"taskId": task})
             sessions = {s["id"] for s in (await c.result("sessions/list", {"limit": 200}))["sessions"]}

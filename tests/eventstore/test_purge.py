@@ -7,7 +7,6 @@ purge of a session with many events.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
