@@ -215,6 +215,20 @@ class ApprovalService:
             self._approvals.pop(approval_id, None)
         self.release(approval_id)
 
+    def settle_sessions(self, session_ids: list[str], timeout: float = 5.0) -> None:
+        """Settle the sessions' pending approvals ``turn-ended`` and wait until each is recorded
+        (a delete, before it purges: a settlement written after the purge would be refused).
+        Blocks: call it off every actor thread."""
+        wanted = set(session_ids)
+        with self._lock:
+            refs = [self._actors[a.id] for a in self._approvals.values() if a.session_id in wanted
+                    and a.id in self._actors]
+        for ref in refs:
+            try:
+                ref.ask(("cancel", "turn-ended"), timeout=timeout)
+            except (pykka.ActorDeadError, pykka.Timeout):
+                pass  # settled meanwhile, or it does not answer: the purge seals its stream either way
+
     def connections(self) -> list[Any]:
         with self._lock:
             return list(self._presence)

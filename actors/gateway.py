@@ -36,7 +36,6 @@ from protocol.schemas import FeaturesChanged, ItemDelta, ItemPush, SessionResync
 from protocol.schemas_types import Features, Identity, ItemAttachment, UserMessageItem
 from protocol.transport import Peer
 
-from .blobs import BlobStore
 from .runtime import DeltaPayload, Runtime
 from .summaries import SummaryIndex
 
@@ -186,7 +185,7 @@ class SessionProtocolService:
         self.limits = limits or Limits()
         self.server_info = ServerInfo(name=SERVER_NAME, describe=self._describe)
         self.index = SummaryIndex(runtime.store)
-        self.blobs = BlobStore(os.path.join(runtime.data_dir, "blobs"))
+        self.blobs = runtime.blobs
         self.file_key = file_handles.derive_epoch_key(_master_secret(runtime.data_dir), runtime.epoch)
         self.slow = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sessionloop-slow")
         self.connections: set[ClientConnection] = set()

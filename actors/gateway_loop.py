@@ -91,7 +91,7 @@ class _LoopHandlers:
         if p.attachments:
             def work() -> msgspec.Struct:
                 loop._owned(p.session_id)  # refused before any attachment is saved: nothing half-written
-                refs = store_attachments(self.svc, p.attachments)
+                refs = store_attachments(self.svc, p.attachments, p.session_id)
                 return receipt(loop.send(p.session_id, p.text, p.idempotency_key, refs))
 
             in_background(self.svc, conn, request_id, work)

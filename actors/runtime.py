@@ -20,7 +20,9 @@ from eventstore import events as E
 from protocol.limits import one_line
 
 from .apps import AppRegistry, clamp_mode, clamp_policy
+from .blobs import BlobStore
 from .context import compaction_input, build_summary_request, summary_text
+from .deletion import Deletions
 from .directory import Directory
 from .errors import SessionBusy
 from .faults import FaultInjector
@@ -98,12 +100,14 @@ class Runtime:
         self.store = store or EventStore.open(
             os.path.join(self.data_dir, "store"), durability=options.durability, shards=options.shards,
             map_size=options.map_size, on_map_resize=lambda: self.faults.hit("map-resize"),
+            on_purge=lambda: self.faults.hit("purge"),
         )
         self.epoch = self.store.next_epoch()
         self.worker = WorkerLoop()
         self.results = TurnResults()
         self.tools: ToolRegistry = default_registry()
         self.workspace_root = options.workspace_root or os.path.join(self.data_dir, "workspaces")
+        self.blobs = BlobStore(os.path.join(self.data_dir, "blobs"))  # attachments, by sha256
         self._workspace_base: str | None = None  # its real path, found on first use
         # Commands see neither the data directory (token, secret, apps, store) nor any other
         # session's workspace: each sees its own, bound back into the hidden tree.
@@ -137,6 +141,8 @@ class Runtime:
         from .tasks import TaskService
 
         self.tasks_service = TaskService(self)
+        self.deletions = Deletions(self)
+        self.deletions.finish_pending()  # the files of purges a crash interrupted, before anyone is served
         actor_class: Any = SessionActor
         self.dispatcher = None
         if options.dispatcher_threads > 0:

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
-from eventstore import IdempotencyClaim, SessionloopError, StorageUnavailable, StoreError, WrongExpectedVersion
+from eventstore import (
+    IdempotencyClaim,
+    SessionloopError,
+    StorageUnavailable,
+    StoreError,
+    StreamDeleted,
+    WrongExpectedVersion,
+)
 from eventstore import events as E
 
 from .caller import CURRENT_CALL, CallerContext
@@ -42,15 +49,17 @@ from .session_decide import (
     AgentConfig,
     decide_cancel,
     decide_create,
+    decide_delete,
     decide_input,
     decide_model_done,
+    decide_stop_for_delete,
     decide_tool_done,
     drive,
     repairs_after_restart,
     system_messages,
 )
 from .session_model import SessionState, decode_state, encode_state, evolve, new_state
-from .summary_records import encode_summary_record, rewrites_listing, summary_record
+from .summary_records import encode_summary_record, rewrites_listing, summary_record, tombstone_record
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -64,6 +73,11 @@ _TURN_END_TYPES = frozenset(_TURN_END)
 _STREAM_END_TYPES = _TURN_END_TYPES | {E.LlmCompleted, E.LlmFailed}
 #: the events a commit acts on after it is durable (effects to start, turns to report)
 _EFFECT_TYPES = _TURN_END_TYPES | {E.LlmStarted, E.ToolStarted, E.ToolApprovalRequested, E.ToolApprovalSettled}
+#: the categories of a session's streams (``session-S``, ``approval-S.*``, ``task-S.*``): a purge
+#: takes them all (``actors/deletion.py``)
+OWNED_CATEGORIES = ("session", "approval", "task")
+#: set with a session's purge, cleared once its files are deleted too (a restart finishes them)
+FILES_PENDING = "files-pending"
 
 
 def now_ms() -> int:
@@ -125,6 +139,35 @@ class Cancel(Msg):
 
     def run(self, actor: SessionActor) -> None:
         actor.on_cancel(self)
+
+
+class Freeze(Msg):
+    """The first step of a delete: abort the running turn, drop the queue, take no new input."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str, reply: Reply) -> None:
+        super().__init__(reply)
+        self.reason = reason
+
+    def run(self, actor: SessionActor) -> None:
+        actor.on_freeze(self)
+
+
+class Thaw(Msg):
+    """A delete that failed before its purge: the session takes input again."""
+
+    def run(self, actor: SessionActor) -> None:
+        actor.deleting = False
+        assert self.reply is not None
+        self.reply.set(None)
+
+
+class Purge(Msg):
+    """The last step of a delete: the session's streams out of the store, a tombstone left."""
+
+    def run(self, actor: SessionActor) -> None:
+        actor.on_purge(self)
 
 
 class ModelDone(Msg):
@@ -269,6 +312,7 @@ class SessionBehaviour:
         self._sent_queue: Any = []  # the queue entries last pushed
         self.last_record: Any = None  # the listing record written by the latest commit
         self.record_dirty = False
+        self.deleting = False  # frozen for a delete: no new input, no new turn, until the purge
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -304,7 +348,7 @@ class SessionBehaviour:
                     log.warning("session %s: %s refused, the event store is unavailable (outcome %s): %s",
                                 self.sid, type(message).__name__, e.outcome, e)
                 message.reply.fail(e)
-            elif isinstance(e, StoreError) and isinstance(message, Msg):
+            elif isinstance(e, StoreError) and not isinstance(e, StreamDeleted) and isinstance(message, Msg):
                 self.rt.retry_later(self.actor_ref, message, e)
         except Exception as e:
             self._supervise(message, e)
@@ -467,6 +511,10 @@ class SessionBehaviour:
     def _prepare(self, events: list[E.Event], run_drive: bool) -> _Pending | None:
         state = self.state
         version = state.version
+        if self.deleting:  # frozen for a delete (``on_freeze``): nothing may start a turn
+            if any(type(e) is E.InputAccepted for e in events):
+                raise NotFound(f"session {self.sid} is being deleted")
+            run_drive = False
         try:
             for event in events:
                 evolve(state, event)
@@ -766,6 +814,8 @@ class SessionBehaviour:
                 msg.reply.set(msgspec.structs.replace(_receipt_dec.decode(known.receipt), state="duplicate",
                                                       position=known.first_position))
                 return
+        if self.deleting:  # a repeat above still gets its receipt; a new input is refused
+            raise NotFound(f"session {self.sid} is being deleted")
         if msg.check is not None:
             rejected = msg.check(self.state)
             if rejected is not None:
@@ -811,6 +861,49 @@ class SessionBehaviour:
             self._commit(events)
         assert msg.reply is not None
         msg.reply.set(bool(events))
+
+    def on_freeze(self, msg: Freeze) -> None:
+        """Stop what runs before a delete (``actors/deletion.py``, step 1): the turn is aborted,
+        queued inputs are dropped (their waiters hear the session is gone), and until the purge
+        no input is taken. NotFound for a session that does not exist or is deleted."""
+        assert msg.reply is not None
+        state = self.state
+        now = now_ms()
+        dropped = [q.turn_id for q in state.queue]
+        events = decide_stop_for_delete(state, msg.reason, now)
+        self.deleting = True
+        if events:
+            self._cancel_tasks()
+            self._commit(events, run_drive=False)
+        for turn_id in dropped:
+            self.rt.results.complete(TurnOutcome(session_id=self.sid, turn_id=turn_id, state="failed",
+                                                 code="not-found", reason=msg.reason, outcome="error"))
+        msg.reply.set(None)
+
+    def on_purge(self, msg: Purge) -> None:
+        """Take the session out of the store (``actors/deletion.py``, step 3): one transaction
+        removes its streams, approval and task streams, leaves ``decide_delete``'s tombstone and
+        the tombstone listing record, and flags its files for deletion. After the commit the
+        listeners hear of it (the listing drops it), the task registry forgets its tasks, and the
+        state is the tombstone's fold (deleted: every later command answers not-found)."""
+        assert msg.reply is not None
+        state = self.state
+        now = now_ms()
+        events = decide_delete(state, now)
+        record = tombstone_record(state, now)
+        self._cancel_tasks()
+        try:
+            result = self.rt.store.purge(self.stream, events, state.version, categories=OWNED_CATEGORIES,
+                                         meta=encode_summary_record(record), flags={FILES_PENDING: True})
+        except BaseException:
+            self._reload()
+            raise
+        self.last_record, self.record_dirty = record, True
+        self.rt.committed(self, events, result.tombstone)  # before the reload: listeners read what was deleted
+        self.deleting = False
+        self._reload()
+        self.rt.tasks_service.remove_session(self.sid)
+        msg.reply.set(result)
 
     def on_model_done(self, msg: ModelDone) -> None:
         state = self.state
@@ -934,6 +1027,7 @@ def turn_outcome(state: SessionState, event: E.Event) -> TurnOutcome:
 
 
 __all__ = [
-    "Apply", "Cancel", "Create", "Effect", "ModelDone", "Msg", "NotFound", "Passivate", "Query", "Receipt",
-    "Send", "SessionActor", "SessionParked", "ToolDone", "WrongExpectedVersion", "turn_outcome",
+    "FILES_PENDING", "OWNED_CATEGORIES", "Apply", "Cancel", "Create", "Effect", "Freeze", "ModelDone", "Msg",
+    "NotFound", "Passivate", "Purge", "Query", "Receipt", "Send", "SessionActor", "SessionParked", "Thaw", "ToolDone",
+    "WrongExpectedVersion", "turn_outcome",
 ]

@@ -165,6 +165,29 @@ def decide_tool_done(state: SessionState, finished: E.ToolFinished) -> list[E.Ev
     return [finished]
 
 
+def decide_stop_for_delete(state: SessionState, reason: str, now: int) -> list[E.Event]:
+    """What a delete stops before it purges (seed 004 session/delete): the running turn is
+    aborted (unfinished calls aborted, pending approvals settled ``turn-ended``) and the queued
+    inputs are dropped. NotFound for a session that does not exist or is deleted; a parked
+    session (nothing runs in it) can be deleted too."""
+    _exists(state)
+    events = decide_cancel(state, None, reason, now) if state.parked is None else []
+    return events + [E.InputDropped(at=now, input_id=q.input_id, turn_id=q.turn_id, reason="session deleted")
+                     for q in state.queue]
+
+
+def decide_delete(state: SessionState, now: int) -> list[E.Event]:
+    """The tombstone a delete leaves as the session's only events: ``session.deleted``, which
+    holds no content (``eventstore/purge.py`` takes everything else out with it)."""
+    _exists(state)
+    return [E.SessionDeleted(at=now)]
+
+
+def _exists(state: SessionState) -> None:
+    if state.created is None or state.deleted:
+        raise NotFound(f"session {state.session_id} not found")
+
+
 def decide_rename(state: SessionState, title: str, now: int) -> list[E.Event]:
     ensure_usable(state)
     title = title.strip()

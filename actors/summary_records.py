@@ -201,6 +201,20 @@ def summary_record(state: SessionState, attention: bool = False, background: int
     )
 
 
+def tombstone_record(state: SessionState, now: int) -> SummaryRecord:
+    """The listing record a deleted session keeps: ids, tree place, owner and ``deleted``, no
+    title, name, reason or place name (seed 004: delete clears the history), so ``sessions/list``
+    skips it, ``sessions/changed`` removes it and its children's ancestors stay known."""
+    created = state.created
+    return SummaryRecord(
+        id=state.session_id, kind=created.kind if created is not None else "owner",
+        parent_id=created.parent_id if created is not None else None, created_at=state.created_at,
+        updated_at=now, deleted=True, status=state.status.value,
+        app_id=created.app_id if created is not None else None,
+        activity=created.activity if created is not None else "interactive",
+    )
+
+
 def _title(record: SummaryRecord) -> str:
     """Seed 004 摘要 title: 标题,没有时是会话名 (and a default name when it has neither)."""
     return record.title or record.name or DEFAULT_TITLE

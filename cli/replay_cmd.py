@@ -76,10 +76,15 @@ def _open_store(data_dir: str, session_id: str, *, readonly: bool = True) -> Eve
 
 
 def _read_session(store: EventStore, data_dir: str, session_id: str) -> list[RecordedEvent]:
+    """The session's events; one clear line (ClickException) when it does not exist or was
+    deleted (a deleted session's stream holds only its tombstone: there is nothing to show)."""
     try:
         events = store.read_stream(f"session-{session_id}")
+        deleted = bool(events) and store.purged(f"session-{session_id}")
     except SessionloopError as e:
         raise click.ClickException(str(e)) from e
+    if deleted:
+        raise click.ClickException(f"session {session_id} not found in {data_dir}: it was deleted")
     if not events:
         raise click.ClickException(f"session {session_id} not found in {data_dir}")
     return events
