@@ -348,12 +348,15 @@ class Session:
         return self.send("", source="continue")
 
     def cancel(self, turn_id: str | None = None, reason: str = "cancelled by the user") -> bool:
-        """Stop the running turn (model and tools get the abort); True if one was running."""
+        """Stop the running turn (model and tools get the abort), or the running manual compaction
+        (seed 002: cancel() 可以中止; its ``compact()`` raises CompactionFailed); True if one was."""
         return bool(self.rt.ask(self.id, lambda r: Cancel(turn_id, reason, r)))
 
     def compact(self, timeout: float = 600.0) -> dict[str, int] | None:
         """Summarise all turns so far into one summary message (seed 002 manual compact):
-        ``{turns, chars}``, or None when there is nothing to compact. Refuses while running."""
+        ``{turns, chars}``, or None when there is nothing to compact. Raises SessionBusy while a
+        turn or another compaction runs, CompactionFailed when the summary model is not available
+        or fails, the history changes meanwhile (an input, a rewind...) or ``cancel()`` stops it."""
         return self.rt.ask(self.id, Compact, timeout)  # type: ignore[no-any-return]
 
     def rename(self, title: str) -> None:

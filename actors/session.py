@@ -36,16 +36,19 @@ from .context import model_view
 from .model.base import ignore_delta
 from .model.storable import storable_response
 from .dispatch import PooledActor
-from .errors import ActorError, NotFound, SessionParked
+from .errors import ActorError, CompactionFailed, NotFound, SessionParked
 from .pubsub import Reply, TurnOutcome
 from .session_decide import (
     AgentConfig,
     decide_cancel,
+    decide_compaction_cancelled,
+    decide_compaction_interrupted,
     decide_create,
     decide_input,
     decide_model_done,
     decide_tool_done,
     drive,
+    ensure_usable,
     repairs_after_restart,
     system_messages,
 )
@@ -53,6 +56,7 @@ from .session_model import SessionState, decode_state, encode_state, evolve, new
 from .summary_records import encode_summary_record, rewrites_listing, summary_record
 
 if TYPE_CHECKING:
+    from .compaction import Flight
     from .runtime import Runtime
 
 log = logging.getLogger("sessionloop.session")
@@ -178,7 +182,7 @@ class Query(Msg):
 
 
 class Effect(Msg):
-    """A result from the worker loop that must be applied on the actor thread (checkpoints, compaction)."""
+    """A result from the worker loop that must be applied on the actor thread (checkpoints)."""
 
     __slots__ = ("fn",)
 
@@ -193,14 +197,27 @@ class Effect(Msg):
 
 
 class Compact(Msg):
-    """Manual compaction: refused while a turn runs; the reply completes when the summary is in."""
+    """Manual compaction: refused while a turn or another compaction runs; the reply completes
+    when the summary is in (actors.compaction)."""
 
     def run(self, actor: SessionActor) -> None:
-        from .session_decide import ensure_usable
-
         assert self.reply is not None
         ensure_usable(actor.state)
         actor.rt.compaction.start_manual(actor, self.reply)
+
+
+class SummaryDone(Msg):
+    """The summary call of the compaction ``flight`` answered (``text``, its ``usage``) or failed
+    (``error``, the reason as the notice and the request will say it)."""
+
+    __slots__ = ("flight", "text", "error", "usage")
+
+    def __init__(self, flight: Flight, text: str, error: str | None, usage: E.Usage | None) -> None:
+        super().__init__(None)
+        self.flight, self.text, self.error, self.usage = flight, text, error, usage
+
+    def run(self, actor: SessionActor) -> None:
+        actor.rt.compaction.finish(actor, self)
 
 
 class Passivate(Msg):
@@ -269,6 +286,7 @@ class SessionBehaviour:
         self._sent_queue: Any = []  # the queue entries last pushed
         self.last_record: Any = None  # the listing record written by the latest commit
         self.record_dirty = False
+        self.compaction: Flight | None = None  # a compaction under way (actors.compaction)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -311,6 +329,9 @@ class SessionBehaviour:
 
     def on_stop(self) -> None:
         self._cancel_tasks()
+        if self.compaction is not None:
+            self.compaction.abandon(ActorError(f"session {self.sid} stopped before its compaction finished"))
+            self.compaction = None
         app = self._app_id()
         if app is not None and self._unfinished:
             self.rt.app_unfinished_add(app, -self._unfinished)
@@ -467,6 +488,9 @@ class SessionBehaviour:
     def _prepare(self, events: list[E.Event], run_drive: bool) -> _Pending | None:
         state = self.state
         version = state.version
+        flight = self.compaction
+        if flight is not None and not flight.auto:  # a command that moves the history ends it, failed
+            events = decide_compaction_interrupted(events, now_ms()) + list(events)
         try:
             for event in events:
                 evolve(state, event)
@@ -636,8 +660,27 @@ class SessionBehaviour:
                 self.rt.approvals.cancel(event.approval_id, event.settlement.source)  # type: ignore[attr-defined]
         self._account_unfinished()
         self.rt.committed(self, events, result)
+        if self.compaction is not None:
+            self._end_compaction(events)
         if compaction is not None:
             self.rt.compaction.start_auto(self, compaction)
+
+    def _end_compaction(self, events: list[E.Event]) -> None:
+        """After a commit: a manual compaction this commit ended (interrupted or cancelled, the
+        failure recorded in it) stops and its request fails with the reason; an automatic one
+        stops when its turn ended first. Its summary, if it still comes, is then dropped."""
+        flight = self.compaction
+        assert flight is not None
+        if flight.auto:
+            if self.state.current_turn != flight.turn_id:
+                self.compaction = None
+                flight.abandon(None)
+            return
+        for event in events:
+            if type(event) is E.ContextCompactFailed and not event.auto:  # type: ignore[attr-defined]
+                self.compaction = None
+                flight.abandon(CompactionFailed(event.error))  # type: ignore[attr-defined]
+                return
 
     def _publish(self, events: list[E.Event]) -> None:
         if self.items is None:
@@ -806,6 +849,9 @@ class SessionBehaviour:
             events += [E.InputDropped(at=now, input_id=q.input_id, turn_id=q.turn_id, reason=msg.reason)
                        for q in self.state.queue]
         events += decide_cancel(self.state, msg.turn_id, msg.reason, now)
+        flight = self.compaction
+        if flight is not None and not flight.auto and self.state.current_turn is None:
+            events += decide_compaction_cancelled(msg.reason, now)  # seed 002: cancel() 可以中止
         if events:
             self._cancel_tasks()
             self._commit(events)
@@ -853,7 +899,8 @@ class SessionBehaviour:
 
     def on_passivate(self, msg: Passivate) -> None:
         state = self.state
-        if state.current_turn or state.queue or self.channel.has_subscribers or self._tool_tasks:
+        if (state.current_turn or state.queue or self.channel.has_subscribers or self._tool_tasks
+                or self.compaction is not None):
             return
         if state.version > self._snapshot_version and state.created is not None:
             self._save_snapshot()
@@ -934,6 +981,7 @@ def turn_outcome(state: SessionState, event: E.Event) -> TurnOutcome:
 
 
 __all__ = [
-    "Apply", "Cancel", "Create", "Effect", "ModelDone", "Msg", "NotFound", "Passivate", "Query", "Receipt",
-    "Send", "SessionActor", "SessionParked", "ToolDone", "WrongExpectedVersion", "turn_outcome",
+    "Apply", "Cancel", "Compact", "Create", "Effect", "ModelDone", "Msg", "NotFound", "Passivate", "Query",
+    "Receipt", "Send", "SessionActor", "SessionParked", "SummaryDone", "ToolDone", "WrongExpectedVersion",
+    "turn_outcome",
 ]

@@ -23,7 +23,7 @@ from eventstore import events as E
 
 from protocol.limits import MAX_TITLE
 
-from .context import model_view
+from .context import SUMMARY_PREFIX, model_view
 from .errors import Conflict, ExpectedTurnMismatch, InvalidCommand, NotFound, SessionBusy, SessionParked
 from .grants import settlement_by, settling
 from .session_model import SessionState
@@ -175,10 +175,58 @@ def decide_rename(state: SessionState, title: str, now: int) -> list[E.Event]:
     return [E.SessionRenamed(at=now, title=title)]
 
 
-def decide_compact_allowed(state: SessionState) -> None:
+def decide_compact_allowed(state: SessionState, compacting: bool) -> None:
+    """Seed 002 compact(): 运行中调用会抛错; seed 004 session/compress: 这个会话正在压缩时直接拒绝
+    (nothing recorded, so no notice)."""
     ensure_usable(state)
     if state.current_turn is not None:
         raise SessionBusy(f"session {state.session_id} is running a turn; compact refuses while running")
+    if compacting:
+        raise SessionBusy(f"session {state.session_id} is already being compressed; a second compaction is refused")
+
+
+#: Seed 004 session/compress, 没压成: 期间会话被清空或历史被改动. What a manual compaction's
+#: summary would no longer describe: a new input (it starts a turn at once: the summary would
+#: land after that turn's user message and hide it from every later model call), a turn, a
+#: rewind (of the chat, or of the files the summary's "file changes" describe), messages
+#: replaced; and a session deleted or parked meanwhile.
+_INTERRUPTIONS: dict[type, str] = {
+    E.InputAccepted: "the history changed during compression: a new input arrived",
+    E.TurnStarted: "the history changed during compression: a turn started",
+    E.TurnRewound: "the history changed during compression: the session was rewound",
+    E.MessagesImported: "the history changed during compression: the messages were replaced",
+    E.SessionDeleted: "the session was deleted during compression",
+    E.SessionParked: "the session was parked during compression",
+}
+
+
+def decide_compaction_interrupted(events: list[E.Event], now: int) -> list[E.Event]:
+    """While a manual compaction runs: the failure it ends with if ``events`` change the history
+    it summarises (recorded before them, in their commit), else nothing."""
+    for event in events:
+        why = _INTERRUPTIONS.get(type(event))
+        if why is not None:
+            return [E.ContextCompactFailed(at=now, error=why)]
+    return []
+
+
+def decide_compaction_cancelled(reason: str, now: int) -> list[E.Event]:
+    """Seed 002 compact(): cancel() 可以中止: the manual compaction ends, failed, with the reason."""
+    return [E.ContextCompactFailed(at=now, error=f"cancelled: {reason}")]
+
+
+def decide_compaction_done(turns: int, text: str, error: str | None, usage: E.Usage | None, *, auto: bool,
+                           turn_id: str | None, now: int,
+                           context_tokens: Callable[[E.ContextCompacted], int]) -> E.Event:
+    """The end of a summary call: the summary (seed 002 0.31: a system message that starts with
+    :data:`SUMMARY_PREFIX`) with the context the next model call gets (``context_tokens`` of the
+    event), or the failure with its reason. ``usage`` is the summary call's own tokens."""
+    if error is not None:
+        return E.ContextCompactFailed(at=now, error=error, auto=auto, turn_id=turn_id, usage=usage)
+    summary = text if text.startswith(SUMMARY_PREFIX) else f"{SUMMARY_PREFIX} {text}"
+    event = E.ContextCompacted(at=now, summary=summary, turns=turns, chars=len(summary), auto=auto,
+                               turn_id=turn_id, usage=usage)
+    return msgspec.structs.replace(event, context_tokens=context_tokens(event))
 
 
 # --- drive: what follows by itself -------------------------------------------------------------

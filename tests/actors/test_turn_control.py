@@ -1,0 +1,191 @@
+"""Turn control in detail (seed 002 上下文压缩 / maxSteps, seed 004 回合控制 / 快照 / 在场与审批):
+manual compaction refused, interrupted and cancelled; maxSteps without a limit and the guard
+that keeps such a turn stoppable; the usage a session without any gets after its snapshot; the
+approval grace against the total wait. Real session actors on a real store; the gateway through
+in-memory clients; the summary model held open by a gate instead of a timer."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from typing import Any
+
+import pytest
+
+from actors.context import SUMMARY_PROMPT
+from actors.errors import CompactionFailed, SessionBusy
+from actors.model import MockProvider, ModelResponse
+from actors.session import Query
+from eventstore import events as E
+from tests.actors.gateway_harness import MemoryClient, wait_until
+
+
+def is_summary_call(request: Any) -> bool:
+    return bool(request.messages) and request.messages[0].content == SUMMARY_PROMPT
+
+
+class GatedSummaries:
+    """The mock model, except that a summary call waits until the test opens ``gate`` (a slow
+    summary model, held open for exactly as long as the test needs); ``started`` is set when a
+    summary call begins and ``cancelled`` when one is cancelled."""
+
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.mock = MockProvider()
+        self.started = threading.Event()
+        self.cancelled = threading.Event()
+        self.gate = threading.Event()
+        self.summaries = 0
+
+    def answer_now(self, request: Any, on_delta: Any) -> Any:
+        return None if is_summary_call(request) else self.mock.answer_now(request, on_delta)
+
+    async def generate(self, request: Any, on_delta: Any) -> ModelResponse:
+        if not is_summary_call(request):
+            return await self.mock.generate(request, on_delta)
+        self.started.set()
+        try:
+            while not self.gate.is_set():
+                await asyncio.sleep(0.005)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        self.summaries += 1
+        return ModelResponse(text="the user said a and b", usage=E.Usage(prompt_tokens=50, completion_tokens=6))
+
+
+class Compacting:
+    """``session.compact()`` on a thread of its own: ``outcome()`` is its value or its error."""
+
+    def __init__(self, session: Any) -> None:
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(session,), daemon=True)
+        self.thread.start()
+
+    def _run(self, session: Any) -> None:
+        try:
+            self.value = session.compact(timeout=20)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            self.error = e
+
+    def outcome(self) -> tuple[Any, BaseException | None]:
+        self.thread.join(20)
+        assert not self.thread.is_alive(), "compact() did not return"
+        return self.value, self.error
+
+
+def compaction_events(session: Any) -> list[Any]:
+    return [e.event for e in session.events() if isinstance(e.event, (E.ContextCompacted, E.ContextCompactFailed))]
+
+
+@pytest.fixture
+def gated(open_host):
+    host = open_host(permission_mode="acceptCalls")
+    model = GatedSummaries()
+    host.rt.set_provider(model)
+    session = host.create()
+    session.run("a")
+    session.run("b")
+    return host, model, session
+
+
+# --- seed 002 compact(): cancel() 可以中止 -------------------------------------------------------------
+
+
+def test_cancel_stops_a_manual_compaction_its_summary_call_and_commits_no_summary(gated):
+    host, model, s = gated
+    running = Compacting(s)
+    assert model.started.wait(10)
+    assert s.cancel(reason="the user changed their mind") is True
+    value, error = running.outcome()
+    assert isinstance(error, CompactionFailed) and "cancelled: the user changed their mind" in str(error)
+    assert model.cancelled.wait(5), "the summary call was not cancelled"
+    [failed] = compaction_events(s)
+    assert isinstance(failed, E.ContextCompactFailed) and failed.error == "cancelled: the user changed their mind"
+    assert not any(m.content.startswith("[Summary") for m in s.snapshot().messages)
+    # nothing is left running: a new compaction starts and completes
+    model.gate.set()
+    assert s.compact(timeout=10) == {"turns": 2, "chars": len("[Summary of the earlier conversation] "
+                                                               "the user said a and b")}
+
+
+def test_cancel_with_neither_a_turn_nor_a_compaction_running_changes_nothing(gated):
+    host, model, s = gated
+    before = len(s.events())
+    assert s.cancel() is False
+    assert len(s.events()) == before
+
+
+# --- seed 004 session/compress: 正在压缩时直接拒绝; 期间历史被改动 -> 没压成 --------------------------------
+
+
+def test_a_second_compact_while_one_runs_is_refused_and_records_nothing(gated):
+    host, model, s = gated
+    running = Compacting(s)
+    assert model.started.wait(10)
+    with pytest.raises(SessionBusy, match="already being compressed"):
+        s.compact(timeout=10)
+    assert compaction_events(s) == []  # the refusal recorded nothing: no notice
+    model.gate.set()
+    value, error = running.outcome()
+    assert error is None and value["turns"] == 2
+    assert [type(e) for e in compaction_events(s)] == [E.ContextCompacted]
+
+
+def test_a_rewind_during_a_manual_compaction_fails_it_and_commits_no_summary(gated):
+    host, model, s = gated
+    second = s.snapshot().turn_order[1]
+    running = Compacting(s)
+    assert model.started.wait(10)
+    s.rewind(second, "code-and-chat")
+    value, error = running.outcome()
+    assert isinstance(error, CompactionFailed) and "the session was rewound" in str(error)
+    model.gate.set()
+    assert [m.content for m in s.snapshot().messages] == ["a", "echo: a"]
+    [failed] = compaction_events(s)
+    assert "history changed during compression" in failed.error
+    assert model.cancelled.wait(5)
+
+
+def test_an_input_during_a_manual_compaction_fails_it_and_the_input_stays_in_every_later_request(gated):
+    host, model, s = gated
+    running = Compacting(s)
+    assert model.started.wait(10)
+    assert s.run("c").output_text == "echo: c"
+    value, error = running.outcome()
+    assert isinstance(error, CompactionFailed) and "a new input arrived" in str(error)
+    model.gate.set()
+    assert s.compact(timeout=10)["turns"] == 3  # the next compaction summarises the input too
+    summary_at = next(i for i, m in enumerate(s.snapshot().messages) if m.content.startswith("[Summary"))
+    assert summary_at == 6  # after a, b and c with their answers: no summary landed before "c"
+    assert model.summaries == 1  # the interrupted summary call never answered
+
+
+def test_the_summary_calls_tokens_count_in_the_sessions_token_accounting(gated):
+    host, model, s = gated
+    before = s.snapshot()
+    model.gate.set()
+    s.compact(timeout=10)
+    after = s.snapshot()
+    assert (after.tokens_in - before.tokens_in, after.tokens_out - before.tokens_out) == (50, 6)
+
+
+def test_stopping_a_turn_that_waits_for_its_automatic_compaction_drops_that_summary(open_host):
+    host = open_host(permission_mode="acceptCalls", context_chars=400)
+    model = GatedSummaries()
+    host.rt.set_provider(model)
+    s = host.create()
+    s.run("first " * 30)  # 180 characters, and 186 of echo: under the budget of 400
+    s.run("b")
+    receipt = s.send("third " * 10)  # over the budget: its first model call waits for a summary
+    assert model.started.wait(10)
+    assert s.cancel() is True
+    assert model.cancelled.wait(5), "the summary call was not cancelled"
+    model.gate.set()
+    assert host.rt.results.get(receipt.turn_id).outcome == "aborted"
+    assert compaction_events(s) == []  # no summary inserted into a turn that is over
+    assert s.run("fourth").state == "completed"  # and the next turn compacts and runs as usual
+    assert [type(e) for e in compaction_events(s)] == [E.ContextCompacted]

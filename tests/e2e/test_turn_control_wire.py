@@ -1,0 +1,225 @@
+"""Seed 004 turn control, increments and snapshots over the wire: what ``session/compress``
+refuses and when it fails, token accounting pushed with every model call, the usage a session
+without any gets after its snapshot, ``maxSteps`` without a limit (``serve --max-steps
+unlimited``), archived sessions that run a turn, and the approvals a snapshot carries.
+
+Real ``sessionloop serve`` subprocesses on 127.0.0.1 port 0 and real WebSocket clients. A
+compaction is held open by the mock's ``!sleep`` in an earlier user message: the summary call
+reads the transcript, where that line is a directive again. One server is shared by the tests
+that need no options; each makes its own sessions and closes its connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import Client, ServerProcess, open_client
+
+pytestmark = pytest.mark.e2e
+
+INTERNAL_ERROR = -32603
+HOLD_MS = 1500  # how long the summary call of a compaction takes (the mock's !sleep)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    server = ServerProcess(str(tmp_path_factory.mktemp("turn-control") / "data")).start()
+    yield server
+    server.stop()
+
+
+class Calls(Client):
+    """A client with several requests in flight: a reply that comes while it waits for another
+    one (or for a push) is kept for :meth:`reply`, not dropped."""
+
+    def __init__(self, ws: Any) -> None:
+        super().__init__(ws)
+        self.replies: dict[Any, dict[str, Any]] = {}
+
+    async def reply(self, rid: Any, timeout: float = 10) -> dict[str, Any]:
+        for i, kept in enumerate(self.pushes):  # ``push`` keeps what it read past, replies too
+            if "method" not in kept and kept.get("id") == rid:
+                return self.pushes.pop(i)
+        if rid in self.replies:
+            return self.replies.pop(rid)
+        while True:
+            msg = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+            if "method" in msg:
+                self.pushes.append(msg)
+            elif msg.get("id") == rid:
+                return msg
+            else:
+                self.replies[msg.get("id")] = msg
+
+
+async def initialized(ws: Any) -> Calls:
+    client = Calls(ws)
+    await client.result("initialize", {"protocolVersion": "0.2.0", "client": {"name": "e2e", "version": "1"}})
+    return client
+
+
+async def new_session(c: Client, name: str, **params: Any) -> str:
+    sid = (await c.result("session/create", {"name": name, **params}))["session"]["id"]
+    await c.result("session/subscribe", {"sessionId": sid})
+    return sid
+
+
+async def turn(c: Client, sid: str, content: str) -> dict[str, Any]:
+    await c.result("turn/send", {"sessionId": sid, "content": content})
+    return (await c.turn_done(sid, timeout=15))["params"]["item"]
+
+
+async def slow_history(c: Client, name: str) -> str:
+    """A session whose compaction's summary call takes HOLD_MS."""
+    sid = await new_session(c, name)
+    await turn(c, sid, f"first\n!sleep {HOLD_MS}")
+    return sid
+
+
+async def send_raw(c: Client, rid: int, method: str, params: dict[str, Any]) -> None:
+    """A request whose reply is awaited later (``c.reply(rid)``): two requests in flight at once."""
+    await c.ws.send(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}))
+
+
+def compress_notices(items_or_pushes: list[dict[str, Any]], sid: str | None = None) -> list[dict[str, Any]]:
+    out = []
+    for entry in items_or_pushes:
+        if "method" in entry:
+            if entry["method"] != "item/completed" or entry["params"].get("sessionId") != sid:
+                continue
+            entry = entry["params"]["item"]
+        if entry.get("kind") == "notice" and entry.get("topic") == "compress":
+            out.append(entry)
+    return out
+
+
+async def barrier(c: Client) -> None:
+    await c.result("sessions/list", {"limit": 1})
+
+
+# --- session/compress: 正在压缩时直接拒绝 -------------------------------------------------------------------
+
+
+def test_a_second_session_compress_while_one_runs_is_refused_with_internal_error_and_adds_no_notice(srv):
+    async def go():
+        async with open_client(srv) as ws:
+            c = await initialized(ws)
+            sid = await slow_history(c, "compress-twice")
+            c.pushes.clear()
+            await send_raw(c, 9001, "session/compress", {"sessionId": sid})
+            second = await c.call("session/compress", {"sessionId": sid})
+            first = await c.reply(9001, timeout=15)
+            await barrier(c)
+            snap = await c.result("session/subscribe", {"sessionId": sid})
+            return second, first, compress_notices(c.pushes, sid), compress_notices(snap["items"])
+
+    second, first, pushed, stored = run(go())
+    assert second["error"]["code"] == INTERNAL_ERROR, second
+    assert "already being compressed" in second["error"]["message"]
+    assert first == {"jsonrpc": "2.0", "id": 9001, "result": {}}
+    assert len(pushed) == 1 and not pushed[0]["facts"].get("failed")  # only the first one's notice
+    assert [n["itemId"] for n in stored] == [pushed[0]["itemId"]]
+
+
+# --- session/compress: 期间历史被改动 -> 没压成 -----------------------------------------------------------------
+
+
+def test_a_send_during_session_compress_fails_it_with_internal_error_and_the_notice_says_why(srv):
+    async def go():
+        async with open_client(srv) as ws:
+            c = await initialized(ws)
+            sid = await slow_history(c, "compress-send")
+            c.pushes.clear()
+            await send_raw(c, 9002, "session/compress", {"sessionId": sid})
+            during = await turn(c, sid, "during")
+            failed = await c.reply(9002, timeout=15)
+            # a compaction that starts now summarises "during" too, and outlasts the first one's call
+            again = await c.call("session/compress", {"sessionId": sid}, timeout=15)
+            await barrier(c)
+            snap = await c.result("session/subscribe", {"sessionId": sid})
+            return during, failed, again, compress_notices(snap["items"])
+
+    during, failed, again, notices = run(go())
+    assert during["outcome"] == "replied"
+    assert failed["error"]["code"] == INTERNAL_ERROR, failed
+    assert "history changed during compression: a new input arrived" in failed["error"]["message"]
+    assert again == {"jsonrpc": "2.0", "id": again["id"], "result": {}}
+    first, second = notices  # no summary of the first compaction was ever committed
+    assert first["facts"]["failed"] is True and "a new input arrived" in first["text"]
+    assert second["facts"]["turns"] == 2 and not second["facts"].get("failed")
+
+
+def test_turn_abort_during_session_compress_stops_it_with_internal_error(srv):
+    async def go():
+        async with open_client(srv) as ws:
+            c = await initialized(ws)
+            sid = await slow_history(c, "compress-abort")
+            c.pushes.clear()
+            await send_raw(c, 9003, "session/compress", {"sessionId": sid})
+            aborted = await c.call("turn/abort", {"sessionId": sid})
+            failed = await c.reply(9003, timeout=15)
+            await barrier(c)
+            return aborted, failed, compress_notices(c.pushes, sid)
+
+    aborted, failed, notices = run(go())
+    assert aborted["result"] == {}
+    assert failed["error"]["code"] == INTERNAL_ERROR and "cancelled: stopped by the owner" in failed["error"]["message"]
+    assert [n["facts"].get("failed") for n in notices] == [True]
+
+
+# --- session/compress: 摘要模型不在或失败 ---------------------------------------------------------------------
+
+
+def test_session_compress_with_a_failing_summary_model_answers_internal_error_with_the_reason(srv):
+    async def go():
+        async with open_client(srv) as ws:
+            c = await initialized(ws)
+            sid = await new_session(c, "compress-model-error")
+            ended = await turn(c, sid, "ask\n!error the model is on fire")  # the summary call reads it too
+            c.pushes.clear()
+            failed = await c.call("session/compress", {"sessionId": sid})
+            await barrier(c)
+            return ended, failed, compress_notices(c.pushes, sid)
+
+    ended, failed, notices = run(go())
+    assert ended["outcome"] == "error"
+    assert failed["error"]["code"] == INTERNAL_ERROR
+    assert "the summary model failed: the model is on fire" in failed["error"]["message"]
+    [notice] = notices
+    assert notice["facts"]["failed"] is True and "the model is on fire" in notice["text"]
+
+
+def test_session_compress_with_an_unreachable_summary_model_answers_internal_error_with_the_reason(server_factory):
+    closed = socket.socket()  # bound, never listening: every connection to it is refused
+    closed.bind(("127.0.0.1", 0))
+    try:
+        base = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+        server = server_factory("--model", "openai", env={"OPENAI_BASE_URL": base, "OPENAI_API_KEY": ""})
+
+        async def go():
+            async with open_client(server) as ws:
+                c = await initialized(ws)
+                sid = await new_session(c, "compress-unreachable")
+                ended = await turn(c, sid, "hello")
+                c.pushes.clear()
+                failed = await c.call("session/compress", {"sessionId": sid}, timeout=20)
+                await barrier(c)
+                return ended, failed, compress_notices(c.pushes, sid)
+
+        ended, failed, notices = run(go())
+    finally:
+        closed.close()
+    assert ended["outcome"] == "error"
+    assert failed["error"]["code"] == INTERNAL_ERROR
+    assert f"the summary model failed: cannot reach {base}/chat/completions" in failed["error"]["message"]
+    [notice] = notices
+    assert notice["facts"]["failed"] is True and "cannot reach" in notice["text"]
