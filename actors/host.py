@@ -28,7 +28,7 @@ from .pubsub import Reply, TurnOutcome
 from .runtime import HostOptions, Runtime
 from .tools.sandbox import DEFAULT_POLICY
 from .session import Apply, Cancel, Compact, Create, Query, Receipt, Send, SessionActor, now_ms
-from .session_decide import ensure_usable
+from .session_decide import ensure_usable, steps_limit
 from .session_model import SessionState, Status, copy_state
 
 
@@ -96,8 +96,10 @@ class Host:
         option.
         """
         try:
+            if "max_steps" in options:  # seed 002: maxSteps Infinity 不限 (math.inf, "unlimited" or 0)
+                options = {**options, "max_steps": steps_limit(options["max_steps"])}
             opts = msgspec.convert(options, HostOptions)
-        except msgspec.ValidationError as e:
+        except ValueError as e:
             raise ValueError(f"invalid host option: {e}") from e
         return cls(Runtime(data_dir, opts))
 

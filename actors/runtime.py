@@ -27,7 +27,7 @@ from .faults import FaultInjector
 from .model import ModelRequest, Provider, make_provider
 from .pubsub import Reply, SessionChannel, TurnResults
 from .session import Effect, turn_outcome
-from .session_decide import AgentConfig, ToolPolicy, system_messages
+from .session_decide import AgentConfig, ToolPolicy, steps_limit, system_messages
 from .tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
 from .tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
 from .worker import WorkerLoop
@@ -47,6 +47,8 @@ class HostOptions(msgspec.Struct, kw_only=True):
     model: str = "mock"
     model_options: dict[str, Any] = {}
     system_prompt: str | None = None
+    #: model calls per turn (seed 002 maxSteps, default 20); 0 (``UNLIMITED_STEPS``): no limit, the
+    #: seed's Infinity (``Host.open`` and ``serve --max-steps`` also take ``math.inf`` / "unlimited")
     max_steps: int = 20
     context_chars: int | None = None
     permission_mode: str | None = None  # None: ask for interactive sessions, acceptCalls for background
@@ -90,6 +92,8 @@ class Runtime:
         from .session import Passivate, PooledSessionActor, SessionActor
 
         self.data_dir = os.path.abspath(data_dir)
+        if type(options.max_steps) is not int:  # a Struct built in Python is not type-checked
+            options = msgspec.structs.replace(options, max_steps=steps_limit(options.max_steps))
         self.options = options
         # the owner token, the signing secret, apps.toml and the store: the server's user only
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)

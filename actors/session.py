@@ -68,6 +68,10 @@ _TURN_END_TYPES = frozenset(_TURN_END)
 _STREAM_END_TYPES = _TURN_END_TYPES | {E.LlmCompleted, E.LlmFailed}
 #: the events a commit acts on after it is durable (effects to start, turns to report)
 _EFFECT_TYPES = _TURN_END_TYPES | {E.LlmStarted, E.ToolStarted, E.ToolApprovalRequested, E.ToolApprovalSettled}
+#: model answers a commit takes in place (``_drive``) before the next one goes through the worker
+#: loop: a turn of instant answers (unlimited ``maxSteps``, a model that keeps calling a tool
+#: that is refused at once) then still lets the mailbox in, so turn/abort always gets through
+MAX_INLINE_ANSWERS = 32
 
 
 def now_ms() -> int:
@@ -538,7 +542,9 @@ class SessionBehaviour:
         apply = lambda e: evolve(state, e)  # noqa: E731
         follow = drive(state, cfg, check, now, apply)
         out.extend(follow.events)
-        while state.pending_llm is not None and follow.needs_compaction is None:
+        for _ in range(MAX_INLINE_ANSWERS):
+            if state.pending_llm is None or follow.needs_compaction is not None:
+                break
             answered = self._answer_now(cfg, now)
             if answered is None:
                 break

@@ -14,6 +14,7 @@ again; after ``maxSteps`` model calls the turn stops with a ``tool-limit`` notic
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,13 +31,21 @@ from .session_model import SessionState
 
 NOT_EXECUTED = "not executed: the turn ended before this tool call ran"
 
+#: ``maxSteps`` without a limit (seed 002 agentPlugin: 默认 20; Infinity 不限). JSON and TOML have no
+#: Infinity (a JavaScript client's ``JSON.stringify(Infinity)`` is ``null``, which deletes a
+#: setting), and ``null`` already means "not recorded" in ``turn.started``; a limit of 0 model
+#: calls means nothing else, so 0 stands for unlimited everywhere: the host option, the
+#: ``agent/maxSteps`` setting, ``serve --max-steps`` and the limit a turn records when it starts.
+UNLIMITED_STEPS = 0
+_UNLIMITED_WORDS = frozenset({"unlimited", "infinity", "inf"})
+
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     """The effective agent options for a session at the moment of a decision (seed 002 v0.22:
     a reopened session uses the current configuration, not stored values)."""
 
     system_prompt: str | None = None
-    max_steps: int = 20
+    max_steps: int = 20  # model calls per turn; UNLIMITED_STEPS (0): no limit
     context_chars: int | None = None
     permission_mode: str = "acceptCalls"
     model: str | None = None  # None: the provider's own default
@@ -65,6 +74,27 @@ ToolCheck = Callable[[str, Any, str], ToolPolicy]
 class Drive(msgspec.Struct, kw_only=True):
     events: list[E.Event]
     needs_compaction: str | None = None  # turn id whose first model call must wait for a summary
+
+
+def steps_limit(value: object, name: str = "max_steps") -> int:
+    """``value`` as a ``maxSteps`` limit: a whole number of model calls, or unlimited as
+    :data:`UNLIMITED_STEPS` — given as 0, ``math.inf`` (the seed's Infinity) or one of the words
+    ``unlimited`` / ``infinity`` / ``inf`` (any case). Raises ValueError naming ``name`` (an
+    empty ``name``: the caller names the field itself)."""
+    prefix = f"{name}: " if name else ""
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _UNLIMITED_WORDS:
+            return UNLIMITED_STEPS
+        try:
+            value = int(word)
+        except ValueError:
+            raise ValueError(f"{prefix}expected a whole number of model calls or 'unlimited', got {value!r}") from None
+    if isinstance(value, float) and value == math.inf:
+        return UNLIMITED_STEPS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{prefix}expected a whole number >= 0 (0: unlimited) or 'unlimited', got {value!r}")
+    return value
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -262,12 +292,13 @@ def drive(state: SessionState, cfg: AgentConfig, check: ToolCheck, now: int,
             if not _start_call(state, cfg, check, nxt, now, emit):
                 return out  # waiting for an approval
             continue
-        if turn.llm_calls >= turn.max_steps_or(cfg.max_steps):
+        limit = turn.max_steps_or(cfg.max_steps)
+        if limit != UNLIMITED_STEPS and turn.llm_calls >= limit:
             # the notice first: it is the turn's last entry, then the turn item closes (seed 004)
             emit(E.NoticePosted(at=now, notice_id=f"{turn_id}.limit", topic="tool-limit", turn_id=turn_id,
-                                text=f"Stopped after {turn.max_steps_or(cfg.max_steps)} model calls; "
+                                text=f"Stopped after {limit} model calls; "
                                      "continue to let the agent go on.", can_continue=True))
-            emit(E.TurnLimitReached(at=now, turn_id=turn_id, max_steps=turn.max_steps_or(cfg.max_steps)))
+            emit(E.TurnLimitReached(at=now, turn_id=turn_id, max_steps=limit))
             continue
         if turn.llm_calls == 0 and _needs_compaction(state, cfg, turn_id):
             out.needs_compaction = turn_id

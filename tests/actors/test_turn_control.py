@@ -189,3 +189,82 @@ def test_stopping_a_turn_that_waits_for_its_automatic_compaction_drops_that_summ
     assert compaction_events(s) == []  # no summary inserted into a turn that is over
     assert s.run("fourth").state == "completed"  # and the next turn compacts and runs as usual
     assert [type(e) for e in compaction_events(s)] == [E.ContextCompacted]
+
+
+# --- seed 002 maxSteps: Infinity 不限 --------------------------------------------------------------------
+
+
+class EndlessRefusedCalls:
+    """A model that answers at once, every time, with a call of a tool that does not exist: each
+    call is refused at once, so a turn never waits for anything (the worst runaway)."""
+
+    name = "endless"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def _answer(self) -> ModelResponse:
+        self.calls += 1
+        return ModelResponse(tool_calls=[E.ToolCallSpec(call_id=f"c{self.calls}", name="no_such_tool", args={})])
+
+    def answer_now(self, request: Any, on_delta: Any) -> ModelResponse:
+        return self._answer()
+
+    async def generate(self, request: Any, on_delta: Any) -> ModelResponse:
+        return self._answer()
+
+
+def test_max_steps_infinity_lets_a_turn_run_past_any_limit_and_records_it_as_unlimited(open_host):
+    host = open_host(permission_mode="acceptCalls", max_steps=math.inf)
+    s = host.create()
+    result = s.run('!tool list_files {"path": "."}')
+    assert result.state == "completed"
+    assert host.rt.options.max_steps == 0
+    [started] = [e.event for e in s.events() if isinstance(e.event, E.TurnStarted)]
+    assert started.max_steps == 0  # recorded as unlimited (0), not as "not recorded" (None)
+
+
+@pytest.mark.parametrize("value", [0, "unlimited", "Infinity", math.inf])
+def test_the_host_option_max_steps_takes_every_spelling_of_unlimited(open_host, value):
+    host = open_host(permission_mode="acceptCalls", max_steps=value)
+    assert host.rt.options.max_steps == 0
+    s = host.create()
+    assert s.run('!tool list_files {"path": "."}').output_text == "done: 1 tool calls"
+    assert not any(isinstance(e.event, E.TurnLimitReached) for e in s.events())
+
+
+@pytest.mark.parametrize("value", [-1, "lots", 2.5, True])
+def test_a_bad_max_steps_host_option_is_refused_naming_it(open_host, value):
+    with pytest.raises(ValueError, match="max_steps"):
+        open_host(max_steps=value)
+
+
+def test_an_unlimited_turn_of_instant_answers_is_still_stopped_by_cancel(open_host, paused_gc):
+    """The runaway guard: answers a commit takes in place are bounded, so the mailbox gets a
+    turn and cancel() (turn/abort) stops a turn no limit would ever stop."""
+    host = open_host(permission_mode="acceptCalls", max_steps="unlimited")
+    model = EndlessRefusedCalls()
+    host.rt.set_provider(model)
+    s = host.create()
+    receipt = s.send("go")
+    wait_until(lambda: model.calls > 200, timeout=30, what="the turn to pass 200 model calls")
+    assert s.cancel() is True
+    outcome = host.rt.results.get(receipt.turn_id)
+    assert outcome is not None and outcome.outcome == "aborted"
+    assert not any(isinstance(e.event, E.TurnLimitReached) for e in s.events())
+
+
+def test_a_session_setting_of_zero_max_steps_means_unlimited(service):
+    host, svc = service(permission_mode="acceptCalls", max_steps=1)  # a tool turn takes 2 model calls
+    c = MemoryClient(svc)
+    sid = c.result("session/create", {})["session"]["id"]
+    c.result("session/subscribe", {"sessionId": sid})
+    update = c.call("session/config/update", {"sessionId": sid, "plugin": "agent", "key": "maxSteps", "value": 0})
+    assert "result" in update, update
+    c.result("turn/send", {"sessionId": sid, "content": '!tool list_files {"path": "."}'})
+    c.wait(lambda f: f.get("method") == "item/completed" and f["params"]["item"]["kind"] == "turn", 10)
+    state = host.rt.ask(sid, lambda r: Query(lambda a: a.state, r))
+    turn = state.turns[state.turn_order[-1]]
+    assert (turn.status, turn.llm_calls, turn.max_steps) == ("completed", 2, 0)
+    big = c.call("session/config/update", {"sessionId": sid, "plugin": "agent", "key": "maxSteps", "value": 5000})
+    assert "result" in big, big  # no finite maximum caps it any more

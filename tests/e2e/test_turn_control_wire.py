@@ -223,3 +223,40 @@ def test_session_compress_with_an_unreachable_summary_model_answers_internal_err
     assert f"the summary model failed: cannot reach {base}/chat/completions" in failed["error"]["message"]
     [notice] = notices
     assert notice["facts"]["failed"] is True and "cannot reach" in notice["text"]
+
+
+# --- maxSteps: Infinity 不限 ------------------------------------------------------------------------------------
+
+
+def test_serve_with_unlimited_max_steps_runs_a_loop_past_the_default_and_turn_abort_stops_it(server_factory):
+    server = server_factory("--max-steps", "unlimited")
+
+    async def go():
+        async with open_client(server) as ws:
+            c = await initialized(ws)
+            sid = await new_session(c, "endless")
+            await c.result("session/config/update", {"sessionId": sid, "plugin": "tools",
+                                                     "key": "permissionMode", "value": "acceptCalls"})
+            await c.result("turn/send", {"sessionId": sid, "content": "!loop"})
+            done: set[str] = set()
+            while len(done) < 30:  # the default limit is 20 model calls
+                p = await c.push(lambda m: m["method"] == "item/completed" and m["params"]["sessionId"] == sid
+                                 and m["params"]["item"]["kind"] in ("tool-call", "turn"), timeout=10)
+                assert p["params"]["item"]["kind"] == "tool-call", p  # the turn did not end by itself
+                done.add(p["params"]["item"]["itemId"])
+            stopped = await c.result("turn/abort", {"sessionId": sid})
+            ended = await c.turn_done(sid, timeout=10)
+            await barrier(c)
+            limits = [m for m in c.pushes if m["method"] == "item/completed"
+                      and m["params"]["item"].get("topic") == "tool-limit"]
+            return stopped, ended["params"]["item"], limits
+
+    stopped, ended, limits = run(go())
+    assert stopped == {}
+    assert ended["outcome"] == "aborted"
+    assert limits == []
+
+
+def test_serve_refuses_a_max_steps_that_is_neither_a_count_nor_unlimited(tmp_path):
+    with pytest.raises(RuntimeError, match="--max-steps.*expected a whole number"):
+        ServerProcess(str(tmp_path / "data"), "--max-steps", "lots").start()
