@@ -225,6 +225,41 @@ def test_session_compress_with_an_unreachable_summary_model_answers_internal_err
     assert notice["facts"]["failed"] is True and "cannot reach" in notice["text"]
 
 
+# --- 增量: token 记账 pushes sessions/changed ----------------------------------------------------------------
+
+
+def test_every_model_call_pushes_the_tokens_of_the_session_and_its_ancestors_before_the_turn_ends(srv):
+    async def go():
+        async with open_client(srv) as ws:
+            c = await initialized(ws)
+            parent = (await c.result("session/create", {"name": "tokens-parent"}))["session"]["id"]
+            child = await new_session(c, "tokens-child", parentId=parent)
+            await c.result("sessions/watch", {})
+            # two model calls of 1.2 s each: the first one's tokens are committed well before the end
+            await c.result("turn/send", {"sessionId": child, "content": '!tool list_files {"path": "."}\n!sleep 1200'})
+
+            def mid_turn(m: dict[str, Any]) -> bool:
+                if m["method"] != "sessions/changed":
+                    return False
+                mine = {s["id"]: s for s in m["params"]["upserts"]}
+                return child in mine and mine[child]["running"] and mine[child].get("tokens") is not None
+
+            changed = await c.push(mid_turn, timeout=10)
+            listed = await c.result("sessions/list", {"limit": 200})
+            ended = await c.turn_done(child, timeout=15)
+            return changed["params"]["upserts"], listed["sessions"], ended
+
+    upserts, listed, ended = run(go())
+    by_id = {s["id"]: s for s in upserts}
+    child_row = next(s for s in upserts if s["parentId"] is not None)
+    parent_row = by_id[child_row["parentId"]]
+    assert child_row["tokens"]["input"] > 0 and child_row["tokens"]["output"] > 0
+    assert parent_row["tokens"] == child_row["tokens"]  # the parent's tokens are its subtree's
+    listed_parent = next(s for s in listed if s["id"] == parent_row["id"])
+    assert listed_parent["tokens"]["input"] >= child_row["tokens"]["input"]
+    assert ended["params"]["item"]["outcome"] == "replied"
+
+
 # --- maxSteps: Infinity 不限 ------------------------------------------------------------------------------------
 
 
