@@ -279,6 +279,7 @@ class _Handlers:
                 conn.result(request_id, result)
                 channel.subscribers[conn] = conn
             conn.subscriptions.add(session_id)
+            actor.push_usage_estimate()  # seed 004: 还没有用量时 … 在快照之后 … 按推送到达
 
         self.rt.tell(session_id, _Do(snapshot, conn, request_id))
 

@@ -32,7 +32,7 @@ from eventstore import IdempotencyClaim, SessionloopError, StorageUnavailable, S
 from eventstore import events as E
 
 from .caller import CURRENT_CALL, CallerContext
-from .context import model_view
+from .context import estimated_context_tokens, model_view
 from .model.base import ignore_delta
 from .model.storable import storable_response
 from .dispatch import PooledActor
@@ -610,6 +610,25 @@ class SessionBehaviour:
                                              turn_id=turn_id, data={"text": text}))
 
         return on_delta
+
+    def push_usage_estimate(self) -> None:
+        """Seed 004 快照: 还没有用量时，服务端在快照之后请 agent 算一次，结果按推送到达. Called right
+        after a subscriber got its snapshot: a session with history that no model call has
+        reported usage on (forked, imported, every call failed) gets the usage item its next
+        model call would have, estimated as the mock counts (characters / 4), pushed to its
+        subscribers (all of them: none has usage, and each sees every seq, gapless). Derived from
+        committed state and not kept in ``items`` (a fold of the log, which ``replay --verify``
+        rebuilds), nor written (a read writes nothing): every snapshot without usage is followed
+        by one."""
+        items, state = self.items, self.state
+        if items is None or items.usage_item() is not None or not state.messages:
+            return
+        try:
+            cfg = self.config()
+            tokens = estimated_context_tokens(system_messages(cfg) + state.messages, cfg.context_chars)
+            self.channel.publish("item/completed", items.estimated_usage(now_ms(), tokens))
+        except Exception:  # an estimate is a courtesy: the subscription (answered already) stands
+            log.exception("session %s: the usage estimate after a snapshot failed", self.sid)
 
     def _app_id(self) -> str | None:
         created = self.state.created

@@ -268,3 +268,35 @@ def test_a_session_setting_of_zero_max_steps_means_unlimited(service):
     assert (turn.status, turn.llm_calls, turn.max_steps) == ("completed", 2, 0)
     big = c.call("session/config/update", {"sessionId": sid, "plugin": "agent", "key": "maxSteps", "value": 5000})
     assert "result" in big, big  # no finite maximum caps it any more
+
+
+# --- seed 004 快照: 还没有用量时，服务端在快照之后请 agent 算一次 -------------------------------------------
+
+
+def test_a_forked_session_gets_its_usage_computed_and_pushed_after_the_snapshot(service):
+    host, svc = service(permission_mode="acceptCalls", system_prompt="be brief")
+    source = host.create()
+    source.run("tell me about forks")
+    fork = host.fork(source.id)
+    c = MemoryClient(svc)
+    snap = c.result("session/subscribe", {"sessionId": fork.id})
+    assert [i for i in snap["items"] if i["kind"] == "usage"] == []  # the snapshot has none
+    push = c.wait(lambda f: f.get("method") == "item/completed" and f["params"]["sessionId"] == fork.id
+                  and f["params"]["item"]["kind"] == "usage", 5)["params"]
+    assert push["seq"] > snap["seq"]
+    chars = len("be brief") + len("tell me about forks") + len("echo: tell me about forks")
+    assert push["item"]["parts"] == [{"label": "Context", "tokens": chars // 4}]
+    assert push["item"]["tokens"] == chars // 4
+
+
+def test_a_session_with_usage_or_without_history_gets_no_computed_usage(service):
+    host, svc = service(permission_mode="acceptCalls")
+    used = host.create()
+    used.run("hello")
+    empty = host.create()
+    c = MemoryClient(svc)
+    snap = c.result("session/subscribe", {"sessionId": used.id})
+    assert [i["itemId"] for i in snap["items"] if i["kind"] == "usage"] == ["usage"]
+    c.result("session/subscribe", {"sessionId": empty.id})
+    c.result("sessions/list", {})  # a round trip: what the subscribes pushed is in by now
+    assert [f for f in c.pushes("item/completed") if f["params"]["item"]["kind"] == "usage"] == []

@@ -260,6 +260,30 @@ def test_every_model_call_pushes_the_tokens_of_the_session_and_its_ancestors_bef
     assert ended["params"]["item"]["outcome"] == "replied"
 
 
+# --- 快照: 还没有用量时，服务端在快照之后请 agent 算一次 -----------------------------------------------------------
+
+
+def test_a_session_without_usage_gets_its_usage_pushed_after_the_snapshot(srv):
+    async def go():
+        async with open_client(srv) as ws:
+            c = await initialized(ws)
+            sid = await new_session(c, "usage-later")
+            await turn(c, sid, "no usage here\n!error down")  # history, and no model call reported usage
+            async with open_client(srv) as ws2:
+                other = await initialized(ws2)
+                snap = await other.result("session/subscribe", {"sessionId": sid})
+                usage = await other.push(lambda m: m["method"] == "item/completed"
+                                         and m["params"]["sessionId"] == sid
+                                         and m["params"]["item"]["kind"] == "usage", timeout=5)
+                return snap, usage["params"]
+
+    snap, usage = run(go())
+    assert [i for i in snap["items"] if i["kind"] == "usage"] == []
+    assert usage["seq"] > snap["seq"] and usage["epoch"] == snap["epoch"]
+    assert usage["item"]["itemId"] == "usage"
+    assert usage["item"]["tokens"] == len("no usage here\n!error down") // 4
+
+
 # --- maxSteps: Infinity 不限 ------------------------------------------------------------------------------------
 
 
