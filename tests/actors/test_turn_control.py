@@ -300,3 +300,21 @@ def test_a_session_with_usage_or_without_history_gets_no_computed_usage(service)
     c.result("session/subscribe", {"sessionId": empty.id})
     c.result("sessions/list", {})  # a round trip: what the subscribes pushed is in by now
     assert [f for f in c.pushes("item/completed") if f["params"]["item"]["kind"] == "usage"] == []
+
+
+# --- seed 004 在场与审批: 宽限不延长 300 秒的总等待 ---------------------------------------------------------
+
+
+def test_the_reconnect_grace_does_not_extend_the_total_wait(service):
+    host, svc = service(approval_wait_s=1.0, approval_grace_s=30.0)
+    owner = MemoryClient(svc)
+    watcher = MemoryClient(svc)  # stays to see the outcome, never present
+    owner.result("presence/update", {"active": True})
+    sid = owner.result("session/create", {})["session"]["id"]
+    watcher.result("session/subscribe", {"sessionId": sid})
+    owner.result("turn/send", {"sessionId": sid, "content": '!tool write_file {"path": "a.txt", "content": "x"}'})
+    owner.wait(lambda f: f.get("method") == "approval/requested", 10)
+    owner.result("presence/update", {"active": False})  # the 30 s grace starts, ending well after the total
+    card = watcher.wait(lambda f: f.get("method") == "item/completed" and f["params"]["item"]["kind"] == "tool-call"
+                        and f["params"]["item"]["status"] == "denied", 10)["params"]["item"]
+    assert (card["settlement"]["state"], card["settlement"]["source"]) == ("expired", "timeout")

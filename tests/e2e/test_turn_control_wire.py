@@ -319,3 +319,54 @@ def test_serve_with_unlimited_max_steps_runs_a_loop_past_the_default_and_turn_ab
 def test_serve_refuses_a_max_steps_that_is_neither_a_count_nor_unlimited(tmp_path):
     with pytest.raises(RuntimeError, match="--max-steps.*expected a whole number"):
         ServerProcess(str(tmp_path / "data"), "--max-steps", "lots").start()
+
+
+# --- 归档: 她在已归档的会话里跑一轮不会让它回到列表 ----------------------------------------------------------
+
+
+def test_a_turn_in_an_archived_session_does_not_bring_it_back_to_the_list(srv):
+    async def go():
+        async with open_client(srv) as ws:
+            c = await initialized(ws)
+            sid = await new_session(c, "archived-runs")
+            await c.result("session/archive", {"sessionId": sid})
+            ended = await turn(c, sid, "still here")
+            active = await c.result("sessions/list", {"limit": 200})
+            archived = await c.result("sessions/list", {"archived": True, "limit": 200})
+            return ended, active["sessions"], archived["sessions"]
+
+    ended, active, archived = run(go())
+    assert ended["outcome"] == "replied"
+    row = next(s for s in archived if s["title"] == "archived-runs")
+    assert row["id"] not in {s["id"] for s in active}
+    assert row["archived"] is True and row["lastTurn"]["outcome"] == "replied"
+
+
+# --- 快照的 approvals -------------------------------------------------------------------------------------------
+
+
+def test_the_subscribe_snapshot_carries_the_sessions_pending_approvals_and_not_settled_ones(srv):
+    async def go():
+        async with open_client(srv) as ws, open_client(srv) as ws2:
+            owner = await initialized(ws)
+            other = await initialized(ws2)  # never present: it sees approvals only through snapshots
+            await owner.result("presence/update", {"active": True})
+            sid = await new_session(owner, "approval-snapshot")
+            await owner.result("turn/send", {"sessionId": sid,
+                                             "content": '!tool write_file {"path": "a.txt", "content": "x"}'})
+            requested = (await owner.push(lambda m: m["method"] == "approval/requested"
+                                          and m["params"]["approval"]["sessionId"] == sid))["params"]["approval"]
+            pending = await other.result("session/subscribe", {"sessionId": sid})
+            await owner.result("approval/respond", {"approvalId": requested["id"], "decision": "deny",
+                                                    "contentHash": requested["contentHash"]})
+            await owner.turn_done(sid)
+            settled = await other.result("session/subscribe", {"sessionId": sid})
+            return requested, pending, settled
+
+    requested, pending, settled = run(go())
+    [approval] = pending["approvals"]
+    assert approval == requested  # the same object the push carried
+    assert approval["state"] == "pending" and approval["tool"] == "write_file"
+    card = next(i for i in pending["items"] if i["kind"] == "tool-call")
+    assert card["approvalId"] == approval["id"]
+    assert settled["approvals"] == []
