@@ -37,7 +37,7 @@ from protocol.schemas import (
 from protocol.schemas_types import decode_data_url
 
 from .blobs import kind_of, sniff_mime
-from .errors import InvalidCommand, NotFound
+from .errors import InvalidCommand, NotFound, SessionBusy
 from .projections import wire_grant
 from .pubsub import Reply
 from .session import Apply, Cancel, Compact, Create, Query, Send, now_ms
@@ -305,6 +305,7 @@ class _Handlers:
                 conn.result(request_id, result)
                 channel.subscribers[conn] = conn
             conn.subscriptions.add(session_id)
+            actor.push_usage_estimate()  # seed 004: 还没有用量时 … 在快照之后 … 按推送到达
 
         self.rt.tell(session_id, _Do(snapshot, conn, request_id))
 
@@ -377,7 +378,11 @@ class _Handlers:
             _, error = r.outcome()
             if error is None:
                 conn.result(request_id, EMPTY)
-            else:  # seed 004: a compression that did not happen is internalError with its reason
+            elif isinstance(error, NotFound):
+                conn.error(request_id, error)
+            elif isinstance(error, SessionBusy):  # seed 004: 正在压缩时直接拒绝 (a turn runs, likewise)
+                conn.error(request_id, RpcError.internal_error(f"compression refused: {error}"))
+            else:  # seed 004: 没压成 is internalError, the message says why (as the notice does)
                 conn.error(request_id, RpcError.internal_error(f"compression failed: {error}"))
 
         reply.add_callback(done)

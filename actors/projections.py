@@ -656,11 +656,20 @@ class ItemsProjection:
 
     def _set_usage(self, at: int, parts: list[UsagePart]) -> list[Push]:
         """The usage item, replaced whole: its parts, their total and its share of the window."""
+        self._usage = self._usage_item(at, parts)
+        return [(COMPLETED, self._usage)]
+
+    def _usage_item(self, at: int, parts: list[UsagePart]) -> UsageItem:
         tokens = sum(part.tokens for part in parts)
         window = self.context_window
-        self._usage = UsageItem(item_id="usage", at=at, parts=parts, tokens=tokens, context_window=window,
-                                usage_ratio=tokens / window if window else None)
-        return [(COMPLETED, self._usage)]
+        return UsageItem(item_id="usage", at=at, parts=parts, tokens=tokens, context_window=window,
+                         usage_ratio=tokens / window if window else None)
+
+    def estimated_usage(self, at: int, context_tokens: int) -> UsageItem:
+        """A usage item for a session no model call has reported on yet (seed 004 快照: 还没有用量
+        时 … 请 agent 算一次): the context its next model call would get. Not kept here: the
+        projection stays a fold of the log (a live push, like a delta)."""
+        return self._usage_item(at, [UsagePart(label="Context", tokens=context_tokens)])
 
     def _call(self, turn_id: str, call_id: str, tool: str, at: int) -> ToolCallItem:
         """The current card of a call, created when the log never showed it being generated."""

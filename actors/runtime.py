@@ -21,15 +21,15 @@ from protocol.limits import one_line
 
 from .apps import AppRegistry, clamp_mode, clamp_policy
 from .blobs import BlobStore
-from .context import compaction_input, build_summary_request, summary_text
+from .compaction import Compaction
+from .context import summary_text
 from .deletion import Deletions
 from .directory import Directory
-from .errors import SessionBusy
 from .faults import FaultInjector
 from .model import ModelRequest, Provider, make_provider
 from .pubsub import Reply, SessionChannel, TurnResults
 from .session import Effect, turn_outcome
-from .session_decide import AgentConfig, ToolPolicy, system_messages
+from .session_decide import AgentConfig, ToolPolicy, steps_limit, system_messages
 from .tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
 from .tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
 from .worker import WorkerLoop
@@ -49,6 +49,8 @@ class HostOptions(msgspec.Struct, kw_only=True):
     model: str = "mock"
     model_options: dict[str, Any] = {}
     system_prompt: str | None = None
+    #: model calls per turn (seed 002 maxSteps, default 20); 0 (``UNLIMITED_STEPS``): no limit, the
+    #: seed's Infinity (``Host.open`` and ``serve --max-steps`` also take ``math.inf`` / "unlimited")
     max_steps: int = 20
     context_chars: int | None = None
     permission_mode: str | None = None  # None: ask for interactive sessions, acceptCalls for background
@@ -92,6 +94,8 @@ class Runtime:
         from .session import Passivate, PooledSessionActor, SessionActor
 
         self.data_dir = os.path.abspath(data_dir)
+        if type(options.max_steps) is not int:  # a Struct built in Python is not type-checked
+            options = msgspec.structs.replace(options, max_steps=steps_limit(options.max_steps))
         self.options = options
         # the owner token, the signing secret, apps.toml and the store: the server's user only
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
@@ -463,77 +467,6 @@ def _now() -> int:
     import time
 
     return int(time.time() * 1000)
-
-
-class Compaction:
-    """Summary compaction (seed 002, 上下文压缩 0.31): automatic before the first model call of a
-    turn that is over budget (once per turn), or manual ``compact()`` on an idle session."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.rt = runtime
-
-    def start_auto(self, actor: SessionActor, turn_id: str) -> None:
-        inp = compaction_input(actor.state.messages, include_current=False)
-        self._summarise(actor, inp, auto=True, turn_id=turn_id, reply=None)
-
-    def start_manual(self, actor: SessionActor, reply: Reply) -> None:
-        if actor.state.current_turn is not None:
-            raise SessionBusy(f"session {actor.sid} is running a turn; compact() refuses while running")
-        inp = compaction_input(actor.state.messages, include_current=True)
-        if inp.turns == 0:
-            reply.set(None)
-            return
-        self._summarise(actor, inp, auto=False, turn_id=None, reply=reply)
-
-    def _summarise(self, actor: SessionActor, inp: Any, *, auto: bool, turn_id: str | None,
-                   reply: Reply | None) -> None:
-        from .model.base import ignore_delta
-
-        request = ModelRequest(messages=build_summary_request(inp.messages, inp.previous_summary), tools=[])
-        provider = self.rt.provider_for(actor.state)
-        ref = actor.actor_ref
-
-        async def call() -> None:
-            try:
-                response = await provider.generate(request, ignore_delta)
-                text, error = response.text.strip(), None
-                if not text:
-                    error = "the summary model returned nothing"
-            except Exception as e:  # the seed: a failed summary falls back to trimming
-                text, error = "", str(e) or type(e).__name__
-            ref.tell(Effect(lambda a: self._finish(a, inp.turns, text, error, auto, turn_id), reply))
-
-        self.rt.worker.submit(call())
-
-    def _finish(self, actor: SessionActor, turns: int, text: str, error: str | None, auto: bool,
-                turn_id: str | None) -> Any:
-        now = _now()
-        if error is not None:
-            actor._commit([E.ContextCompactFailed(at=now, error=error, auto=auto, turn_id=turn_id)], run_drive=auto)
-            if not auto:
-                raise SessionBusy(f"compaction failed: {error}")
-            return None
-        summary = text if text.startswith("[Summary of the earlier conversation]") else \
-            f"[Summary of the earlier conversation] {text}"
-        event = E.ContextCompacted(at=now, summary=summary, turns=turns, chars=len(summary), auto=auto,
-                                   turn_id=turn_id)
-        event = msgspec.structs.replace(event, context_tokens=_context_tokens_after(actor, event))
-        actor._commit([event], run_drive=auto)
-        return {"turns": turns, "chars": len(summary)}
-
-
-def _context_tokens_after(actor: SessionActor, event: E.ContextCompacted) -> int:
-    """The estimated prompt tokens of the next model call once ``event`` is applied: the fold of
-    a copy of the state (compaction is rare; the live state changes only with the commit)."""
-    from .context import model_view
-    from .model.base import content_chars
-    from .session_model import decode_state, encode_state, evolve
-
-    state = decode_state(encode_state(actor.state))
-    evolve(state, event)
-    cfg = actor.config()
-    view, _ = model_view(system_messages(cfg) + state.messages, cfg.context_chars)
-    return content_chars(view) // 4
 
 
 __all__ = ["DeltaPayload", "HostOptions", "Runtime", "summary_text", "system_messages"]

@@ -39,15 +39,17 @@ from eventstore import (
 from eventstore import events as E
 
 from .caller import CURRENT_CALL, CallerContext
-from .context import model_view
+from .context import estimated_context_tokens, model_view
 from .model.base import ignore_delta
 from .model.storable import storable_response
 from .dispatch import PooledActor
-from .errors import ActorError, NotFound, SessionParked
+from .errors import ActorError, CompactionFailed, NotFound, SessionParked
 from .pubsub import Reply, TurnOutcome
 from .session_decide import (
     AgentConfig,
     decide_cancel,
+    decide_compaction_cancelled,
+    decide_compaction_interrupted,
     decide_create,
     decide_delete,
     decide_input,
@@ -55,6 +57,7 @@ from .session_decide import (
     decide_stop_for_delete,
     decide_tool_done,
     drive,
+    ensure_usable,
     repairs_after_restart,
     system_messages,
 )
@@ -62,6 +65,7 @@ from .session_model import SessionState, decode_state, encode_state, evolve, new
 from .summary_records import encode_summary_record, rewrites_listing, summary_record, tombstone_record
 
 if TYPE_CHECKING:
+    from .compaction import Flight
     from .runtime import Runtime
 
 log = logging.getLogger("sessionloop.session")
@@ -78,6 +82,10 @@ _EFFECT_TYPES = _TURN_END_TYPES | {E.LlmStarted, E.ToolStarted, E.ToolApprovalRe
 OWNED_CATEGORIES = ("session", "approval", "task")
 #: set with a session's purge, cleared once its files are deleted too (a restart finishes them)
 FILES_PENDING = "files-pending"
+#: model answers a commit takes in place (``_drive``) before the next one goes through the worker
+#: loop: a turn of instant answers (unlimited ``maxSteps``, a model that keeps calling a tool
+#: that is refused at once) then still lets the mailbox in, so turn/abort always gets through
+MAX_INLINE_ANSWERS = 32
 
 
 def now_ms() -> int:
@@ -221,7 +229,7 @@ class Query(Msg):
 
 
 class Effect(Msg):
-    """A result from the worker loop that must be applied on the actor thread (checkpoints, compaction)."""
+    """A result from the worker loop that must be applied on the actor thread (checkpoints)."""
 
     __slots__ = ("fn",)
 
@@ -236,14 +244,27 @@ class Effect(Msg):
 
 
 class Compact(Msg):
-    """Manual compaction: refused while a turn runs; the reply completes when the summary is in."""
+    """Manual compaction: refused while a turn or another compaction runs; the reply completes
+    when the summary is in (actors.compaction)."""
 
     def run(self, actor: SessionActor) -> None:
-        from .session_decide import ensure_usable
-
         assert self.reply is not None
         ensure_usable(actor.state)
         actor.rt.compaction.start_manual(actor, self.reply)
+
+
+class SummaryDone(Msg):
+    """The summary call of the compaction ``flight`` answered (``text``, its ``usage``) or failed
+    (``error``, the reason as the notice and the request will say it)."""
+
+    __slots__ = ("flight", "text", "error", "usage")
+
+    def __init__(self, flight: Flight, text: str, error: str | None, usage: E.Usage | None) -> None:
+        super().__init__(None)
+        self.flight, self.text, self.error, self.usage = flight, text, error, usage
+
+    def run(self, actor: SessionActor) -> None:
+        actor.rt.compaction.finish(actor, self)
 
 
 class Passivate(Msg):
@@ -313,6 +334,7 @@ class SessionBehaviour:
         self.last_record: Any = None  # the listing record written by the latest commit
         self.record_dirty = False
         self.deleting = False  # frozen for a delete: no new input, no new turn, until the purge
+        self.compaction: Flight | None = None  # a compaction under way (actors.compaction)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -355,6 +377,9 @@ class SessionBehaviour:
 
     def on_stop(self) -> None:
         self._cancel_tasks()
+        if self.compaction is not None:
+            self.compaction.abandon(ActorError(f"session {self.sid} stopped before its compaction finished"))
+            self.compaction = None
         app = self._app_id()
         if app is not None and self._unfinished:
             self.rt.app_unfinished_add(app, -self._unfinished)
@@ -515,6 +540,9 @@ class SessionBehaviour:
             if any(type(e) is E.InputAccepted for e in events):
                 raise NotFound(f"session {self.sid} is being deleted")
             run_drive = False
+        flight = self.compaction
+        if flight is not None and not flight.auto:  # a command that moves the history ends it, failed
+            events = decide_compaction_interrupted(events, now_ms()) + list(events)
         try:
             for event in events:
                 evolve(state, event)
@@ -562,7 +590,9 @@ class SessionBehaviour:
         apply = lambda e: evolve(state, e)  # noqa: E731
         follow = drive(state, cfg, check, now, apply)
         out.extend(follow.events)
-        while state.pending_llm is not None and follow.needs_compaction is None:
+        for _ in range(MAX_INLINE_ANSWERS):
+            if state.pending_llm is None or follow.needs_compaction is not None:
+                break
             answered = self._answer_now(cfg, now)
             if answered is None:
                 break
@@ -629,6 +659,25 @@ class SessionBehaviour:
 
         return on_delta
 
+    def push_usage_estimate(self) -> None:
+        """Seed 004 快照: 还没有用量时，服务端在快照之后请 agent 算一次，结果按推送到达. Called right
+        after a subscriber got its snapshot: a session with history that no model call has
+        reported usage on (forked, imported, every call failed) gets the usage item its next
+        model call would have, estimated as the mock counts (characters / 4), pushed to its
+        subscribers (all of them: none has usage, and each sees every seq, gapless). Derived from
+        committed state and not kept in ``items`` (a fold of the log, which ``replay --verify``
+        rebuilds), nor written (a read writes nothing): every snapshot without usage is followed
+        by one."""
+        items, state = self.items, self.state
+        if items is None or items.usage_item() is not None or not state.messages:
+            return
+        try:
+            cfg = self.config()
+            tokens = estimated_context_tokens(system_messages(cfg) + state.messages, cfg.context_chars)
+            self.channel.publish("item/completed", items.estimated_usage(now_ms(), tokens))
+        except Exception:  # an estimate is a courtesy: the subscription (answered already) stands
+            log.exception("session %s: the usage estimate after a snapshot failed", self.sid)
+
     def _app_id(self) -> str | None:
         created = self.state.created
         return created.app_id if created is not None else None
@@ -684,8 +733,27 @@ class SessionBehaviour:
                 self.rt.approvals.cancel(event.approval_id, event.settlement.source)  # type: ignore[attr-defined]
         self._account_unfinished()
         self.rt.committed(self, events, result)
+        if self.compaction is not None:
+            self._end_compaction(events)
         if compaction is not None:
             self.rt.compaction.start_auto(self, compaction)
+
+    def _end_compaction(self, events: list[E.Event]) -> None:
+        """After a commit: a manual compaction this commit ended (interrupted or cancelled, the
+        failure recorded in it) stops and its request fails with the reason; an automatic one
+        stops when its turn ended first. Its summary, if it still comes, is then dropped."""
+        flight = self.compaction
+        assert flight is not None
+        if flight.auto:
+            if self.state.current_turn != flight.turn_id:
+                self.compaction = None
+                flight.abandon(None)
+            return
+        for event in events:
+            if type(event) is E.ContextCompactFailed and not event.auto:  # type: ignore[attr-defined]
+                self.compaction = None
+                flight.abandon(CompactionFailed(event.error))  # type: ignore[attr-defined]
+                return
 
     def _publish(self, events: list[E.Event]) -> None:
         if self.items is None:
@@ -856,6 +924,9 @@ class SessionBehaviour:
             events += [E.InputDropped(at=now, input_id=q.input_id, turn_id=q.turn_id, reason=msg.reason)
                        for q in self.state.queue]
         events += decide_cancel(self.state, msg.turn_id, msg.reason, now)
+        flight = self.compaction
+        if flight is not None and not flight.auto and self.state.current_turn is None:
+            events += decide_compaction_cancelled(msg.reason, now)  # seed 002: cancel() 可以中止
         if events:
             self._cancel_tasks()
             self._commit(events)
@@ -946,7 +1017,8 @@ class SessionBehaviour:
 
     def on_passivate(self, msg: Passivate) -> None:
         state = self.state
-        if state.current_turn or state.queue or self.channel.has_subscribers or self._tool_tasks:
+        if (state.current_turn or state.queue or self.channel.has_subscribers or self._tool_tasks
+                or self.compaction is not None):
             return
         if state.version > self._snapshot_version and state.created is not None:
             self._save_snapshot()
@@ -1027,7 +1099,7 @@ def turn_outcome(state: SessionState, event: E.Event) -> TurnOutcome:
 
 
 __all__ = [
-    "FILES_PENDING", "OWNED_CATEGORIES", "Apply", "Cancel", "Create", "Effect", "Freeze", "ModelDone", "Msg",
-    "NotFound", "Passivate", "Purge", "Query", "Receipt", "Send", "SessionActor", "SessionParked", "Thaw", "ToolDone",
-    "WrongExpectedVersion", "turn_outcome",
+    "FILES_PENDING", "OWNED_CATEGORIES", "Apply", "Cancel", "Compact", "Create", "Effect", "Freeze", "ModelDone",
+    "Msg", "NotFound", "Passivate", "Purge", "Query", "Receipt", "Send", "SessionActor", "SessionParked",
+    "SummaryDone", "Thaw", "ToolDone", "WrongExpectedVersion", "turn_outcome",
 ]

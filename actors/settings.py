@@ -207,9 +207,12 @@ def default_fields(rt: Any) -> list[SettingField]:
                      # no default: unset, each session keeps the mode it was created with (actual)
                      options=("ask", "acceptCalls", "deny"),
                      prominence="composer", order=2, actual=permission_actual),
+        # seed 002: maxSteps 默认 20; Infinity 不限 -- JSON has no Infinity: 0 is unlimited
+        # (actors.session_decide.UNLIMITED_STEPS), and no finite maximum caps it
         SettingField("agent", "maxSteps", "integer", "Model calls per turn",
-                     "After this many model calls a turn stops with a notice; continue resumes it.",
-                     default=opts.max_steps, minimum=1, maximum=1000, prominence="common", order=3),
+                     "After this many model calls a turn stops with a notice; continue resumes it. "
+                     "0: unlimited (turn/abort still stops a turn).",
+                     default=opts.max_steps, minimum=0, prominence="common", order=3),
         SettingField("agent", "systemPrompt", "text", "System prompt", default=opt(opts.system_prompt),
                      max_length=100_000, prominence="common", order=4),
         SettingField("agent", "contextChars", "integer", "Context budget (characters)",

@@ -69,6 +69,8 @@ LISTING_EVENT_TYPES: Final = frozenset({
     E.SessionSeen, E.SessionParked, E.SessionUnparked, E.TurnStarted, E.TurnCompleted, E.TurnFailed,
     E.TurnAborted, E.TurnLimitReached, E.MessagesImported, E.ToolApprovalRequested, E.ToolApprovalSettled,
     E.TaskEnded,
+    # seed 004 增量: token 记账 pushes too: every model call's tokens, a summary call's included
+    E.LlmCompleted, E.ContextCompacted, E.ContextCompactFailed,
 })
 
 

@@ -925,7 +925,7 @@ def _open_rerun_host(data_dir: str, max_steps: int | None) -> Any:
     from actors.runtime import HostOptions
 
     try:
-        return Host.open(data_dir, durability="sync", max_steps=max_steps or HostOptions().max_steps)
+        return Host.open(data_dir, durability="sync", max_steps=HostOptions().max_steps if max_steps is None else max_steps)  # 0: unlimited
     except StoreLocked as e:
         raise click.ClickException(
             f"{data_dir} is in use by a running server ({e.holder}); rerun forks the session in the same data "

@@ -26,6 +26,7 @@ import click
 from actors import gc_policy
 from actors.apps import MODES, AppManifest, check_manifest
 from actors.errors import InvalidCommand
+from actors.session_decide import steps_limit
 from actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
 from eventstore.errors import SessionloopError
 from protocol.transport import AppCredential
@@ -48,6 +49,19 @@ CLOSE_REVOKED = 4001
 
 log = logging.getLogger("sessionloop.serve")
 _LIMITS = ExecLimits()  # the defaults the --exec-* options show
+
+
+class StepsLimit(click.ParamType):
+    """``--max-steps``: a whole number of model calls per turn, or ``unlimited`` (also ``0``,
+    ``inf``, ``infinity``: seed 002's Infinity 不限)."""
+
+    name = "N|unlimited"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            return steps_limit(value, "")  # click names the option
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
 
 
 def read_or_create_token(data_dir: str) -> tuple[str, bool]:
@@ -301,6 +315,9 @@ async def _run(server: Server, quiet: bool) -> None:
 @click.option("--durability", type=click.Choice(["sync", "nosync"]), default="sync", show_default=True,
               help="sync: fsync before every acknowledgement; nosync: faster, survives a process crash only.")
 @click.option("--model", default="mock", show_default=True, help="Model provider: mock, openai.")
+@click.option("--max-steps", default="20", show_default=True, type=StepsLimit(),
+              help="Model calls per turn before it stops with a tool-limit notice (the agent/maxSteps setting "
+                   "overrides it); 'unlimited' (or 0) for no limit: turn/abort still stops a turn.")
 @click.option("--allow-origin", "allowed_origins", multiple=True,
               help="A browser Origin to accept (repeatable), e.g. https://console.example. Accepted without it: "
                    "requests with no Origin (terminals, bots) and the server's own listen address (bound to "
@@ -374,7 +391,7 @@ async def _run(server: Server, quiet: bool) -> None:
                    "environment variables are replaced by [redacted].")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
-          model: str, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
+          model: str, max_steps: int, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
           ping_interval: float, ping_timeout: float, close_timeout: float, max_inflight_mb: int,
           inflight_wait: float, metrics_public: bool, auth_failures: int, auth_window: float, snapshot_every: int,
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
@@ -392,6 +409,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
     \b
     Example:
       sessionloop serve --data ./.sessionloop --port 8765
+      sessionloop serve --max-steps unlimited
       sessionloop chat            # in another terminal
       kill -HUP <pid of serve>    # after editing config.toml or apps.toml
     """
@@ -404,7 +422,8 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                         ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout,
                         max_inflight_mb=max_inflight_mb, inflight_wait=inflight_wait, metrics_public=metrics_public,
                         auth_failures=auth_failures, auth_window=auth_window,
-                        model=model, snapshot_every=snapshot_every, map_size=map_size_mb * 1024 * 1024,
+                        model=model, max_steps=max_steps, snapshot_every=snapshot_every,
+                        map_size=map_size_mb * 1024 * 1024,
                         sandbox=sandbox, sandbox_policy=sandbox_policy, sandbox_bwrap=sandbox_bwrap,
                         sandbox_hide=tuple(os.path.abspath(p) for p in sandbox_hide),
                         exec_limits=ExecLimits(cpu_seconds=exec_cpu_seconds, memory_mb=exec_memory_mb,

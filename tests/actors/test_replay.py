@@ -259,8 +259,12 @@ def test_verify_accepts_a_listing_record_that_includes_the_rest_of_its_commit() 
     meta = encode_summary_record(summary_record(fold_events("s1", events)))
     report = verify("s1", events, None, meta)
     assert report.difference is None and report.listing_version == 5
-    early = encode_summary_record(summary_record(fold_events("s1", events[:3])))
-    assert verify("s1", events, None, early).difference is None  # two commits in one millisecond
+    # two commits in one millisecond: turn.started's, then one that rewrote nothing (a model call starting)
+    started = events[:4]
+    early = encode_summary_record(summary_record(fold_events("s1", started[:3])))
+    assert verify("s1", started, None, early).difference is None
+    # llm.completed rewrites the record (seed 004: token 记账 pushes): one from before it is stale
+    assert verify("s1", events, None, early).difference.path == "record.tokens_in"
 
 
 # --- rerun plan and comparison ---------------------------------------------------------------------

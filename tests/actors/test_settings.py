@@ -179,8 +179,9 @@ def test_a_row_carries_the_field_declaration_with_its_session_spec_and_no_functi
     _, _, c = world
     row = get_row(c, new_session(c), "agent", "maxSteps")
     assert row["field"] == {
-        "type": "integer", "title": "Model calls per turn", "default": 20, "minimum": 1, "maximum": 1000,
-        "description": "After this many model calls a turn stops with a notice; continue resumes it.",
+        "type": "integer", "title": "Model calls per turn", "default": 20, "minimum": 0,
+        "description": "After this many model calls a turn stops with a notice; continue resumes it. "
+                       "0: unlimited (turn/abort still stops a turn).",
         "session": {"prominence": "common", "order": 3}}
     assert "actual" not in row["field"]
 
@@ -260,7 +261,7 @@ def test_null_deletes_the_session_value_and_the_row_inherits_again(world):
 
 
 @pytest.mark.parametrize("plugin, key, value", [
-    ("agent", "maxSteps", "many"), ("agent", "maxSteps", 0), ("agent", "maxSteps", True), ("agent", "maxSteps", 2.5),
+    ("agent", "maxSteps", "many"), ("agent", "maxSteps", -1), ("agent", "maxSteps", True), ("agent", "maxSteps", 2.5),
     ("tools", "permissionMode", "sometimes"), ("agent", "systemPrompt", 3), ("llm", "model", " "),
     ("agent", "nope", 1), ("nobody", "maxSteps", 1),
 ])

@@ -217,8 +217,9 @@ def test_a_row_carries_the_field_declaration_with_its_session_spec(shared):
             return await get_row(c, await new_session(c), "agent", "maxSteps")
     row = run(go())
     assert row["field"] == {
-        "type": "integer", "title": "Model calls per turn", "default": 20, "minimum": 1, "maximum": 1000,
-        "description": "After this many model calls a turn stops with a notice; continue resumes it.",
+        "type": "integer", "title": "Model calls per turn", "default": 20, "minimum": 0,
+        "description": "After this many model calls a turn stops with a notice; continue resumes it. "
+                       "0: unlimited (turn/abort still stops a turn).",
         "session": {"prominence": "common", "order": 3}}
 
 
@@ -296,7 +297,7 @@ def test_null_deletes_the_session_value_and_the_row_inherits_again(shared):
 
 
 @pytest.mark.parametrize("plugin, key, value, named", [
-    ("agent", "maxSteps", "many", "params.value"), ("agent", "maxSteps", 0, "params.value"),
+    ("agent", "maxSteps", "many", "params.value"), ("agent", "maxSteps", -1, "params.value"),
     ("agent", "maxSteps", True, "params.value"), ("agent", "maxSteps", 2.5, "params.value"),
     ("tools", "permissionMode", "sometimes", "params.value"), ("agent", "systemPrompt", 3, "params.value"),
     ("llm", "model", " ", "params.value"), ("agent", "nope", 1, "params.key"), ("nobody", "maxSteps", 1, "params.key"),
