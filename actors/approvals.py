@@ -78,6 +78,14 @@ def content_hash(facts: ApprovalFacts) -> str:
     return request_hash(msgspec.to_builtins(facts))
 
 
+class GateInputs(msgspec.Struct, frozen=True, kw_only=True):
+    """What a session's approval gate (``session_decide._gate``) is told about one call."""
+
+    present: bool  # someone who may answer is present: ask (else denied at once, ``absent``)
+    rate_limited: bool  # the session asked too often in the last minute (``rate-limit``)
+    grants: bool = True  # the session's grants may settle the call
+
+
 class _Presence:
     __slots__ = ("active", "active_at", "holding")
 
@@ -144,6 +152,11 @@ class ApprovalService:
         for ref in actors:
             ref.tell(("presence", None))
 
+    def gate(self, session_id: str, call_id: str) -> GateInputs:
+        """The gate's inputs for call ``call_id`` of ``session_id``, decided now: presence and
+        the rate limit; grants may settle it. (``rerun`` answers from a recording instead.)"""
+        return GateInputs(present=bool(self.present_approvers()), rate_limited=self.rate_limited(session_id))
+
     def rate_limited(self, session_id: str) -> bool:
         now = time.monotonic()
         with self._lock:
@@ -201,6 +214,20 @@ class ApprovalService:
             self._actors.pop(approval_id, None)
             self._approvals.pop(approval_id, None)
         self.release(approval_id)
+
+    def settle_sessions(self, session_ids: list[str], timeout: float = 5.0) -> None:
+        """Settle the sessions' pending approvals ``turn-ended`` and wait until each is recorded
+        (a delete, before it purges: a settlement written after the purge would be refused).
+        Blocks: call it off every actor thread."""
+        wanted = set(session_ids)
+        with self._lock:
+            refs = [self._actors[a.id] for a in self._approvals.values() if a.session_id in wanted
+                    and a.id in self._actors]
+        for ref in refs:
+            try:
+                ref.ask(("cancel", "turn-ended"), timeout=timeout)
+            except (pykka.ActorDeadError, pykka.Timeout):
+                pass  # settled meanwhile, or it does not answer: the purge seals its stream either way
 
     def connections(self) -> list[Any]:
         with self._lock:

@@ -89,6 +89,14 @@ class AppRegistry:
         with self._lock:
             self._apps[manifest.id] = manifest
 
+    def register_all(self, manifests: list[AppManifest]) -> None:
+        """Register (or replace) several apps at once: every manifest is checked first, so a
+        bad one raises InvalidCommand and changes nothing; then all are in force together."""
+        for manifest in manifests:
+            check_manifest(manifest)
+        with self._lock:
+            self._apps.update((m.id, m) for m in manifests)
+
     def get(self, app_id: str) -> AppManifest:
         found = self._apps.get(app_id)
         if found is None:
@@ -97,6 +105,15 @@ class AppRegistry:
 
     def find(self, app_id: str | None) -> AppManifest | None:
         return None if app_id is None else self._apps.get(app_id)
+
+    def bounds_of(self, app_id: str | None) -> AppManifest | None:
+        """The manifest that bounds a session made by ``app_id`` (None for the owner's): an app no
+        longer registered (removed from apps.toml) leaves its sessions unable to run a tool that
+        needs approval (``deny``) and with a read-only sandbox, until it is registered again."""
+        if app_id is None:
+            return None
+        found = self._apps.get(app_id)
+        return found if found is not None else AppManifest(id=app_id, permission_modes=["deny"], sandbox="read-only")
 
     def group_label(self, platform: str, instance: str | None) -> str:
         """A room group's label (seed 004 分组: the instance's display name; the platform's name

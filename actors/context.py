@@ -34,7 +34,7 @@ import msgspec
 
 from eventstore.events import Message, ToolCallSpec
 
-from .model.base import args_json
+from .model.base import args_json, content_chars
 
 SUMMARY_PREFIX = "[Summary of the earlier conversation]"
 
@@ -315,6 +315,14 @@ def apply_summary(messages: Sequence[Message]) -> list[Message]:
 def model_view(messages: Sequence[Message], budget_chars: int | None) -> tuple[list[Message], TrimReport]:
     """What one model call is sent: :func:`apply_summary`, then :func:`project_context`."""
     return project_context(apply_summary(messages), budget_chars)
+
+
+def estimated_context_tokens(messages: Sequence[Message], budget_chars: int | None) -> int:
+    """The prompt tokens of a model call sent ``messages`` (system part first), estimated as
+    the mock model counts them (characters / 4, SPEC §4): what the usage item shows before a
+    model has reported any (after a compaction; a forked or imported session)."""
+    view, _ = model_view(messages, budget_chars)
+    return content_chars(view) // 4
 
 
 class CompactionInput(msgspec.Struct, frozen=True, kw_only=True):

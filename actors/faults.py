@@ -22,6 +22,8 @@ POINTS = (
     "snapshot",  # events committed, the snapshot they complete not yet written
     "map-resize",  # the store's map full: the group's transaction aborted, the map not yet grown
     "approval-commit",  # an approval's answer committed, not yet acknowledged or acted on
+    "purge",  # a delete's purge transaction: the session's records deleted, nothing committed
+    "after-purge",  # a session's purge committed, its attachments and workspace not yet deleted
 )
 
 

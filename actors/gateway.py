@@ -20,7 +20,6 @@ import os
 import secrets
 import threading
 import time
-import tomllib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -37,35 +36,12 @@ from protocol.schemas import FeaturesChanged, ItemDelta, ItemPush, SessionResync
 from protocol.schemas_types import Features, Identity, ItemAttachment, UserMessageItem
 from protocol.transport import Peer
 
-from .blobs import BlobStore
 from .runtime import DeltaPayload, Runtime
 from .summaries import SummaryIndex
 
 log = logging.getLogger("sessionloop.gateway")
 
 SERVER_NAME = "sessionloop"
-
-
-class HostConfig:
-    """The host configuration document (``<data>/config.toml``), re-read when asked: the app name
-    is read on every handshake, so a rename reaches the next connection without a restart."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def read(self) -> dict[str, Any]:
-        try:
-            with open(self.path, "rb") as f:
-                return tomllib.load(f)
-        except FileNotFoundError:
-            return {}
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            log.warning("cannot read %s: %s", self.path, e)
-            return {}
-
-    def app_name(self) -> str:
-        name = self.read().get("name")
-        return name if isinstance(name, str) and name else SERVER_NAME
 
 
 _tls = threading.local()
@@ -207,10 +183,9 @@ class SessionProtocolService:
 
         self.rt = runtime
         self.limits = limits or Limits()
-        self.config = HostConfig(os.path.join(runtime.data_dir, "config.toml"))
         self.server_info = ServerInfo(name=SERVER_NAME, describe=self._describe)
         self.index = SummaryIndex(runtime.store)
-        self.blobs = BlobStore(os.path.join(runtime.data_dir, "blobs"))
+        self.blobs = runtime.blobs
         self.file_key = file_handles.derive_epoch_key(_master_secret(runtime.data_dir), runtime.epoch)
         self.slow = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sessionloop-slow")
         self.connections: set[ClientConnection] = set()
@@ -225,8 +200,12 @@ class SessionProtocolService:
         install_settings(self)
 
     def _describe(self) -> tuple[Features, str]:
-        return Features(send=True, rewind=True, compress=True, settings=self.rt.settings_service is not None), \
-            self.config.app_name()
+        """The features and the ``appName`` of a handshake: config.toml's ``name``, read again
+        when the file changed (a rename reaches the next connection without a restart; a bad
+        edit is refused and the name read before stays)."""
+        settings = self.rt.settings_service
+        name = settings.app_name() if settings is not None else None
+        return Features(send=True, rewind=True, compress=True, settings=settings is not None), name or SERVER_NAME
 
     def connect(self, peer: Peer, send: Callable[[str], None]) -> ClientConnection:
         conn = ClientConnection(self, peer, send)

@@ -91,7 +91,7 @@ class _LoopHandlers:
         if p.attachments:
             def work() -> msgspec.Struct:
                 loop._owned(p.session_id)  # refused before any attachment is saved: nothing half-written
-                refs = store_attachments(self.svc, p.attachments)
+                refs = store_attachments(self.svc, p.attachments, p.session_id)
                 return receipt(loop.send(p.session_id, p.text, p.idempotency_key, refs))
 
             in_background(self.svc, conn, request_id, work)
@@ -114,7 +114,7 @@ class _LoopHandlers:
             else:
                 result = _result(value)
                 conn.result(request_id, LoopWaitForTurnResult(state=result.state, output_text=result.output_text,
-                                                              code=result.code))
+                                                              code=result.code, message=result.message))
 
         def expire() -> None:
             self.svc.rt.results.cancel_wait(p.turn_id, reply.set)

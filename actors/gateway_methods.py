@@ -37,11 +37,11 @@ from protocol.schemas import (
 from protocol.schemas_types import decode_data_url
 
 from .blobs import kind_of, sniff_mime
-from .errors import InvalidCommand, NotFound
+from .errors import InvalidCommand, NotFound, SessionBusy
 from .projections import wire_grant
 from .pubsub import Reply
 from .session import Apply, Cancel, Compact, Create, Query, Send, now_ms
-from .session_decide import decide_cancel, decide_rename, ensure_usable
+from .session_decide import decide_rename, ensure_usable
 from .summary_records import ListingRow, listing_key, summary_from_row
 
 if TYPE_CHECKING:
@@ -209,6 +209,13 @@ class _Handlers:
                 done: Callable[[BaseException | None], None] | None = None) -> None:
         """archive / unarchive / delete a session and every session below it (seed 004)."""
         self.check(conn, session_id)
+        if op == "delete":
+            def delete() -> msgspec.Struct:
+                self.rt.deletions.delete_tree(session_id, self.index.descendants)
+                return EMPTY
+
+            in_background(self.svc, conn, request_id, delete)
+            return
         targets = [session_id, *self.index.descendants(session_id)]
         pending = {"left": len(targets), "error": None}
 
@@ -231,11 +238,30 @@ class _Handlers:
             reply.add_callback(finished)
             self.rt.tell(sid, Apply(_tree_decision(op), reply, drive=False))
 
+    def _delete_batch(self, conn: ClientConnection, ids: list[str]) -> SessionBatchResult:
+        """``session/batch`` delete: each session with its children (``actors/deletion.py``), one
+        after another on a pool thread. A session already deleted as the child of an earlier one
+        of the batch is not a failure."""
+        failures: list[BatchFailure] = []
+        gone: set[str] = set()
+        for sid in dict.fromkeys(ids):
+            if sid in gone:
+                continue
+            try:
+                self.check(conn, sid)
+                gone.update(self.rt.deletions.delete_tree(sid, self.index.descendants))
+            except Exception as e:  # noqa: BLE001 - seed 004: each id that failed is named with why
+                failures.append(BatchFailure(session_id=sid, message=str(e)))
+        return SessionBatchResult(failed=failures)
+
     def session_batch(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
         failures: list[BatchFailure] = []
         left = {"n": len(params.ids)}
         if not params.ids:
             conn.result(request_id, SessionBatchResult(failed=[]))
+            return
+        if params.op == "delete":
+            in_background(self.svc, conn, request_id, lambda: self._delete_batch(conn, list(params.ids)))
             return
 
         def one_done(session_id: str, error: BaseException | None) -> None:
@@ -279,6 +305,7 @@ class _Handlers:
                 conn.result(request_id, result)
                 channel.subscribers[conn] = conn
             conn.subscriptions.add(session_id)
+            actor.push_usage_estimate()  # seed 004: 还没有用量时 … 在快照之后 … 按推送到达
 
         self.rt.tell(session_id, _Do(snapshot, conn, request_id))
 
@@ -313,7 +340,7 @@ class _Handlers:
         self._send(conn, request_id, params.session_id, params.text, [])
 
     def _send_with_files(self, conn: ClientConnection, request_id: Any, params: Any) -> msgspec.Struct:
-        refs = store_attachments(self.svc, params.attachments)
+        refs = store_attachments(self.svc, params.attachments, params.session_id)
         reply = Reply()
         self.rt.tell(params.session_id, self._send_message(conn, params.session_id, params.text, refs, reply))
         reply.result(self.rt.options.request_timeout_s)  # on the pool thread, not an actor's
@@ -351,7 +378,11 @@ class _Handlers:
             _, error = r.outcome()
             if error is None:
                 conn.result(request_id, EMPTY)
-            else:  # seed 004: a compression that did not happen is internalError with its reason
+            elif isinstance(error, NotFound):
+                conn.error(request_id, error)
+            elif isinstance(error, SessionBusy):  # seed 004: 正在压缩时直接拒绝 (a turn runs, likewise)
+                conn.error(request_id, RpcError.internal_error(f"compression refused: {error}"))
+            else:  # seed 004: 没压成 is internalError, the message says why (as the notice does)
                 conn.error(request_id, RpcError.internal_error(f"compression failed: {error}"))
 
         reply.add_callback(done)
@@ -495,26 +526,22 @@ class _Do:
 
 
 def _tree_decision(op: str) -> Callable[[Any, int], list[E.Event]]:
+    """archive and unarchive (a delete is ``actors/deletion.py``'s)."""
     def decide(state: Any, now: int) -> list[E.Event]:
         ensure_usable(state)
         if op == "archive":
             return [] if state.archived else [E.SessionArchived(at=now)]
-        if op == "unarchive":
-            return [E.SessionUnarchived(at=now)] if state.archived else []
-        events: list[E.Event] = []
-        if state.current_turn is not None:
-            events += decide_cancel(state, None, "the session was deleted", now)
-        events += [E.InputDropped(at=now, input_id=q.input_id, turn_id=q.turn_id, reason="session deleted")
-                   for q in state.queue]
-        return events + [E.SessionDeleted(at=now)]
+        return [E.SessionUnarchived(at=now)] if state.archived else []
 
     return decide
 
 
-def store_attachments(svc: SessionProtocolService, attachments: list[Any]) -> list[E.AttachmentRef]:
-    """Decode, check and store outgoing attachments (seed 004: base64 data URLs only; the type is
-    sniffed from the bytes; seed 000: at most 10, each and all together at most 20 MB)."""
+def store_attachments(svc: SessionProtocolService, attachments: list[Any], session_id: str) -> list[E.AttachmentRef]:
+    """Decode, check and store outgoing attachments for ``session_id`` (seed 004: base64 data URLs
+    only; the type is sniffed from the bytes; seed 000: at most 10, each and all together at most
+    20 MB). Every one is checked before the first is stored."""
     refs: list[E.AttachmentRef] = []
+    payloads: list[tuple[str, bytes]] = []
     total = 0
     for i, att in enumerate(attachments):
         decoded = decode_data_url(att.data)
@@ -526,9 +553,11 @@ def store_attachments(svc: SessionProtocolService, attachments: list[Any]) -> li
             raise RpcError.invalid_params(f"params.attachments[{i}]: {size} bytes, more than 20 MB")
         if total > MAX_ATTACHMENT_BYTES:
             raise RpcError.invalid_params("params.attachments: more than 20 MB together")
-        mime = sniff_mime(decoded.payload)
-        digest = svc.blobs.put(decoded.payload)
-        refs.append(E.AttachmentRef(name=att.name, kind=kind_of(mime), mime=mime, size=size, sha256=digest))
+        payloads.append((att.name, decoded.payload))
+    for name, payload in payloads:
+        mime = sniff_mime(payload)
+        digest = svc.blobs.put(payload, session_id)
+        refs.append(E.AttachmentRef(name=name, kind=kind_of(mime), mime=mime, size=len(payload), sha256=digest))
     return refs
 
 

@@ -28,7 +28,7 @@ from .pubsub import Reply, TurnOutcome
 from .runtime import HostOptions, Runtime
 from .tools.sandbox import DEFAULT_POLICY
 from .session import Apply, Cancel, Compact, Create, Query, Receipt, Send, SessionActor, now_ms
-from .session_decide import ensure_usable
+from .session_decide import ensure_usable, steps_limit
 from .session_model import SessionState, Status, copy_state
 
 
@@ -96,8 +96,10 @@ class Host:
         option.
         """
         try:
+            if "max_steps" in options:  # seed 002: maxSteps Infinity 不限 (math.inf, "unlimited" or 0)
+                options = {**options, "max_steps": steps_limit(options["max_steps"])}
             opts = msgspec.convert(options, HostOptions)
-        except msgspec.ValidationError as e:
+        except ValueError as e:
             raise ValueError(f"invalid host option: {e}") from e
         return cls(Runtime(data_dir, opts))
 
@@ -348,12 +350,15 @@ class Session:
         return self.send("", source="continue")
 
     def cancel(self, turn_id: str | None = None, reason: str = "cancelled by the user") -> bool:
-        """Stop the running turn (model and tools get the abort); True if one was running."""
+        """Stop the running turn (model and tools get the abort), or the running manual compaction
+        (seed 002: cancel() 可以中止; its ``compact()`` raises CompactionFailed); True if one was."""
         return bool(self.rt.ask(self.id, lambda r: Cancel(turn_id, reason, r)))
 
     def compact(self, timeout: float = 600.0) -> dict[str, int] | None:
         """Summarise all turns so far into one summary message (seed 002 manual compact):
-        ``{turns, chars}``, or None when there is nothing to compact. Refuses while running."""
+        ``{turns, chars}``, or None when there is nothing to compact. Raises SessionBusy while a
+        turn or another compaction runs, CompactionFailed when the summary model is not available
+        or fails, the history changes meanwhile (an input, a rewind...) or ``cancel()`` stops it."""
         return self.rt.ask(self.id, Compact, timeout)  # type: ignore[no-any-return]
 
     def rename(self, title: str) -> None:

@@ -31,6 +31,7 @@ import msgspec
 from msgspec import UNSET
 
 from eventstore import events as E
+from protocol.limits import one_line
 from protocol.schemas_types import (
     AgentMessageItem,
     AgentModel,
@@ -523,7 +524,8 @@ class ItemsProjection:
             pushes.extend(self._queue_push(e.at))
         return pushes
 
-    def _end_turn(self, turn_id: str, at: int, outcome: TurnOutcome, *, stopped: bool) -> list[Push]:
+    def _end_turn(self, turn_id: str, at: int, outcome: TurnOutcome, *, stopped: bool, reason: str | None = None,
+                  step_id: str | None = None) -> list[Push]:
         """Close the turn's unfinished calls, mark unsent room words, then complete the turn item."""
         view = self._turns.get(turn_id)
         if view is None:
@@ -534,7 +536,7 @@ class ItemsProjection:
         view.live = False
         self._move_to_end(turn_id)
         turn = TurnItem(item_id=turn_id, at=view.started_at or at, turn_id=turn_id, source=view.source,
-                        outcome=outcome, ended_at=at)
+                        outcome=outcome, ended_at=at, reason=reason, step_id=step_id)
         pushes.append(self._done(turn))
         return pushes
 
@@ -571,7 +573,8 @@ class ItemsProjection:
         return self._end_turn(e.turn_id, e.at, e.outcome, stopped=False)
 
     def _turn_failed(self, e: E.TurnFailed) -> list[Push]:
-        return self._end_turn(e.turn_id, e.at, "error", stopped=False)
+        return self._end_turn(e.turn_id, e.at, "error", stopped=False, reason=one_line(e.reason or e.code),
+                              step_id=e.step_id)
 
     def _turn_aborted(self, e: E.TurnAborted) -> list[Push]:
         return self._end_turn(e.turn_id, e.at, "aborted", stopped=True)
@@ -653,11 +656,20 @@ class ItemsProjection:
 
     def _set_usage(self, at: int, parts: list[UsagePart]) -> list[Push]:
         """The usage item, replaced whole: its parts, their total and its share of the window."""
+        self._usage = self._usage_item(at, parts)
+        return [(COMPLETED, self._usage)]
+
+    def _usage_item(self, at: int, parts: list[UsagePart]) -> UsageItem:
         tokens = sum(part.tokens for part in parts)
         window = self.context_window
-        self._usage = UsageItem(item_id="usage", at=at, parts=parts, tokens=tokens, context_window=window,
-                                usage_ratio=tokens / window if window else None)
-        return [(COMPLETED, self._usage)]
+        return UsageItem(item_id="usage", at=at, parts=parts, tokens=tokens, context_window=window,
+                         usage_ratio=tokens / window if window else None)
+
+    def estimated_usage(self, at: int, context_tokens: int) -> UsageItem:
+        """A usage item for a session no model call has reported on yet (seed 004 快照: 还没有用量
+        时 … 请 agent 算一次): the context its next model call would get. Not kept here: the
+        projection stays a fold of the log (a live push, like a delta)."""
+        return self._usage_item(at, [UsagePart(label="Context", tokens=context_tokens)])
 
     def _call(self, turn_id: str, call_id: str, tool: str, at: int) -> ToolCallItem:
         """The current card of a call, created when the log never showed it being generated."""

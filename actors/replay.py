@@ -43,13 +43,16 @@ from msgspec import UNSET
 
 from eventstore import events as E
 from eventstore.records import RecordedEvent, Snapshot
+from protocol.handshake import SESSION_PROTOCOL_VERSION
 
+from .approvals import GateInputs
 from .context import turn_starts
 from .projections import HISTORY_MAX_LIMIT, ItemsProjection
 from .session_model import SessionState, decode_state, evolve, new_state
 from .summary_records import (
     SummaryRecord,
     decode_summary_record,
+    rewrites_listing,
     summary_record,
 )
 
@@ -62,7 +65,9 @@ __all__ = [
     "LaterTurn",
     "LiveUnavailable",
     "LiveView",
+    "MemoryClient",
     "ModelAnswer",
+    "RecordedApproval",
     "RerunPlan",
     "StepRef",
     "Timeline",
@@ -73,9 +78,12 @@ __all__ = [
     "compare_logs",
     "first_difference",
     "fold_events",
+    "override_settlement",
     "parse_model_answer",
     "plain",
     "plan_rerun",
+    "replayed_settlement",
+    "rerun_gate",
     "serve_live_view",
     "until_version",
     "verify",
@@ -87,18 +95,12 @@ ABSENT: Final = "(absent)"  # how a missing key or list element is shown in a di
 #: ``call_id`` is *not* here: call ids come from the model's answer, which a replay reproduces.
 IGNORED_KEYS: Final = frozenset({
     "at", "duration_ms", "turn_id", "step_id", "input_id", "input_ids", "notice_id", "approval_id",
-    "task_id", "session_id", "idempotency_key", "expires_at", "last_output_at",
+    "grant_id", "task_id", "session_id", "idempotency_key", "expires_at", "last_output_at",
 })
 
 #: Listing-record fields that are not a function of the session's own events (other streams).
 NOT_FROM_EVENTS: Final = frozenset({"attention", "background"})
 
-#: Commits containing one of these rewrite the listing record (as ``SessionActor._meta`` does).
-SUMMARY_EVENTS: Final = (
-    E.SessionCreated, E.SessionRenamed, E.SessionArchived, E.SessionUnarchived, E.SessionDeleted,
-    E.SessionSeen, E.SessionParked, E.SessionUnparked, E.TurnStarted, E.TurnCompleted, E.TurnFailed,
-    E.TurnAborted, E.TurnLimitReached, E.MessagesImported,
-)
 _TURN_END: Final = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
 EXCERPT: Final = 120
 
@@ -553,7 +555,8 @@ def _turn_end_facts(e: Any) -> tuple[str, dict[str, Any]]:
     if isinstance(e, E.TurnCompleted):
         return "completed", {"outcome": e.outcome, "output": excerpt(e.output_text)}
     if isinstance(e, E.TurnFailed):
-        return "failed", {"outcome": "error", "code": e.code, "reason": e.reason}
+        facts = {"outcome": "error", "code": e.code, "reason": e.reason}
+        return "failed", facts if e.step_id is None else {**facts, "step": e.step_id}
     if isinstance(e, E.TurnAborted):
         return "aborted", {"outcome": "aborted", "reason": e.reason}
     return "limit", {"outcome": "silent", "code": "tool-limit", "reason": f"stopped after {e.max_steps} model calls"}
@@ -654,7 +657,8 @@ def verify(session_id: str, events: Sequence[RecordedEvent], snapshot: Snapshot 
     """
     report = VerifyReport(session_id=session_id, compared="live" if live is not None else "offline",
                           events=len(events))
-    summary_at = [i for i, r in enumerate(events) if isinstance(r.event, SUMMARY_EVENTS)]
+    # the commits that rewrote the record, by the rule the session actor writes it by
+    summary_at = [i for i, r in enumerate(events) if rewrites_listing([r.event])]
     candidates: set[int] = set()
     if summary_at:
         last = summary_at[-1]
@@ -867,9 +871,10 @@ class LiveUnavailable(Exception):
     """The live host did not answer (a timeout): nothing to compare with."""
 
 
-class _MemoryClient:
+class MemoryClient:
     """An owner connection to a gateway service with no socket: request frames in, result frames
-    out, pushes dropped (the verification reads snapshots and pages, not pushes)."""
+    out, pushes dropped (``--verify`` reads snapshots and pages; ``rerun`` sets its fork's
+    settings and deletes a discarded fork)."""
 
     def __init__(self, service: Any, timeout: float) -> None:
         from protocol.transport import Peer
@@ -898,6 +903,13 @@ class _MemoryClient:
                 raise LiveUnavailable(f"the live host did not answer {method} within {self.timeout:g} s")
             return self.answers.pop(rid)
 
+    def initialize(self, name: str) -> None:
+        """The handshake, as client ``name``; raises :class:`LiveUnavailable` when refused."""
+        hello = self.call("initialize", {"protocolVersion": SESSION_PROTOCOL_VERSION,
+                                         "client": {"name": name, "version": "1"}})
+        if "error" in hello:
+            raise LiveUnavailable(f"the live host refused the connection: {hello['error']}")
+
     def close(self) -> None:
         self.conn.close()
 
@@ -914,7 +926,7 @@ def serve_live_view(service: Any, session_id: str, *, timeout: float = 30.0) -> 
     from .session import Query
 
     view = LiveView(session_id=session_id, epoch=service.rt.epoch, decorate=service.decorate)
-    client = _MemoryClient(service, timeout)
+    client = MemoryClient(service, timeout)
     try:
         ask_served(client.call, view)
     finally:
@@ -931,8 +943,6 @@ def ask_served(call: Callable[[str, dict[str, Any]], dict[str, Any]], view: Live
     snapshot and epoch), ``session/unsubscribe``, then ``session/history`` to the oldest page;
     ``served`` is applied to every list of items received. An error answer is kept in
     ``view.error``; a refused handshake raises :class:`LiveUnavailable`."""
-    from protocol.handshake import SESSION_PROTOCOL_VERSION
-
     sid = view.session_id
     hello = call("initialize", {"protocolVersion": SESSION_PROTOCOL_VERSION,
                                 "client": {"name": "sessionloop-verify", "version": "1"}})
@@ -1056,6 +1066,65 @@ class LaterTurn(msgspec.Struct, kw_only=True):
         return self.input.source == "continue"
 
 
+class RecordedApproval(msgspec.Struct, kw_only=True):
+    """How the recording settled one call of the re-run turns that needed an approval.
+
+    ``asked``: an approval was requested (``tool.approval.requested``) and answered later, by
+    the owner or by its timers; otherwise the gate settled the call at once (a grant, nobody
+    present, the rate limit, permission mode ``deny``). ``number`` is its 1-based place among
+    the approvals after the fork point (what ``--override-approval N`` names)."""
+
+    number: int
+    turn: int
+    call_id: str
+    tool: str
+    approval_id: str
+    asked: bool = False
+    settlement: E.Settlement | None = None
+
+    def describe(self) -> str:
+        how = "asked" if self.asked else "settled at once"
+        s = self.settlement
+        settled = f"{s.state} ({s.source})" if s is not None else "never settled"
+        return f"{self.approval_id} ({self.tool} call {self.call_id}, re-run turn {self.turn}: {how}, {settled})"
+
+
+#: who answers an approval in a rerun's what-if (``--override-approval``): the owner, as over the wire
+RERUN_OWNER: Final = E.Speaker(platform="console", user_id="owner", owner=True)
+
+
+def rerun_gate(recorded: RecordedApproval | None, overridden: bool) -> GateInputs:
+    """What a rerun's approval gate is told about a call, so that it settles the call the way the
+    recording did: asked (someone present, no grant), at once by a grant, at once ``absent`` or
+    ``rate-limit``. An overridden call is asked, whatever grants say, and the override answers
+    it. A call the recording has no approval for (the answers differ from the recording) meets
+    what a rerun has: nobody present, and the grants the replayed answers made."""
+    if overridden or (recorded is not None and recorded.asked):
+        return GateInputs(present=True, rate_limited=False, grants=False)
+    settled = recorded.settlement if recorded is not None else None
+    if settled is None:
+        return GateInputs(present=False, rate_limited=False)
+    if settled.source == "grant":
+        return GateInputs(present=True, rate_limited=False)  # the grant should settle it again
+    return GateInputs(present=settled.source != "absent", rate_limited=settled.source == "rate-limit",
+                      grants=False)
+
+
+def replayed_settlement(recorded: E.Settlement, now: int) -> E.Settlement:
+    """A recorded settlement given again at ``now``: a grant it made lasts as long after ``now``
+    as it did after the recorded answer (so it settles the same later calls)."""
+    grant = recorded.grant
+    if grant is not None:
+        grant = msgspec.structs.replace(grant, expires_at=now + max(0, grant.expires_at - recorded.at))
+    return msgspec.structs.replace(recorded, at=now, grant=grant)
+
+
+def override_settlement(decision: str, now: int) -> E.Settlement:
+    """The owner's answer ``approve`` or ``deny`` (no note, no grant) for ``--override-approval``."""
+    return E.Settlement(state="approved" if decision == "approve" else "denied", source="answer", at=now,
+                        by=RERUN_OWNER)
+
+
 class RerunPlan(msgspec.Struct, kw_only=True):
     """What ``rerun --from-turn N`` sends and what it expects, all from the original's events."""
 
@@ -1075,6 +1144,10 @@ class RerunPlan(msgspec.Struct, kw_only=True):
     model_steps: list[tuple[int, str, int]] = []
     max_steps: int | None = None
     expected: list[tuple[str, RecordedEvent]] = []  # comparable events of the later turns
+    #: (turn number, call id) -> how the recording settled a call that needed an approval
+    approvals: dict[tuple[int, str], RecordedApproval] = {}
+    #: turn number -> the session layer of settings ("plugin/key" -> value) when the turn started
+    settings: dict[int, dict[str, Any]] = {}
 
     def turn_number(self, turn_id: str) -> int | None:
         return next((t.number for t in self.turns if t.turn_id == turn_id), None)
@@ -1122,6 +1195,30 @@ class RerunPlan(msgspec.Struct, kw_only=True):
         raise ValueError(f"step {text!r} is neither a tool call that ran nor a model call recorded after turn "
                          f"{self.from_turn} (tool calls: a call id or 1 to {len(self.calls)}; model calls: an llm "
                          f"step id or llm:1 to llm:{len(self.model_steps)})")
+
+    def find_approval(self, ref: str) -> RecordedApproval:
+        """The approval ``--override-approval REF`` names: an approval id (as ``replay`` shows
+        it), the call id of a call that needed one (when only one call has it), or the 1-based
+        number of the approvals after the fork point. Raises ValueError saying what exists."""
+        text = ref.strip()
+        found = sorted(self.approvals.values(), key=lambda a: a.number)
+        if not found:
+            raise ValueError(f"no call needed an approval after turn {self.from_turn}")
+        listed = "; ".join(f"{a.number}: {a.describe()}" for a in found[:5]) + (
+            f"; and {len(found) - 5} more" if len(found) > 5 else "")
+        if text.isdigit():
+            if 1 <= int(text) <= len(found):
+                return found[int(text) - 1]
+            raise ValueError(f"approval {text} does not exist: {len(found)} approvals after turn {self.from_turn} "
+                             f"({listed})")
+        by_id = [a for a in found if a.approval_id == text]
+        by_call = [a for a in found if a.call_id == text]
+        if by_id or len(by_call) == 1:
+            return (by_id or by_call)[0]
+        if by_call:
+            raise ValueError(f"call id {text!r} needed an approval in {len(by_call)} turns; name one by its "
+                             f"approval id or number ({listed})")
+        raise ValueError(f"{text!r} names no approval after turn {self.from_turn} ({listed})")
 
     def _model_ref(self, found: tuple[int, str, int]) -> StepRef:
         turn, step_id, call = found
@@ -1229,16 +1326,27 @@ def plan_rerun(session_id: str, events: Sequence[RecordedEvent], from_turn: int)
 def _collect_recordings(plan: RerunPlan, events: Sequence[RecordedEvent]) -> None:
     numbers = {t.turn_id: t.number for t in plan.turns}
     ran: set[tuple[int, str]] = set()
+    tools: dict[tuple[int, str], str] = {}  # (turn number, call id) -> the tool the model asked for
+    settings: dict[str, Any] = {}
     for rec in events:
         e = rec.event
+        if isinstance(e, E.SessionSettingChanged):
+            _fold_setting(settings, e)
+            continue
         number = numbers.get(getattr(e, "turn_id", None) or "")
         if number is None:
             continue
-        if isinstance(e, E.LlmCompleted):
+        if isinstance(e, E.TurnStarted):
+            plan.settings[number] = dict(settings)
+        elif isinstance(e, E.LlmCompleted):
             plan.answers.append(e)
             plan.model_calls.append(e)
             _model_step(plan, number, e.step_id)
-        elif isinstance(e, E.LlmFailed) and not e.aborted:
+            tools.update(((number, c.call_id), c.name) for c in e.tool_calls)
+        elif isinstance(e, (E.ToolApprovalRequested, E.ToolApprovalSettled)) or (
+                isinstance(e, E.ToolFinished) and e.settlement is not None):
+            _approval_fact(plan, number, e, tools)
+        if isinstance(e, E.LlmFailed) and not e.aborted:
             plan.model_calls.append(e)  # a provider error is part of the recording too
             _model_step(plan, number, e.step_id)
         elif isinstance(e, (E.ContextCompacted, E.ContextCompactFailed)) and e.auto:
@@ -1254,6 +1362,31 @@ def _collect_recordings(plan: RerunPlan, events: Sequence[RecordedEvent]) -> Non
     plan.expected = comparable(events, set(numbers))
 
 
+def _fold_setting(settings: dict[str, Any], e: E.SessionSettingChanged) -> None:
+    key = f"{e.plugin}/{e.key}"
+    if e.deleted:
+        settings.pop(key, None)
+    else:
+        settings[key] = e.value
+
+
+def _approval_fact(plan: RerunPlan, turn: int, e: Any, tools: dict[tuple[int, str], str]) -> None:
+    """Fold one approval fact of a re-run turn into ``plan.approvals``: a request, a settlement,
+    or a call denied at once (its ``tool.finished`` carries the settlement, no approval event)."""
+    key = (turn, e.call_id)
+    found = plan.approvals.get(key)
+    if found is None:
+        if isinstance(e, E.ToolFinished) and e.approval_id is None:
+            return
+        found = plan.approvals[key] = RecordedApproval(
+            number=len(plan.approvals) + 1, turn=turn, call_id=e.call_id, tool=tools.get(key, "?"),
+            approval_id=e.approval_id or "")
+    if isinstance(e, E.ToolApprovalRequested):
+        found.asked = True
+    elif found.settlement is None:  # the approval's own settlement; a denial's tool.finished repeats it
+        found.settlement = e.settlement
+
+
 def _model_step(plan: RerunPlan, turn: int, step_id: str) -> None:
     within = sum(1 for t, _, _ in plan.model_steps if t == turn)
     plan.model_steps.append((turn, step_id, within + 1))
@@ -1262,8 +1395,8 @@ def _model_step(plan: RerunPlan, turn: int, step_id: str) -> None:
 def comparable(events: Iterable[RecordedEvent], turn_ids: set[str]) -> list[tuple[str, RecordedEvent]]:
     """The events of the turns ``turn_ids`` that a re-run must reproduce, each with its turn id.
 
-    Owner actions are left out (``session.*``, rewinds, dropped inputs, plan clears, manual
-    compaction): a re-run does not repeat them. An input is moved to just before the turn it
+    Owner actions are left out (``session.*``, rewinds, dropped inputs, plan clears, grant
+    revocations, manual compaction): a re-run does not repeat them. An input is moved to just before the turn it
     opened, because a recording may have queued it while the previous turn ran and a re-run sends
     it after that turn ended.
     """
@@ -1273,7 +1406,8 @@ def comparable(events: Iterable[RecordedEvent], turn_ids: set[str]) -> list[tupl
     for rec in events:
         e = rec.event
         tag = E.event_tag(e)
-        if tag.startswith("session.") or isinstance(e, (E.TurnRewound, E.InputDropped, E.PlanCleared)):
+        if tag.startswith("session.") or isinstance(e, (E.TurnRewound, E.InputDropped, E.PlanCleared,
+                                                        E.ApprovalGrantRevoked)):
             continue
         if isinstance(e, (E.ContextCompacted, E.ContextCompactFailed)) and not e.auto:
             continue

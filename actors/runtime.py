@@ -17,18 +17,21 @@ import msgspec
 
 from eventstore import EventStore
 from eventstore import events as E
+from protocol.limits import one_line
 
 from .apps import AppRegistry, clamp_mode, clamp_policy
-from .context import compaction_input, build_summary_request, summary_text
+from .blobs import BlobStore
+from .compaction import Compaction
+from .context import summary_text
+from .deletion import Deletions
 from .directory import Directory
-from .errors import SessionBusy
 from .faults import FaultInjector
 from .model import ModelRequest, Provider
 from .model.registry import ModelConfig, ModelRegistry, builtin_model
 from .prompts import ToolLine, default_system_prompt
 from .pubsub import Reply, SessionChannel, TurnResults
 from .session import Effect, turn_outcome
-from .session_decide import AgentConfig, ToolPolicy, system_messages
+from .session_decide import AgentConfig, ToolPolicy, steps_limit, system_messages
 from .tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
 from .tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
 from .worker import WorkerLoop
@@ -51,6 +54,8 @@ class HostOptions(msgspec.Struct, kw_only=True):
     #: the configured models (``[models.NAME]``, ``serve --model-*``; actors.model.registry), validated
     models: list[ModelConfig] = []
     system_prompt: str | None = None
+    #: model calls per turn (seed 002 maxSteps, default 20); 0 (``UNLIMITED_STEPS``): no limit, the
+    #: seed's Infinity (``Host.open`` and ``serve --max-steps`` also take ``math.inf`` / "unlimited")
     max_steps: int = 20
     context_chars: int | None = None
     permission_mode: str | None = None  # None: ask for interactive sessions, acceptCalls for background
@@ -94,6 +99,8 @@ class Runtime:
         from .session import Passivate, PooledSessionActor, SessionActor
 
         self.data_dir = os.path.abspath(data_dir)
+        if type(options.max_steps) is not int:  # a Struct built in Python is not type-checked
+            options = msgspec.structs.replace(options, max_steps=steps_limit(options.max_steps))
         self.options = options
         # first: a model that cannot be used refuses the start before anything is opened
         self.models = ModelRegistry.for_host(options.models, options.model, options.model_options)
@@ -106,12 +113,14 @@ class Runtime:
         self.store = store or EventStore.open(
             os.path.join(self.data_dir, "store"), durability=options.durability, shards=options.shards,
             map_size=options.map_size, on_map_resize=lambda: self.faults.hit("map-resize"),
+            on_purge=lambda: self.faults.hit("purge"),
         )
         self.epoch = self.store.next_epoch()
         self.worker = WorkerLoop()
         self.results = TurnResults()
         self.tools: ToolRegistry = default_registry()
         self.workspace_root = options.workspace_root or os.path.join(self.data_dir, "workspaces")
+        self.blobs = BlobStore(os.path.join(self.data_dir, "blobs"))  # attachments, by sha256
         self._workspace_base: str | None = None  # its real path, found on first use
         # Commands see neither the data directory (token, secret, apps, store) nor any other
         # session's workspace: each sees its own, bound back into the hidden tree.
@@ -144,6 +153,8 @@ class Runtime:
         from .tasks import TaskService
 
         self.tasks_service = TaskService(self)
+        self.deletions = Deletions(self)
+        self.deletions.finish_pending()  # the files of purges a crash interrupted, before anyone is served
         actor_class: Any = SessionActor
         self.dispatcher = None
         if options.dispatcher_threads > 0:
@@ -198,7 +209,7 @@ class Runtime:
         }
         for resolve in self.config_resolvers:
             resolve(state, values)
-        app = self.apps.find(state.created.app_id if state.created is not None else None)
+        app = self.apps.bounds_of(state.created.app_id if state.created is not None else None)
         if app is not None:  # whatever the layers say, an app's session stays within its manifest
             values["permission_mode"] = clamp_mode(values["permission_mode"], app)
             values["sandbox"] = clamp_policy(values["sandbox"], app)
@@ -230,7 +241,7 @@ class Runtime:
             mode = self.options.permission_mode
         else:
             mode = "acceptCalls" if created is not None and created.activity == "background" else "ask"
-        app = self.apps.find(created.app_id if created is not None else None)
+        app = self.apps.bounds_of(created.app_id if created is not None else None)
         return clamp_mode(mode, app) if app is not None else mode
 
     def provider_for(self, state: Any) -> Provider:
@@ -263,6 +274,11 @@ class Runtime:
         else:
             self.config_generation += 1
 
+    def set_approvals(self, approvals: Any) -> None:
+        """Use ``approvals`` (an ``ApprovalService``) for every session's approvals from now on:
+        ``rerun`` answers its fork's approvals from the recording."""
+        self.approvals = approvals
+
     def model_request(self, cfg: AgentConfig, messages: list[E.Message]) -> ModelRequest:
         """The request of one model call: the model id the session's model reference stands for
         (None: the provider's own model)."""
@@ -286,7 +302,7 @@ class Runtime:
         policy it will run under, decided here and recorded with the call)."""
         policy = self.sandbox.policy_for(cfg.sandbox)
 
-        def check(name: str, args: Any) -> ToolPolicy:
+        def check(name: str, args: Any, call_id: str) -> ToolPolicy:
             if name not in self.tools:
                 return ToolPolicy(exists=False)
             spec = self.tools.get(name)
@@ -299,9 +315,9 @@ class Runtime:
                 display = msgspec.structs.replace(display, sandbox=policy)
             if not spec.needs_approval:
                 return ToolPolicy(exists=True, display=display)
-            return ToolPolicy(exists=True, needs_approval=True, display=display,
-                              approvers_present=bool(self.approvals.present_approvers()),
-                              rate_limited=self.approvals.rate_limited(state.session_id))
+            gate = self.approvals.gate(state.session_id, call_id)
+            return ToolPolicy(exists=True, needs_approval=True, display=display, approvers_present=gate.present,
+                              rate_limited=gate.rate_limited, grants=gate.grants)
 
         return check
 
@@ -451,6 +467,9 @@ class Runtime:
 
     def turn_ended(self, state: Any, event: E.Event) -> None:
         self.results.complete(turn_outcome(state, event))
+        if isinstance(event, E.TurnFailed):  # one line a failed turn, as an operator greps for it
+            log.warning("turn failed: session %s turn %s step %s (%s): %s", state.session_id, event.turn_id,
+                        event.step_id or "-", event.code, one_line(event.reason or event.code))
 
     def results_fail_pending(self, state: Any, code: str) -> None:
         from .pubsub import TurnOutcome
@@ -496,77 +515,6 @@ def _now() -> int:
     import time
 
     return int(time.time() * 1000)
-
-
-class Compaction:
-    """Summary compaction (seed 002, 上下文压缩 0.31): automatic before the first model call of a
-    turn that is over budget (once per turn), or manual ``compact()`` on an idle session."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.rt = runtime
-
-    def start_auto(self, actor: SessionActor, turn_id: str) -> None:
-        inp = compaction_input(actor.state.messages, include_current=False)
-        self._summarise(actor, inp, auto=True, turn_id=turn_id, reply=None)
-
-    def start_manual(self, actor: SessionActor, reply: Reply) -> None:
-        if actor.state.current_turn is not None:
-            raise SessionBusy(f"session {actor.sid} is running a turn; compact() refuses while running")
-        inp = compaction_input(actor.state.messages, include_current=True)
-        if inp.turns == 0:
-            reply.set(None)
-            return
-        self._summarise(actor, inp, auto=False, turn_id=None, reply=reply)
-
-    def _summarise(self, actor: SessionActor, inp: Any, *, auto: bool, turn_id: str | None,
-                   reply: Reply | None) -> None:
-        from .model.base import ignore_delta
-
-        request = ModelRequest(messages=build_summary_request(inp.messages, inp.previous_summary), tools=[])
-        provider = self.rt.provider_for(actor.state)
-        ref = actor.actor_ref
-
-        async def call() -> None:
-            try:
-                response = await provider.generate(request, ignore_delta)
-                text, error = response.text.strip(), None
-                if not text:
-                    error = "the summary model returned nothing"
-            except Exception as e:  # the seed: a failed summary falls back to trimming
-                text, error = "", str(e) or type(e).__name__
-            ref.tell(Effect(lambda a: self._finish(a, inp.turns, text, error, auto, turn_id), reply))
-
-        self.rt.worker.submit(call())
-
-    def _finish(self, actor: SessionActor, turns: int, text: str, error: str | None, auto: bool,
-                turn_id: str | None) -> Any:
-        now = _now()
-        if error is not None:
-            actor._commit([E.ContextCompactFailed(at=now, error=error, auto=auto, turn_id=turn_id)], run_drive=auto)
-            if not auto:
-                raise SessionBusy(f"compaction failed: {error}")
-            return None
-        summary = text if text.startswith("[Summary of the earlier conversation]") else \
-            f"[Summary of the earlier conversation] {text}"
-        event = E.ContextCompacted(at=now, summary=summary, turns=turns, chars=len(summary), auto=auto,
-                                   turn_id=turn_id)
-        event = msgspec.structs.replace(event, context_tokens=_context_tokens_after(actor, event))
-        actor._commit([event], run_drive=auto)
-        return {"turns": turns, "chars": len(summary)}
-
-
-def _context_tokens_after(actor: SessionActor, event: E.ContextCompacted) -> int:
-    """The estimated prompt tokens of the next model call once ``event`` is applied: the fold of
-    a copy of the state (compaction is rare; the live state changes only with the commit)."""
-    from .context import model_view
-    from .model.base import content_chars
-    from .session_model import decode_state, encode_state, evolve
-
-    state = decode_state(encode_state(actor.state))
-    evolve(state, event)
-    cfg = actor.config()
-    view, _ = model_view(system_messages(cfg) + state.messages, cfg.context_chars)
-    return content_chars(view) // 4
 
 
 __all__ = ["DeltaPayload", "HostOptions", "Runtime", "summary_text", "system_messages"]

@@ -28,31 +28,44 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
-from eventstore import IdempotencyClaim, SessionloopError, StorageUnavailable, StoreError, WrongExpectedVersion
+from eventstore import (
+    IdempotencyClaim,
+    SessionloopError,
+    StorageUnavailable,
+    StoreError,
+    StreamDeleted,
+    WrongExpectedVersion,
+)
 from eventstore import events as E
 
 from .caller import CURRENT_CALL, CallerContext
-from .context import model_view
+from .context import estimated_context_tokens, model_view
 from .model.base import ignore_delta
 from .model.storable import storable_response
 from .dispatch import PooledActor
-from .errors import ActorError, NotFound, SessionParked
+from .errors import ActorError, CompactionFailed, NotFound, SessionParked
 from .pubsub import Reply, TurnOutcome
 from .session_decide import (
     AgentConfig,
     decide_cancel,
+    decide_compaction_cancelled,
+    decide_compaction_interrupted,
     decide_create,
+    decide_delete,
     decide_input,
     decide_model_done,
+    decide_stop_for_delete,
     decide_tool_done,
     drive,
+    ensure_usable,
     repairs_after_restart,
     system_messages,
 )
 from .session_model import SessionState, decode_state, encode_state, evolve, new_state
-from .summary_records import encode_summary_record, summary_record
+from .summary_records import encode_summary_record, rewrites_listing, summary_record, tombstone_record
 
 if TYPE_CHECKING:
+    from .compaction import Flight
     from .runtime import Runtime
 
 log = logging.getLogger("sessionloop.session")
@@ -64,11 +77,15 @@ _TURN_END_TYPES = frozenset(_TURN_END)
 _STREAM_END_TYPES = _TURN_END_TYPES | {E.LlmCompleted, E.LlmFailed}
 #: the events a commit acts on after it is durable (effects to start, turns to report)
 _EFFECT_TYPES = _TURN_END_TYPES | {E.LlmStarted, E.ToolStarted, E.ToolApprovalRequested, E.ToolApprovalSettled}
-_SUMMARY_TYPES = frozenset({  # event structs are final: no subclass to miss
-    E.SessionCreated, E.SessionRenamed, E.SessionArchived, E.SessionUnarchived, E.SessionDeleted,
-    E.SessionSeen, E.SessionParked, E.SessionUnparked, E.TurnStarted, *_TURN_END, E.MessagesImported,
-    E.ToolApprovalRequested, E.ToolApprovalSettled,
-})
+#: the categories of a session's streams (``session-S``, ``approval-S.*``, ``task-S.*``): a purge
+#: takes them all (``actors/deletion.py``)
+OWNED_CATEGORIES = ("session", "approval", "task")
+#: set with a session's purge, cleared once its files are deleted too (a restart finishes them)
+FILES_PENDING = "files-pending"
+#: model answers a commit takes in place (``_drive``) before the next one goes through the worker
+#: loop: a turn of instant answers (unlimited ``maxSteps``, a model that keeps calling a tool
+#: that is refused at once) then still lets the mailbox in, so turn/abort always gets through
+MAX_INLINE_ANSWERS = 32
 
 
 def now_ms() -> int:
@@ -132,6 +149,35 @@ class Cancel(Msg):
         actor.on_cancel(self)
 
 
+class Freeze(Msg):
+    """The first step of a delete: abort the running turn, drop the queue, take no new input."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str, reply: Reply) -> None:
+        super().__init__(reply)
+        self.reason = reason
+
+    def run(self, actor: SessionActor) -> None:
+        actor.on_freeze(self)
+
+
+class Thaw(Msg):
+    """A delete that failed before its purge: the session takes input again."""
+
+    def run(self, actor: SessionActor) -> None:
+        actor.deleting = False
+        assert self.reply is not None
+        self.reply.set(None)
+
+
+class Purge(Msg):
+    """The last step of a delete: the session's streams out of the store, a tombstone left."""
+
+    def run(self, actor: SessionActor) -> None:
+        actor.on_purge(self)
+
+
 class ModelDone(Msg):
     __slots__ = ("step_id", "response", "error", "duration_ms")
 
@@ -183,7 +229,7 @@ class Query(Msg):
 
 
 class Effect(Msg):
-    """A result from the worker loop that must be applied on the actor thread (checkpoints, compaction)."""
+    """A result from the worker loop that must be applied on the actor thread (checkpoints)."""
 
     __slots__ = ("fn",)
 
@@ -198,14 +244,27 @@ class Effect(Msg):
 
 
 class Compact(Msg):
-    """Manual compaction: refused while a turn runs; the reply completes when the summary is in."""
+    """Manual compaction: refused while a turn or another compaction runs; the reply completes
+    when the summary is in (actors.compaction)."""
 
     def run(self, actor: SessionActor) -> None:
-        from .session_decide import ensure_usable
-
         assert self.reply is not None
         ensure_usable(actor.state)
         actor.rt.compaction.start_manual(actor, self.reply)
+
+
+class SummaryDone(Msg):
+    """The summary call of the compaction ``flight`` answered (``text``, its ``usage``) or failed
+    (``error``, the reason as the notice and the request will say it)."""
+
+    __slots__ = ("flight", "text", "error", "usage")
+
+    def __init__(self, flight: Flight, text: str, error: str | None, usage: E.Usage | None) -> None:
+        super().__init__(None)
+        self.flight, self.text, self.error, self.usage = flight, text, error, usage
+
+    def run(self, actor: SessionActor) -> None:
+        actor.rt.compaction.finish(actor, self)
 
 
 class Passivate(Msg):
@@ -274,6 +333,8 @@ class SessionBehaviour:
         self._sent_queue: Any = []  # the queue entries last pushed
         self.last_record: Any = None  # the listing record written by the latest commit
         self.record_dirty = False
+        self.deleting = False  # frozen for a delete: no new input, no new turn, until the purge
+        self.compaction: Flight | None = None  # a compaction under way (actors.compaction)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -309,13 +370,16 @@ class SessionBehaviour:
                     log.warning("session %s: %s refused, the event store is unavailable (outcome %s): %s",
                                 self.sid, type(message).__name__, e.outcome, e)
                 message.reply.fail(e)
-            elif isinstance(e, StoreError) and isinstance(message, Msg):
+            elif isinstance(e, StoreError) and not isinstance(e, StreamDeleted) and isinstance(message, Msg):
                 self.rt.retry_later(self.actor_ref, message, e)
         except Exception as e:
             self._supervise(message, e)
 
     def on_stop(self) -> None:
         self._cancel_tasks()
+        if self.compaction is not None:
+            self.compaction.abandon(ActorError(f"session {self.sid} stopped before its compaction finished"))
+            self.compaction = None
         app = self._app_id()
         if app is not None and self._unfinished:
             self.rt.app_unfinished_add(app, -self._unfinished)
@@ -472,6 +536,13 @@ class SessionBehaviour:
     def _prepare(self, events: list[E.Event], run_drive: bool) -> _Pending | None:
         state = self.state
         version = state.version
+        if self.deleting:  # frozen for a delete (``on_freeze``): nothing may start a turn
+            if any(type(e) is E.InputAccepted for e in events):
+                raise NotFound(f"session {self.sid} is being deleted")
+            run_drive = False
+        flight = self.compaction
+        if flight is not None and not flight.auto:  # a command that moves the history ends it, failed
+            events = decide_compaction_interrupted(events, now_ms()) + list(events)
         try:
             for event in events:
                 evolve(state, event)
@@ -519,7 +590,9 @@ class SessionBehaviour:
         apply = lambda e: evolve(state, e)  # noqa: E731
         follow = drive(state, cfg, check, now, apply)
         out.extend(follow.events)
-        while state.pending_llm is not None and follow.needs_compaction is None:
+        for _ in range(MAX_INLINE_ANSWERS):
+            if state.pending_llm is None or follow.needs_compaction is not None:
+                break
             answered = self._answer_now(cfg, now)
             if answered is None:
                 break
@@ -586,22 +659,33 @@ class SessionBehaviour:
 
         return on_delta
 
+    def push_usage_estimate(self) -> None:
+        """Seed 004 快照: 还没有用量时，服务端在快照之后请 agent 算一次，结果按推送到达. Called right
+        after a subscriber got its snapshot: a session with history that no model call has
+        reported usage on (forked, imported, every call failed) gets the usage item its next
+        model call would have, estimated as the mock counts (characters / 4), pushed to its
+        subscribers (all of them: none has usage, and each sees every seq, gapless). Derived from
+        committed state and not kept in ``items`` (a fold of the log, which ``replay --verify``
+        rebuilds), nor written (a read writes nothing): every snapshot without usage is followed
+        by one."""
+        items, state = self.items, self.state
+        if items is None or items.usage_item() is not None or not state.messages:
+            return
+        try:
+            cfg = self.config()
+            tokens = estimated_context_tokens(system_messages(cfg) + state.messages, cfg.context_chars)
+            self.channel.publish("item/completed", items.estimated_usage(now_ms(), tokens))
+        except Exception:  # an estimate is a courtesy: the subscription (answered already) stands
+            log.exception("session %s: the usage estimate after a snapshot failed", self.sid)
+
     def _app_id(self) -> str | None:
         created = self.state.created
         return created.app_id if created is not None else None
 
     def _meta(self, events: list[E.Event]) -> bytes | None:
-        """The listing record, rewritten by commits that change what a listing shows.
-
-        ``background`` (running background tasks) moves when a task starts (the tool call that
-        hands back its ``taskId``) or ends: with its notice, or, for an end the model is not told
-        of (stopped), with the copy of ``task.ended`` the task service has the session commit."""
-        for e in events:
-            t = type(e)
-            if t in _SUMMARY_TYPES or (t is E.ToolFinished and e.task_id) or t is E.TaskEnded or (  # type: ignore[attr-defined]
-                    t is E.NoticePosted and e.topic == "background-task"):  # type: ignore[attr-defined]
-                break
-        else:
+        """The listing record, rewritten by commits that change what a listing shows
+        (:func:`rewrites_listing`, the rule ``replay --verify`` checks records by)."""
+        if not rewrites_listing(events):
             return None
         self.last_record = summary_record(self.state, self._awaiting_approval(), self.rt.background(self.sid))
         self.record_dirty = True
@@ -649,8 +733,27 @@ class SessionBehaviour:
                 self.rt.approvals.cancel(event.approval_id, event.settlement.source)  # type: ignore[attr-defined]
         self._account_unfinished()
         self.rt.committed(self, events, result)
+        if self.compaction is not None:
+            self._end_compaction(events)
         if compaction is not None:
             self.rt.compaction.start_auto(self, compaction)
+
+    def _end_compaction(self, events: list[E.Event]) -> None:
+        """After a commit: a manual compaction this commit ended (interrupted or cancelled, the
+        failure recorded in it) stops and its request fails with the reason; an automatic one
+        stops when its turn ended first. Its summary, if it still comes, is then dropped."""
+        flight = self.compaction
+        assert flight is not None
+        if flight.auto:
+            if self.state.current_turn != flight.turn_id:
+                self.compaction = None
+                flight.abandon(None)
+            return
+        for event in events:
+            if type(event) is E.ContextCompactFailed and not event.auto:  # type: ignore[attr-defined]
+                self.compaction = None
+                flight.abandon(CompactionFailed(event.error))  # type: ignore[attr-defined]
+                return
 
     def _publish(self, events: list[E.Event]) -> None:
         if self.items is None:
@@ -779,6 +882,8 @@ class SessionBehaviour:
                 msg.reply.set(msgspec.structs.replace(_receipt_dec.decode(known.receipt), state="duplicate",
                                                       position=known.first_position))
                 return
+        if self.deleting:  # a repeat above still gets its receipt; a new input is refused
+            raise NotFound(f"session {self.sid} is being deleted")
         if msg.check is not None:
             rejected = msg.check(self.state)
             if rejected is not None:
@@ -819,11 +924,57 @@ class SessionBehaviour:
             events += [E.InputDropped(at=now, input_id=q.input_id, turn_id=q.turn_id, reason=msg.reason)
                        for q in self.state.queue]
         events += decide_cancel(self.state, msg.turn_id, msg.reason, now)
+        flight = self.compaction
+        if flight is not None and not flight.auto and self.state.current_turn is None:
+            events += decide_compaction_cancelled(msg.reason, now)  # seed 002: cancel() 可以中止
         if events:
             self._cancel_tasks()
             self._commit(events)
         assert msg.reply is not None
         msg.reply.set(bool(events))
+
+    def on_freeze(self, msg: Freeze) -> None:
+        """Stop what runs before a delete (``actors/deletion.py``, step 1): the turn is aborted,
+        queued inputs are dropped (their waiters hear the session is gone), and until the purge
+        no input is taken. NotFound for a session that does not exist or is deleted."""
+        assert msg.reply is not None
+        state = self.state
+        now = now_ms()
+        dropped = [q.turn_id for q in state.queue]
+        events = decide_stop_for_delete(state, msg.reason, now)
+        self.deleting = True
+        if events:
+            self._cancel_tasks()
+            self._commit(events, run_drive=False)
+        for turn_id in dropped:
+            self.rt.results.complete(TurnOutcome(session_id=self.sid, turn_id=turn_id, state="failed",
+                                                 code="not-found", reason=msg.reason, outcome="error"))
+        msg.reply.set(None)
+
+    def on_purge(self, msg: Purge) -> None:
+        """Take the session out of the store (``actors/deletion.py``, step 3): one transaction
+        removes its streams, approval and task streams, leaves ``decide_delete``'s tombstone and
+        the tombstone listing record, and flags its files for deletion. After the commit the
+        listeners hear of it (the listing drops it), the task registry forgets its tasks, and the
+        state is the tombstone's fold (deleted: every later command answers not-found)."""
+        assert msg.reply is not None
+        state = self.state
+        now = now_ms()
+        events = decide_delete(state, now)
+        record = tombstone_record(state, now)
+        self._cancel_tasks()
+        try:
+            result = self.rt.store.purge(self.stream, events, state.version, categories=OWNED_CATEGORIES,
+                                         meta=encode_summary_record(record), flags={FILES_PENDING: True})
+        except BaseException:
+            self._reload()
+            raise
+        self.last_record, self.record_dirty = record, True
+        self.rt.committed(self, events, result.tombstone)  # before the reload: listeners read what was deleted
+        self.deleting = False
+        self._reload()
+        self.rt.tasks_service.remove_session(self.sid)
+        msg.reply.set(result)
 
     def on_model_done(self, msg: ModelDone) -> None:
         state = self.state
@@ -866,7 +1017,8 @@ class SessionBehaviour:
 
     def on_passivate(self, msg: Passivate) -> None:
         state = self.state
-        if state.current_turn or state.queue or self.channel.has_subscribers or self._tool_tasks:
+        if (state.current_turn or state.queue or self.channel.has_subscribers or self._tool_tasks
+                or self.compaction is not None):
             return
         if state.version > self._snapshot_version and state.created is not None:
             self._save_snapshot()
@@ -947,6 +1099,7 @@ def turn_outcome(state: SessionState, event: E.Event) -> TurnOutcome:
 
 
 __all__ = [
-    "Apply", "Cancel", "Create", "Effect", "ModelDone", "Msg", "NotFound", "Passivate", "Query", "Receipt",
-    "Send", "SessionActor", "SessionParked", "ToolDone", "WrongExpectedVersion", "turn_outcome",
+    "FILES_PENDING", "OWNED_CATEGORIES", "Apply", "Cancel", "Compact", "Create", "Effect", "Freeze", "ModelDone",
+    "Msg", "NotFound", "Passivate", "Purge", "Query", "Receipt", "Send", "SessionActor", "SessionParked",
+    "SummaryDone", "Thaw", "ToolDone", "WrongExpectedVersion", "turn_outcome",
 ]

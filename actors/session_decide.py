@@ -14,6 +14,7 @@ again; after ``maxSteps`` model calls the turn stops with a ``tool-limit`` notic
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,12 +24,20 @@ from eventstore import events as E
 
 from protocol.limits import MAX_TITLE
 
-from .context import model_view
+from .context import SUMMARY_PREFIX, model_view
 from .errors import Conflict, ExpectedTurnMismatch, InvalidCommand, NotFound, SessionBusy, SessionParked
 from .grants import settlement_by, settling
 from .session_model import SessionState
 
 NOT_EXECUTED = "not executed: the turn ended before this tool call ran"
+
+#: ``maxSteps`` without a limit (seed 002 agentPlugin: 默认 20; Infinity 不限). JSON and TOML have no
+#: Infinity (a JavaScript client's ``JSON.stringify(Infinity)`` is ``null``, which deletes a
+#: setting), and ``null`` already means "not recorded" in ``turn.started``; a limit of 0 model
+#: calls means nothing else, so 0 stands for unlimited everywhere: the host option, the
+#: ``agent/maxSteps`` setting, ``serve --max-steps`` and the limit a turn records when it starts.
+UNLIMITED_STEPS = 0
+_UNLIMITED_WORDS = frozenset({"unlimited", "infinity", "inf"})
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -36,7 +45,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     a reopened session uses the current configuration, not stored values)."""
 
     system_prompt: str | None = None
-    max_steps: int = 20
+    max_steps: int = 20  # model calls per turn; UNLIMITED_STEPS (0): no limit
     context_chars: int | None = None
     permission_mode: str = "acceptCalls"
     model: str | None = None  # None: the provider's own default
@@ -53,14 +62,39 @@ class ToolPolicy(msgspec.Struct, frozen=True, kw_only=True):
     display: E.ToolDisplay | None = None
     approvers_present: bool = False  # someone who may answer an approval is present now
     rate_limited: bool = False  # this session asked for too many approvals in the last minute
+    #: grants may settle the call (actors.grants); ``rerun`` turns this off for a call its
+    #: recording settled otherwise, so the recorded answer decides it
+    grants: bool = True
 
 
-ToolCheck = Callable[[str, Any], ToolPolicy]
+#: ``check(tool, args, call_id)``: the registry's and the approvals' view of one generated call
+ToolCheck = Callable[[str, Any, str], ToolPolicy]
 
 
 class Drive(msgspec.Struct, kw_only=True):
     events: list[E.Event]
     needs_compaction: str | None = None  # turn id whose first model call must wait for a summary
+
+
+def steps_limit(value: object, name: str = "max_steps") -> int:
+    """``value`` as a ``maxSteps`` limit: a whole number of model calls, or unlimited as
+    :data:`UNLIMITED_STEPS` — given as 0, ``math.inf`` (the seed's Infinity) or one of the words
+    ``unlimited`` / ``infinity`` / ``inf`` (any case). Raises ValueError naming ``name`` (an
+    empty ``name``: the caller names the field itself)."""
+    prefix = f"{name}: " if name else ""
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _UNLIMITED_WORDS:
+            return UNLIMITED_STEPS
+        try:
+            value = int(word)
+        except ValueError:
+            raise ValueError(f"{prefix}expected a whole number of model calls or 'unlimited', got {value!r}") from None
+    if isinstance(value, float) and value == math.inf:
+        return UNLIMITED_STEPS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{prefix}expected a whole number >= 0 (0: unlimited) or 'unlimited', got {value!r}")
+    return value
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -149,7 +183,8 @@ def decide_model_done(state: SessionState, step_id: str, completed: E.LlmComplet
         return events
     return [
         E.LlmFailed(at=now, turn_id=turn_id, step_id=step_id, error=error or "model call failed"),
-        E.TurnFailed(at=now, turn_id=turn_id, code="model-error", reason=error or "model call failed"),
+        E.TurnFailed(at=now, turn_id=turn_id, code="model-error", reason=error or "model call failed",
+                     step_id=step_id),
     ]
 
 
@@ -158,6 +193,29 @@ def decide_tool_done(state: SessionState, finished: E.ToolFinished) -> list[E.Ev
     if rec is None or rec.status != "running" or state.current_turn != finished.turn_id:
         return []  # late result of an aborted call: the seed keeps it aborted
     return [finished]
+
+
+def decide_stop_for_delete(state: SessionState, reason: str, now: int) -> list[E.Event]:
+    """What a delete stops before it purges (seed 004 session/delete): the running turn is
+    aborted (unfinished calls aborted, pending approvals settled ``turn-ended``) and the queued
+    inputs are dropped. NotFound for a session that does not exist or is deleted; a parked
+    session (nothing runs in it) can be deleted too."""
+    _exists(state)
+    events = decide_cancel(state, None, reason, now) if state.parked is None else []
+    return events + [E.InputDropped(at=now, input_id=q.input_id, turn_id=q.turn_id, reason="session deleted")
+                     for q in state.queue]
+
+
+def decide_delete(state: SessionState, now: int) -> list[E.Event]:
+    """The tombstone a delete leaves as the session's only events: ``session.deleted``, which
+    holds no content (``eventstore/purge.py`` takes everything else out with it)."""
+    _exists(state)
+    return [E.SessionDeleted(at=now)]
+
+
+def _exists(state: SessionState) -> None:
+    if state.created is None or state.deleted:
+        raise NotFound(f"session {state.session_id} not found")
 
 
 def decide_rename(state: SessionState, title: str, now: int) -> list[E.Event]:
@@ -170,10 +228,58 @@ def decide_rename(state: SessionState, title: str, now: int) -> list[E.Event]:
     return [E.SessionRenamed(at=now, title=title)]
 
 
-def decide_compact_allowed(state: SessionState) -> None:
+def decide_compact_allowed(state: SessionState, compacting: bool) -> None:
+    """Seed 002 compact(): 运行中调用会抛错; seed 004 session/compress: 这个会话正在压缩时直接拒绝
+    (nothing recorded, so no notice)."""
     ensure_usable(state)
     if state.current_turn is not None:
         raise SessionBusy(f"session {state.session_id} is running a turn; compact refuses while running")
+    if compacting:
+        raise SessionBusy(f"session {state.session_id} is already being compressed; a second compaction is refused")
+
+
+#: Seed 004 session/compress, 没压成: 期间会话被清空或历史被改动. What a manual compaction's
+#: summary would no longer describe: a new input (it starts a turn at once: the summary would
+#: land after that turn's user message and hide it from every later model call), a turn, a
+#: rewind (of the chat, or of the files the summary's "file changes" describe), messages
+#: replaced; and a session deleted or parked meanwhile.
+_INTERRUPTIONS: dict[type, str] = {
+    E.InputAccepted: "the history changed during compression: a new input arrived",
+    E.TurnStarted: "the history changed during compression: a turn started",
+    E.TurnRewound: "the history changed during compression: the session was rewound",
+    E.MessagesImported: "the history changed during compression: the messages were replaced",
+    E.SessionDeleted: "the session was deleted during compression",
+    E.SessionParked: "the session was parked during compression",
+}
+
+
+def decide_compaction_interrupted(events: list[E.Event], now: int) -> list[E.Event]:
+    """While a manual compaction runs: the failure it ends with if ``events`` change the history
+    it summarises (recorded before them, in their commit), else nothing."""
+    for event in events:
+        why = _INTERRUPTIONS.get(type(event))
+        if why is not None:
+            return [E.ContextCompactFailed(at=now, error=why)]
+    return []
+
+
+def decide_compaction_cancelled(reason: str, now: int) -> list[E.Event]:
+    """Seed 002 compact(): cancel() 可以中止: the manual compaction ends, failed, with the reason."""
+    return [E.ContextCompactFailed(at=now, error=f"cancelled: {reason}")]
+
+
+def decide_compaction_done(turns: int, text: str, error: str | None, usage: E.Usage | None, *, auto: bool,
+                           turn_id: str | None, now: int,
+                           context_tokens: Callable[[E.ContextCompacted], int]) -> E.Event:
+    """The end of a summary call: the summary (seed 002 0.31: a system message that starts with
+    :data:`SUMMARY_PREFIX`) with the context the next model call gets (``context_tokens`` of the
+    event), or the failure with its reason. ``usage`` is the summary call's own tokens."""
+    if error is not None:
+        return E.ContextCompactFailed(at=now, error=error, auto=auto, turn_id=turn_id, usage=usage)
+    summary = text if text.startswith(SUMMARY_PREFIX) else f"{SUMMARY_PREFIX} {text}"
+    event = E.ContextCompacted(at=now, summary=summary, turns=turns, chars=len(summary), auto=auto,
+                               turn_id=turn_id, usage=usage)
+    return msgspec.structs.replace(event, context_tokens=context_tokens(event))
 
 
 # --- drive: what follows by itself -------------------------------------------------------------
@@ -209,12 +315,13 @@ def drive(state: SessionState, cfg: AgentConfig, check: ToolCheck, now: int,
             if not _start_call(state, cfg, check, nxt, now, emit):
                 return out  # waiting for an approval
             continue
-        if turn.llm_calls >= turn.max_steps_or(cfg.max_steps):
+        limit = turn.max_steps_or(cfg.max_steps)
+        if limit != UNLIMITED_STEPS and turn.llm_calls >= limit:
             # the notice first: it is the turn's last entry, then the turn item closes (seed 004)
             emit(E.NoticePosted(at=now, notice_id=f"{turn_id}.limit", topic="tool-limit", turn_id=turn_id,
-                                text=f"Stopped after {turn.max_steps_or(cfg.max_steps)} model calls; "
+                                text=f"Stopped after {limit} model calls; "
                                      "continue to let the agent go on.", can_continue=True))
-            emit(E.TurnLimitReached(at=now, turn_id=turn_id, max_steps=turn.max_steps_or(cfg.max_steps)))
+            emit(E.TurnLimitReached(at=now, turn_id=turn_id, max_steps=limit))
             continue
         if turn.llm_calls == 0 and _needs_compaction(state, cfg, turn_id):
             out.needs_compaction = turn_id
@@ -269,7 +376,7 @@ def _start_call(state: SessionState, cfg: AgentConfig, check: ToolCheck, rec: An
     """Start, refuse or hold one generated call; False while it waits for an approval."""
     turn_id = state.current_turn
     assert turn_id is not None
-    policy = check(rec.tool, rec.args)
+    policy = check(rec.tool, rec.args, rec.call_id)
     if not policy.exists:
         emit(E.ToolFinished(at=now, turn_id=turn_id, call_id=rec.call_id, status="failed",
                             output={"error": f"unknown tool {rec.tool!r}"}))
@@ -280,7 +387,7 @@ def _start_call(state: SessionState, cfg: AgentConfig, check: ToolCheck, rec: An
         return True
     if policy.needs_approval and cfg.permission_mode != "acceptCalls":
         return _gate(state, cfg, policy, rec, turn_id, now, emit)
-    if policy.needs_approval and rec.settlement is None:  # a denying grant holds in acceptCalls too
+    if policy.needs_approval and policy.grants and rec.settlement is None:  # a denying grant holds here too
         grant = settling(state.grants.values(), rec.tool, rec.args, now, turn_id, approving=False)
         if grant is not None:
             _settle_by_grant(state, policy, rec, turn_id, grant, now, emit)
@@ -311,7 +418,7 @@ def _gate(state: SessionState, cfg: AgentConfig, policy: ToolPolicy, rec: Any, t
     if rec.approval_id is not None:
         return False
     grant = settling(state.grants.values(), rec.tool, rec.args, now, turn_id,
-                     approving=cfg.permission_mode == "ask")
+                     approving=cfg.permission_mode == "ask") if policy.grants else None
     if grant is not None:
         _settle_by_grant(state, policy, rec, turn_id, grant, now, emit)
         return True

@@ -40,6 +40,7 @@ from protocol.limits import (
     MAX_TITLE,
     MAX_WAIT_MS,
     MIN_WAIT_MS,
+    one_line,
 )
 
 from .apps import AppManifest, clamp_mode
@@ -176,6 +177,7 @@ class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
     turn_id: str
     output_text: str | None = None
     code: str | None = None
+    message: str | None = None  # a failed turn's reason, one line
 
 
 class LoopEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -579,7 +581,8 @@ def _turn_result(outcome: TurnOutcome) -> TurnResult:
     if outcome.state == "completed":
         return TurnResult(state="completed", turn_id=outcome.turn_id, output_text=outcome.output_text,
                           code=outcome.code)
-    return TurnResult(state="failed", turn_id=outcome.turn_id, code=outcome.code or "error")
+    return TurnResult(state="failed", turn_id=outcome.turn_id, code=outcome.code or "error",
+                      message=one_line(outcome.reason or outcome.code or "error"))
 
 
 # --- the spawn_session tool (SPEC §4: starts a child session with context='caller') ------------

@@ -461,7 +461,15 @@ def _plan(s: SessionState, e: E.Event) -> None:
         s.plan, s.plan_explanation, s.plan_at = [], "", None
 
 
+def _count_summary_call(s: SessionState, usage: E.Usage | None) -> None:
+    """A summary call's tokens go into the session's accounting, not into its context usage."""
+    if usage is not None:
+        s.tokens_in += usage.prompt_tokens
+        s.tokens_out += usage.completion_tokens
+
+
 def _compacted(s: SessionState, e: E.ContextCompacted) -> None:
+    _count_summary_call(s, e.usage)
     message = summary_message(e.summary)
     s.summaries += 1
     turn = s.turns.get(e.turn_id) if e.turn_id else None
@@ -474,6 +482,7 @@ def _compacted(s: SessionState, e: E.ContextCompacted) -> None:
 
 
 def _compact_failed(s: SessionState, e: E.ContextCompactFailed) -> None:
+    _count_summary_call(s, e.usage)
     turn = s.turns.get(e.turn_id) if e.turn_id else None
     if turn is not None:
         turn.compaction_tried = True

@@ -80,7 +80,7 @@ from .settings_context import (
     session_chain,
     settings_of,
 )
-from .settings_document import ConfigDocument, dump_toml, layer_path
+from .settings_document import ConfigDocument, dump_toml, layer_path, setting_values
 from .settings_texts import text
 from .tools.sandbox import POLICIES
 
@@ -236,9 +236,12 @@ def default_fields(rt: Any) -> list[SettingField]:
                      # no default: unset, each session keeps the mode it was created with (actual)
                      options=("ask", "acceptCalls", "deny"),
                      prominence="composer", order=2, actual=permission_actual),
+        # seed 002: maxSteps 默认 20; Infinity 不限 -- JSON has no Infinity: 0 is unlimited
+        # (actors.session_decide.UNLIMITED_STEPS), and no finite maximum caps it
         SettingField("agent", "maxSteps", "integer", "Model calls per turn",
-                     "After this many model calls a turn stops with a notice; continue resumes it.",
-                     default=opts.max_steps, minimum=1, maximum=1000, prominence="common", order=3),
+                     "After this many model calls a turn stops with a notice; continue resumes it. "
+                     "0: unlimited (turn/abort still stops a turn).",
+                     default=opts.max_steps, minimum=0, prominence="common", order=3),
         SettingField("agent", "systemPrompt", "text", "System prompt",
                      "Unset: a built-in prompt naming the tools, the workspace and the sandbox; empty: none.",
                      default=opt(opts.system_prompt), max_length=100_000, prominence="common", order=4,
@@ -375,6 +378,14 @@ class SettingsService:
         #: seed 可选项: option sources by name, ``answer(dependency) -> options``
         self.option_sources: dict[str, Callable[[str | None], list[dict[str, Any]]]] = {
             MODEL_OPTIONS: lambda dependency: rt.models.options()}
+        if self.doc.problem is not None:  # at start there is nothing older to keep
+            log.warning("%s: %s; no settings are read from it (fix the file, then send the server SIGHUP)",
+                        self.doc.path, self.doc.problem)
+        else:
+            problem = self._document_values_problem(self.doc.doc)
+            if problem is not None:  # kept and shown (seed: 全局层不合法的值也照样给出), never in force
+                log.warning("%s: %s; that value is not used (fix the file, then send the server SIGHUP)",
+                            self.doc.path, problem)
         self._load_places()
 
     # --- declarations -------------------------------------------------------------------------
@@ -566,12 +577,41 @@ class SettingsService:
             return self.doc.values(["sessionSettings", "platformType", layer.platform, layer.type])
         return self.doc.values(["plugins"])
 
-    def refresh_host_config(self) -> None:
-        """Pick up an edit of the configuration document made by someone else."""
+    def refresh_host_config(self) -> bool:
+        """Pick up an edit of the configuration document made by someone else: True when a new
+        version is in force. An edit that is not a configuration document, or holds a value one
+        of the fields refuses, is refused (logged once; the values read before stay in force)."""
         with self._lock:
-            changed = self.doc.refresh()
+            changed = self.doc.refresh(self._document_values_problem)
         if changed:
-            self._changed(generation=True)
+            self._changed(generation=True)  # the next decision of every session reads the new values
+        return changed
+
+    def reload_host_config(self) -> str:
+        """``serve``'s SIGHUP: re-read the configuration document now; one line saying what came of it."""
+        path = self.doc.path
+        if self.refresh_host_config():
+            return f"{path} reloaded"
+        if self.doc.problem is not None:
+            return f"{path} refused: {self.doc.problem}; the settings read before stay in force"
+        return f"{path} unchanged"
+
+    def app_name(self) -> str | None:
+        """The document's ``name`` (the ``appName`` of a handshake), re-read if the file changed."""
+        self.refresh_host_config()
+        with self._lock:
+            name = self.doc.doc.get("name")
+        return name if isinstance(name, str) and name else None
+
+    def _document_values_problem(self, doc: dict[str, Any]) -> str | None:
+        """The first value of a declared field the field refuses, as ``<where in the file>: <why>``."""
+        with self._lock:
+            for where, plugin, key, value in setting_values(doc):
+                f = self.fields.get((plugin, key))
+                problem = check_value(f, value) if f is not None else None
+                if problem is not None:
+                    return f"{where}: {problem.split(': ', 1)[-1]}"
+        return None
 
     def effective(self, state: Any) -> dict[Ident, tuple[Any, str] | None]:
         """The effective value and source of every field that applies to the session."""

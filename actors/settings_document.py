@@ -9,9 +9,12 @@ platformType layers::
 The same file holds the named models, ``[models.NAME]``, read by :mod:`actors.model.registry`
 at start (and on a reload), never written here: a settings write keeps them, as every other key.
 
-:class:`ConfigDocument` re-reads it when it changed on disk and writes it whole and atomically
-(temp file, fsync, rename), keeping every other key; a failed or refused save (no write bit on
-the file) is answered with the ``unsaved`` sentence, not raised. :func:`dump_toml` is the TOML
+:class:`ConfigDocument` re-reads it when it changed on disk (when asked: a settings request, a
+handshake, ``serve``'s SIGHUP) and writes it whole and atomically (temp file, fsync, rename),
+keeping every other key; a failed or refused save (no write bit on the file) is answered with
+the ``unsaved`` sentence, not raised. An edit that does not read as a configuration document
+(not TOML, a table that is not one, a value a field refuses: the caller's ``check``) is refused:
+logged once, naming the file and what is wrong, and the document read before stays in force. :func:`dump_toml` is the TOML
 writer (tomllib only reads); :func:`layer_path` says where a layer keeps a plugin's values.
 """
 
@@ -23,7 +26,7 @@ import os
 import re
 import tempfile
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from protocol.schemas_types import PlatformLayer, PlatformTypeLayer
@@ -94,15 +97,74 @@ def dump_toml(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+#: Where the layers keep their plugin tables (``layer_path``), and how many table levels lie
+#: between that path and a plugin's table (platform; platform and type).
+_LAYER_TABLES: tuple[tuple[tuple[str, ...], int], ...] = (
+    (("plugins",), 0), (("sessionSettings", "platform"), 1), (("sessionSettings", "platformType"), 2))
+
+
+def _plugin_tables(doc: Mapping[str, Any]) -> Iterator[tuple[str, str, Any]]:
+    """``(dotted path, plugin, node)`` of every plugin table of the three layers; ``node`` is
+    whatever the file holds there (a table, unless the file is wrong). A node on the way that
+    is not a table comes as ``(its path, "", node)``."""
+    for path, depth in _LAYER_TABLES:
+        node: Any = doc
+        where = ""
+        for part in path:
+            if not isinstance(node, dict):
+                break
+            node, where = node.get(part), f"{where}.{part}" if where else part
+        if node is not None:
+            yield from _descend(node, where, depth)
+
+
+def _descend(node: Any, where: str, depth: int) -> Iterator[tuple[str, str, Any]]:
+    if not isinstance(node, dict):
+        yield where, "", node
+        return
+    for key, child in node.items():
+        if depth == 0:
+            yield f"{where}.{key}", key, child
+        else:
+            yield from _descend(child, f"{where}.{key}", depth - 1)
+
+
+def document_problem(doc: Mapping[str, Any]) -> str | None:
+    """Why ``doc`` is not a configuration document (the dotted path of the first table or
+    value that is wrong), or None: ``name`` a string; ``plugins.<plugin>``,
+    ``sessionSettings.platform.<platform>.<plugin>`` and
+    ``sessionSettings.platformType.<platform>.<type>.<plugin>`` tables."""
+    if "name" in doc and not isinstance(doc["name"], str):
+        return "name: expected a string"
+    for where, _plugin, node in _plugin_tables(doc):
+        if not isinstance(node, dict):
+            return f"{where}: expected a table"
+    return None
+
+
+def setting_values(doc: Mapping[str, Any]) -> Iterator[tuple[str, str, str, Any]]:
+    """``(dotted path, plugin, key, value)`` of every session-setting value in a document that
+    :func:`document_problem` accepts."""
+    for where, plugin, node in _plugin_tables(doc):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield f"{where}.{key}", plugin, key, value
+
+
 class ConfigDocument:
-    """``<data>/config.toml``: read when it changed on disk, written whole and atomically."""
+    """``<data>/config.toml``: read when it changed on disk, written whole and atomically.
+
+    ``problem`` is why the file on disk was last refused (None while what is on disk is in force)."""
 
     def __init__(self, path: str, language: str = "en") -> None:
         self.path = path
         self.language = language
         self.doc: dict[str, Any] = {}
+        self.problem: str | None = None
         self._signature: tuple[int, int, int] | None = None
-        self.refresh()
+        self._started = False
+        self.refresh()  # at start nothing older is in force: the owner says so (``problem``)
+        self._started = True
 
     def _stat(self) -> tuple[int, int, int] | None:
         try:
@@ -111,21 +173,38 @@ class ConfigDocument:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
-    def refresh(self) -> bool:
-        """Re-read the document if it changed on disk; True when it did."""
+    def refresh(self, check: Callable[[dict[str, Any]], str | None] | None = None) -> bool:
+        """Re-read the document if it changed on disk; True when the new one is in force.
+
+        One that cannot be read, is not TOML, fails :func:`document_problem` or ``check`` (a
+        sentence naming what is wrong) is refused: ``problem`` says why, a warning is logged
+        once for that version of the file, and the document read before stays in force. A
+        missing file is an empty document."""
         signature = self._stat()
         if signature == self._signature:
             return False
         self._signature = signature
         try:
             with open(self.path, "rb") as f:
-                self.doc = tomllib.load(f)
+                doc = tomllib.load(f)
         except FileNotFoundError:
-            self.doc = {}
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            log.warning("cannot read %s: %s", self.path, e)
-            self.doc = {}
+            doc = {}
+        except tomllib.TOMLDecodeError as e:
+            return self._refuse(f"not valid TOML ({e})")
+        except (OSError, UnicodeDecodeError) as e:
+            return self._refuse(f"cannot be read ({e})")
+        problem = document_problem(doc) or (check(doc) if check is not None else None)
+        if problem is not None:
+            return self._refuse(problem)
+        self.doc, self.problem = doc, None
         return True
+
+    def _refuse(self, problem: str) -> bool:
+        self.problem = problem
+        if self._started:
+            log.warning("%s refused: %s; the settings read before stay in force (fix the file, then send the "
+                        "server SIGHUP)", self.path, problem)
+        return False
 
     def table(self, path: Iterable[str]) -> Any:
         node: Any = self.doc
@@ -205,4 +284,4 @@ def layer_path(layer: Layer, plugin: str) -> list[str]:
     return ["plugins", plugin]
 
 
-__all__ = ["ConfigDocument", "dump_toml"]
+__all__ = ["ConfigDocument", "document_problem", "dump_toml", "setting_values"]

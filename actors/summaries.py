@@ -102,7 +102,8 @@ class SummaryIndex:
         return chain
 
     def descendants(self, session_id: str) -> list[str]:
-        """Every session below ``session_id`` (archive and delete take children along, seed 004)."""
+        """Every session below ``session_id``, each after its parent (archive and delete take
+        children along, seed 004; a delete purges them in the reverse order)."""
         with self._lock:
             return self._below(session_id)
 

@@ -52,6 +52,7 @@ __all__ = [
     "listing_key",
     "listing_row",
     "node_from_record",
+    "rewrites_listing",
     "summary_from_record",
     "summary_from_row",
     "summary_node",
@@ -60,6 +61,33 @@ __all__ = [
 ]
 
 DEFAULT_TITLE: Final = "New session"
+
+#: A commit holding one of these rewrites the listing record (event structs are final: no
+#: subclass to miss); :func:`rewrites_listing` adds the background-task events.
+LISTING_EVENT_TYPES: Final = frozenset({
+    E.SessionCreated, E.SessionRenamed, E.SessionArchived, E.SessionUnarchived, E.SessionDeleted,
+    E.SessionSeen, E.SessionParked, E.SessionUnparked, E.TurnStarted, E.TurnCompleted, E.TurnFailed,
+    E.TurnAborted, E.TurnLimitReached, E.MessagesImported, E.ToolApprovalRequested, E.ToolApprovalSettled,
+    E.TaskEnded,
+    # seed 004 增量: token 记账 pushes too: every model call's tokens, a summary call's included
+    E.LlmCompleted, E.ContextCompacted, E.ContextCompactFailed,
+})
+
+
+def rewrites_listing(events: list[E.Event]) -> bool:
+    """Whether a commit of ``events`` rewrites the session's listing record: the one rule the
+    session actor writes records by and ``replay --verify`` checks them by.
+
+    Besides :data:`LISTING_EVENT_TYPES`, ``background`` (running background tasks) moves when a
+    task starts (the tool call that hands back its ``taskId``) or ends: with its notice, or, for
+    an end the model is not told of (stopped), with the copy of ``task.ended`` the task service
+    has the session commit."""
+    for e in events:
+        t = type(e)
+        if t in LISTING_EVENT_TYPES or (t is E.ToolFinished and e.task_id) or (  # type: ignore[attr-defined]
+                t is E.NoticePosted and e.topic == "background-task"):  # type: ignore[attr-defined]
+            return True
+    return False
 
 
 class SummaryRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
@@ -172,6 +200,20 @@ def summary_record(state: SessionState, attention: bool = False, background: int
         state.status.value,  # status
         created.app_id if created is not None else None,  # app_id
         created.activity if created is not None else "interactive",  # activity
+    )
+
+
+def tombstone_record(state: SessionState, now: int) -> SummaryRecord:
+    """The listing record a deleted session keeps: ids, tree place, owner and ``deleted``, no
+    title, name, reason or place name (seed 004: delete clears the history), so ``sessions/list``
+    skips it, ``sessions/changed`` removes it and its children's ancestors stay known."""
+    created = state.created
+    return SummaryRecord(
+        id=state.session_id, kind=created.kind if created is not None else "owner",
+        parent_id=created.parent_id if created is not None else None, created_at=state.created_at,
+        updated_at=now, deleted=True, status=state.status.value,
+        app_id=created.app_id if created is not None else None,
+        activity=created.activity if created is not None else "interactive",
     )
 
 

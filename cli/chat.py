@@ -81,6 +81,7 @@ from .output import (
     speaker_name,
     timeline,
     tool_card,
+    turn_line,
 )
 
 __all__ = ["Presence", "SessionView", "chat", "pump", "subscribe", "wait_for_turn"]
@@ -110,6 +111,7 @@ class SessionView:
         self.turn_done = asyncio.Event()
         self.turn_id: str | None = None
         self.outcome: str | None = None
+        self.reason: str | None = None  # why our turn ended in error (the turn item's reason)
         self.answers: dict[str, str] = {}  # agent-message itemId -> canonical text, of our turn
         self._expect: str | None = None
         self._turn_confirmed = False
@@ -136,6 +138,7 @@ class SessionView:
         self._turn_confirmed = False
         self.turn_id = None
         self.outcome = None
+        self.reason = None
         self.answers.clear()
         self.turn_done.clear()
 
@@ -209,9 +212,10 @@ class SessionView:
                 self._line(notice_line(item), key=(item.item_id, "done"))
         elif isinstance(item, TurnItem) and item.outcome is not None and self._is_ours(item):
             self.outcome = item.outcome
+            self.reason = item.reason
             self._expect = None
             if show and item.outcome != "replied":
-                self._line(f"[turn {item.outcome}]", key=(item.item_id, "done"))
+                self._line(turn_line(item), key=(item.item_id, "done"))
             self._end_line()
             self.turn_done.set()
 

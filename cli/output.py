@@ -262,6 +262,16 @@ def tool_card(item: ToolCallItem, *, label: bool = True) -> str:
     return f"{head} -> {', '.join(facts)}"
 
 
+def turn_line(item: TurnItem) -> str:
+    """How a turn that did not reply ends in a transcript: ``[turn error] <reason> (step <id>)``
+    for a failure, marked so it cannot be mistaken for the agent's words."""
+    if item.outcome != "error":
+        return f"[turn {item.outcome}]"
+    reason = clean(item.reason) if item.reason else "no reason recorded"
+    step = f" (step {clean(item.step_id)})" if item.step_id else ""
+    return f"[turn error] {reason}{step}"
+
+
 def notice_line(item: NoticeItem, *, label: bool = True) -> str:
     """A notice: its topic and text (its facts when it has no text)."""
     text = clean(item.text)

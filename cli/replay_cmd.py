@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -28,6 +29,15 @@ from typing import Any
 import click
 import msgspec
 
+from actors.approvals import ApprovalService, GateInputs
+from actors.gateway import SessionProtocolService
+from actors.replay import (
+    MemoryClient,
+    override_settlement,
+    replayed_settlement,
+    rerun_gate,
+)
+from actors.session import Query
 from eventstore import EventStore, RecordedEvent
 from eventstore import events as E
 from eventstore.codec import encode_event, event_from_builtins
@@ -66,10 +76,15 @@ def _open_store(data_dir: str, session_id: str, *, readonly: bool = True) -> Eve
 
 
 def _read_session(store: EventStore, data_dir: str, session_id: str) -> list[RecordedEvent]:
+    """The session's events; one clear line (ClickException) when it does not exist or was
+    deleted (a deleted session's stream holds only its tombstone: there is nothing to show)."""
     try:
         events = store.read_stream(f"session-{session_id}")
+        deleted = bool(events) and store.purged(f"session-{session_id}")
     except SessionloopError as e:
         raise click.ClickException(str(e)) from e
+    if deleted:
+        raise click.ClickException(f"session {session_id} not found in {data_dir}: it was deleted")
     if not events:
         raise click.ClickException(f"session {session_id} not found in {data_dir}")
     return events
@@ -550,7 +565,8 @@ class _ModelOverrides:
 
 class _Override(msgspec.Struct, kw_only=True):
     """One ``--override-tool STEP=JSON``: a tool call's result (``output``) or a model call's
-    answer (``answer``, for ``kind == "model"``)."""
+    answer (``answer``, for ``kind == "model"``); or one ``--override-approval ID=DECISION``
+    (``kind == "approval"``: ``decision`` answers the approval ``approval_id``)."""
 
     step: str
     kind: str
@@ -562,6 +578,48 @@ class _Override(msgspec.Struct, kw_only=True):
     call: int = 0
     answer: Any = None
     recorded: Any = None
+    decision: str = ""
+    approval_id: str = ""
+
+
+class _Asked(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``Runtime.approval_settled`` needs of an approval the fork asked for."""
+
+    id: str
+    session_id: str
+    turn_id: str
+    call_id: str
+
+
+class _RecordedApprovals(ApprovalService):
+    """The approvals of a rerun's fork, answered from the recording (SPEC §9), as the model's
+    answers and the tools' results are: each call that needs one meets the gate the recording
+    says it met (asked; or settled at once by a grant, ``absent``, ``rate-limit``:
+    :func:`actors.replay.rerun_gate`), and an approval the fork asks for is answered at once
+    with the recorded settlement (a grant it made lasting as long as it did) or with the
+    ``--override-approval`` answer, which wins over a recorded grant. Nobody is asked: no
+    approval actor, push or approval stream. Sessions other than the fork keep the real rules."""
+
+    def __init__(self, job: _Rerun) -> None:
+        super().__init__(job.rt, job.rt.approvals.timing)
+        self.job = job
+
+    def _is_fork(self, session_id: str) -> bool:
+        return self.job.fork is not None and session_id == self.job.fork.id
+
+    def gate(self, session_id: str, call_id: str) -> GateInputs:
+        if not self._is_fork(session_id):
+            return super().gate(session_id, call_id)
+        key = (self.job.current_turn, call_id)
+        return rerun_gate(self.job.plan.approvals.get(key), key in self.job.approval_overrides)
+
+    def open(self, session_actor: Any, event: E.ToolApprovalRequested) -> None:
+        if not self._is_fork(session_actor.sid):
+            super().open(session_actor, event)
+            return
+        asked = _Asked(id=event.approval_id, session_id=session_actor.sid, turn_id=event.turn_id,
+                       call_id=event.call_id)
+        self.rt.approval_settled(asked, self.job.approval_answer(event.call_id))
 
 
 class _Rerun:
@@ -573,8 +631,11 @@ class _Rerun:
         self.provider_name, self.tools_mode, self.timeout = provider, tools, timeout
         self.overrides = {(o.turn, o.call_id): o for o in overrides if o.kind == "tool"}
         self.model_overrides = {(o.turn, o.call): o for o in overrides if o.kind == "model"}
+        self.approval_overrides = {(o.turn, o.call_id): o for o in overrides if o.kind == "approval"}
         self.current_turn = 0
         self.fork: Any = None
+        self.gateway: Any = None  # the host's protocol service: the settings layers, session/delete
+        self.client: Any = None  # an owner connection to it
         self.fork_workspace: Any = None
         self.original_workspace: Any = None
         self.shared_workspace = False
@@ -599,8 +660,35 @@ class _Rerun:
         if self.model_overrides:
             provider = _ModelOverrides(provider, self)
         self.rt.set_provider(provider)
+        self.rt.set_approvals(_RecordedApprovals(self))
         if self.tools_mode == "replay" or self.overrides:
             self._install_tools()
+        # the settings layers resolve as on a server (config.toml, places, the session layer)
+        self.gateway = SessionProtocolService(self.rt, host=self.host)
+        self.client = MemoryClient(self.gateway, self.timeout)
+        self.client.initialize("sessionloop-rerun")
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.gateway is not None:
+            self.gateway.close()
+
+    def approval_answer(self, call_id: str) -> E.Settlement:
+        """How the approval of ``call_id`` in the current re-run turn is answered: the override,
+        else the recorded settlement; an approval the recording never answered is denied as
+        nobody was present (said in the report)."""
+        key = (self.current_turn, call_id)
+        now = int(time.time() * 1000)
+        override = self.approval_overrides.get(key)
+        if override is not None:
+            return override_settlement(override.decision, now)
+        recorded = self.plan.approvals.get(key)
+        if recorded is not None and recorded.settlement is not None:
+            return replayed_settlement(recorded.settlement, now)
+        self.problems.append(f"re-run turn {key[0]}: call {call_id} asked for an approval the recording has no "
+                             "answer to; it was denied as nobody was present")
+        return E.Settlement(state="denied", source="absent", at=now)
 
     def _original_state(self) -> Any:
         from actors.replay import fold_events
@@ -712,6 +800,7 @@ class _Rerun:
 
     def _send(self, turn: Any) -> str:
         self.current_turn = turn.number
+        self._settings_for(turn.number)
         session = self.host.session(self.fork.id)
         if turn.is_continue:
             receipt = session.continue_turn()
@@ -725,16 +814,44 @@ class _Rerun:
                                        f"(fork {self.fork.id} kept; raise --timeout)")
         return str(receipt.turn_id)
 
+    def _settings_for(self, turn: int) -> None:
+        """Give the fork the session layer of settings the original had when turn ``turn``
+        started (a fork copies the conversation only), through ``session/config/update``: the
+        permission mode, the sandbox policy and the agent options then decide as they did."""
+        wanted = self.plan.settings.get(turn, {})
+        have = self.rt.ask(self.fork.id, lambda r: Query(lambda a: dict(a.state.settings), r), self.timeout)
+        for key in sorted(set(wanted) | set(have)):
+            if key in wanted and key in have and wanted[key] == have[key]:
+                continue
+            plugin, _, name = key.partition("/")
+            reply = self.client.call("session/config/update", {"sessionId": self.fork.id, "plugin": plugin,
+                                                               "key": name, "value": wanted.get(key)})
+            if "error" in reply:
+                self.problems.append(f"re-run turn {turn}: the fork could not take the setting {key} = "
+                                     f"{_short(wanted.get(key))}: {reply['error'].get('message')}")
+
+    def discard(self) -> None:
+        """Delete the fork (``session/delete``, as an owner would) and the workspace the rerun made."""
+        reply = self.client.call("session/delete", {"sessionId": self.fork.id})
+        if "error" in reply:
+            raise click.ClickException(f"--discard: the fork {self.fork.id} could not be deleted: "
+                                       f"{reply['error'].get('message')}")
+        if self.fork_workspace is not None and not self.shared_workspace:
+            shutil.rmtree(self.fork_workspace.root, ignore_errors=True)
+
     def _loose(self) -> dict[int, frozenset[str]]:
         loose: dict[int, frozenset[str]] = {}
         numbers = {t.turn_id: t.number for t in self.plan.turns}
         overridden_steps = {o.step_id for o in self.model_overrides.values()}
         for i, (turn_id, rec) in enumerate(self.plan.expected):
             e = rec.event
-            if isinstance(e, E.ToolFinished) and (numbers.get(turn_id), e.call_id) in self.overrides:
+            key = (numbers.get(turn_id), getattr(e, "call_id", None))
+            if isinstance(e, E.ToolFinished) and key in self.overrides:
                 loose[i] = frozenset({"output", "status", "exit_code"})
             elif isinstance(e, (E.LlmCompleted, E.LlmFailed)) and e.step_id in overridden_steps:
                 loose[i] = frozenset({"text", "reasoning", "tool_calls", "usage", "model", "provider", "error"})
+            elif isinstance(e, (E.ToolApprovalSettled, E.ToolFinished)) and key in self.approval_overrides:
+                loose[i] = frozenset({"settlement", "output", "status", "exit_code"})
         return loose
 
 
@@ -773,6 +890,26 @@ def _parse_overrides(plan: Any, values: tuple[str, ...]) -> list[_Override]:
     return out
 
 
+def _parse_approval_overrides(plan: Any, values: tuple[str, ...]) -> list[_Override]:
+    out: list[_Override] = []
+    for value in values:
+        ref, sep, decision = value.partition("=")
+        if not sep or not ref or decision not in ("approve", "deny"):
+            raise click.ClickException(f"--override-approval {value!r}: expected ID=approve or ID=deny (an "
+                                       "approval id, a call id, or the number of the approval after the fork point)")
+        try:
+            found = plan.find_approval(ref)
+        except ValueError as e:
+            raise click.ClickException(f"--override-approval {ref}: {e}") from e
+        if any(o.approval_id == found.approval_id for o in out):
+            raise click.ClickException(f"--override-approval {ref}: approval {found.approval_id} is overridden twice")
+        s = found.settlement
+        out.append(_Override(step=ref, kind="approval", turn=found.turn, call_id=found.call_id, tool=found.tool,
+                             decision=decision, approval_id=found.approval_id,
+                             recorded=f"{s.state} ({s.source})" if s is not None else "never settled"))
+    return out
+
+
 def _other_unfinished(data_dir: str, session_id: str) -> list[str]:
     """Sessions with unfinished work (an interrupted turn, queued inputs): opening a host on the
     data directory resumes them, and a rerun must run no turn but its own, with its own model."""
@@ -788,7 +925,7 @@ def _open_rerun_host(data_dir: str, max_steps: int | None) -> Any:
     from actors.runtime import HostOptions
 
     try:
-        return Host.open(data_dir, durability="sync", max_steps=max_steps or HostOptions().max_steps)
+        return Host.open(data_dir, durability="sync", max_steps=HostOptions().max_steps if max_steps is None else max_steps)  # 0: unlimited
     except StoreLocked as e:
         raise click.ClickException(
             f"{data_dir} is in use by a running server ({e.holder}); rerun forks the session in the same data "
@@ -810,27 +947,42 @@ def _open_rerun_host(data_dir: str, max_steps: int | None) -> Any:
                    "a model call (its llm step id as replay shows it, or llm:N, the N-th model call after the fork "
                    'point) gets JSON as its answer: {"text": ..., "toolCalls": [{"name": ..., "args": ...}]}, '
                    'or {"error": ...} to fail. Repeatable.')
+@click.option("--override-approval", "approval_overrides", multiple=True, metavar="ID=approve|deny",
+              help="What-if: answer one approval of the re-run turns otherwise than recorded (ID: its approval "
+                   "id as replay shows it, the call id when one call has it, or its 1-based number after the "
+                   "fork point). The answer wins over a grant that settled the call in the recording. "
+                   "Repeatable.")
+@click.option("--discard", is_flag=True,
+              help="Delete the fork when the comparison is done (session/delete, as an owner would) and the "
+                   "workspace the rerun made for it; the report still names it.")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=120.0, show_default=True,
               help="Seconds to wait for each re-run turn.")
 @_data_option
 @_json_option
 def rerun(session: str, from_turn: int, provider: str, tools_mode: str, overrides: tuple[str, ...],
-          timeout: float, data_dir: str, as_json: bool) -> None:
+          approval_overrides: tuple[str, ...], discard: bool, timeout: float, data_dir: str,
+          as_json: bool) -> None:
     """Fork SESSION at user turn N and re-run the later inputs, then compare the new event log with
     the recorded one modulo ids and times. The first divergence is reported like a workflow
     replayer's non-determinism error (event index, tag, field, expected and got) and exits 1.
 
-    The fork is kept in the same data directory (inspect it with ``replay``); the command needs
-    the writer lock, so it refuses while a server runs there. Owner actions (renames, rewinds,
-    manual compaction) are not repeated and not compared; approvals are answered as the fork's
-    permission mode says, not as recorded.
+    The fork is titled "rerun of SESSION from turn N" and kept in the same data directory
+    (inspect it with ``replay``) unless --discard is given; the command needs the writer lock,
+    so it refuses while a server runs there. Approvals are answered as recorded: a call the
+    owner approved or denied is asked and gets the recorded answer (a grant it made settles the
+    same later calls), a call a grant or nobody's presence settled at once is settled so again;
+    --override-approval answers one otherwise. The fork takes the original's session settings
+    (permission mode, sandbox policy, agent options) as they were at each re-run turn. Other
+    owner actions (renames, rewinds, grant revocations, manual compaction) are not repeated and
+    not compared.
 
     \b
     Examples:
       sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 2
-      sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 0 --provider mock --json
+      sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 0 --provider mock --json --discard
       sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 1 --override-tool 1='{"entries": []}'
       sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 1 --override-tool llm:1='{"text": "no"}'
+      sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 0 --override-approval 1=deny
     """
     from actors.replay import plan_rerun
 
@@ -841,7 +993,7 @@ def rerun(session: str, from_turn: int, provider: str, tools_mode: str, override
         plan = plan_rerun(session_id, _read_readonly(data_dir, session_id), from_turn)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
-    parsed = _parse_overrides(plan, overrides)
+    parsed = _parse_overrides(plan, overrides) + _parse_approval_overrides(plan, approval_overrides)
     unfinished = _other_unfinished(data_dir, session_id)
     if unfinished:
         raise click.ClickException(
@@ -852,12 +1004,19 @@ def rerun(session: str, from_turn: int, provider: str, tools_mode: str, override
     try:
         events = _read_session(host.store, data_dir, session_id)
         plan = plan_rerun(session_id, events, from_turn)  # again, under the writer lock
+        parsed = _parse_overrides(plan, overrides) + _parse_approval_overrides(plan, approval_overrides)
         job = _Rerun(host, plan, events, provider=provider, tools=tools_mode, overrides=parsed, timeout=timeout)
-        job.prepare()
-        outcome = job.run(show_progress=not as_json and sys.stderr.isatty())
+        try:
+            job.prepare()
+            outcome = job.run(show_progress=not as_json and sys.stderr.isatty())
+            if discard:
+                job.discard()
+        finally:
+            job.close()
     finally:
         host.close()
     report = _rerun_report(job, outcome, parsed, provider, tools_mode, data_dir)
+    report["discarded"] = discard
     if as_json:
         _print_json(report)
     else:
@@ -903,6 +1062,9 @@ def _override_json(o: _Override) -> dict[str, Any]:
     if o.kind == "tool":
         return {"step": o.step, "kind": "tool", "callId": o.call_id, "tool": o.tool, "turn": o.turn,
                 "output": o.output}
+    if o.kind == "approval":
+        return {"step": o.step, "kind": "approval", "approvalId": o.approval_id, "callId": o.call_id,
+                "tool": o.tool, "turn": o.turn, "decision": o.decision, "recorded": o.recorded}
     return {"step": o.step, "kind": "model", "stepId": o.step_id, "turn": o.turn, "call": o.call,
             "answer": msgspec.to_builtins(o.answer)}
 
@@ -914,6 +1076,9 @@ def _render_rerun(r: dict[str, Any]) -> Iterator[str]:
         if o["kind"] == "tool":
             yield (f"override: tool call {o['callId']} ({o['tool']}, re-run turn {o['turn']}) answered with "
                    f"{_short(o['output'])}")
+        elif o["kind"] == "approval":
+            yield (f"override: approval {o['approvalId']} ({o['tool']} call {o['callId']}, re-run turn "
+                   f"{o['turn']}) answered {o['decision']} (recorded: {o['recorded']})")
         else:
             yield (f"override: model call {o['call']} of re-run turn {o['turn']} (step {o['stepId']}) answered "
                    f"with {_short(o['answer'])}")
@@ -938,7 +1103,10 @@ def _render_rerun(r: dict[str, Any]) -> Iterator[str]:
         else:
             yield f"  expected {_short(d.get('expected'), 200)}"
             yield f"  got      {_short(d.get('got'), 200)}"
-    yield f"inspect the fork: sessionloop replay {r['fork']} --data {r['data']}"
+    if r.get("discarded"):
+        yield f"the fork {r['fork']} was discarded (--discard)"
+    else:
+        yield f"inspect the fork: sessionloop replay {r['fork']} --data {r['data']}"
 
 
 def _at(d: dict[str, Any], key: str, label: str) -> str:

@@ -1,4 +1,16 @@
-"""``sessionloop serve``: the host, the gateway and the WebSocket transport in one process."""
+"""``sessionloop serve``: the host, the gateway and the WebSocket transport in one process.
+
+Reloading: on SIGHUP the server re-reads ``config.toml`` (the models ``[models.NAME]`` first, then
+the global, platform and platformType layers of the session settings, and the ``name`` of
+handshakes) and the apps file. A file that
+does not load (not TOML, a table or value that is wrong, an app token under 32 characters...)
+is refused with one log line naming the file and what is wrong, and what was read before stays
+in force. A reload of the apps file swaps the transport's token table and the app manifests
+together (a token never authenticates an app without its manifest); an app removed from the
+file, or whose token changed, loses access at once: its open connections are closed with
+:data:`CLOSE_REVOKED`. A removed app's last manifest stays the ceiling of its existing sessions
+until the server restarts. One line on stdout says what each reload did.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +19,6 @@ import logging
 import os
 import secrets
 import signal
-import sys
 import tomllib
 from collections.abc import Callable
 from typing import Any
@@ -15,15 +26,22 @@ from typing import Any
 import click
 
 from actors import gc_policy
-from actors.apps import MODES
+from actors.apps import MODES, AppManifest, check_manifest
+from actors.errors import InvalidCommand
 from actors.model.registry import (
     CONFIG_PROVIDERS,
     ModelConfigError,
     ModelFlags,
     load_model_configs,
 )
+from actors.session_decide import steps_limit
 from actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
 from eventstore.errors import SessionloopError
+from protocol.transport import AppCredential
+
+from .logs import FORMATS as LOG_FORMATS
+from .logs import LEVELS as LOG_LEVELS
+from .logs import configure as configure_logging
 
 DEFAULT_DATA = ".sessionloop"
 DEFAULT_PORT = 8765
@@ -34,11 +52,13 @@ CONFIG_FILE = "config.toml"  # the host configuration document: [models.NAME], [
 #: an app token is a password strangers may guess at: 32 characters of token_urlsafe are 192 bits
 MIN_APP_TOKEN_CHARS = 32
 
+#: WebSocket close code of a connection whose credential a reload revoked (4000-4999: ours;
+#: 4001 as HTTP 401, beside 4008 "slow consumer")
+CLOSE_REVOKED = 4001
+
 log = logging.getLogger("sessionloop.serve")
 models_log = logging.getLogger("sessionloop.models")
 _LIMITS = ExecLimits()  # the defaults the --exec-* options show
-#: libraries that log every connection or request at INFO: kept at WARNING
-QUIET_LOGGERS = ("websockets", "httpx", "httpcore")
 
 
 def model_flag_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -64,6 +84,19 @@ def flags_from(model_provider: str | None, base_url: str | None, model_name: str
                 api_key_env: str | None) -> ModelFlags | None:
     flags = ModelFlags(provider=model_provider, base_url=base_url, model=model_name, api_key_env=api_key_env)
     return flags if flags.table() else None
+
+
+class StepsLimit(click.ParamType):
+    """``--max-steps``: a whole number of model calls per turn, or ``unlimited`` (also ``0``,
+    ``inf``, ``infinity``: seed 002's Infinity 不限)."""
+
+    name = "N|unlimited"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            return steps_limit(value, "")  # click names the option
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
 
 
 def read_or_create_token(data_dir: str) -> tuple[str, bool]:
@@ -142,15 +175,17 @@ class Server:
         if token is None:
             token, self.token_is_new = read_or_create_token(self.data_dir)
         self.token = token
-        apps_path = apps_file or os.path.join(self.data_dir, "apps.toml")
+        self.apps_path = apps_file or os.path.join(self.data_dir, "apps.toml")
         # the apps file holds every app's token: no command may see it, wherever it lives
         self.host = Host.open(self.data_dir, durability=durability,
-                              sandbox_hide=[os.path.abspath(apps_path), *sandbox_hide], **host_options)
+                              sandbox_hide=[os.path.abspath(self.apps_path), *sandbox_hide], **host_options)
         self._report_sandbox()
-        apps = load_apps(apps_path)
+        apps = load_apps(self.apps_path)
+        manifests, app_tokens = self._apps_of(apps)
+        self.host.apps.register_all(manifests)
         self.service = self._service(apps, request_limit(max_frame_mb * 1024 * 1024))
         self.config = TransportConfig(host=host, port=port, owner_token=token,
-                                      app_tokens=self._app_tokens(apps), allowed_origins=list(allowed_origins),
+                                      app_tokens=app_tokens, allowed_origins=list(allowed_origins),
                                       max_frame_bytes=max_frame_mb * 1024 * 1024,
                                       max_outbox_bytes=int(max_outbox_mb * 1024 * 1024),
                                       ping_interval=ping_interval, ping_timeout=ping_timeout,
@@ -158,6 +193,10 @@ class Server:
                                       inflight_wait=inflight_wait, metrics_public=metrics_public,
                                       auth_failures=auth_failures, auth_window=auth_window)
         self.transport: Any = None
+
+    def secrets(self) -> list[str]:
+        """What no log line may show: the owner token and every app token now in force."""
+        return [self.token, *self.config.app_tokens]
 
     def _report_sandbox(self) -> None:
         """Say at start how commands will run (SPEC §7: never a silent fallback)."""
@@ -181,46 +220,103 @@ class Server:
         for line in models.describe():
             models_log.info("%s", line)
 
-    def reload_models(self) -> str | None:
-        """Read the models of config.toml (and the flags) again and use them (a reload, e.g. on
-        SIGHUP): sessions take them at their next model call. On a problem the models in use
-        stay, and the one-line reason is logged and returned."""
+    def reload_models(self) -> str:
+        """Read the models of config.toml (and the flags) again and use them (SIGHUP): sessions
+        take them at their next model call. A model that cannot be used refuses the whole
+        reload: it is logged with the reason and the models read before stay in force. The
+        line saying what came of it."""
         try:
             self.host.rt.reload_models(load_model_configs(self.config_path, self.model_flags))
         except ModelConfigError as e:
-            models_log.error("models not reloaded, the current ones stay: %s", e)
-            return str(e)
+            models_log.warning("models refused: %s; the models read before stay in force", e)
+            return f"models refused: {e}; the models read before stay in force"
         self._report_models()
-        return None
+        models = self.host.rt.models
+        return (f"models reloaded: {', '.join(c.name for c in models.configs())} "
+                f"(default {models.default.entry_id})")
 
     def _service(self, apps: dict[str, Any], max_request_bytes: int) -> Any:
         from actors.gateway import SessionProtocolService
         from protocol.connection import Limits
 
         service = SessionProtocolService(self.host.rt, host=self.host, limits=Limits(max_frame_bytes=max_request_bytes))
-        for app_id, table in apps.items():
-            if isinstance(table, dict):
-                self.host.register_app(app_id, platform=str(table.get("platform", app_id)),
-                                       sessions=bool(table.get("sessions", True)),
-                                       containers=[str(c) for c in table.get("containers", [])],
-                                       token=table.get("token"),
-                                       name=str(table.get("name", "")),
-                                       permission_modes=list(table.get("permission_modes", MODES)),
-                                       sandbox=str(table.get("sandbox", DEFAULT_POLICY)))
         for hook in service_hooks:
             hook(self, service, apps)
         return service
 
-    def _app_tokens(self, apps: dict[str, Any]) -> dict[str, Any]:
-        from protocol.transport import AppCredential
-
-        tokens = {}
+    def _apps_of(self, apps: dict[str, Any]) -> tuple[list[AppManifest], dict[str, AppCredential]]:
+        """The manifests and the token table of ``load_apps``'s tables, all checked: raises
+        ClickException naming the app and what is wrong (never a token), changing nothing."""
+        manifests: list[AppManifest] = []
+        tokens: dict[str, AppCredential] = {}
         for app_id, table in apps.items():
-            token = table.get("token") if isinstance(table, dict) else None
+            where = f"{self.apps_path}: [apps.{app_id}]"
+            if not isinstance(table, dict):
+                raise click.ClickException(f"{where} must be a table")
+            token = table.get("token")
             if not isinstance(token, str) or not token:
-                raise click.ClickException(f"apps file: [apps.{app_id}] needs a token")
-            tokens[token] = AppCredential(app_id=app_id, platform=str(table.get("platform", app_id)))
-        return tokens
+                raise click.ClickException(f"{where} needs a token")
+            if token in tokens or token == self.token:
+                other = tokens[token].app_id if token in tokens else "the owner"
+                raise click.ClickException(f"{where} has the same token as {other}")
+            modes, containers = table.get("permission_modes", list(MODES)), table.get("containers", [])
+            if not isinstance(modes, list) or not isinstance(containers, list):
+                raise click.ClickException(f"{where}: permission_modes and containers must be lists")
+            platform = str(table.get("platform", app_id)) or app_id
+            manifest = AppManifest(id=app_id, platform=platform, sessions=bool(table.get("sessions", True)),
+                                   containers=[str(c) for c in containers], token=token,
+                                   name=str(table.get("name", "")), permission_modes=[str(m) for m in modes],
+                                   sandbox=str(table.get("sandbox", DEFAULT_POLICY)))
+            try:
+                check_manifest(manifest)
+            except InvalidCommand as e:
+                raise click.ClickException(f"{where}: {e}") from e
+            manifests.append(manifest)
+            tokens[token] = AppCredential(app_id=app_id, platform=platform)
+        return manifests, tokens
+
+    # --- SIGHUP -----------------------------------------------------------------------------------
+
+    def reload(self) -> str:
+        """Re-read config.toml and the apps file (SIGHUP; see the module docstring): the line
+        saying what came of it. Runs on the event loop's thread, so no authentication runs
+        while the token table changes."""
+        settings = self.host.rt.settings_service
+        said = [self.reload_models(),  # first: a setting may name a model this edit adds
+                settings.reload_host_config() if settings is not None else "no settings service",
+                self._reload_apps()]
+        return "reload (SIGHUP): " + "; ".join(said)
+
+    def _reload_apps(self) -> str:
+        try:
+            manifests, tokens = self._apps_of(load_apps(self.apps_path))
+        except click.ClickException as e:
+            log.warning("apps file refused: %s; the apps read before stay in force", e.message)
+            return f"{self.apps_path} refused: {e.message}; the apps read before stay in force"
+        before = {cred.app_id: token for token, cred in self.config.app_tokens.items()}
+        after = {cred.app_id: token for token, cred in tokens.items()}
+        old = {m.id: self.host.apps.find(m.id) for m in manifests}
+        self.host.apps.register_all(manifests)  # in force before any token can name them
+        self.config.app_tokens = tokens  # one swap: the transport reads the table per request
+        revoked = {a for a in before if a not in after or after[a] != before[a]}
+        closed = self._close_connections_of(revoked)
+        added = sorted(a for a in after if a not in before)
+        changed = sorted(m.id for m in manifests if m.id in before and old[m.id] != m and m.id not in revoked)
+        return (f"{self.apps_path} reloaded: {len(after)} app(s); added {', '.join(added) or 'none'}; removed "
+                f"{', '.join(sorted(a for a in before if a not in after)) or 'none'}; token changed "
+                f"{', '.join(sorted(a for a in revoked if a in after)) or 'none'}; manifest changed "
+                f"{', '.join(changed) or 'none'}; {closed} connection(s) of revoked apps closed")
+
+    def _close_connections_of(self, app_ids: set[str]) -> int:
+        if not app_ids:
+            return 0
+        closed = 0
+        for conn in list(self.service.connections):
+            peer = conn.peer
+            if peer.app_id in app_ids and peer.disconnect is not None:
+                peer.disconnect(CLOSE_REVOKED, "the app's token was revoked (the apps file was reloaded)")
+                closed += 1
+        return closed
 
     async def start(self) -> int:
         from protocol.transport import SessionServer
@@ -249,6 +345,13 @@ class Server:
 service_hooks: list[Any] = []
 
 
+def _reload(server: Server) -> None:
+    try:
+        print(f"sessionloop {server.reload()}", flush=True)
+    except Exception:  # a reload must never stop the server
+        log.exception("reload (SIGHUP) failed; what was read before stays in force")
+
+
 async def _run(server: Server, quiet: bool) -> None:
     port = await server.start()
     gc_policy.freeze_startup()
@@ -256,7 +359,12 @@ async def _run(server: Server, quiet: bool) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, _reload, server)
     info = server.host.store.info()
+    rt = server.host.rt
+    log.info("serving ws://%s:%d/session: data %s, durability %s, epoch %d, model %s, sandbox %s (default policy "
+             "%s), %d apps", server.config.host, port, server.data_dir, info["durability"], server.host.epoch,
+             rt.options.model, rt.sandbox.mode, rt.options.sandbox_policy, len(server.config.app_tokens))
     print(f"sessionloop listening on ws://{server.config.host}:{port}/session "
           f"(data {server.data_dir}, durability {info['durability']}, epoch {server.host.epoch})", flush=True)
     if server.token_is_new and not quiet:
@@ -280,6 +388,9 @@ async def _run(server: Server, quiet: bool) -> None:
               help="Provider of the built-in model when no model is configured (mock, openai with OPENAI_* "
                    "variables); prefer [models.NAME] in DATA/config.toml or --model-provider.")
 @model_flag_options
+@click.option("--max-steps", default="20", show_default=True, type=StepsLimit(),
+              help="Model calls per turn before it stops with a tool-limit notice (the agent/maxSteps setting "
+                   "overrides it); 'unlimited' (or 0) for no limit: turn/abort still stops a turn.")
 @click.option("--allow-origin", "allowed_origins", multiple=True,
               help="A browser Origin to accept (repeatable), e.g. https://console.example. Accepted without it: "
                    "requests with no Origin (terminals, bots) and the server's own listen address (bound to "
@@ -344,31 +455,45 @@ async def _run(server: Server, quiet: bool) -> None:
               type=click.FloatRange(min=0), help="Output of one command, MiB; past it the command is killed.")
 @click.option("--exec-file-size-mb", default=_LIMITS.file_size_mb, show_default=True,
               type=click.IntRange(min=0), help="Largest file a command may write, MiB (0: no limit).")
+@click.option("--log-level", type=click.Choice(list(LOG_LEVELS)), default="info", show_default=True,
+              help="Log lines at this level and above go to stderr (the configuration at start is info; failed "
+                   "turns and retries are warning).")
+@click.option("--log-format", type=click.Choice(list(LOG_FORMATS)), default="text", show_default=True,
+              help="text: 'time LEVEL logger: message'; json: one JSON object a line. No token or key is ever "
+                   "written: the owner and app tokens and the values of *_KEY/*_TOKEN/*_SECRET/*_PASSWORD "
+                   "environment variables are replaced by [redacted].")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, model_provider: str | None, base_url: str | None, model_name: str | None,
-          api_key_env: str | None, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
-          ping_interval: float, ping_timeout: float, close_timeout: float, max_inflight_mb: int,
+          api_key_env: str | None, max_steps: int, allowed_origins: tuple[str, ...], max_frame_mb: int,
+          max_outbox_mb: float, ping_interval: float, ping_timeout: float, close_timeout: float, max_inflight_mb: int,
           inflight_wait: float, metrics_public: bool, auth_failures: int, auth_window: float, snapshot_every: int,
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
-          exec_file_size_mb: int, quiet: bool) -> None:
+          exec_file_size_mb: int, log_level: str, log_format: str, quiet: bool) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
     Models are configured by name in DATA/config.toml ([models.NAME]: provider, base_url, model,
     api_key_env), or for one model with the --model-* flags; serve refuses to start, naming the
     model and the problem, when one cannot be used. The startup log (INFO) lists them.
 
+    Reloading: send the server SIGHUP to re-read DATA/config.toml (the models, the global,
+    platform and platformType session settings, the name) and the apps file (tokens and manifests); the files
+    are not watched. A file that does not load is refused with one log line naming it and what
+    is wrong, and what was read before stays in force. An app removed from the apps file, or
+    whose token changed, loses access at once: its open connections are closed (code 4001).
+    One line on stdout says what each reload did.
+
     \b
     Example:
       sessionloop serve --data ./.sessionloop --port 8765
+      sessionloop serve --max-steps unlimited
       sessionloop chat            # in another terminal
+      kill -HUP <pid of serve>    # after editing config.toml or apps.toml
       OPENAI_API_KEY=... sessionloop serve --model-name gpt-4o-mini --api-key-env OPENAI_API_KEY
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
+    started: list[Server] = []
+    configure_logging(log_level, log_format, lambda: started[0].secrets() if started else [token or ""])
     gc_policy.apply()
     try:
         server = Server(data_dir, host=host, port=port, token=token, apps_file=apps_file, durability=durability,
@@ -377,7 +502,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                         max_inflight_mb=max_inflight_mb, inflight_wait=inflight_wait, metrics_public=metrics_public,
                         auth_failures=auth_failures, auth_window=auth_window,
                         model=model, model_flags=flags_from(model_provider, base_url, model_name, api_key_env),
-                        snapshot_every=snapshot_every, map_size=map_size_mb * 1024 * 1024,
+                        max_steps=max_steps, snapshot_every=snapshot_every, map_size=map_size_mb * 1024 * 1024,
                         sandbox=sandbox, sandbox_policy=sandbox_policy, sandbox_bwrap=sandbox_bwrap,
                         sandbox_hide=tuple(os.path.abspath(p) for p in sandbox_hide),
                         exec_limits=ExecLimits(cpu_seconds=exec_cpu_seconds, memory_mb=exec_memory_mb,
@@ -388,6 +513,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
         raise click.ClickException(str(e)) from e
     except ValueError as e:
         raise click.ClickException(str(e)) from e
+    started.append(server)
     try:
         asyncio.run(_run(server, quiet))
     except OSError as e:

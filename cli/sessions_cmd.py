@@ -323,6 +323,13 @@ def watch(as_json: bool, count: int | None, endpoint: Endpoint) -> None:
 # --- send -----------------------------------------------------------------------------------------
 
 _FAILED_OUTCOMES = ("error", "aborted", "failed")
+#: ``send --wait``'s exit status by how the turn ended (a wait that timed out exits 4).
+EXIT_BY_OUTCOME = {"replied": 0, "completed": 0, "error": 1, "failed": 1, "aborted": 2, "silent": 3}
+EXIT_TIMEOUT = 4
+
+
+class WaitTimedOut(ClientError):
+    """``send --wait`` got no answer in time (the turn goes on)."""
 
 
 def _is_owner(client: Client) -> bool:
@@ -342,10 +349,10 @@ async def _send_as_owner(client: Client, session_id: str, text: str, wait: bool,
     view.expect(text)
     await client.call("turn/send", params)
     if not await wait_for_turn(client, view, timeout):
-        raise ClientError(f"no answer from {session_id} within {timeout:g} s (the turn goes on; "
-                          "see `sessionloop sessions show`)")
+        raise WaitTimedOut(f"no answer from {session_id} within {timeout:g} s (the turn goes on; "
+                           "see `sessionloop sessions show`)")
     return {"state": "accepted", "idempotent": False, "turnId": view.turn_id, "outcome": view.outcome,
-            "text": view.answer}
+            "text": view.answer, **({"reason": view.reason} if view.reason else {})}
 
 
 async def _send_as_app(client: Client, session_id: str, text: str, key: str, wait: bool,
@@ -362,17 +369,33 @@ async def _send_as_app(client: Client, session_id: str, text: str, key: str, wai
     done: LoopWaitForTurnResult = await client.call(
         "loop/waitForTurn", {"sessionId": session_id, "turnId": receipt.turn_id, "timeoutMs": int(timeout * 1000)})
     if done.state == "timeout":
-        raise ClientError(f"no answer from {session_id} within {timeout:g} s (the turn goes on)")
-    return {**out, "outcome": done.state, "text": done.output_text or "",
-            **({"code": done.code} if done.code else {})}
+        raise WaitTimedOut(f"no answer from {session_id} within {timeout:g} s (the turn goes on)")
+    outcome = "aborted" if done.code == "aborted" else done.state
+    return {**out, "outcome": outcome, "text": done.output_text or "",
+            **({"code": done.code} if done.code else {}), **({"reason": done.message} if done.message else {})}
 
 
-async def _send(endpoint: Endpoint, ref: str, text: str, key: str, wait: bool, timeout: float) -> dict[str, Any]:
+#: Why the owner token cannot take ``--key`` (one line, said before anything is sent).
+OWNER_KEY_REFUSED = ("--key cannot be kept with the owner token: the owner sends with turn/send, which has no "
+                     "idempotency key (seed 004), so sending again would make a second turn; send without --key, "
+                     "or with an app token (loop/send keeps the key)")
+APP_KEY_REQUIRED = ("--key is required with an app token: loop/send needs an idempotency key (sending again with "
+                    "the same key returns the first receipt)")
+
+
+async def _send(endpoint: Endpoint, ref: str, text: str, key: str | None, wait: bool,
+                timeout: float) -> dict[str, Any]:
     async with connect(endpoint) as client:
+        owner = _is_owner(client)
+        if owner and key is not None:
+            raise ClientError(OWNER_KEY_REFUSED)
+        if not owner and key is None:
+            raise ClientError(APP_KEY_REQUIRED)
         session_id = await resolve_session(client, ref)
-        if _is_owner(client):
+        if owner:
             receipt = await _send_as_owner(client, session_id, text, wait, timeout)
         else:
+            assert key is not None
             receipt = await _send_as_app(client, session_id, text, key, wait, timeout)
         return {"sessionId": session_id, "key": key, **receipt}
 
@@ -380,42 +403,53 @@ async def _send(endpoint: Endpoint, ref: str, text: str, key: str, wait: bool, t
 @click.command("send")
 @click.argument("session")
 @click.argument("text")
-@click.option("--key", required=True, help="Idempotency key of this message (see below).")
+@click.option("--key", default=None,
+              help="Idempotency key of this message: required with an app token, refused with the owner's "
+                   "(see below).")
 @click.option("--wait", is_flag=True, help="Wait for the turn to end and print the agent's answer.")
 @click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds --wait waits; the turn itself is not stopped.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print {sessionId, key, state, idempotent, turnId, outcome, text}.")
 @connection_options
-def send(session: str, text: str, key: str, wait: bool, timeout: float, as_json: bool, endpoint: Endpoint) -> None:
+def send(session: str, text: str, key: str | None, wait: bool, timeout: float, as_json: bool,
+         endpoint: Endpoint) -> None:
     """Send TEXT to SESSION as a new message (TEXT "-" reads it from stdin).
 
-    With an app token this is the Session Loop API's loop/send: sending again with the same --key
-    does not send twice, it returns the first receipt (state "duplicate") and --wait waits for
-    that same turn. With the owner token (the loop API is for apps) it is turn/send: --key is
-    accepted and reported, but NOT deduplicated. --wait exits 1 when the turn fails or is aborted.
+    With an app token this is the Session Loop API's loop/send, and --key is required: sending
+    again with the same --key does not send twice, it returns the first receipt (state
+    "duplicate") and --wait waits for that same turn. With the owner token it is turn/send,
+    which has no idempotency key (seed 004): --key is refused before anything is sent, since
+    it could not be kept; each send is a new message. With --wait the exit status says how the
+    turn ended: 0 replied, 1 error (the reason is printed), 2 aborted, 3 silent (no reply),
+    4 no answer within --timeout.
 
     \b
     Examples:
-      sessionloop send 1a2266 "summarise the log" --key job-42
-      sessionloop send 1a2266 "what changed?" --key q-7 --wait
-      git log -5 | sessionloop send 1a2266 - --key log-1 --wait --json
+      sessionloop send 1a2266 "summarise the log" --key job-42       # an app token
+      SESSIONLOOP_TOKEN=$BOT_TOKEN sessionloop send 1a2266 "what changed?" --key q-7 --wait
+      git log -5 | sessionloop send 1a2266 - --wait --json            # the owner token: no --key
     """
     if text == "-":
         text = sys.stdin.read()
     if not text.strip():
         raise click.BadParameter("the message is empty", param_hint="TEXT")
-    receipt = run(_send(endpoint, session, text, key, wait, timeout))
+    try:
+        receipt = run(_send(endpoint, session, text, key, wait, timeout))
+    except WaitTimedOut as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(EXIT_TIMEOUT)
     if as_json:
         echo_json(receipt)
     elif wait:
         if receipt["text"] or receipt.get("outcome") not in _FAILED_OUTCOMES:
             click.echo(clean(receipt["text"]))
     else:
-        dedup = "" if receipt["idempotent"] else "; not deduplicated with the owner token"
-        click.echo(f"{receipt['state']}: sent to {receipt['sessionId']} (key {clean(key)}{dedup})")
-    if wait and receipt.get("outcome") in _FAILED_OUTCOMES:
-        if not as_json:
-            code = f" ({clean(receipt['code'])})" if receipt.get("code") else ""
-            click.echo(f"the turn ended: {receipt['outcome']}{code}", err=True)
-        sys.exit(1)
+        keyed = f" (key {clean(key)})" if key is not None else ""
+        click.echo(f"{receipt['state']}: sent to {receipt['sessionId']}{keyed}")
+    if wait and receipt.get("outcome") in _FAILED_OUTCOMES and not as_json:
+        code = f" ({clean(receipt['code'])})" if receipt.get("code") else ""
+        reason = f": {clean(receipt['reason'])}" if receipt.get("reason") else ""
+        click.echo(f"the turn ended: {receipt['outcome']}{code}{reason}", err=True)
+    if wait:
+        sys.exit(EXIT_BY_OUTCOME.get(str(receipt.get("outcome")), 1))

@@ -13,9 +13,17 @@ from .errors import (
     StoreClosed,
     StoreError,
     StoreLocked,
+    StreamDeleted,
     WrongExpectedVersion,
 )
-from .records import AppendResult, IdempotencyClaim, RecordedEvent, Snapshot, StreamPage
+from .records import (
+    AppendResult,
+    IdempotencyClaim,
+    PurgeResult,
+    RecordedEvent,
+    Snapshot,
+    StreamPage,
+)
 from .store import ANY_VERSION, NO_STREAM, EventStore, request_hash
 
 __all__ = [
@@ -27,6 +35,7 @@ __all__ = [
     "IdempotencyClaim",
     "IdempotencyConflict",
     "InvalidStreamName",
+    "PurgeResult",
     "ReadOnlyStore",
     "RecordedEvent",
     "SessionloopError",
@@ -37,6 +46,7 @@ __all__ = [
     "StoreClosed",
     "StoreError",
     "StoreLocked",
+    "StreamDeleted",
     "StreamPage",
     "WrongExpectedVersion",
     "decode_event",

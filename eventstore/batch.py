@@ -1,6 +1,6 @@
 """The writes of one group's write transaction: the requests a writer hands the recorder
-(``AppendOp``, ``SnapshotOp``, ``MetaOp``, pure data, so a group can be redone after the map
-grew) and :class:`BatchContext`, which applies them to the transaction and keeps what the
+(``AppendOp``, ``PurgeOp``, ``FlagsOp``, ``SnapshotOp``, ``MetaOp``, pure data, so a group can
+be redone after the map grew) and :class:`BatchContext`, which applies them to the transaction and keeps what the
 group wrote so far (versions and receipts of earlier requests of the same group, and a witness
 of every put, to find out after a failed commit whether the group is in the store).
 
@@ -10,18 +10,21 @@ imports it); the retention helpers prune inside ordinary groups.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from . import keys as K
-from .errors import IdempotencyConflict, WrongExpectedVersion
+from . import purge as P
+from .errors import IdempotencyConflict, StreamDeleted, WrongExpectedVersion
 from .records import (
     AppendResult,
+    CommitRecordIn,
     CommitRecordOut,
     IdempotencyClaim,
     IdemValue,
+    PurgeResult,
     SnapshotRecord,
 )
 
@@ -48,6 +51,27 @@ class AppendOp(msgspec.Struct):
     feed: str | None
     meta: bytes | None = None
     flags: dict[str, bool] | None = None
+
+
+class PurgeOp(msgspec.Struct):
+    """Empty every stream of ``stream``'s partition in ``categories``, append ``events`` (the
+    tombstone) to ``stream`` and seal the partition (see ``purge.py``)."""
+
+    stream: str
+    raw_stream: bytes
+    categories: list[str]
+    events: list[Any]
+    expected_version: int
+    meta: bytes | None = None
+    flags: dict[str, bool] | None = None
+
+
+class FlagsOp(msgspec.Struct):
+    """Set or clear named markers of a stream without an event (allowed on a sealed stream)."""
+
+    stream: str
+    raw_stream: bytes
+    flags: dict[str, bool]
 
 
 class SnapshotOp(msgspec.Struct):
@@ -77,6 +101,10 @@ class BatchContext:
         self.claims: dict[bytes, IdemValue] = {}
         self.head = rec._head
         self.now = now_ms
+        #: partitions this group purged (later requests of the group to their streams are refused)
+        #: and the stream keys it purged (dropped from the recorder's version cache after commit)
+        self.sealed: set[str] = set()
+        self.purged: set[bytes] = set()
         #: (database, key, value) of a put each request made, to find out after a failed commit
         #: whether the group is in the store
         self.witnesses: list[tuple[str, bytes, bytes]] = []
@@ -85,9 +113,14 @@ class BatchContext:
         self.txn.put(key, value, db=self.db[db], **kw)
         self.witnesses.append((db, key, value))
 
-    def apply(self, op: AppendOp | SnapshotOp | MetaOp) -> Any:
+    def apply(self, op: AppendOp | PurgeOp | FlagsOp | SnapshotOp | MetaOp) -> Any:
         if isinstance(op, AppendOp):
             return self.append(op)
+        if isinstance(op, PurgeOp):
+            return self.purge(op)
+        if isinstance(op, FlagsOp):
+            self._put_flags(op.raw_stream, op.flags)
+            return None
         if isinstance(op, SnapshotOp):
             skey = K.stream_key(K.shard_of(op.stream, self.rec.shards), op.raw_stream)
             record = SnapshotRecord(version=op.version, state=op.state, at=self.now)
@@ -97,9 +130,20 @@ class BatchContext:
         self._put("meta", op.name.encode(), _enc.encode(value))
         return value
 
-    def _version(self, skey: bytes) -> int:
+    def _version(self, skey: bytes, stream: str) -> int:
+        """The stream's version; raises StreamDeleted for a stream of a purged partition. A
+        cached version is of a stream written since the store opened and not purged since (a
+        purge drops its streams from the cache): only a cache miss reads the seal."""
+        if self.sealed and K.partition_of(stream) in self.sealed:
+            raise StreamDeleted(stream)
         v = self.versions.get(skey)
-        return v if v is not None else self.rec._current_version(self.txn, skey)
+        if v is None:
+            v = self.rec._versions.get(skey)
+        if v is not None:
+            return v
+        if self.txn.get(K.seal_key(K.partition_of(stream)), db=self.db["meta"]) is not None:
+            raise StreamDeleted(stream)
+        return self.rec._current_version_uncached(self.txn, skey)
 
     def _duplicate(self, claim: IdempotencyClaim) -> AppendResult | None:
         ikey = K.idem_key(claim.scope, claim.key)
@@ -107,6 +151,8 @@ class BatchContext:
         if found is None:
             raw = self.txn.get(ikey, db=self.db["idem"])
             found = None if raw is None else _idem_dec.decode(raw)
+        if found is not None and found.erased:
+            raise StreamDeleted(found.stream)  # the key's append was purged: never written again
         if found is None or found.claim.scope != claim.scope or found.claim.key != claim.key:
             return None
         if found.claim.request_hash != claim.request_hash:
@@ -128,9 +174,13 @@ class BatchContext:
             if dup is not None:
                 return dup
         skey = K.stream_key(K.shard_of(op.stream, self.rec.shards), op.raw_stream)
-        current = self._version(skey)
+        current = self._version(skey, op.stream)
         if op.expected_version != ANY_VERSION and op.expected_version != current:
             raise WrongExpectedVersion(op.stream, op.expected_version, current)
+        return self._write(op, skey, current)
+
+    def _write(self, op: AppendOp, skey: bytes, current: int,
+               erased: list[tuple[bytes, int]] | None = None) -> AppendResult:
         n = len(op.events)
         first_pos = self.head + 1
         last_pos = self.head + n
@@ -145,6 +195,7 @@ class BatchContext:
             events=op.events,
             idem=op.idem,
             feed=op.feed,
+            erased=erased,
         )
         logkey = K.u64(last_pos)
         txn, db = self.txn, self.db
@@ -158,12 +209,7 @@ class BatchContext:
         if op.meta is not None:
             txn.put(skey, _enc.encode((op.stream, op.meta)), db=db["stream_meta"])
         if op.flags:
-            for flag, on in op.flags.items():
-                fkey = flag.encode() + b"\x00" + op.raw_stream
-                if on:
-                    txn.put(fkey, b"", db=db["flags"])
-                else:
-                    txn.delete(fkey, db=db["flags"])
+            self._put_flags(op.raw_stream, op.flags)
         receipt = op.idem.receipt if op.idem is not None else b""
         result = AppendResult(op.stream, first_v, last_v, first_pos, last_pos, self.now, False, receipt)
         if op.idem is not None:
@@ -171,6 +217,46 @@ class BatchContext:
         self.versions[skey] = last_v
         self.head = last_pos
         return result
+
+    def _put_flags(self, raw_stream: bytes, flags: dict[str, bool]) -> None:
+        for flag, on in flags.items():
+            fkey = flag.encode() + b"\x00" + raw_stream
+            if on:
+                self.txn.put(fkey, b"", db=self.db["flags"])
+            else:
+                self.txn.delete(fkey, db=self.db["flags"])
+
+    def purge(self, op: PurgeOp) -> PurgeResult:
+        """See ``purge.py``. Every check runs before the first write: a refused purge (wrong
+        expected version, already purged) leaves the group's transaction as it found it."""
+        skey = K.stream_key(K.shard_of(op.stream, self.rec.shards), op.raw_stream)
+        current = self._version(skey, op.stream)
+        if op.expected_version != ANY_VERSION and op.expected_version != current:
+            raise WrongExpectedVersion(op.stream, op.expected_version, current)
+        found = P.partition_streams(self, op)
+        erased: list[tuple[bytes, int]] = []
+        records = events = 0
+        names = []
+        for raw, entries in sorted(found.items()):
+            stream = raw.decode("utf-8", "surrogatepass")
+            names.append(stream)
+            records += len(entries)
+            events += P.remove_records(self, entries, erased, op.stream)
+            P.clear_stream(self, stream, raw, keep_catalogue=raw == op.raw_stream)
+            purged_key = K.stream_key(K.shard_of(stream, self.rec.shards), raw)
+            self.versions.pop(purged_key, None)
+            self.purged.add(purged_key)
+        if self.rec._on_purge is not None:
+            self.rec._on_purge()  # the server's crash point ``purge``: records deleted, nothing committed
+        self.versions[skey] = current  # the tombstone continues the stream's versions
+        tombstone = self._write(AppendOp(op.stream, op.raw_stream, op.events, [], ANY_VERSION, None, None, None,
+                                         op.meta, op.flags), skey, current, erased)
+        self.versions.pop(skey, None)
+        self.purged.add(skey)
+        partition = K.partition_of(op.stream)
+        self.txn.put(K.seal_key(partition), K.u64(self.now), db=self.db["meta"])
+        self.sealed.add(partition)
+        return PurgeResult(tombstone, names, records, events)
 
     def _record_claim(self, op: AppendOp, result: AppendResult) -> None:
         assert op.idem is not None
@@ -230,6 +316,28 @@ def prune_feed_age(txn: Any, dbs: dict[str, Any], prefix: bytes, cutoff: int, bu
         count = int(_any_dec.decode(txn.get(count_key, b"\x00", db=dbs["meta"])))
         txn.put(count_key, _enc.encode(max(0, count - deleted)), db=dbs["meta"])
     return deleted
+
+
+def rebuilt_claims(records: Iterable[tuple[int, CommitRecordIn]],
+                   cutoff: int) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+    """The idempotency index (``idem`` and ``idem_time`` entries) as the log's records written
+    at or after ``cutoff`` make it: each claim of a record, and each claim a purge's tombstone
+    lists as erased (SPEC §12: replaying the log rebuilds the receipts)."""
+    claims: dict[bytes, bytes] = {}
+    times: dict[bytes, bytes] = {}
+    for last, rec in records:
+        for digest, at in rec.erased or ():
+            if at >= cutoff:
+                claims[digest] = _enc.encode(P.erased_value(rec.stream, at))
+                times[K.u64(at) + digest] = b""
+        if rec.idem is None or rec.at < cutoff:
+            continue
+        ikey = K.idem_key(rec.idem.scope, rec.idem.key)
+        value = IdemValue(rec.idem, rec.stream, rec.first_version, rec.first_version + len(rec.events) - 1,
+                          rec.first_position, last, rec.at)
+        claims[ikey] = _enc.encode(value)
+        times[K.u64(rec.at) + ikey] = b""
+    return claims, times
 
 
 def prune_idem(txn: Any, dbs: dict[str, Any], cutoff: int, budget: int) -> int:

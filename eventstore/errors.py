@@ -13,6 +13,7 @@ layer can turn them into ``applicationError`` frames without parsing messages::
     │   │   └── StorageFull             the disk or the map refused a write (nothing written)
     │   ├── StorageError                any other driver failure, chained with ``from``
     │   ├── EventDecodeError            stream, version
+    │   ├── StreamDeleted               stream (its partition was purged: nothing more is written)
     │   ├── InvalidStreamName           stream
     │   └── StoreClosed
     ├── ActorError                      (actors/, see actors/errors.py)
@@ -153,6 +154,17 @@ class EventDecodeError(StoreError):
         )
         self.stream = stream
         self.version = version
+
+
+class StreamDeleted(StoreError):
+    """The stream belongs to a purged partition (``EventStore.purge``): it is sealed, nothing more
+    is written to it, and an idempotency key it used answers this instead of its receipt."""
+
+    code = "not-found"
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(f"stream {stream!r} was deleted; nothing more is written to it", stream=stream)
+        self.stream = stream
 
 
 class InvalidStreamName(StoreError):

@@ -280,6 +280,7 @@ class TurnFailed(Event, tag="turn.failed", kw_only=True):
     turn_id: str
     code: str
     reason: str = ""
+    step_id: str | None = None  # the step that failed (a model call), when one did
 
 
 class TurnAborted(Event, tag="turn.aborted", kw_only=True):
@@ -426,12 +427,16 @@ class ContextCompacted(Event, tag="agent.context.compacted", kw_only=True):
     #: as the mock model counts): the usage pushed after the compress notice (seed 004,
     #: session/compress: 之后推最新用量). 0 in logs written before it was recorded.
     context_tokens: int = 0
+    #: the summary call's own tokens, counted in the session's token accounting (seed 004 tokens:
+    #: 模型调用累计的 token); None in logs written before it was recorded
+    usage: Usage | None = None
 
 
 class ContextCompactFailed(Event, tag="agent.context.compact-failed", kw_only=True):
     error: str
     auto: bool = False
     turn_id: str | None = None
+    usage: Usage | None = None  # a summary call that answered (with nothing usable) still cost tokens
 
 
 # --- checkpoints and artifacts -----------------------------------------------------------------

@@ -4,18 +4,21 @@
 database       key                                         value
 =============  ==========================================  ======================================
 ``meta``       ascii name                                  msgpack value (format, shards, epoch)
+``meta``       ``sealed`` ‖ 0x00 ‖ partition               time ms (u64) of the partition's purge
 ``log``        last global position of the commit (u64)    CommitRecord (one record per commit)
 ``streams``    shard (u16) ‖ stream ‖ 0x00 ‖ last version  log key of the commit holding it
 ``catalogue``  category ‖ 0x00 ‖ stream                    global position of the stream's birth
 ``snapshots``  shard (u16) ‖ stream                        SnapshotRecord
-``idem``       sha256(scope ‖ 0x00 ‖ key)                  IdemValue (the original receipt)
+``idem``       sha256(scope ‖ 0x00 ‖ key)                  IdemValue (the receipt; erased: purged)
 ``idem_time``  time ms (u64) ‖ sha256                      empty (retention order)
 ``feed``       app ‖ 0x00 ‖ global position (u64)          time ms (u64)
 =============  ==========================================  ======================================
 
 Session-stream keys begin with their shard (SPEC §12), ``shard = crc32(partition) mod S`` where
 the partition of ``approval-<session>.<n>`` is ``<session>``, so a session's approvals and tasks
-live on its shard and a shard can be moved or served alone.
+live on its shard and a shard can be moved or served alone. A partition's streams of one category
+are adjacent in ``streams`` (``<category>-<partition>`` and ``<category>-<partition>.<n>``), which
+is how a purge finds them.
 """
 
 from __future__ import annotations
@@ -85,6 +88,11 @@ def catalogue_key(category: str, raw_stream: bytes) -> bytes:
 
 def feed_prefix(app: str) -> bytes:
     return app.encode("utf-8", "surrogatepass") + b"\x00"
+
+
+def seal_key(partition: str) -> bytes:
+    """The ``meta`` key marking a purged partition: its streams take no more writes."""
+    return b"sealed\x00" + partition.encode("utf-8", "surrogatepass")
 
 
 def idem_key(scope: str, key: str) -> bytes:

@@ -68,14 +68,18 @@ import lmdb
 import msgspec
 
 from . import keys as K
+from .audit import check as check_store
 from .batch import (
     AppendOp,
     BatchContext,
+    FlagsOp,
     MetaOp,
+    PurgeOp,
     SnapshotOp,
     feed_apps,
     prune_feed_age,
     prune_idem,
+    rebuilt_claims,
 )
 from .errors import (
     RETRY_AFTER_MS,
@@ -90,6 +94,7 @@ from .errors import (
     StoreClosed,
     StoreError,
     StoreLocked,
+    StreamDeleted,
     WrongExpectedVersion,
 )
 from .groupcommit import GroupCommitter, HistogramSnapshot, Request
@@ -180,6 +185,7 @@ class LmdbRecorder:
         prune_interval_s: float = 1.0,
         prune_batch: int = 500,
         on_map_resize: Callable[[], None] | None = None,
+        on_purge: Callable[[], None] | None = None,
     ) -> None:
         if durability not in ("sync", "nosync"):
             raise ValueError(f"durability must be 'sync' or 'nosync', not {durability!r}")
@@ -199,6 +205,7 @@ class LmdbRecorder:
         self.stale_readers_cleared = 0
         self.map_resizes = 0
         self._on_map_resize = on_map_resize
+        self._on_purge = on_purge
         self.last_batch_size = 0
         if not readonly:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
@@ -334,7 +341,7 @@ class LmdbRecorder:
 
     # --- writes ---------------------------------------------------------------------------------
 
-    def submit(self, op: AppendOp | SnapshotOp | MetaOp) -> Any:
+    def submit(self, op: AppendOp | PurgeOp | FlagsOp | SnapshotOp | MetaOp) -> Any:
         self._check_writable()
         return self._committer.submit(op)
 
@@ -373,8 +380,8 @@ class LmdbRecorder:
                     req.result, req.error = None, None
                     try:
                         req.result = ctx.apply(req.payload)
-                    except (WrongExpectedVersion, IdempotencyConflict) as e:
-                        req.error = e
+                    except (WrongExpectedVersion, IdempotencyConflict, StreamDeleted) as e:
+                        req.error = e  # refused before it wrote anything: the group goes on
                 self._maybe_prune(txn)
                 committing = True
                 txn.commit()
@@ -397,6 +404,8 @@ class LmdbRecorder:
 
     def _applied(self, batch: list[Request], ctx: BatchContext) -> None:
         self._versions.update(ctx.versions)
+        for skey in ctx.purged:  # their next append reads the seal
+            self._versions.pop(skey, None)
         if len(self._versions) > 200_000:
             self._versions.clear()
         self._head = ctx.head
@@ -643,9 +652,17 @@ class LmdbRecorder:
         if raw is None:
             return None
         value = _idem_dec.decode(raw)
+        if value.erased:
+            return value
         if value.claim.scope != scope or value.claim.key != key:
             return None
         return value
+
+    def purged(self, stream: str) -> bool:
+        """Whether the stream's partition was purged (sealed)."""
+        K.validate_stream(stream)
+        with self._read(), self._env.begin(db=self._db["meta"]) as txn:
+            return txn.get(K.seal_key(K.partition_of(stream))) is not None
 
     def read_feed_positions(self, app: str, after: int, limit: int) -> list[int]:
         prefix = K.feed_prefix(app)
@@ -699,6 +716,11 @@ class LmdbRecorder:
                     out.append(key[len(prefix):].decode("utf-8", "surrogatepass"))
         return out
 
+    def audit(self) -> list[str]:
+        """``audit.check`` over the whole store in one read transaction."""
+        with self._read(), self._env.begin() as txn:
+            return check_store(txn, self._db, self.shards)
+
     def read_meta(self, name: str) -> Any:
         with self._read(), self._env.begin(db=self._db["meta"]) as txn:
             raw = txn.get(name.encode())
@@ -718,24 +740,8 @@ class LmdbRecorder:
 
     def rebuild_idempotency(self) -> int:
         """Rebuild the idempotency index from the log (SPEC §12); returns receipts written."""
-        claims: dict[bytes, bytes] = {}
         cutoff = int(time.time() * 1000) - self.idempotency_ttl_ms
-        times: dict[bytes, bytes] = {}
-        for last, rec in self.iter_all_records():
-            if rec.idem is None or rec.at < cutoff:
-                continue
-            ikey = K.idem_key(rec.idem.scope, rec.idem.key)
-            value = IdemValue(
-                claim=rec.idem,
-                stream=rec.stream,
-                first_version=rec.first_version,
-                last_version=rec.first_version + len(rec.events) - 1,
-                first_position=rec.first_position,
-                last_position=last,
-                at=rec.at,
-            )
-            claims[ikey] = _enc.encode(value)
-            times[K.u64(rec.at) + ikey] = b""
+        claims, times = rebuilt_claims(self.iter_all_records(), cutoff)
         with self._gate, self._env.begin(write=True) as txn:
             txn.drop(self._db["idem"], delete=False)
             txn.drop(self._db["idem_time"], delete=False)

@@ -31,6 +31,10 @@ class CommitRecordOut(msgspec.Struct, array_like=True):
     events: list[Any]
     idem: IdempotencyClaim | None = None
     feed: str | None = None
+    #: only on a purge's tombstone record: ``(idempotency key digest, time)`` of each claim the
+    #: purged records held, so a rebuilt index still answers "deleted" for them (no scope, key,
+    #: request hash or receipt is kept)
+    erased: list[tuple[bytes, int]] | None = None
 
 
 class CommitRecordIn(msgspec.Struct, array_like=True):
@@ -42,9 +46,14 @@ class CommitRecordIn(msgspec.Struct, array_like=True):
     events: list[msgspec.Raw]
     idem: IdempotencyClaim | None = None
     feed: str | None = None
+    erased: list[tuple[bytes, int]] | None = None
 
 
 class IdemValue(msgspec.Struct, frozen=True, array_like=True):
+    """A receipt in the idempotency index. ``erased``: the append it dedups was purged; the
+    claim is emptied (no scope, key, hash or receipt), ``stream`` names the purged stream, and
+    a repeat of the key is answered :class:`~eventstore.errors.StreamDeleted`."""
+
     claim: IdempotencyClaim
     stream: str
     first_version: int
@@ -52,6 +61,7 @@ class IdemValue(msgspec.Struct, frozen=True, array_like=True):
     first_position: int
     last_position: int
     at: int
+    erased: bool = False
 
 
 class SnapshotRecord(msgspec.Struct, frozen=True, array_like=True):
@@ -72,6 +82,16 @@ class AppendResult(msgspec.Struct, frozen=True):
     at: int
     duplicate: bool = False
     receipt: bytes = b""
+
+
+class PurgeResult(msgspec.Struct, frozen=True):
+    """What a purge did: where its tombstone landed, which streams it emptied, and how many
+    commit records and events it removed."""
+
+    tombstone: AppendResult
+    streams: list[str]
+    records: int
+    events: int
 
 
 class RecordedEvent(msgspec.Struct, frozen=True):

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from .batch import ANY_VERSION, AppendOp, MetaOp, SnapshotOp
-from .errors import IdempotencyConflict
+from .batch import ANY_VERSION, AppendOp, FlagsOp, MetaOp, PurgeOp, SnapshotOp
+from .errors import IdempotencyConflict, StreamDeleted
 from .codec import decode_event, encode_json, event_to_builtins
 from .events import Event
 from .groupcommit import HistogramSnapshot
@@ -22,6 +22,7 @@ from .records import (
     AppendResult,
     CommitRecordIn,
     IdempotencyClaim,
+    PurgeResult,
     RecordedEvent,
     Snapshot,
     StreamPage,
@@ -48,7 +49,8 @@ def _sorted(obj: Any) -> Any:
 
 
 class EventStore:
-    """An append-only store of event streams in one data directory.
+    """An append-only store of event streams in one data directory; ``purge`` is the one write
+    that takes events out (deleting a session, see ``purge.py``).
 
     Thread-safe: appends from any number of threads are group-committed; reads run in their own
     short read transactions. Open one per data directory and process (a second writing process
@@ -73,6 +75,7 @@ class EventStore:
         feed_ttl_s: float = 7 * 86_400,
         prune_interval_s: float = 1.0,
         on_map_resize: Callable[[], None] | None = None,
+        on_purge: Callable[[], None] | None = None,
     ) -> EventStore:
         """Open (or create) the store at ``path``.
 
@@ -80,7 +83,9 @@ class EventStore:
         decides when; survives a process crash, not a power loss). ``shards`` only matters when
         the store is created. Raises StoreLocked if another process writes there, StorageError
         if the files cannot be opened. ``on_map_resize`` is called when a full map is about to
-        grow, after the group's transaction is aborted (the server's crash point ``map-resize``).
+        grow, after the group's transaction is aborted (the server's crash point ``map-resize``);
+        ``on_purge`` inside a purge's transaction, its records deleted and nothing committed
+        (the crash point ``purge``).
         """
         if idempotency_ttl_s < 0 or feed_ttl_s < 0:
             raise ValueError("retention times must not be negative")
@@ -97,6 +102,7 @@ class EventStore:
                 feed_ttl_ms=int(feed_ttl_s * 1000),
                 prune_interval_s=prune_interval_s,
                 on_map_resize=on_map_resize,
+                on_purge=on_purge,
             )
         )
 
@@ -214,6 +220,47 @@ class EventStore:
         result: AppendResult = self._rec.submit(op)
         return result
 
+    def purge(
+        self,
+        stream: str,
+        tombstone: Sequence[Event],
+        expected_version: int = ANY_VERSION,
+        *,
+        categories: Sequence[str] | None = None,
+        meta: bytes | None = None,
+        flags: dict[str, bool] | None = None,
+    ) -> PurgeResult:
+        """Take every stream of ``stream``'s partition in ``categories`` (default: ``stream``'s own
+        category) out of the store and leave ``tombstone`` (at least one event) as ``stream``'s
+        only events, in one transaction (``purge.py`` says what goes and what stays).
+
+        Afterwards ``stream`` reads as the tombstone alone (at versions after the purged ones),
+        its other streams read as empty, ``meta`` is ``stream``'s metadata record and ``flags``
+        its only flags, and every append to a stream of the partition raises StreamDeleted, as
+        does a repeat of an idempotency key one of the purged appends used.
+
+        Raises WrongExpectedVersion, or StreamDeleted if the partition was purged before
+        (nothing written either way), or StorageUnavailable as ``append`` does.
+        """
+        if not tombstone:
+            raise ValueError("purge needs at least one tombstone event")
+        raw_stream = K.validate_stream(stream)
+        cats = list(categories) if categories is not None else [K.category_of(stream)]
+        for category in cats:
+            K.validate_stream(f"{category}-x")
+        op = PurgeOp(stream, raw_stream, cats, list(tombstone), expected_version, meta, flags)
+        result: PurgeResult = self._rec.submit(op)
+        return result
+
+    def purged(self, stream: str) -> bool:
+        """Whether ``stream``'s partition was purged (it takes no more appends)."""
+        return self._rec.purged(stream)
+
+    def set_flags(self, stream: str, flags: dict[str, bool]) -> None:
+        """Set (True) or clear (False) named markers of ``stream`` without appending an event;
+        allowed on a purged stream (a marker holds no content)."""
+        self._rec.submit(FlagsOp(stream, K.validate_stream(stream), dict(flags)))
+
     def save_snapshot(self, stream: str, version: int, state: bytes) -> None:
         """Store ``state`` as the fold of ``stream`` up to ``version`` (replaces the previous one)."""
         self._rec.submit(SnapshotOp(K.validate_stream(stream), stream, version, state))
@@ -307,19 +354,23 @@ class EventStore:
         return None if rec is None else Snapshot(stream, rec.version, rec.state, rec.at)
 
     def get_receipt(self, scope: str, key: str) -> AppendResult | None:
-        """The original result of an idempotent append, or None if the key is unknown (or expired)."""
+        """The original result of an idempotent append, or None if the key is unknown (or
+        expired, or its append was purged)."""
         v = self._rec.get_receipt(scope, key)
-        if v is None:
+        if v is None or v.erased:
             return None
         return AppendResult(v.stream, v.first_version, v.last_version, v.first_position,
                             v.last_position, v.at, True, v.claim.receipt)
 
     def lookup_claim(self, claim: IdempotencyClaim) -> AppendResult | None:
         """The original result if ``claim``'s key was used before with the same body, None if
-        the key is new; raises IdempotencyConflict if it was used with a different body."""
+        the key is new; raises IdempotencyConflict if it was used with a different body, and
+        StreamDeleted if the append it made was purged (a retry must not write it again)."""
         v = self._rec.get_receipt(claim.scope, claim.key)
         if v is None:
             return None
+        if v.erased:
+            raise StreamDeleted(v.stream)
         if v.claim.request_hash != claim.request_hash:
             raise IdempotencyConflict(claim.scope, claim.key)
         return AppendResult(v.stream, v.first_version, v.last_version, v.first_position,
@@ -333,6 +384,11 @@ class EventStore:
             if ev is not None:
                 out.append(ev)
         return out
+
+    def audit(self) -> list[str]:
+        """Whether the indexes agree with the log: one sentence per problem found, none when
+        they do (reads the whole store in one read transaction: for tests and audits)."""
+        return self._rec.audit()
 
     def export_jsonl(self, stream: str) -> Iterator[bytes]:
         """The stream as JSON lines: one object per event with its place in the log."""

@@ -48,6 +48,7 @@ __all__ = [
     "MIN_INT",
     "MIN_WAIT_MS",
     "clip",
+    "one_line",
 ]
 
 # --- strings --------------------------------------------------------------------------------------
@@ -124,6 +125,13 @@ LOOP_EVENTS_MAX_LIMIT: Final = 1_000
 DEFAULT_WAIT_MS: Final = 60_000
 MIN_WAIT_MS: Final = 1_000
 MAX_WAIT_MS: Final = 600_000
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """The first non-empty line of ``text``, cut to ``limit`` characters: a reason as a person
+    reads it in a list, a card or a log line (the whole text stays in the event)."""
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    return clip(line, limit)
 
 
 def clip(text: str, limit: int) -> str:

@@ -162,6 +162,7 @@ class LoopWaitForTurnResult(Wire, frozen=True, kw_only=True):
     state: Literal["completed", "failed", "timeout"]
     output_text: str | None = None
     code: str | None = None
+    message: str | None = None  # a failed turn's reason, one line
 
 
 class LoopListEventsParams(Wire, frozen=True, kw_only=True):

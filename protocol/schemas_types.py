@@ -555,6 +555,9 @@ class TurnItem(_Item, tag="turn", frozen=True, kw_only=True):
     source: str | None = None
     outcome: TurnOutcome | None = None
     ended_at: int | None = None
+    #: an extension of seed 004's turn item: why a turn ended in ``error`` (one line), and the step
+    reason: str | None = None
+    step_id: str | None = None
 
 
 class QueueEntry(Wire, frozen=True, kw_only=True):

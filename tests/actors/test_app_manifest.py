@@ -87,3 +87,13 @@ def test_an_app_raising_its_own_session_beyond_its_manifest_is_forbidden_and_not
     ok = app.call("session/config/update", {"sessionId": created.session_id, "plugin": "tools",
                                             "key": "permissionMode", "value": "deny"})
     assert "result" in ok  # within the manifest: allowed
+
+
+def test_the_sessions_of_an_app_no_longer_registered_may_run_no_tool_that_needs_approval(open_host) -> None:
+    host = open_host()
+    host.register_app("gone", containers=["inbox"])
+    created = host.sessions(app="gone").create(container_id="inbox", activity="background")
+    assert effective(host, created.session_id) == ("acceptCalls", "workspace-write")
+    host.close()
+    reopened = open_host()  # the app is not registered again (removed from apps.toml)
+    assert effective(reopened, created.session_id) == ("deny", "read-only")

@@ -15,6 +15,8 @@ import pytest
 from actors.gateway import SessionProtocolService
 from actors.replay import (
     ABSENT,
+    RERUN_OWNER,
+    RecordedApproval,
     build_timeline,
     comparable,
     compare_logs,
@@ -22,6 +24,8 @@ from actors.replay import (
     fold_events,
     parse_model_answer,
     plan_rerun,
+    replayed_settlement,
+    rerun_gate,
     serve_live_view,
     until_version,
     verify,
@@ -255,8 +259,12 @@ def test_verify_accepts_a_listing_record_that_includes_the_rest_of_its_commit() 
     meta = encode_summary_record(summary_record(fold_events("s1", events)))
     report = verify("s1", events, None, meta)
     assert report.difference is None and report.listing_version == 5
-    early = encode_summary_record(summary_record(fold_events("s1", events[:3])))
-    assert verify("s1", events, None, early).difference is None  # two commits in one millisecond
+    # two commits in one millisecond: turn.started's, then one that rewrote nothing (a model call starting)
+    started = events[:4]
+    early = encode_summary_record(summary_record(fold_events("s1", started[:3])))
+    assert verify("s1", started, None, early).difference is None
+    # llm.completed rewrites the record (seed 004: token 记账 pushes): one from before it is stale
+    assert verify("s1", events, None, early).difference.path == "record.tokens_in"
 
 
 # --- rerun plan and comparison ---------------------------------------------------------------------
@@ -469,3 +477,92 @@ def test_parse_model_answer_takes_text_and_tool_calls_or_an_error() -> None:
 def test_parse_model_answer_says_what_is_wrong(value: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_model_answer(value)
+
+
+# --- rerun: approvals as recorded answers ----------------------------------------------------------
+
+
+def test_a_replayed_grant_lasts_as_long_after_the_rerun_answer_as_it_did_after_the_recorded_one() -> None:
+    terms = E.GrantTerms(scope="session", tool="exec", command_prefix="git status", expires_at=1_000 + 3_600_000)
+    recorded_answer = E.Settlement(state="approved", source="answer", at=1_000, by=RERUN_OWNER, grant=terms)
+    again = replayed_settlement(recorded_answer, now=50_000_000_000)  # long after the grant had expired
+    assert again.at == 50_000_000_000 and again.grant is not None
+    assert again.grant.expires_at == 50_000_000_000 + 3_600_000
+    assert (again.state, again.source, again.by, again.grant.command_prefix) == ("approved", "answer", RERUN_OWNER,
+                                                                                  "git status")
+
+
+def _approval(asked: bool, source: str, state: str = "denied") -> RecordedApproval:
+    return RecordedApproval(number=1, turn=1, call_id="call_1", tool="exec", approval_id="s.t.call_1", asked=asked,
+                            settlement=E.Settlement(state=state, source=source, at=1))  # type: ignore[arg-type]
+
+
+def test_the_rerun_gate_asks_what_was_asked_and_settles_at_once_what_the_recording_settled_at_once() -> None:
+    def gate(recorded: RecordedApproval | None, overridden: bool = False) -> tuple[bool, bool, bool]:
+        g = rerun_gate(recorded, overridden)
+        return g.present, g.rate_limited, g.grants
+
+    assert gate(_approval(True, "answer", "approved")) == (True, False, False)  # asked, answered as recorded
+    assert gate(_approval(True, "timeout", "expired")) == (True, False, False)
+    assert gate(_approval(False, "grant", "approved")) == (True, False, True)  # the replayed grant settles it
+    assert gate(_approval(False, "absent")) == (False, False, False)  # nobody was present
+    assert gate(_approval(False, "rate-limit")) == (True, True, False)
+    assert gate(_approval(False, "grant", "approved"), overridden=True) == (True, False, False)  # asked: the override
+    assert gate(None) == (False, False, True)  # not in the recording: nobody is present in a rerun
+
+
+def test_a_rerun_plan_knows_how_each_approval_was_settled_and_the_settings_of_each_turn() -> None:
+    grant = E.GrantTerms(scope="session", tool="exec", expires_at=10_000)
+    events = recorded(
+        E.SessionCreated(at=1, session_id="s1", permission_mode="ask"),
+        E.SessionSettingChanged(at=2, plugin="tools", key="sandbox", value="read-only"),
+        E.InputAccepted(at=3, input_id="i1", turn_id="t1", text="one"),
+        E.TurnStarted(at=3, turn_id="t1", input_ids=["i1"]),
+        E.LlmStarted(at=3, turn_id="t1", step_id="l1"),
+        E.LlmCompleted(at=4, turn_id="t1", step_id="l1", tool_calls=[
+            E.ToolCallSpec(call_id="c1", name="exec", args={"command": "ls"}),
+            E.ToolCallSpec(call_id="c2", name="exec", args={"command": "ls -l"})]),
+        E.ToolApprovalRequested(at=4, turn_id="t1", call_id="c1", approval_id="s1.t1.c1"),
+        E.ToolApprovalSettled(at=5, turn_id="t1", call_id="c1", approval_id="s1.t1.c1", settlement=E.Settlement(
+            state="approved", source="answer", at=5, grant=grant)),
+        E.ToolStarted(at=5, turn_id="t1", call_id="c1", tool="exec", args={"command": "ls"}),
+        E.ToolFinished(at=6, turn_id="t1", call_id="c1", status="completed", output={"exitCode": 0}),
+        E.ToolApprovalSettled(at=6, turn_id="t1", call_id="c2", approval_id="s1.t1.c2", settlement=E.Settlement(
+            state="approved", source="grant", at=6, grant_id="s1.t1.c1")),
+        E.ToolStarted(at=6, turn_id="t1", call_id="c2", tool="exec", args={"command": "ls -l"}),
+        E.ToolFinished(at=7, turn_id="t1", call_id="c2", status="completed", output={"exitCode": 0}),
+        E.LlmStarted(at=7, turn_id="t1", step_id="l2"),
+        E.LlmCompleted(at=8, turn_id="t1", step_id="l2", text="done"),
+        E.TurnCompleted(at=8, turn_id="t1", output_text="done"),
+        E.SessionSettingChanged(at=9, plugin="tools", key="sandbox", deleted=True),
+        E.InputAccepted(at=10, input_id="i2", turn_id="t2", text="two"),
+        E.TurnStarted(at=10, turn_id="t2", input_ids=["i2"]),
+        E.LlmStarted(at=10, turn_id="t2", step_id="l3"),
+        E.LlmCompleted(at=11, turn_id="t2", step_id="l3", tool_calls=[
+            E.ToolCallSpec(call_id="c3", name="write_file", args={"path": "a", "content": "b"})]),
+        E.ToolFinished(at=11, turn_id="t2", call_id="c3", status="denied", output={"error": "denied"},
+                       approval_id="s1.t2.c3", settlement=E.Settlement(state="denied", source="absent", at=11)),
+        E.LlmStarted(at=11, turn_id="t2", step_id="l4"),
+        E.LlmCompleted(at=12, turn_id="t2", step_id="l4", text="ok"),
+        E.TurnCompleted(at=12, turn_id="t2", output_text="ok"),
+    )
+    plan = plan_rerun("s1", events, 0)
+    found = {key: (a.number, a.tool, a.asked, a.settlement.source if a.settlement else None)
+             for key, a in plan.approvals.items()}
+    assert found == {(1, "c1"): (1, "exec", True, "answer"), (1, "c2"): (2, "exec", False, "grant"),
+                     (2, "c3"): (3, "write_file", False, "absent")}
+    assert plan.settings == {1: {"tools/sandbox": "read-only"}, 2: {}}
+    assert plan.find_approval("2").call_id == "c2" and plan.find_approval("s1.t2.c3").call_id == "c3"
+    assert plan.find_approval("c1").approval_id == "s1.t1.c1"
+    with pytest.raises(ValueError, match="approval 4 does not exist: 3 approvals after turn 0"):
+        plan.find_approval("4")
+
+
+def test_the_timeline_of_a_failed_turn_names_its_code_reason_and_failing_step(host) -> None:
+    session = host.create(title="fails")
+    session.run("!error the upstream said no")
+    events = list(session.events())
+    (ended,) = [e for e in build_timeline(session.id, events).entries if e.kind == "turn" and e.what == "ended"]
+    (failed_call,) = [r.event for r in events if isinstance(r.event, E.LlmFailed)]
+    assert ended.status == "failed" and ended.facts["code"] == "model-error"
+    assert ended.facts["reason"] == "the upstream said no" and ended.facts["step"] == failed_call.step_id

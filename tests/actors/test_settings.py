@@ -179,8 +179,9 @@ def test_a_row_carries_the_field_declaration_with_its_session_spec_and_no_functi
     _, _, c = world
     row = get_row(c, new_session(c), "agent", "maxSteps")
     assert row["field"] == {
-        "type": "integer", "title": "Model calls per turn", "default": 20, "minimum": 1, "maximum": 1000,
-        "description": "After this many model calls a turn stops with a notice; continue resumes it.",
+        "type": "integer", "title": "Model calls per turn", "default": 20, "minimum": 0,
+        "description": "After this many model calls a turn stops with a notice; continue resumes it. "
+                       "0: unlimited (turn/abort still stops a turn).",
         "session": {"prominence": "common", "order": 3}}
     assert "actual" not in row["field"]
 
@@ -260,7 +261,7 @@ def test_null_deletes_the_session_value_and_the_row_inherits_again(world):
 
 
 @pytest.mark.parametrize("plugin, key, value", [
-    ("agent", "maxSteps", "many"), ("agent", "maxSteps", 0), ("agent", "maxSteps", True), ("agent", "maxSteps", 2.5),
+    ("agent", "maxSteps", "many"), ("agent", "maxSteps", -1), ("agent", "maxSteps", True), ("agent", "maxSteps", 2.5),
     ("tools", "permissionMode", "sometimes"), ("agent", "systemPrompt", 3), ("llm", "model", " "),
     ("agent", "nope", 1), ("nobody", "maxSteps", 1),
 ])
@@ -442,12 +443,33 @@ def test_any_other_write_failure_is_reported_unsaved_with_its_own_sentence(world
     assert rows(result)[("agent", "maxSteps")]["effective"] == 3
 
 
-def test_an_invalid_value_written_in_the_document_is_shown_but_not_effective(world):
-    host, _, c = world
-    with open(os.path.join(host.rt.data_dir, "config.toml"), "w") as f:
+def test_an_invalid_value_in_the_document_read_at_start_is_shown_but_not_effective(env, data_dir):
+    os.makedirs(data_dir, exist_ok=True)
+    with open(os.path.join(data_dir, "config.toml"), "w") as f:
         f.write('[plugins.agent]\nmaxSteps = "lots"\n')
-    row = layer_row(c, GLOBAL, "agent", "maxSteps")
+    _, svc = env()
+    row = layer_row(MemoryClient(svc), GLOBAL, "agent", "maxSteps")
     assert (row["value"], row["effective"], row["source"]) == ("lots", 20, "default")
+
+
+@pytest.mark.parametrize("edit, problem", [
+    ('[plugins.agent]\nmaxSteps = "lots"\n', "plugins.agent.maxSteps: expected an integer"),
+    ("[plugins.agent\nmaxSteps = 5\n", "not valid TOML"),
+    ("[sessionSettings.platform]\nonebot = 3\n", "sessionSettings.platform.onebot: expected a table"),
+])
+def test_a_later_edit_that_is_not_a_valid_document_is_refused_and_the_values_before_stay(world, caplog, edit,
+                                                                                         problem):
+    host, _, c = world
+    path = os.path.join(host.rt.data_dir, "config.toml")
+    set_layer(c, GLOBAL, "agent", "maxSteps", 7)
+    with open(path, "w") as f:
+        f.write(edit)
+    for _ in range(2):  # every settings request re-reads the file; the refusal is said once
+        row = layer_row(c, GLOBAL, "agent", "maxSteps")
+        assert (row["value"], row["effective"], row["source"]) == (7, 7, "global")
+    said = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"{path} refused: {problem}"), said
+    assert said[0].endswith("the settings read before stay in force (fix the file, then send the server SIGHUP)")
 
 
 def test_an_edit_of_config_toml_by_someone_else_is_picked_up(world):

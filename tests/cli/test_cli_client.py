@@ -119,7 +119,7 @@ def test_sessions_ls_query_keeps_only_matching_sessions(cli):
 
 def test_sessions_show_prints_the_summary_and_the_conversation(cli):
     session_id = new_session(cli, "shown")
-    assert cli("send", session_id, "show me", "--key", "k-show", "--wait").exit_code == 0
+    assert cli("send", session_id, "show me", "--wait").exit_code == 0
     result = cli("sessions", "show", session_id)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
@@ -131,7 +131,7 @@ def test_sessions_show_prints_the_summary_and_the_conversation(cli):
 
 def test_sessions_show_json_has_the_session_and_its_items(cli):
     session_id = new_session(cli, "shown as json")
-    cli("send", session_id, "items please", "--key", "k-json", "--wait")
+    cli("send", session_id, "items please", "--wait")
     doc = json.loads(cli("sessions", "show", session_id[:12], "--json").stdout)
     assert doc["session"]["id"] == session_id
     kinds = [item["kind"] for item in doc["items"]]
@@ -191,25 +191,43 @@ def test_an_ambiguous_session_prefix_is_refused_with_the_candidates(cli):
 
 def test_send_wait_prints_the_agents_answer(cli):
     session_id = new_session(cli, "send target")
-    result = cli("send", session_id, "are you there?", "--key", "k-1", "--wait")
+    result = cli("send", session_id, "are you there?", "--wait")
     assert result.exit_code == 0, result.output
     assert result.stdout == "echo: are you there?\n"
 
 
-def test_send_wait_json_reports_the_key_the_turn_and_its_outcome(cli):
+def test_send_wait_json_reports_the_turn_and_its_outcome(cli):
     session_id = new_session(cli, "send json")
-    result = cli("send", session_id, "json please", "--key", "k-2", "--wait", "--json")
+    result = cli("send", session_id, "json please", "--wait", "--json")
     receipt = json.loads(result.stdout)
-    assert receipt["sessionId"] == session_id and receipt["key"] == "k-2"
+    assert receipt["sessionId"] == session_id and receipt["key"] is None
     assert receipt["outcome"] == "replied" and receipt["text"] == "echo: json please"
     assert receipt["idempotent"] is False and receipt["turnId"]
 
 
-def test_send_with_the_owner_token_reports_the_key_as_not_deduplicated(cli):
+def test_send_with_the_owner_token_and_no_key_sends_a_new_message_each_time(cli):
     session_id = new_session(cli, "fire and forget")
-    result = cli("send", session_id, "later", "--key", "k-3")
-    assert result.exit_code == 0, result.output
-    assert result.stdout == f"accepted: sent to {session_id} (key k-3; not deduplicated with the owner token)\n"
+    for _ in range(2):
+        result = cli("send", session_id, "later")
+        assert result.exit_code == 0, result.output
+        assert result.stdout == f"accepted: sent to {session_id}\n"
+
+
+def user_messages(cli, session_id: str, **kw) -> list[str]:
+    shown = json.loads(cli("sessions", "show", session_id, "--json", **kw).stdout)
+    return [i["text"] for i in shown["items"] if i["kind"] == "user-message"]
+
+
+def test_send_with_the_owner_token_refuses_a_key_it_cannot_keep_before_sending_anything(cli, run_cli_process):
+    session_id = new_session(cli, "keyed owner send")
+    for args in (("--key", "same"), ("--key", "same"), ("--key", "same", "--wait")):
+        result = run_cli_process("send", session_id, "twice?", *args)
+        assert result.returncode == 1 and result.stdout == ""
+        assert result.stderr.strip().splitlines() == [(
+            "Error: --key cannot be kept with the owner token: the owner sends with turn/send, which has no "
+            "idempotency key (seed 004), so sending again would make a second turn; send without --key, or with "
+            "an app token (loop/send keeps the key)")]
+    assert user_messages(cli, session_id) == []  # the same key twice made two turns before: now none
 
 
 def test_send_with_an_app_token_twice_with_one_key_gives_the_first_turn_back(cli, server):
@@ -226,14 +244,20 @@ def test_send_with_an_app_token_twice_with_one_key_gives_the_first_turn_back(cli
 
 def test_send_wait_exits_non_zero_when_the_turn_fails(cli):
     session_id = new_session(cli, "failing turn")
-    result = cli("send", session_id, "!error boom", "--key", "k-4", "--wait")
+    result = cli("send", session_id, "!error boom", "--wait")
     assert result.exit_code == 1
     assert "the turn ended: error" in result.stderr
 
 
-def test_send_requires_a_key(cli):
-    result = cli("send", "whatever", "text")
-    assert result.exit_code == 2 and "--key" in result.stderr
+def test_send_with_an_app_token_requires_a_key_and_sends_nothing_without_one(cli, server, run_cli_process):
+    as_app = {"SESSIONLOOP_TOKEN": server.app_token}
+    session_id = cli("sessions", "new", "bot session without a key", env=as_app).stdout.strip()
+    result = run_cli_process("send", session_id, "no key", env={**server.env, **as_app})
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [(
+        "Error: --key is required with an app token: loop/send needs an idempotency key (sending again with the "
+        "same key returns the first receipt)")]
+    assert user_messages(cli, session_id, env=as_app) == []
 
 
 # --- watch ----------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.e2e.conftest import APPS, TOKEN, ServerProcess, initialized, open_client
+from tests.e2e.test_reload_on_sighup import reload
 from tests.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.e2e
@@ -255,3 +256,22 @@ def test_the_model_receives_the_built_in_system_prompt_with_its_tools_and_no_ser
         assert tool["function"]["name"] in system["content"]
     assert "Workspace: a directory of your own for this session" in system["content"]
     assert server.data_dir not in system["content"] and os.path.abspath(server.data_dir) not in system["content"]
+
+
+def test_sighup_reloads_the_models_and_a_model_that_cannot_be_used_keeps_the_ones_in_force(served, fake):
+    server = served()
+    path = os.path.join(server.data_dir, "config.toml")
+    with open(path, "a") as f:
+        f.write('\n[models.extra]\nprovider = "mock"\nmodel = "echo-1"\n')
+    line = reload(server)
+    assert "models reloaded: default, fast, extra (default default/model-a)" in line, line
+    assert [o["id"] for o in get(server, "/api/models/llm").json()["options"]] == [
+        "default/model-a", "fast/model-b", "extra/echo-1"]
+    assert "model extra: provider mock, model id echo-1" in log_of(server)
+    with open(path, "a") as f:
+        f.write('\n[models.broken]\nprovider = "openai"\nmodel = "m"\napi_key_env = "UNSET_RELOAD_KEY"\n')
+    line = reload(server)
+    assert "models refused: " in line and "[models.broken]: api_key_env UNSET_RELOAD_KEY is not set" in line
+    assert "the models read before stay in force" in line
+    assert [o["id"] for o in get(server, "/api/models/llm").json()["options"]] == [
+        "default/model-a", "fast/model-b", "extra/echo-1"]

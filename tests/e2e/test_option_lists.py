@@ -110,6 +110,8 @@ def test_a_reload_puts_the_new_models_in_the_option_list_and_a_bad_file_keeps_th
 
     before, ok, grown, problem, kept = asyncio.run(go())
     assert [o["id"] for o in before["options"]] == ["default/alpha"]
-    assert ok is None and [o["id"] for o in grown["options"]] == ["default/alpha", "other/beta"]
-    assert problem is not None and "[models.default]: unknown provider 'nope'" in problem
+    assert ok == "models reloaded: default, other (default default/alpha)"
+    assert [o["id"] for o in grown["options"]] == ["default/alpha", "other/beta"]
+    assert problem.startswith("models refused: ") and "[models.default]: unknown provider 'nope'" in problem
+    assert problem.endswith("the models read before stay in force")
     assert kept == grown

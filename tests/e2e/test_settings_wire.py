@@ -217,8 +217,9 @@ def test_a_row_carries_the_field_declaration_with_its_session_spec(shared):
             return await get_row(c, await new_session(c), "agent", "maxSteps")
     row = run(go())
     assert row["field"] == {
-        "type": "integer", "title": "Model calls per turn", "default": 20, "minimum": 1, "maximum": 1000,
-        "description": "After this many model calls a turn stops with a notice; continue resumes it.",
+        "type": "integer", "title": "Model calls per turn", "default": 20, "minimum": 0,
+        "description": "After this many model calls a turn stops with a notice; continue resumes it. "
+                       "0: unlimited (turn/abort still stops a turn).",
         "session": {"prominence": "common", "order": 3}}
 
 
@@ -296,7 +297,7 @@ def test_null_deletes_the_session_value_and_the_row_inherits_again(shared):
 
 
 @pytest.mark.parametrize("plugin, key, value, named", [
-    ("agent", "maxSteps", "many", "params.value"), ("agent", "maxSteps", 0, "params.value"),
+    ("agent", "maxSteps", "many", "params.value"), ("agent", "maxSteps", -1, "params.value"),
     ("agent", "maxSteps", True, "params.value"), ("agent", "maxSteps", 2.5, "params.value"),
     ("tools", "permissionMode", "sometimes", "params.value"), ("agent", "systemPrompt", 3, "params.value"),
     ("llm", "model", " ", "params.value"), ("agent", "nope", 1, "params.key"), ("nobody", "maxSteps", 1, "params.key"),
@@ -484,14 +485,19 @@ def test_an_edit_of_config_toml_by_someone_else_is_picked_up(shared):
     assert run(go()) == (11, "global")
 
 
-def test_an_invalid_value_written_in_config_toml_is_shown_but_not_effective(shared):
+def test_an_edit_of_config_toml_with_an_invalid_value_is_refused_and_the_value_before_stays(shared):
     async def go():
         async with open_client(shared) as ws:
             c = await initialized(ws)
+            assert "result" in await set_layer(c, GLOBAL, "agent", "maxSteps", 6)
             edit_config(shared, lambda d: d.setdefault("plugins", {}).setdefault("agent", {}).update(maxSteps="lots"))
             return await layer_row(c, GLOBAL, "agent", "maxSteps")
     row = run(go())
-    assert (row["value"], row["effective"], row["source"]) == ("lots", 20, "default")
+    assert (row["value"], row["effective"], row["source"]) == (6, 6, "global")
+    shared.log.flush()
+    with open(shared.log.name) as f:
+        said = [line for line in f if "config.toml refused: plugins.agent.maxSteps: expected an integer" in line]
+    assert len(said) == 1, said
 
 
 @pytest.mark.parametrize("layer, named", [

@@ -514,6 +514,8 @@ def audit(data_dir: str, rec: Recorder) -> dict[str, int]:
         # RELIABILITY kill9_random, "0 stale readers": the server's own open cleared the reader
         # slots of the process that was killed, so this open finds none left to clear
         assert store.info()["stale_readers_cleared"] == 0, "stale LMDB reader slots survived a restart"
+        problems = store.audit()  # every index (streams, feed, receipts, snapshots, flags) agrees with the log
+        assert problems == [], f"the store's indexes disagree with its log: {problems}"
         return {"inputs": len(keys_seen), "turns": turns, "owner_inputs": sum(texts_seen.values()),
                 "owner_turns": owner_turns,
                 "unreplied_committed": sum(1 for s in rec.sends if not s.replied and s.text in texts_seen)}
