@@ -2,8 +2,20 @@
 
 Any endpoint that speaks ``POST {base_url}/chat/completions`` with ``stream: true`` works (OpenAI,
 vLLM, llama.cpp, Ollama, OpenRouter, DeepSeek, ...). The SDK (``AsyncOpenAI(base_url=...)``) does
-the HTTP, the Server-Sent Events and the typed chunks; this module shapes the request, folds the
-chunks into one answer (:class:`StreamState`, no I/O), and owns what the SDK does not do for us:
+the HTTP (its connection pool, timeouts, auth headers), the Server-Sent Events, ``[DONE]``, the
+error replies (``APIStatusError`` and kin) and closing the response; this module shapes the
+request, folds the chunks into one answer (:class:`StreamState`, no I/O), and owns what the SDK
+does not do for us.
+
+Why the chunks are plain dicts, not the SDK's typed ``ChatCompletionChunk``: the request goes
+through ``client.post("/chat/completions", cast_to=object, stream=True, stream_cls=AsyncStream)``
+(the SDK's documented way to call an endpoint directly; ``chat.completions.create`` is the same
+request with ``cast_to=ChatCompletionChunk``). The SDK builds each typed chunk with its own
+non-validating ``construct``, which walks the model's fields in Python: measured 450-1,000 µs a
+chunk here (``benchmarks/bench_models.py`` prints it beside ``json.loads``' ~15 µs), so at 50
+chunks an answer the typed chunks cost more CPU than all the rest of a turn. And a typed chunk is
+not a checked one (a ``content`` of ``7`` stays ``7``), so :class:`StreamState` checks every field
+it reads either way.
 
 * **Retries we can see.** The SDK's own retries (``max_retries``) are turned off (``0``): they
   happen inside ``create()`` with nothing but a log line, so a retry could not be recorded as a
@@ -192,25 +204,13 @@ def request_body(request: ModelRequest, model: str, extra: dict[str, Any] | None
 # --- response stream ----------------------------------------------------------------------------
 
 
-def _field(obj: Any, name: str) -> Any:
-    """A field of a chunk part: the SDK builds typed objects without validating them (an extra
-    field like ``reasoning_content`` is an attribute too), tests and tools pass dicts."""
-    if isinstance(obj, dict):
-        return obj.get(name)
-    return getattr(obj, name, None)
-
-
-def _is_object(obj: Any) -> bool:
-    return isinstance(obj, dict | pydantic.BaseModel)
-
-
 def _malformed(what: str, value: Any) -> ModelError:
     return ModelError(f"malformed stream: {what}, got {str(value)[:_MAX_QUOTED]!r}", cause="stream",
                       retryable=False)
 
 
 def _text(value: Any, what: str) -> str:
-    if value is None or isinstance(value, str):
+    if value is None or type(value) is str:
         return value or ""
     raise _malformed(f"{what} is not a string", value)
 
@@ -218,7 +218,7 @@ def _text(value: Any, what: str) -> str:
 def _count(value: Any) -> int:
     """A token count as the endpoint sent it; anything but an integer counts as 0 (the store
     clamps huge ones, ``actors/model/storable.py``)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return value if type(value) is int else 0
 
 
 class _ToolCallBuffer:
@@ -232,19 +232,19 @@ class _ToolCallBuffer:
         self.arguments: list[str] = []
         self.announced = False
 
-    def add(self, fragment: Any) -> None:
-        call_id = _text(_field(fragment, "id"), "a tool call's id")
+    def add(self, fragment: dict[str, Any]) -> None:
+        call_id = _text(fragment.get("id"), "a tool call's id")
         if call_id and not self.call_id:
             self.call_id = call_id  # the first id is the call's; some servers repeat it
-        function = _field(fragment, "function")
+        function = fragment.get("function")
         if function is None:
             return
-        if not _is_object(function):
+        if type(function) is not dict:
             raise _malformed("a tool call's function is not an object", function)
-        name = _text(_field(function, "name"), "a tool call's name")
+        name = _text(function.get("name"), "a tool call's name")
         if name and not self.name:
             self.name = name  # some servers repeat the name in every fragment
-        arguments = _text(_field(function, "arguments"), "a tool call's arguments")
+        arguments = _text(function.get("arguments"), "a tool call's arguments")
         if arguments:
             self.arguments.append(arguments)
 
@@ -265,8 +265,9 @@ class _ToolCallBuffer:
 class StreamState:
     """Accumulates one streamed answer from its chunks (pure: no I/O, testable alone).
 
-    ``feed_chunk`` takes the SDK's typed chunk (or the same shape as a dict); it raises
-    :class:`ModelError` for a chunk of the wrong shape or an ``error`` object.
+    ``feed_chunk`` takes a chunk as the JSON object it is (a typed SDK chunk is turned into one);
+    it raises :class:`ModelError` for a chunk of the wrong shape or an ``error`` object. Plain
+    dicts, checked field by field, because this runs for every chunk of every answer.
     """
 
     def __init__(self, on_delta: DeltaCallback) -> None:
@@ -280,63 +281,70 @@ class StreamState:
         self.chunks = 0
 
     def feed_chunk(self, chunk: Any) -> None:
-        if not _is_object(chunk):
-            raise _malformed("a chunk is not a JSON object", chunk)
+        if type(chunk) is not dict:
+            if not isinstance(chunk, pydantic.BaseModel):
+                raise _malformed("a chunk is not a JSON object", chunk)
+            chunk = chunk.model_dump(exclude_unset=True)
         self.chunks += 1
-        error = _field(chunk, "error")
-        if error:
-            raise _stream_error(error)
-        model = _field(chunk, "model")
-        if isinstance(model, str) and model:
+        if chunk.get("error"):
+            raise _stream_error(chunk["error"])
+        model = chunk.get("model")
+        if model and type(model) is str:
             self.model = model
-        usage = _field(chunk, "usage")
+        usage = chunk.get("usage")
         if usage is not None:
-            if not _is_object(usage):
+            if type(usage) is not dict:
                 raise _malformed("usage is not an object", usage)
-            self.usage = Usage(prompt_tokens=_count(_field(usage, "prompt_tokens")),
-                               completion_tokens=_count(_field(usage, "completion_tokens")))
-        choices = _field(chunk, "choices")
+            self.usage = Usage(prompt_tokens=_count(usage.get("prompt_tokens")),
+                               completion_tokens=_count(usage.get("completion_tokens")))
+        choices = chunk.get("choices")
         if choices is None:
             return
-        if not isinstance(choices, list):
+        if type(choices) is not list:
             raise _malformed("choices is not a list", choices)
         for choice in choices:
-            if not _is_object(choice):
+            if type(choice) is not dict:
                 raise _malformed("a choice is not an object", choice)
-            if (_field(choice, "index") or 0) == 0:
+            if not choice.get("index"):  # choice 0 (or no index): the answer
                 self._feed_choice(choice)
 
-    def _feed_choice(self, choice: Any) -> None:
-        if _field(choice, "finish_reason"):
+    def _feed_choice(self, choice: dict[str, Any]) -> None:
+        if choice.get("finish_reason"):
             self.finished = True
-        delta = _field(choice, "delta")
+        delta = choice.get("delta")
         if delta is None:
             return
-        if not _is_object(delta):
+        if type(delta) is not dict:
             raise _malformed("a delta is not an object", delta)
-        reasoning = _text(_field(delta, "reasoning_content") or _field(delta, "reasoning"), "reasoning")
+        content = delta.get("content")
+        if content and type(content) is str:  # the common chunk, first
+            self.text.append(content)
+            self.on_delta("text", content)
+        elif content is not None:
+            _text(content, "content")
+        if len(delta) > 1 or content is None:
+            self._feed_rest(delta)
+
+    def _feed_rest(self, delta: dict[str, Any]) -> None:
+        reasoning = _text(delta.get("reasoning_content") or delta.get("reasoning"), "reasoning")
         if reasoning:
             self.reasoning.append(reasoning)
             self.on_delta("reasoning", reasoning)
-        content = _text(_field(delta, "content"), "content")
-        if content:
-            self.text.append(content)
-            self.on_delta("text", content)
-        fragments = _field(delta, "tool_calls")
+        fragments = delta.get("tool_calls")
         if fragments is None:
             return
-        if not isinstance(fragments, list):
+        if type(fragments) is not list:
             raise _malformed("tool_calls is not a list", fragments)
         for fragment in fragments:
             self._feed_fragment(fragment)
 
     def _feed_fragment(self, fragment: Any) -> None:
-        if not _is_object(fragment):
+        if type(fragment) is not dict:
             raise _malformed("a tool call fragment is not an object", fragment)
-        index = _field(fragment, "index")
+        index = fragment.get("index")
         if index is None:
             index = len(self.calls)
-        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < 1024:
+        if type(index) is not int or not 0 <= index < 1024:
             raise _malformed("a tool call's index is not an integer from 0 to 1023", index)
         buffer = self.calls.setdefault(index, _ToolCallBuffer())
         buffer.add(fragment)
@@ -388,9 +396,9 @@ def _error_message(body: Any) -> str:
 def _stream_error(error: Any) -> ModelError:
     """An ``error`` object inside the stream: retried unless it names a client error."""
     message = _error_message({"error": error})
-    code = _field(error, "code") if _is_object(error) else None
-    kind = _field(error, "type") if _is_object(error) else None
-    status = code if isinstance(code, int) and not isinstance(code, bool) else 0
+    code = error.get("code") if type(error) is dict else None
+    kind = error.get("type") if type(error) is dict else None
+    status = code if type(code) is int else 0
     if isinstance(code, str) and code.isdigit():
         status = int(code)
     words = f"{kind or ''} {code or ''}".lower()
@@ -476,7 +484,7 @@ class OpenAIProvider:
         self._client: openai.AsyncOpenAI | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         # per request: no key -> no Authorization header (the SDK would send its placeholder)
-        self._extra_headers: dict[str, Any] = {} if self.api_key else {"Authorization": openai.Omit()}
+        self._options: Any = {} if self.api_key else {"headers": {"Authorization": openai.Omit()}}
 
     def __repr__(self) -> str:  # never the key
         return f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r})"
@@ -506,7 +514,7 @@ class OpenAIProvider:
     async def generate(self, request: ModelRequest, on_delta: DeltaCallback) -> ModelResponse:
         """One streamed completion, retried per :attr:`retry`; raises ModelError when it fails
         (after the last attempt), CancelledError when cancelled."""
-        body = request_body(request, self.model, vision=self.vision)
+        body = request_body(request, self.model, self.extra_body, vision=self.vision)
         estimate = content_chars(request.messages) // 4 + 1
         policy = self.retry
         retrying = AsyncRetrying(
@@ -529,11 +537,16 @@ class OpenAIProvider:
         client = self._sdk()
         async with self.limiter.slot(estimate) as slot:
             try:
-                stream = await client.chat.completions.create(
-                    **body, extra_body=self.extra_body or None, extra_headers=self._extra_headers)
+                # ``client.post`` is the SDK's documented way to a raw endpoint; ``cast_to=object``
+                # keeps each chunk the dict its JSON is (see the module docstring: typed chunks
+                # cost more CPU than everything else of a turn)
+                stream = await client.post("/chat/completions", body=body, cast_to=object, stream=True,
+                                           stream_cls=openai.AsyncStream[object], options=self._options)
                 async with stream:
                     async for chunk in stream:
                         state.feed_chunk(chunk)
+            except ModelError as e:  # a malformed chunk, quoted: the endpoint may have echoed the key
+                raise self._redacted(e) from None
             except openai.APIStatusError as e:
                 raise self._status_error(e) from None
             except openai.APITimeoutError as e:
