@@ -8,15 +8,15 @@ Setup. The fake (``benchmarks/fake_openai_server.py``, its own process) answers 
 with a stream of 50 text chunks spread over 500 ms (the last one at 500 ms), then the finish,
 usage and ``[DONE]`` chunks, and records how long each answer took by the request's text. The
 sessionloop host runs in a child process (real LMDB, ``nosync``, the pooled session actors, the
-worker loop, ``OpenAIProvider`` with ``max_concurrency`` = the number of sessions so the limiter
-grants at once, retries allowed but none expected); each session sends its turns one after the
+worker loop, ``OpenAIProvider`` with its default ``max_concurrency`` of 64, or ``--max-concurrency
+N``, 0 for one slot per session; retries allowed, counted, none expected); each session sends its turns one after the
 other (closed loop) from an asyncio driver in the same process, as ``sessionloop bench`` does.
 One warm-up turn per session first (connections opened, code warm), then the measured turns.
 
 Reported per run: turns/s; the host process's CPU ms per turn (user + system over the measured
 turns, the in-process driver included, the fake excluded); the time the server adds per turn:
 the turn's latency (send -> turn ended) minus the fake's own time for that answer (arrival ->
-last byte), p50/p95/p99; and the fake's connection count (new TCP connections in the measured
+last byte), p50/p95/p99, which includes the wait for a slot of the model's limit; and the fake's connection count (new TCP connections in the measured
 turns: the SDK keeps up to 100 idle connections per client). Pinned: the host on CPU 0, the fake
 on CPU 1 (``taskset``). Every turn's text is checked (50 chunks joined); anything else fails the
 run. Prints a table and writes ``benchmarks/results/models.json``.
@@ -43,7 +43,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from actors.host import Host
 from actors.model import OpenAIProvider
 from actors.model.limits import ModelLimits, RetryPolicy
-from benchmarks.measure import fill_defaults, machine_reference_ms, percentile, run_job, write_results
+from benchmarks.measure import (
+    fill_defaults,
+    machine_reference_ms,
+    percentile,
+    run_job,
+    write_results,
+)
 from cli.bench_cmd import inprocess_turn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -78,7 +84,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     data = tempfile.mkdtemp(prefix="bench-models-")
     host = Host.open(data, durability="nosync", permission_mode="acceptCalls")
     provider = OpenAIProvider(model="fake-model", base_url=f"http://127.0.0.1:{spec['port']}/v1", api_key="sk-bench",
-                              limits=ModelLimits(max_concurrency=spec["sessions"]), retry=RetryPolicy(attempts=3))
+                              limits=ModelLimits(max_concurrency=spec["max_concurrency"]), retry=RetryPolicy(attempts=3))
     host.rt.set_provider(provider)
     expected = "".join(f"w{i} " for i in range(spec["chunks"]))
     try:
@@ -151,6 +157,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int)
     parser.add_argument("--latency-ms", type=float, default=500.0)
     parser.add_argument("--chunks", type=int, default=50)
+    parser.add_argument("--max-concurrency", type=int, default=64,
+                        help="the model's concurrency limit (default 64, the provider's own default; "
+                             "0: one slot per session)")
     parser.add_argument("--only", choices=["unpinned", "pinned"])
     parser.add_argument("--child")
     args = parser.parse_args()
@@ -159,6 +168,7 @@ def main() -> None:
         return
     fill_defaults(args, [("sessions", 1000, 100), ("turns", 5, 2)])
     results: dict[str, Any] = {"setup": {"sessions": args.sessions, "turns": args.turns,
+                                         "max_concurrency": args.max_concurrency or args.sessions,
                                          "latency_ms": args.latency_ms, "chunks": args.chunks},
                                "machine_reference_ms_before": round(machine_reference_ms(), 1),
                                "chunk_parse_us": chunk_parse_us()}
@@ -167,13 +177,15 @@ def main() -> None:
             continue
         fake, port = start_fake(args.latency_ms, args.chunks, mode == "pinned")
         try:
-            spec = {"port": port, "sessions": args.sessions, "turns": args.turns, "chunks": args.chunks}
+            spec = {"port": port, "sessions": args.sessions, "turns": args.turns, "chunks": args.chunks,
+                    "max_concurrency": args.max_concurrency or args.sessions}
             results[mode] = run_job(__file__, spec, pinned=mode == "pinned", label=f"bench_models {mode}")
         finally:
             fake.terminate()
             fake.wait(10)
     results["machine_reference_ms_after"] = round(machine_reference_ms(), 1)
-    print(f"\n{args.sessions} sessions x {args.turns} turns, fake: {args.chunks} chunks over {args.latency_ms:g} ms")
+    print(f"\n{args.sessions} sessions x {args.turns} turns, model concurrency {args.max_concurrency or args.sessions}, "
+          f"fake: {args.chunks} chunks over {args.latency_ms:g} ms")
     parse = results["chunk_parse_us"]
     print(f"one chunk from JSON: SDK typed {parse['typed']} us, plain dict {parse['json']} us")
     print(f"{'run':<10}{'turns/s':>9}{'CPU ms/turn':>13}{'added p50':>11}{'p95':>8}{'p99':>8}"
