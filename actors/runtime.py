@@ -225,6 +225,10 @@ class Runtime:
             provider = self._providers[name] = make_provider(name, **self.options.model_options)
         return provider
 
+    def model_providers(self) -> list[Provider]:
+        """The providers made so far (``/metrics`` reads their call counters)."""
+        return list(self._providers.values())
+
     def set_provider(self, provider: Provider) -> None:
         """Use ``provider`` for every session (scripted/replay providers, tests, ``rerun``)."""
         self._providers[self.options.model] = provider
