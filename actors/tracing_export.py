@@ -66,11 +66,11 @@ class TracingUnavailable(ActorError):
 def _sdk() -> SimpleNamespace:
     """The parts of opentelemetry-sdk this module uses, imported on first use."""
     try:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+        from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
+        from opentelemetry.sdk.trace import ReadableSpan  # noqa: PLC0415
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: PLC0415
+        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags  # noqa: PLC0415
     except ImportError as e:
         raise TracingUnavailable(_EXTRA) from e
     return SimpleNamespace(Resource=Resource, ReadableSpan=ReadableSpan, BatchSpanProcessor=BatchSpanProcessor,
@@ -117,8 +117,8 @@ def otlp_json(spans: Sequence[SpanData]) -> dict[str, Any]:
     takes with ``Content-Type: application/json``, one line of an OTLP JSON file)."""
     _sdk()
     try:
-        from google.protobuf.json_format import MessageToDict
-        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+        from google.protobuf.json_format import MessageToDict  # noqa: PLC0415
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: PLC0415
     except ImportError as e:
         raise TracingUnavailable(_EXTRA) from e
     body: dict[str, Any] = MessageToDict(encode_spans(sdk_spans(spans)), use_integers_for_enums=True)
@@ -155,7 +155,7 @@ def otlp_exporter(base_url: str) -> Any:
         raise ValueError(f"--otlp-endpoint: expected an http:// or https:// URL, got {base_url[:100]!r}")
     _sdk()
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
     except ImportError as e:
         raise TracingUnavailable(_EXTRA) from e
     return OTLPSpanExporter(endpoint=f"{base_url.removesuffix('/')}/v1/traces")

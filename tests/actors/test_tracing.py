@@ -98,7 +98,7 @@ def test_a_turn_with_a_tool_call_gives_a_turn_span_over_chat_execute_tool_and_ch
     assert chats[0].attributes["gen_ai.response.finish_reasons"] == ("tool_calls",)
     assert chats[1].attributes["gen_ai.response.finish_reasons"] == ("stop",)
     llm = [e.event for e in session.events() if isinstance(e.event, E.LlmCompleted)]
-    for chat, completed in zip(chats, llm):
+    for chat, completed in zip(chats, llm, strict=True):
         assert chat.attributes["gen_ai.usage.input_tokens"] == completed.usage.prompt_tokens > 0
         assert chat.attributes["gen_ai.usage.output_tokens"] == completed.usage.completion_tokens > 0
     assert turn.attributes["gen_ai.usage.input_tokens"] == sum(c.usage.prompt_tokens for c in llm)

@@ -28,7 +28,7 @@ def stored_session(data_dir: str, text: str = "hello") -> str:
 
 def cli_without_otel(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", WITHOUT_OTEL, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, env=env)
+                          timeout=60, env=env, check=False)
 
 
 def test_trace_of_an_unknown_session_exits_non_zero_with_one_line(tmp_path):

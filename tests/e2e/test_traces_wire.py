@@ -45,7 +45,7 @@ class Collector:
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 request = ExportTraceServiceRequest.FromString(body)
                 with collector.changed:
@@ -158,7 +158,7 @@ def test_serve_exports_spans_over_otlp_that_sessionloop_trace_rebuilds_from_the_
     assert owners.parent_span_id.hex() == "1" * 16  # turn/send's traceparent
     assert server.stop() == 0
     trace = subprocess.run([sys.executable, "-m", "cli.main", "trace", room, "--data", server.data_dir], cwd=REPO,
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, check=False)
     assert trace.returncode == 0, trace.stderr
     rebuilt = [s for rs in json.loads(trace.stdout)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
     assert sorted(map(otlp_ident, rebuilt)) == sorted(map(ident, mine))
