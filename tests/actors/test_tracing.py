@@ -193,8 +193,8 @@ def test_turns_without_a_traceparent_get_trace_ids_derived_from_the_session_and_
     first, second = session.run("one"), session.run("two")
     turns = {s.attributes["sessionloop.turn.id"]: s for s in finished(exporter, traces) if s.name == "invoke_agent"}
     assert turns[first.turn_id].context.trace_id != turns[second.turn_id].context.trace_id
-    rebuilt = {s.attributes["sessionloop.turn.id"]: s for s in build_spans(session.id, [e.event for e in session.events()])
-               if s.name == "invoke_agent"}
+    spans = build_spans(session.id, [e.event for e in session.events()])
+    rebuilt = {s.attributes["sessionloop.turn.id"]: s for s in spans if s.name == "invoke_agent"}
     assert {t: s.trace_id for t, s in rebuilt.items()} == {t: s.context.trace_id for t, s in turns.items()}
 
 
@@ -337,4 +337,5 @@ def test_an_input_stored_before_traceparent_existed_decodes_without_one_and_star
     assert isinstance(accepted, E.InputAccepted) and accepted.traceparent is None
     spans = build_spans("s1", [accepted, E.TurnStarted(at=2, turn_id="t1", input_ids=["i1"]),
                                E.TurnCompleted(at=5, turn_id="t1", output_text="x")])
-    assert [(s.name, s.parent_id, s.start_ns, s.end_ns) for s in spans] == [("invoke_agent", None, 2_000_000, 5_000_000)]
+    assert [(s.name, s.parent_id, s.start_ns, s.end_ns) for s in spans] == [
+        ("invoke_agent", None, 2_000_000, 5_000_000)]
