@@ -247,6 +247,9 @@ class InputAccepted(Event, tag="input.accepted", kw_only=True):
     source: str | None = None
     speaker: Speaker | None = None
     idempotency_key: str | None = None
+    #: the W3C traceparent the sender passed (``loop/send``, ``turn/send``): the turn's span is
+    #: its child, so a rebuild from the log (``sessionloop trace``) keeps the parentage
+    traceparent: str | None = None
 
 
 class InputDropped(Event, tag="input.dropped", kw_only=True):
