@@ -92,12 +92,13 @@ class _LoopHandlers:
             def work() -> msgspec.Struct:
                 loop._owned(p.session_id)  # refused before any attachment is saved: nothing half-written
                 refs = store_attachments(self.svc, p.attachments, p.session_id)
-                return receipt(loop.send(p.session_id, p.text, p.idempotency_key, refs))
+                return receipt(loop.send(p.session_id, p.text, p.idempotency_key, refs, traceparent=p.traceparent))
 
             in_background(self.svc, conn, request_id, work)
             return
         reply = answer(conn, request_id, receipt)
-        self.svc.rt.tell(p.session_id, loop._send_message(p.session_id, p.text, p.idempotency_key, [], reply))
+        self.svc.rt.tell(p.session_id, loop._send_message(p.session_id, p.text, p.idempotency_key, [], reply,
+                                                          p.traceparent))
 
     def wait_for_turn(self, conn: ClientConnection, request_id: Any, p: Any) -> None:
         loop = self.loop_of(conn)

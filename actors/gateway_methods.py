@@ -337,28 +337,29 @@ class _Handlers:
         if params.attachments:
             in_background(self.svc, conn, request_id, lambda: self._send_with_files(conn, request_id, params))
             return
-        self._send(conn, request_id, params.session_id, params.text, [])
+        self._send(conn, request_id, params.session_id, params.text, [], traceparent=params.traceparent)
 
     def _send_with_files(self, conn: ClientConnection, request_id: Any, params: Any) -> msgspec.Struct:
         refs = store_attachments(self.svc, params.attachments, params.session_id)
         reply = Reply()
-        self.rt.tell(params.session_id, self._send_message(conn, params.session_id, params.text, refs, reply))
+        self.rt.tell(params.session_id, self._send_message(conn, params.session_id, params.text, refs, reply,
+                                                           traceparent=params.traceparent))
         reply.result(self.rt.options.request_timeout_s)  # on the pool thread, not an actor's
         return EMPTY
 
     def _send(self, conn: ClientConnection, request_id: Any, session_id: str, text: str,
-              refs: list[E.AttachmentRef], source: str | None = None) -> None:
+              refs: list[E.AttachmentRef], source: str | None = None, traceparent: str | None = None) -> None:
         reply = answer(conn, request_id, lambda _: EMPTY)
-        self.rt.tell(session_id, self._send_message(conn, session_id, text, refs, reply, source))
+        self.rt.tell(session_id, self._send_message(conn, session_id, text, refs, reply, source, traceparent))
 
     def _send_message(self, conn: ClientConnection, session_id: str, text: str, refs: list[E.AttachmentRef],
-                      reply: Reply, source: str | None = None) -> Send:
+                      reply: Reply, source: str | None = None, traceparent: str | None = None) -> Send:
         from .host import new_id
 
         speaker = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner,
                             app_id=conn.peer.app_id)
         accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=new_id(), text=text, attachments=refs,
-                                   speaker=speaker, source=source)
+                                   speaker=speaker, source=source, traceparent=traceparent)
         return Send(accepted, None, reply)
 
     def turn_continue(self, conn: ClientConnection, request_id: Any, params: Any) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -42,6 +43,10 @@ _id_random = random.Random(os.urandom(32))
 def new_id() -> str:
     """A time-ordered id: 11 hex digits of milliseconds, then 10 random hex digits."""
     return f"{int(time.time() * 1000):011x}{_id_random.getrandbits(40):010x}"
+
+
+#: a commit listener: (session actor, the committed events, the append's result)
+Listener = Callable[[SessionActor, list[E.Event], Any], None]
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,8 +94,10 @@ class Host:
                 runtime.tell(session_id[len("session-"):], Query(lambda a: None, Reply()))
 
     @classmethod
-    def open(cls, data_dir: str = ".sessionloop", **options: Any) -> Host:
-        """Open the host on ``data_dir``; ``options`` are the fields of :class:`HostOptions`.
+    def open(cls, data_dir: str = ".sessionloop", *, listeners: Sequence[Listener] = (), **options: Any) -> Host:
+        """Open the host on ``data_dir``; ``options`` are the fields of :class:`HostOptions`;
+        ``listeners`` hear every commit (``Runtime.listeners``) from the first, before the
+        sessions with unfinished work resume (a tracer sees their repairs too).
 
         Raises StoreLocked if another process serves this directory, ValueError for an unknown
         option.
@@ -101,7 +108,9 @@ class Host:
             opts = msgspec.convert(options, HostOptions)
         except ValueError as e:
             raise ValueError(f"invalid host option: {e}") from e
-        return cls(Runtime(data_dir, opts))
+        runtime = Runtime(data_dir, opts)
+        runtime.listeners.extend(listeners)
+        return cls(runtime)
 
     def close(self) -> None:
         self.rt.close()

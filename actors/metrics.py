@@ -169,6 +169,35 @@ def _commit_families(total: _Tally) -> Any:
     yield model
 
 
+def _model_families(providers: list[Any]) -> Any:
+    """Each real model's calls (``actors/model/limits.py`` ``CallStats``), labelled by the model:
+    requests waiting for a slot and open now, the waits for a slot, retries by status."""
+    stats = [(str(getattr(p, "label", p.name)), p.stats) for p in providers if getattr(p, "stats", None) is not None]
+    if not stats:
+        return
+    waiting = GaugeMetricFamily("sessionloop_model_requests_waiting",
+                                "Model requests waiting for a slot of their model's limits", labels=["model"])
+    open_now = GaugeMetricFamily("sessionloop_model_requests_in_flight", "Model requests open now", labels=["model"])
+    started = CounterMetricFamily("sessionloop_model_requests", "Model requests started (each attempt counts)",
+                                  labels=["model"])
+    delayed = CounterMetricFamily("sessionloop_model_limiter_delayed",
+                                  "Model requests that waited for a slot (concurrency, RPM or TPM)", labels=["model"])
+    waits = HistogramMetricFamily("sessionloop_model_limiter_wait_seconds",
+                                  "Wait for a slot of the model's limits, per request", labels=["model"])
+    retries = CounterMetricFamily("sessionloop_model_retries",
+                                  "Model call attempts that failed and were tried again, by HTTP status or cause",
+                                  labels=["model", "status"])
+    for label, st in stats:
+        waiting.add_metric([label], st.waiting)
+        open_now.add_metric([label], st.in_flight)
+        started.add_metric([label], st.requests)
+        delayed.add_metric([label], st.delayed)
+        waits.add_metric([label], _buckets(st.waits.bounds, list(st.waits.counts)), st.waits.sum)
+        for status, count in sorted(dict(st.retries).items()):
+            retries.add_metric([label, status], count)
+    yield from (waiting, open_now, started, delayed, waits, retries)
+
+
 def _store_families(stats: dict[str, Any]) -> Any:
     """The store's own observations (``EventStore.commit_stats``) as histograms."""
     for key, name, help_text in (
@@ -195,6 +224,7 @@ class _Collector:
         yield from _commit_families(self.m.tallies.totals())
         rt = self.m.rt
         yield from _store_families(rt.store.commit_stats())
+        yield from _model_families(rt.model_providers())
         info = rt.store.info()
         store = InfoMetricFamily("sessionloop_store", "Event store settings")
         store.add_metric([], {"durability": info["durability"], "fsync_per_commit": str(info["fsync_per_commit"]).lower(),

@@ -64,6 +64,8 @@ from .grants import Grant
 from .errors import NotFound
 
 __all__ = [
+    "TEXT_RETRY_DISCARDED",
+    "attempt_item_id",
     "HISTORY_DEFAULT_LIMIT",
     "HISTORY_MAX_LIMIT",
     "ItemsProjection",
@@ -89,6 +91,8 @@ TEXT_COMPRESS_FAILED: Final = "Compression failed: {error}"
 TEXT_SUMMARY_MARKER: Final = "Earlier conversation was summarized"
 TEXT_BEFORE_TOOL: Final = "said before a tool call; only the last reply of a turn is sent to the room"
 TEXT_NO_REPLY: Final = "the turn ended without a reply"
+#: seed 004 agent-message undelivered: 重试丢掉的那版 (the version a retry dropped)
+TEXT_RETRY_DISCARDED: Final = "discarded: the model call was tried again after {cause}"
 
 _MESSAGE_KINDS: Final = (UserMessageItem, AgentMessageItem, NoticeItem)
 _ATTACHMENT_KINDS: Final = frozenset({"image", "audio", "video", "file"})
@@ -225,6 +229,7 @@ class ItemsProjection:
         self._turn_order: list[str] = []
         self._inputs: dict[str, E.InputAccepted] = {}  # the queue, in FIFO order
         self._call_args: dict[str, Any] = {}
+        self._answer_ids: dict[str, str] = {}  # step id -> the item its answer streams as (after a retry)
         self._displays: dict[str, E.ToolDisplay | None] = {}
         self._ended_by_turn: set[str] = set()  # calls closed by their turn's end
         self._room = False
@@ -243,6 +248,7 @@ class ItemsProjection:
             E.TurnAborted: self._turn_aborted,
             E.TurnLimitReached: self._turn_limit,
             E.LlmCompleted: self._llm_completed,
+            E.LlmRetried: self._llm_retried,
             E.ToolStarted: self._tool_started,
             E.ToolFinished: self._tool_finished,
             E.ToolApprovalRequested: self._approval_requested,
@@ -609,18 +615,29 @@ class ItemsProjection:
             self._turn_order.append(turn_id)
         return view
 
+    def _llm_retried(self, e: E.LlmRetried) -> list[Push]:
+        """A retry pushes nothing here: the discarded attempt's items were live only (their
+        ``item/completed`` is pushed by the streaming session, see ``actors/stream_sink.py``).
+        It names the item the answer streams as from now on, so the committed answer replaces
+        the streamed one by itemId (seed 004: item/completed 按 itemId 覆盖)."""
+        if e.next_item_id:
+            self._answer_ids[e.step_id] = e.next_item_id
+        return []
+
     def _llm_completed(self, e: E.LlmCompleted) -> list[Push]:
-        """Reasoning, the agent message (itemId = step id) and the generated tool calls (status
-        ``generating``, no args yet: seed 004 tool-call), then the usage item."""
+        """Reasoning, the agent message (itemId = step id, or the item a retry named) and the
+        generated tool calls (status ``generating``, no args yet: seed 004 tool-call), then the
+        usage item."""
         view = self._view(e.turn_id)
         view.completion_tokens += e.usage.completion_tokens
+        item_id = self._answer_ids.pop(e.step_id, e.step_id)
         pushes: list[Push] = []
         if e.reasoning:
-            reasoning = ReasoningItem(item_id=_reasoning_id(e.step_id), at=e.at, turn_id=e.turn_id,
+            reasoning = ReasoningItem(item_id=_reasoning_id(item_id), at=e.at, turn_id=e.turn_id,
                                       text=e.reasoning)
             pushes.append(self._done(reasoning))
         if e.text:
-            pushes.append(self._done(self._agent_message(e, view)))
+            pushes.append(self._done(self._agent_message(e, view, item_id)))
         for call in e.tool_calls:
             self._call_args[call.call_id] = call.args
             if call.call_id not in view.calls:
@@ -631,7 +648,7 @@ class ItemsProjection:
         pushes.extend(self._usage_push(e))
         return pushes
 
-    def _agent_message(self, e: E.LlmCompleted, view: _TurnView) -> AgentMessageItem:
+    def _agent_message(self, e: E.LlmCompleted, view: _TurnView, item_id: str) -> AgentMessageItem:
         """Seed 004 agent-message model: promptTokens of this call (the turn's latest context) and
         completionTokens summed over the turn so far; no tokens when the provider reported none."""
         reported = e.usage.prompt_tokens or e.usage.completion_tokens
@@ -642,8 +659,8 @@ class ItemsProjection:
             completion_tokens=view.completion_tokens if reported else None,
         )
         undelivered = Undelivered(reason=TEXT_BEFORE_TOOL) if self._room and e.tool_calls else None
-        view.messages.append(e.step_id)
-        return AgentMessageItem(item_id=e.step_id, at=e.at, turn_id=e.turn_id, text=e.text,
+        view.messages.append(item_id)
+        return AgentMessageItem(item_id=item_id, at=e.at, turn_id=e.turn_id, text=e.text,
                                 model=model, undelivered=undelivered)
 
     def _usage_push(self, e: E.LlmCompleted) -> list[Push]:
@@ -793,6 +810,12 @@ class ItemsProjection:
 def _reasoning_id(step_id: str) -> str:
     # Same suffix as the fold's thinking step (session_model: ``<step>.thinking``).
     return f"{step_id}.thinking"
+
+
+def attempt_item_id(step_id: str, attempt: int) -> str:
+    """The item a model step's answer streams as in its ``attempt`` (1: the step id itself; a
+    later attempt after one that had streamed gets a fresh id, ``<step>.a<attempt>``)."""
+    return step_id if attempt <= 1 else f"{step_id}.a{attempt}"
 
 
 def _imported_items(

@@ -172,7 +172,7 @@ class Subscriber(Protocol):
 class SessionChannel:
     """One session's ``(epoch, seq)`` counter and subscribers."""
 
-    __slots__ = ("session_id", "epoch", "lock", "seq", "subscribers", "streaming")
+    __slots__ = ("session_id", "epoch", "lock", "seq", "subscribers", "streaming", "cards")
 
     def __init__(self, session_id: str, epoch: int) -> None:
         self.session_id = session_id
@@ -183,6 +183,9 @@ class SessionChannel:
         #: the items a model call is streaming (never persisted): item id -> (the started item,
         #: the text so far); a snapshot taken mid-stream holds them (seed 004: 在途回合已产出的条目)
         self.streaming: dict[str, tuple[Any, list[str]]] = {}
+        #: the tool cards a model call announced while its arguments stream (status
+        #: ``generating``, seed 004 tool-call), by call id; live only like the text
+        self.cards: dict[str, Any] = {}
 
     @property
     def has_subscribers(self) -> bool:
@@ -229,14 +232,47 @@ class SessionChannel:
                     sub.push(self.session_id, self.epoch, self.seq, method, payload)
 
     def streamed_items(self) -> list[Any]:
-        """The streaming items with their text so far (call under ``lock``)."""
-        return [msgspec.structs.replace(item, text="".join(parts)) for item, parts in self.streaming.values()]
+        """The streaming items with their text so far, and the announced tool cards (call under
+        ``lock``)."""
+        items = [msgspec.structs.replace(item, text="".join(parts)) for item, parts in self.streaming.values()]
+        return items + list(self.cards.values()) if self.cards else items
 
-    def end_streams(self) -> None:
-        """The model call's outcome is committed (its items are in the projection now)."""
-        if self.streaming:
+    def stream_card(self, card: Any) -> None:
+        """A tool card announced mid-stream: kept for snapshots and pushed as ``item/started``."""
+        with self.lock:
+            self.cards[card.item_id] = card
+            if self.subscribers:
+                self.seq += 1
+                for sub in list(self.subscribers.values()):
+                    sub.push(self.session_id, self.epoch, self.seq, "item/started", card)
+
+    def discard(self, item_ids: list[str], close: Callable[[Any, str], Any]) -> None:
+        """Drop the streaming items ``item_ids`` and every announced card (a model call restarts
+        after a failed attempt), pushing ``item/completed`` of ``close(item, text so far)`` for
+        each, atomically with respect to a snapshot."""
+        with self.lock:
+            gone = [(item, "".join(parts)) for item, parts in
+                    (self.streaming.pop(i) for i in item_ids if i in self.streaming)]
+            gone += [(card, "") for card in self.cards.values()]
+            self.cards.clear()
+            if not gone or not self.subscribers:
+                return
+            subs = list(self.subscribers.values())
+            for item, text in gone:
+                payload = close(item, text)
+                self.seq += 1
+                for sub in subs:
+                    sub.push(self.session_id, self.epoch, self.seq, "item/completed", payload)
+
+    def end_streams(self) -> dict[str, Any]:
+        """The model call's outcome is committed (its items are in the projection now); returns
+        the tool cards it had announced, so the caller can close the ones its answer lacks."""
+        cards: dict[str, Any] = {}
+        if self.streaming or self.cards:
             with self.lock:
                 self.streaming.clear()
+                cards, self.cards = self.cards, {}
+        return cards
 
     def add(self, key: Any, subscriber: Subscriber) -> None:
         with self.lock:

@@ -1396,7 +1396,8 @@ def comparable(events: Iterable[RecordedEvent], turn_ids: set[str]) -> list[tupl
     """The events of the turns ``turn_ids`` that a re-run must reproduce, each with its turn id.
 
     Owner actions are left out (``session.*``, rewinds, dropped inputs, plan clears, grant
-    revocations, manual compaction): a re-run does not repeat them. An input is moved to just before the turn it
+    revocations, manual compaction): a re-run does not repeat them; so are a model endpoint's
+    retries (``llm.retried``), which a replayed answer never has. An input is moved to just before the turn it
     opened, because a recording may have queued it while the previous turn ran and a re-run sends
     it after that turn ended.
     """
@@ -1408,6 +1409,8 @@ def comparable(events: Iterable[RecordedEvent], turn_ids: set[str]) -> list[tupl
         tag = E.event_tag(e)
         if tag.startswith("session.") or isinstance(e, (E.TurnRewound, E.InputDropped, E.PlanCleared,
                                                         E.ApprovalGrantRevoked)):
+            continue
+        if isinstance(e, E.LlmRetried):  # how the endpoint behaved, not what the agent did
             continue
         if isinstance(e, (E.ContextCompacted, E.ContextCompactFailed)) and not e.auto:
             continue

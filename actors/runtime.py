@@ -255,6 +255,13 @@ class Runtime:
         ref = self.agent_config(state).model if state is not None and state.created is not None else None
         return self.models.provider(ref)
 
+    def model_providers(self) -> list[Provider]:
+        """Every configured model's provider, and one set for every session (``/metrics`` reads
+        their call counters)."""
+        providers = self.models.providers()
+        override = self._provider_override
+        return providers if override is None or override in providers else [*providers, override]
+
     def set_provider(self, provider: Provider) -> None:
         """Use ``provider`` for every session (scripted/replay providers, tests, ``rerun``)."""
         self._provider_override = provider

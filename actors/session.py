@@ -40,8 +40,9 @@ from eventstore import events as E
 
 from .caller import CURRENT_CALL, CallerContext
 from .context import estimated_context_tokens, model_view
-from .model.base import ignore_delta
+from .model.base import RetryNotice, ignore_delta
 from .model.storable import storable_response
+from .stream_sink import StreamSink, close_cards
 from .dispatch import PooledActor
 from .errors import ActorError, CompactionFailed, NotFound, SessionParked
 from .pubsub import Reply, TurnOutcome
@@ -189,6 +190,19 @@ class ModelDone(Msg):
         actor.on_model_done(self)
 
 
+class ModelRetried(Msg):
+    """An attempt of the running model call failed and the provider tries again (``llm.retried``)."""
+
+    __slots__ = ("step_id", "notice", "next_item_id")
+
+    def __init__(self, step_id: str, notice: RetryNotice, next_item_id: str) -> None:
+        super().__init__(None)
+        self.step_id, self.notice, self.next_item_id = step_id, notice, next_item_id
+
+    def run(self, actor: SessionActor) -> None:
+        actor.on_model_retried(self)
+
+
 class ToolDone(Msg):
     __slots__ = ("turn_id", "call_id", "result", "duration_ms")
 
@@ -321,6 +335,7 @@ class SessionBehaviour:
         self.channel = runtime.channel(session_id)
         self.broken: BaseException | None = None
         self._model_task: Any = None
+        self._sink: StreamSink | None = None  # what the running model call streams to
         self._tool_tasks: dict[str, Any] = {}
         self._failures: list[float] = []
         self._snapshot_version = 0
@@ -633,31 +648,33 @@ class SessionBehaviour:
             messages, _ = model_view(system_messages(cfg) + state.messages, cfg.context_chars)
         return self.rt.model_request(cfg, messages)
 
-    def _delta_sink(self, step_id: str) -> Any:
-        channel, delta, sid = self.channel, self.rt.delta_payload, self.sid
+    def _delta_sink(self, step_id: str) -> StreamSink:
+        """The ``on_delta`` of a model call: live items, generating cards, and the restart of
+        what an attempt showed when the provider retries (``actors/stream_sink.py``)."""
+        ref = self.actor_ref
+
+        def on_retry(notice: RetryNotice, next_item_id: str) -> None:
+            ref.tell(ModelRetried(step_id, notice, next_item_id))
+
+        return StreamSink(channel=self.channel, session_id=self.sid, step_id=step_id, turn_id=self.state.current_turn,
+                          delta=self.rt.delta_payload, on_retry=on_retry, now=now_ms, fault=self.rt.faults.hit,
+                          loop_delta=self._loop_delta())
+
+    def _loop_delta(self) -> Any:
+        """Emits a bot's live ``assistant.delta`` (seed 000) with ``data``; None outside apps."""
         app, watchers = self._app_id(), getattr(self.rt, "loop_watchers", None)
-        turn_id = self.state.current_turn
-        fault = self.rt.faults.hit
+        if app is None or watchers is None:
+            return None
+        sid, turn_id = self.sid, self.state.current_turn
 
-        thinking = f"{step_id}.thinking"
-
-        def start(item_id: str) -> Any:
-            return _streaming_item("text" if item_id == step_id else "reasoning", item_id, turn_id)
-
-        def push(item_id: str, text: str) -> Any:
-            return delta(sid, item_id, text)
-
-        def on_delta(kind: str, text: str) -> None:
-            fault("model-stream")
-            # seed 004: item/started first, then its deltas; kept so a snapshot now holds the text
-            channel.stream(step_id if kind == "text" else thinking, start, push, text)
-            if app is not None and watchers is not None and kind == "text" and watchers.any(app):
+        def emit(data: dict[str, Any]) -> None:
+            if watchers.any(app):
                 from .session_loop import LoopEvent  # seed 000: assistant.delta is live only
 
                 watchers.emit(app, LoopEvent(cursor=0, session_id=sid, type="assistant.delta", at=now_ms(),
-                                             turn_id=turn_id, data={"text": text}))
+                                             turn_id=turn_id, data=data))
 
-        return on_delta
+        return emit
 
     def push_usage_estimate(self) -> None:
         """Seed 004 快照: 还没有用量时，服务端在快照之后请 agent 算一次，结果按推送到达. Called right
@@ -712,8 +729,10 @@ class SessionBehaviour:
             self._save_snapshot()
         if self.items is not None or self.channel.has_subscribers:
             self._publish(events)
-        if self.channel.streaming and any(type(e) in _STREAM_END_TYPES for e in events):
-            self.channel.end_streams()
+        channel = self.channel
+        if (channel.streaming or channel.cards or self._sink is not None) and \
+                any(type(e) in _STREAM_END_TYPES for e in events):
+            self._end_stream(events)
         accepted = [e.turn_id for e in events if type(e) is E.InputAccepted]
         if accepted:
             self.rt.results.expect(accepted)
@@ -806,10 +825,27 @@ class SessionBehaviour:
             return
         self._snapshot_version = self.state.version
 
+    def _end_stream(self, events: list[E.Event]) -> None:
+        """The model call's outcome is committed: its live items end, and the cards it announced
+        that its answer does not hold are closed (aborted if the turn was stopped, else failed)."""
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None
+        cards = self.channel.end_streams()
+        if not cards:
+            return
+        keep = {c.call_id for e in events if type(e) is E.LlmCompleted for c in e.tool_calls}  # type: ignore[attr-defined]
+        status = "aborted" if any(type(e) is E.TurnAborted for e in events) else "failed"
+        closing = close_cards(cards, keep, status)
+        if closing:
+            self.channel.publish_many(closing)
+
     def _cancel_tasks(self) -> None:
         if self._model_task is not None:
             self._model_task.cancel()
             self._model_task = None
+        if self._sink is not None:
+            self._sink.close()  # a delta still on its way must not revive an item
         for task in self._tool_tasks.values():
             task.cancel()
         self._tool_tasks.clear()
@@ -818,6 +854,7 @@ class SessionBehaviour:
         request = self._model_request(self.config())
         provider = self.rt.provider_for(self.state)
         ref, on_delta = self.actor_ref, self._delta_sink(step_id)
+        self._sink = on_delta
 
         async def call() -> None:
             started = time.perf_counter()
@@ -988,6 +1025,17 @@ class SessionBehaviour:
             completed = _llm_completed(r, now, state.current_turn, msg.step_id, msg.duration_ms)
         self._commit_then(msg, decide_model_done(state, msg.step_id, completed, msg.error, now), _ignore)
 
+    def on_model_retried(self, msg: ModelRetried) -> None:
+        """Record the retry as a fact of the step (nothing else changes: the call goes on)."""
+        state = self.state
+        turn_id = state.current_turn
+        if state.pending_llm != msg.step_id or turn_id is None:
+            return  # the step ended (stopped) meanwhile
+        n = msg.notice
+        self._commit([E.LlmRetried(at=now_ms(), turn_id=turn_id, step_id=msg.step_id, attempt=n.attempt,
+                                   status=n.status, cause=n.cause, wait_ms=n.wait_ms, error=n.error,
+                                   next_item_id=msg.next_item_id)], run_drive=False)
+
     def on_tool_done(self, msg: ToolDone) -> None:
         self._tool_tasks.pop(msg.call_id, None)
         r = msg.result
@@ -1057,15 +1105,6 @@ def _ignore(*_: Any) -> None:
     return None
 
 
-def _streaming_item(kind: str, item_id: str, turn_id: str | None) -> Any:
-    """The live-only start of a streamed message or reasoning; ``item/completed`` brings the whole."""
-    from protocol.schemas_types import AgentMessageItem, ReasoningItem
-
-    if kind == "text":
-        return AgentMessageItem(item_id=item_id, at=now_ms(), turn_id=turn_id, text="")
-    return ReasoningItem(item_id=item_id, at=now_ms(), turn_id=turn_id, text="")
-
-
 def _llm_completed(response: Any, now: int, turn_id: str, step_id: str, duration_ms: int) -> E.LlmCompleted:
     """The event of a model's answer: the one place every provider's answer passes (the mock's
     taken in place and every ``generate`` result), so it is where an answer is made storable
@@ -1100,6 +1139,6 @@ def turn_outcome(state: SessionState, event: E.Event) -> TurnOutcome:
 
 __all__ = [
     "FILES_PENDING", "OWNED_CATEGORIES", "Apply", "Cancel", "Compact", "Create", "Effect", "Freeze", "ModelDone",
-    "Msg", "NotFound", "Passivate", "Purge", "Query", "Receipt", "Send", "SessionActor", "SessionParked",
-    "SummaryDone", "Thaw", "ToolDone", "WrongExpectedVersion", "turn_outcome",
+    "ModelRetried", "Msg", "NotFound", "Passivate", "Purge", "Query", "Receipt", "Send", "SessionActor",
+    "SessionParked", "SummaryDone", "Thaw", "ToolDone", "WrongExpectedVersion", "turn_outcome",
 ]

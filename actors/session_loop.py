@@ -38,6 +38,7 @@ from protocol.limits import (
     MAX_SPACE_ID,
     MAX_TEXT_CHARS,
     MAX_TITLE,
+    MAX_TRACEPARENT,
     MAX_WAIT_MS,
     MIN_WAIT_MS,
     one_line,
@@ -48,6 +49,7 @@ from .caller import CURRENT_CALL
 from .errors import Forbidden, InvalidCommand, NotFound, RequestTimeout
 from .pubsub import Reply, TurnOutcome
 from .session import Create, Query, Receipt, Send, now_ms
+from .tracing import parse_traceparent
 
 if TYPE_CHECKING:
     from .host import Host
@@ -144,6 +146,15 @@ def _string(field: str, value: Any, *, limit: int | None = None, optional: bool 
     if limit is not None and len(value) > limit:
         raise InvalidCommand(f"{field} is {len(value)} characters; at most {limit}")
     return value
+
+
+def _traceparent(value: Any) -> str | None:
+    """A W3C traceparent (the caller's span, which the turn's span continues), or None."""
+    _string("traceparent", value, limit=MAX_TRACEPARENT, optional=True)
+    if value is not None and parse_traceparent(value) is None:
+        raise InvalidCommand("traceparent is not a W3C traceparent (version-traceid-parentid-flags in lowercase "
+                             "hex, e.g. 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01)")
+    return value  # type: ignore[no-any-return]
 
 
 def _keys(field: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
@@ -423,17 +434,21 @@ class SessionLoop:
         return decode_summary_record(meta) if meta is not None else None
 
     def _send_message(self, session_id: str, text: str, idempotency_key: str, attachments: list[Any] | None,
-                      reply: Reply) -> Send:
+                      reply: Reply, traceparent: str | None = None) -> Send:
         from .host import new_id
 
         if attachments is not None and not isinstance(attachments, (list, tuple)):
             raise InvalidCommand(f"attachments must be a list, not {type(attachments).__name__}")
         refs = list(attachments or [])
         text, key = self._check_message(text, idempotency_key, refs)
+        traceparent = _traceparent(traceparent)
         self._owned(session_id)
         accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=new_id(), text=text, attachments=refs,
                                    idempotency_key=key, speaker=E.Speaker(platform=self.app.platform or self.app.id,
-                                                                          app_id=self.app.id))
+                                                                          app_id=self.app.id),
+                                   traceparent=traceparent)
+        # the traceparent is not part of the body: a retry from a new span of the sender's is
+        # the same message (a duplicate, with the first send's trace), not a conflict
         body = {"text": text, "attachments": [r.sha256 for r in refs]}
         claim = IdempotencyClaim(f"app:{self.app.id}:{session_id}", key, request_hash(body))
         return Send(accepted, claim, reply, self._quota)
@@ -452,17 +467,20 @@ class SessionLoop:
         return None
 
     def send(self, session_id: str, text: str, idempotency_key: str,
-             attachments: list[Any] | None = None) -> LoopReceipt:
+             attachments: list[Any] | None = None, *, traceparent: str | None = None) -> LoopReceipt:
         """Queue ``text`` (strict FIFO per session). A repeated key returns the original receipt
-        (``state='duplicate'``, same turn id); a repeated key with another body is a conflict."""
+        (``state='duplicate'``, same turn id); a repeated key with another body is a conflict.
+        ``traceparent`` (W3C): the turn's span is a child of that span (``serve --otlp-endpoint``)."""
         reply = Reply()
-        self.rt.tell(session_id, self._send_message(session_id, text, idempotency_key, attachments, reply))
+        self.rt.tell(session_id, self._send_message(session_id, text, idempotency_key, attachments, reply,
+                                                    traceparent))
         return loop_receipt(reply.result(self.rt.options.request_timeout_s))
 
     async def asend(self, session_id: str, text: str, idempotency_key: str,
-                    attachments: list[Any] | None = None) -> LoopReceipt:
+                    attachments: list[Any] | None = None, *, traceparent: str | None = None) -> LoopReceipt:
         reply = Reply()
-        self.rt.tell(session_id, self._send_message(session_id, text, idempotency_key, attachments, reply))
+        self.rt.tell(session_id, self._send_message(session_id, text, idempotency_key, attachments, reply,
+                                                    traceparent))
         return loop_receipt(await asyncio.wait_for(reply.future(), self.rt.options.request_timeout_s))
 
     # --- results ------------------------------------------------------------------------------
@@ -563,8 +581,8 @@ class AsyncSessionLoop:
                                         context=context, chat=chat, account=account, place=place)
 
     async def send(self, session_id: str, text: str, idempotency_key: str,
-                   attachments: list[Any] | None = None) -> LoopReceipt:
-        return await self._sync.asend(session_id, text, idempotency_key, attachments)
+                   attachments: list[Any] | None = None, *, traceparent: str | None = None) -> LoopReceipt:
+        return await self._sync.asend(session_id, text, idempotency_key, attachments, traceparent=traceparent)
 
     async def wait_for_turn(self, session_id: str, turn_id: str, timeout_ms: int | float | None = 60_000) -> TurnResult:
         return await self._sync.await_turn(session_id, turn_id, timeout_ms)

@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "rerun": "cli.replay_cmd:rerun",
     "events": "cli.replay_cmd:events",
     "import": "cli.replay_cmd:import_events",
+    "trace": "cli.trace_cmd:trace",
     "bench": "cli.bench_cmd:bench",
     "doctor": "cli.doctor:doctor",
 }

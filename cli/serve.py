@@ -36,6 +36,12 @@ from actors.model.registry import (
 )
 from actors.session_decide import steps_limit
 from actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
+from actors.tracing_export import (
+    LiveTraces,
+    TracingUnavailable,
+    batch_processor,
+    otlp_exporter,
+)
 from eventstore.errors import SessionloopError
 from protocol.transport import AppCredential
 
@@ -157,7 +163,8 @@ class Server:
                  ping_interval: float = 20.0, ping_timeout: float = 20.0, close_timeout: float = 10.0,
                  sandbox_hide: tuple[str, ...] = (), max_inflight_mb: int = DEFAULT_MAX_INFLIGHT_MB,
                  inflight_wait: float = 30.0, metrics_public: bool = False, auth_failures: int = 20,
-                 auth_window: float = 60.0, model_flags: ModelFlags | None = None, **host_options: Any) -> None:
+                 auth_window: float = 60.0, span_exporter: Any = None, model_flags: ModelFlags | None = None,
+                 **host_options: Any) -> None:
         from actors.host import Host
         from protocol.transport import TransportConfig
 
@@ -177,8 +184,17 @@ class Server:
         self.token = token
         self.apps_path = apps_file or os.path.join(self.data_dir, "apps.toml")
         # the apps file holds every app's token: no command may see it, wherever it lives
-        self.host = Host.open(self.data_dir, durability=durability,
-                              sandbox_hide=[os.path.abspath(self.apps_path), *sandbox_hide], **host_options)
+        # spans of turns, model and tool calls (actors/tracing.py), when an exporter is given
+        self.traces = LiveTraces(batch_processor(span_exporter)) if span_exporter is not None else None
+        try:
+            self.host = Host.open(self.data_dir, durability=durability,
+                                  sandbox_hide=[os.path.abspath(self.apps_path), *sandbox_hide],
+                                  listeners=[self.traces.committed] if self.traces is not None else [],
+                                  **host_options)
+        except BaseException:
+            if self.traces is not None:
+                self.traces.close()
+            raise
         self._report_sandbox()
         apps = load_apps(self.apps_path)
         manifests, app_tokens = self._apps_of(apps)
@@ -338,7 +354,11 @@ class Server:
         if self.transport is not None:
             await self.transport.stop()
         self.service.close()
+        if self.traces is not None:
+            self.traces.flush()  # what committed so far, while the store is open for the tracer
         self.host.close()
+        if self.traces is not None:
+            self.traces.close()
 
 
 #: Later layers (Session Loop API, approvals, settings) register themselves here: (server, service, apps).
@@ -362,9 +382,9 @@ async def _run(server: Server, quiet: bool) -> None:
     loop.add_signal_handler(signal.SIGHUP, _reload, server)
     info = server.host.store.info()
     rt = server.host.rt
-    log.info("serving ws://%s:%d/session: data %s, durability %s, epoch %d, model %s, sandbox %s (default policy "
-             "%s), %d apps", server.config.host, port, server.data_dir, info["durability"], server.host.epoch,
-             rt.options.model, rt.sandbox.mode, rt.options.sandbox_policy, len(server.config.app_tokens))
+    log.info("serving ws://%s:%d/session: data %s, durability %s, epoch %d, default model %s, sandbox %s (default "
+             "policy %s), %d apps", server.config.host, port, server.data_dir, info["durability"], server.host.epoch,
+             rt.models.default.entry_id, rt.sandbox.mode, rt.options.sandbox_policy, len(server.config.app_tokens))
     print(f"sessionloop listening on ws://{server.config.host}:{port}/session "
           f"(data {server.data_dir}, durability {info['durability']}, epoch {server.host.epoch})", flush=True)
     if server.token_is_new and not quiet:
@@ -462,6 +482,10 @@ async def _run(server: Server, quiet: bool) -> None:
               help="text: 'time LEVEL logger: message'; json: one JSON object a line. No token or key is ever "
                    "written: the owner and app tokens and the values of *_KEY/*_TOKEN/*_SECRET/*_PASSWORD "
                    "environment variables are replaced by [redacted].")
+@click.option("--otlp-endpoint", envvar="OTEL_EXPORTER_OTLP_ENDPOINT", default=None, metavar="URL",
+              help="Export OpenTelemetry spans (each turn, model call and tool call, with the GenAI semantic "
+                   "conventions) over OTLP/HTTP to URL/v1/traces; the OTEL_EXPORTER_OTLP_ENDPOINT environment "
+                   "variable means the same. Needs the otel extra: pip install 'sessionloop[otel]'.")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, model_provider: str | None, base_url: str | None, model_name: str | None,
@@ -470,7 +494,8 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
           inflight_wait: float, metrics_public: bool, auth_failures: int, auth_window: float, snapshot_every: int,
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
-          exec_file_size_mb: int, log_level: str, log_format: str, quiet: bool) -> None:
+          exec_file_size_mb: int, log_level: str, log_format: str, otlp_endpoint: str | None,
+          quiet: bool) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
     Models are configured by name in DATA/config.toml ([models.NAME]: provider, base_url, model,
@@ -496,6 +521,10 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
     configure_logging(log_level, log_format, lambda: started[0].secrets() if started else [token or ""])
     gc_policy.apply()
     try:
+        span_exporter = otlp_exporter(otlp_endpoint) if otlp_endpoint else None
+    except (TracingUnavailable, ValueError) as e:
+        raise click.ClickException(str(e)) from e
+    try:
         server = Server(data_dir, host=host, port=port, token=token, apps_file=apps_file, durability=durability,
                         allowed_origins=allowed_origins, max_frame_mb=max_frame_mb, max_outbox_mb=max_outbox_mb,
                         ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout,
@@ -508,7 +537,8 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                         exec_limits=ExecLimits(cpu_seconds=exec_cpu_seconds, memory_mb=exec_memory_mb,
                                                processes=exec_processes,
                                                output_bytes=int(exec_output_mb * 2**20),
-                                               file_size_mb=exec_file_size_mb))
+                                               file_size_mb=exec_file_size_mb),
+                        span_exporter=span_exporter)
     except SessionloopError as e:
         raise click.ClickException(str(e)) from e
     except ValueError as e:

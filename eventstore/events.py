@@ -247,6 +247,9 @@ class InputAccepted(Event, tag="input.accepted", kw_only=True):
     source: str | None = None
     speaker: Speaker | None = None
     idempotency_key: str | None = None
+    #: the W3C traceparent the sender passed (``loop/send``, ``turn/send``): the turn's span is
+    #: its child, so a rebuild from the log (``sessionloop trace``) keeps the parentage
+    traceparent: str | None = None
 
 
 class InputDropped(Event, tag="input.dropped", kw_only=True):
@@ -333,6 +336,26 @@ class LlmFailed(Event, tag="llm.failed", kw_only=True):
     error: str
     aborted: bool = False
     duration_ms: int = 0
+
+
+class LlmRetried(Event, tag="llm.retried", kw_only=True):
+    """An attempt of a model call failed and the call is tried again after ``wait_ms`` (a fact of
+    the step: its retries are part of its story, ``replay`` and ``/metrics`` show them).
+
+    ``attempt`` is the 1-based attempt that failed; ``status`` its HTTP status (0 without one);
+    ``cause`` ``http``, ``timeout``, ``connection`` or ``stream``; ``error`` the failure's
+    sentence. ``next_item_id``: the attempt had streamed output, which is discarded, and the next
+    attempt streams its answer as this item (empty: nothing was shown, the item id stays).
+    """
+
+    turn_id: str
+    step_id: str
+    attempt: int = 1
+    status: int = 0
+    cause: str = ""
+    wait_ms: int = 0
+    error: str = ""
+    next_item_id: str = ""
 
 
 class ToolStarted(Event, tag="tool.started", kw_only=True):
@@ -562,6 +585,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     LlmStarted,
     LlmCompleted,
     LlmFailed,
+    LlmRetried,
     ToolStarted,
     ToolFinished,
     ToolApprovalRequested,

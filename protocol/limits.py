@@ -43,10 +43,12 @@ __all__ = [
     "MAX_SPACE_ID",
     "MAX_TEXT_CHARS",
     "MAX_TITLE",
+    "MAX_TRACEPARENT",
     "MAX_VERSION",
     "MAX_WAIT_MS",
     "MIN_INT",
     "MIN_WAIT_MS",
+    "TRACEPARENT_PATTERN",
     "clip",
     "one_line",
 ]
@@ -87,6 +89,11 @@ MAX_IDEMPOTENCY_KEY: Final = 512
 MAX_TEXT_CHARS: Final = 100_000
 #: An attachment's file name: NAME_MAX of every common file system.
 MAX_FILE_NAME: Final = 255
+#: A W3C Trace Context ``traceparent`` (``loop/send``, ``turn/send``): version 00 is exactly 55
+#: characters, ``version-traceid-parentid-flags`` in lowercase hex.
+MAX_TRACEPARENT: Final = 55
+#: Its format (W3C Trace Context §3.2): version ``ff`` and all-zero trace or parent ids are invalid.
+TRACEPARENT_PATTERN: Final = r"^(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$"
 
 # --- collections and raw JSON ---------------------------------------------------------------------
 

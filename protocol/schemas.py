@@ -46,6 +46,7 @@ from .schemas_loop import (
     LoopSendResult,
     LoopWaitForTurnParams,
     LoopWaitForTurnResult,
+    Traceparent,
 )
 from .schemas_types import (  # re-exported: one import site for every wire shape
     AgentMessageItem,
@@ -352,6 +353,7 @@ class TurnSendParams(Wire, frozen=True, kw_only=True):
     attachments: Annotated[list[OutgoingAttachment], Meta(max_length=MAX_ATTACHMENTS)] = msgspec.field(
         default_factory=list
     )
+    traceparent: Traceparent | None = None
 
     def __post_init__(self) -> None:
         if not self.content.strip() and not self.attachments:

@@ -25,9 +25,11 @@ from .limits import (
     MAX_PLACE_KEY,
     MAX_SPACE_ID,
     MAX_TEXT_CHARS,
+    MAX_TRACEPARENT,
     MAX_WAIT_MS,
     MIN_INT,
     MIN_WAIT_MS,
+    TRACEPARENT_PATTERN,
 )
 from .schemas_types import Id, OutgoingAttachment, ShortName, Text, Title, Wire
 
@@ -52,9 +54,12 @@ __all__ = [
     "LoopWaitForTurnParams",
     "LoopWaitForTurnResult",
     "SpaceRef",
+    "Traceparent",
 ]
 
 IdempotencyKey = Annotated[str, Meta(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)]
+#: A W3C ``traceparent``: the caller's span, which the turn's span continues (actors/tracing.py).
+Traceparent = Annotated[str, Meta(pattern=TRACEPARENT_PATTERN, max_length=MAX_TRACEPARENT)]
 
 
 class SpaceRef(Wire, frozen=True, kw_only=True):
@@ -128,6 +133,7 @@ class LoopSendParams(Wire, frozen=True, kw_only=True):
     attachments: Annotated[list[OutgoingAttachment], Meta(max_length=MAX_ATTACHMENTS)] = msgspec.field(
         default_factory=list
     )
+    traceparent: Traceparent | None = None
 
 
 class LoopSendResult(Wire, frozen=True, kw_only=True):

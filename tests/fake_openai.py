@@ -1,125 +1,196 @@
-"""A fake OpenAI-compatible endpoint on 127.0.0.1 for tests that start a real ``sessionloop``
-process (serve, doctor): real HTTP/1.1, real SSE streaming in chunked transfer encoding, in a
-thread of the test process. It records every request (path, headers, body) and answers
-``POST /v1/chat/completions`` for the model ids it serves:
+"""A fake OpenAI-compatible chat-completions server on 127.0.0.1 port 0: real HTTP/1.1, real
+chunked Server-Sent Events written as the script says, and connections it can drop mid-stream.
 
-* a request with tools and a named ``tool_choice`` gets that tool called (``{"text": "ok"}``);
-* any other request gets ``reply from <model id>`` streamed in three deltas;
-* a usage chunk follows unless ``usage=False``; an unknown model id gets 404
-  ``The model `X` does not exist``.
+Each request is answered by ``script(exchange)``, a coroutine that reads what was asked
+(``exchange.body``, ``.headers``, ``.number``: the request's 1-based arrival order) and writes
+the answer (``reply`` for a plain HTTP reply, ``start_sse`` / ``event`` / ``end`` for a stream;
+returning without ``end`` closes the connection mid-stream). The server counts the requests open
+at once (``open_now``, ``max_open``) and sees a client leave (``Exchange.closed``).
+
+:class:`FakeServer` runs on the test's own event loop (``async with``); :class:`ThreadedFakeServer`
+runs it on a loop of its own thread, for tests whose client is another process (a real
+``sessionloop serve``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Self
 
+Script = Callable[["Exchange"], Awaitable[None]]
 
-class FakeOpenAI:
-    def __init__(self, models: tuple[str, ...] = ("model-a", "model-b"), *, usage: bool = True) -> None:
-        self.models = set(models)
-        self.usage = usage
-        self.requests: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+class Exchange:
+    """One HTTP request the fake server received, and the means to answer it."""
 
-            def log_message(self, format: str, *args: Any) -> None:  # keep the test output clean
-                pass
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.number = number
+        self.method = self.path = ""
+        self.headers: dict[str, str] = {}
+        self.body: Any = None
+        self.closed = asyncio.Event()  # the client closed its side (read EOF)
 
-            def do_POST(self) -> None:
-                size = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(size) or b"null")
-                with fake._lock:
-                    fake.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-                fake.answer(self, body)
+    async def read_request(self) -> None:
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        self.method, self.path, _ = lines[0].split(" ", 2)
+        for line in lines[1:]:
+            if line:
+                key, _, value = line.partition(":")
+                self.headers[key.strip().lower()] = value.strip()
+        size = int(self.headers.get("content-length", "0"))
+        self.body = json.loads(await self.reader.readexactly(size)) if size else None
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+    async def wait_closed(self, timeout: float = 10.0) -> None:
+        """Until the client closes the connection (EOF on the socket)."""
+        await asyncio.wait_for(self.reader.read(), timeout)
+        self.closed.set()
 
-    def __enter__(self) -> Self:
-        self.thread.start()
+    async def start_sse(self) -> None:
+        self.writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        )
+        await self.writer.drain()
+
+    async def send(self, text: str) -> None:
+        data = text.encode()
+        self.writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+        await self.writer.drain()
+
+    async def event(self, payload: Any) -> None:
+        await self.send("data: " + (payload if isinstance(payload, str) else json.dumps(payload)) + "\n\n")
+
+    async def end(self) -> None:
+        self.writer.write(b"0\r\n\r\n")
+        await self.writer.drain()
+
+    async def reply(self, status: int, reason: str, body: bytes, content_type: str = "application/json",
+                    headers: dict[str, str] | None = None) -> None:
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self.writer.write(
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n{extra}"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        await self.writer.drain()
+
+    async def error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        """An OpenAI-style JSON error reply."""
+        body = json.dumps({"error": {"message": message, "type": "error", "code": status}}).encode()
+        await self.reply(status, "Error", body, headers=headers)
+
+    async def answer(self, pieces: list[str], *, usage: dict[str, int] | None = None,
+                     finish: str = "stop", gap_s: float = 0.0) -> None:
+        """A whole streamed answer: the text in ``pieces``, a finish chunk, usage, [DONE]."""
+        await self.start_sse()
+        for piece in pieces:
+            await self.event(chunk(piece))
+            if gap_s:
+                await asyncio.sleep(gap_s)
+        await self.event(chunk(finish=finish))
+        if usage is not None:
+            await self.event(usage_chunk(**usage))
+        await self.event("[DONE]")
+        await self.end()
+
+
+def chunk(content: str | None = None, *, tool_calls: list[dict[str, Any]] | None = None,
+          finish: str | None = None, reasoning: str | None = None) -> dict[str, Any]:
+    delta: dict[str, Any] = {}
+    if content is not None:
+        delta["content"] = content
+    if reasoning is not None:
+        delta["reasoning_content"] = reasoning
+    if tool_calls is not None:
+        delta["tool_calls"] = tool_calls
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "fake-model",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def usage_chunk(prompt_tokens: int = 11, completion_tokens: int = 7) -> dict[str, Any]:
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "fake-model", "choices": [],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+
+class FakeServer:
+    """The server on the running loop: ``async with FakeServer(script) as server``."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.exchanges: list[Exchange] = []
+        self.server: asyncio.Server | None = None
+        self.open_now = 0
+        self.max_open = 0
+
+    async def __aenter__(self) -> Self:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        return f"http://127.0.0.1:{self.port}/v1"
 
-    def bodies(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [r["body"] for r in self.requests]
-
-    # --- answers ---------------------------------------------------------------------------------
-
-    def answer(self, h: BaseHTTPRequestHandler, body: Any) -> None:
-        if h.path != "/v1/chat/completions":
-            _plain(h, 404, {"error": {"message": f"no route {h.path}"}})
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        exchange = Exchange(reader, writer, len(self.exchanges) + 1)
+        self.exchanges.append(exchange)
+        try:
+            await exchange.read_request()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
             return
-        model = body.get("model") if isinstance(body, dict) else None
-        if model not in self.models:
-            _plain(h, 404, {"error": {"message": f"The model `{model}` does not exist", "code": "model_not_found"}})
-            return
-        h.send_response(200)
-        h.send_header("Content-Type", "text/event-stream")
-        h.send_header("Transfer-Encoding", "chunked")
-        h.send_header("Connection", "close")
-        h.end_headers()
-        for chunk in self.chunks(body, model):
-            data = f"data: {json.dumps(chunk)}\n\n".encode()
-            h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            h.wfile.flush()
-        done = b"data: [DONE]\n\n"
-        h.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
-        h.wfile.flush()
-        h.close_connection = True
-
-    def chunks(self, body: dict[str, Any], model: str) -> list[dict[str, Any]]:
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-            return {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-        choice = body.get("tool_choice")
-        out: list[dict[str, Any]] = [chunk({"role": "assistant", "content": ""})]
-        if body.get("tools") and isinstance(choice, dict):
-            name = choice["function"]["name"]
-            out.append(chunk({"tool_calls": [{"index": 0, "id": "call_fake", "type": "function",
-                                              "function": {"name": name, "arguments": ""}}]}))
-            for piece in ('{"text"', ': "ok"}'):
-                out.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}))
-            out.append(chunk({}, "tool_calls"))
-        else:
-            for piece in ("reply ", "from ", model):
-                out.append(chunk({"content": piece}))
-            out.append(chunk({}, "stop"))
-        if self.usage:
-            out.append({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": model, "choices": [],
-                        "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}})
-        return out
+        self.open_now += 1
+        self.max_open = max(self.max_open, self.open_now)
+        try:
+            await self.script(exchange)
+        except ConnectionError:
+            pass  # the client went away mid-answer
+        finally:
+            self.open_now -= 1
+            writer.close()
 
 
-def _plain(h: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
-    data = json.dumps(payload).encode()
-    h.send_response(status)
-    h.send_header("Content-Type", "application/json")
-    h.send_header("Content-Length", str(len(data)))
-    h.send_header("Connection", "close")
-    h.end_headers()
-    h.wfile.write(data)
-    h.close_connection = True
+class ThreadedFakeServer:
+    """:class:`FakeServer` on an event loop of its own thread (``with ThreadedFakeServer(script)``);
+    ``run(coro)`` runs a coroutine there and returns its result (waits on its events)."""
 
+    def __init__(self, script: Script) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.fake = FakeServer(script)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="fake-openai", daemon=True)
 
-def closed_port() -> int:
-    """A port on 127.0.0.1 nothing listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    def __enter__(self) -> Self:
+        self._thread.start()
+        self.run(self.fake.__aenter__())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.run(self.fake.__aexit__())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @property
+    def base_url(self) -> str:
+        return self.fake.base_url
+
+    @property
+    def exchanges(self) -> list[Exchange]:
+        return self.fake.exchanges

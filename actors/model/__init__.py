@@ -19,7 +19,6 @@ from .base import (
     make_provider,
 )
 from .mock import MockProvider
-from .openai import OpenAIProvider
 from .registry import (
     ModelConfig,
     ModelConfigError,
@@ -29,6 +28,16 @@ from .registry import (
 )
 from .replay import ReplayDivergence, ReplayProvider
 from .scripted import ScriptedProvider
+
+
+def __getattr__(name: str) -> object:
+    """``OpenAIProvider`` on first use: the ``openai`` SDK takes about a second to import, which
+    every server start (and restart after a crash) paid even on the mock model."""
+    if name == "OpenAIProvider":
+        from .openai import OpenAIProvider
+
+        return OpenAIProvider
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "PROVIDER_NAMES",

@@ -11,6 +11,14 @@ Cancellation is asyncio task cancellation (seed 002 Streaming / Cancel: ``sessio
 propagates an abort signal to the model): a provider must let :class:`asyncio.CancelledError`
 through promptly and must never turn it into a :class:`ModelError`.
 
+Besides text, a streaming provider may report two facts to ``on_delta`` when it has them, through
+optional methods of the callback object (a plain function has neither, and they are skipped):
+``on_delta.tool_call(call_id, name)`` as soon as a streamed tool call's name is known (seed 004
+tool-call: the card shows ``generating`` while the arguments stream), and
+``on_delta.retrying(notice)`` when an attempt failed and the call will be tried again after
+``notice.wait_ms`` (a :class:`RetryNotice`; the session records it as ``llm.retried`` and restarts
+the streamed items). Call :func:`announce_tool_call` / :func:`announce_retry`, not the methods.
+
 Errors::
 
     SessionloopError (eventstore.errors)
@@ -39,17 +47,33 @@ PROVIDER_NAMES: tuple[str, ...] = ("mock", "scripted", "replay", "openai")
 _json_encoder = msgspec.json.Encoder()
 
 
+class ModelAttachment(msgspec.Struct, frozen=True, kw_only=True):
+    """A file that goes to the model with a message: its bytes, already read from the blob store.
+
+    ``kind`` is the item kind (``image``, ``audio``, ``video``, ``file``), ``mime`` the sniffed
+    type (``actors/blobs.py``). A vision model gets an image as an ``image_url`` content part (a
+    ``data:`` URL); anything else is named in the text, so the model knows it is there.
+    """
+
+    name: str
+    kind: str
+    mime: str
+    data: bytes
+
+
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What one agent step sends to the model (seed 002 defaultLoop: messages + tool schemas).
 
     ``tools`` are the registry's schemas, ``{"name", "description", "parameters"}`` each
     (see :meth:`actors.tools.registry.ToolRegistry.schemas`); ``model`` overrides the
-    provider's default model name when set.
+    provider's default model name when set. ``attachments[i]`` are the files of
+    ``messages[i]`` (a user message), indexed in this very list (after trimming), bytes read.
     """
 
     messages: list[Message]
     tools: list[dict[str, Any]] = []
     model: str | None = None
+    attachments: dict[int, list[ModelAttachment]] = {}
 
 
 class ModelResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,6 +97,28 @@ class ModelError(SessionloopError):
     code = "model-error"
 
 
+class RetryNotice(msgspec.Struct, frozen=True, kw_only=True):
+    """One failed attempt of a model call that will be tried again (``llm.retried``).
+
+    ``attempt`` is the 1-based number of the attempt that failed; ``status`` its HTTP status (0
+    when there was none: a timeout, a connection error, an error inside the stream); ``cause``
+    one of ``http``, ``timeout``, ``connection``, ``stream``; ``wait_ms`` the pause before the next
+    attempt (the server's ``Retry-After`` when it sent one, else exponential backoff with jitter);
+    ``error`` the sentence of the failure (no secret in it).
+    """
+
+    attempt: int
+    status: int = 0
+    cause: str = "http"
+    wait_ms: int = 0
+    error: str = ""
+
+    @property
+    def label(self) -> str:
+        """The metrics label of the failure: the status, or the cause when there was none."""
+        return str(self.status) if self.status else self.cause
+
+
 @runtime_checkable
 class Provider(Protocol):
     """A model provider. Implementations: mock, scripted, replay, openai (SPEC §4).
@@ -90,6 +136,20 @@ class Provider(Protocol):
 
 def ignore_delta(kind: str, text: str) -> None:
     """An ``on_delta`` for callers that do not stream (summaries, tests)."""
+
+
+def announce_tool_call(on_delta: DeltaCallback, call_id: str, name: str) -> None:
+    """Tell ``on_delta`` that a streamed tool call's name is known (if it listens for that)."""
+    listener = getattr(on_delta, "tool_call", None)
+    if listener is not None:
+        listener(call_id, name)
+
+
+def announce_retry(on_delta: DeltaCallback, notice: RetryNotice) -> None:
+    """Tell ``on_delta`` that the call is tried again (if it listens for that)."""
+    listener = getattr(on_delta, "retrying", None)
+    if listener is not None:
+        listener(notice)
 
 
 # --- helpers shared by the providers ------------------------------------------------------------
@@ -117,6 +177,13 @@ def content_chars(messages: Sequence[Message]) -> int:
 def completion_chars(text: str, reasoning: str, tool_calls: Sequence[ToolCallSpec]) -> int:
     """Characters a call produced: text, reasoning and tool-call arguments as JSON (SPEC §4)."""
     return len(text) + len(reasoning) + sum(len(args_json(c.args)) for c in tool_calls)
+
+
+def estimated_usage(request: ModelRequest, text: str, reasoning: str,
+                    tool_calls: Sequence[ToolCallSpec]) -> Usage:
+    """The mock's token estimate (SPEC §4: characters / 4), for a provider that reports none."""
+    return Usage(prompt_tokens=content_chars(request.messages) // 4,
+                 completion_tokens=completion_chars(text, reasoning, tool_calls) // 4)
 
 
 def chunks(text: str, size: int) -> list[str]:
@@ -173,7 +240,8 @@ def make_provider(name: str, **options: Any) -> Provider:
 
     ``mock`` takes ``latency_ms``; ``scripted`` takes ``responses``; ``replay`` takes
     ``recorded`` (``LlmCompleted`` events); ``openai`` takes ``model``, ``base_url``,
-    ``api_key`` and ``timeout``. Raises ModelError for an unknown name or bad options, so a
+    ``api_key``, ``timeout``, ``limits`` (:class:`~actors.model.limits.ModelLimits`), ``retry``
+    (:class:`~actors.model.limits.RetryPolicy`) and ``vision``. Raises ModelError for an unknown name or bad options, so a
     misspelt ``--provider`` becomes one clear line.
     """
     # Imported here: each provider module imports this one.

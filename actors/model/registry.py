@@ -53,13 +53,14 @@ import msgspec
 from eventstore.errors import SessionloopError
 
 from .base import ModelError, Provider, make_provider
+from .limits import ModelLimits
 from .mock import MockProvider
-from .openai import DEFAULT_BASE_URL, openai_provider
 
 log = logging.getLogger("sessionloop.models")
 
 #: providers a ``[models.NAME]`` table may name
 CONFIG_PROVIDERS: tuple[str, ...] = ("openai", "mock")
+DEFAULT_BASE_URL = "https://api.openai.com/v1"  # actors.model.openai's, not imported: see build_provider
 DEFAULT_NAME = "default"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # no "/": it separates name and model id
 ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -77,14 +78,6 @@ class ModelConfigError(SessionloopError):
     """A model configuration cannot be used; the message is one line naming the model."""
 
     code = "model-config"
-
-
-class ModelLimits(msgspec.Struct, frozen=True, kw_only=True):
-    """Limits the provider keeps to (None: none): calls at once, requests and tokens per minute."""
-
-    max_concurrency: int | None = None
-    rpm: int | None = None
-    tpm: int | None = None
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -204,7 +197,8 @@ def parse_model(name: str, table: Any, env: Mapping[str, str], source: str) -> M
         value = table.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT):
             raise fail(f"{key}: expected a whole number from 1 to {MAX_LIMIT}")
-        limits[key] = value
+        if value is not None:
+            limits[key] = value  # an absent one keeps the provider's default (actors.model.limits)
     if provider == "mock":
         for key in ("base_url", "api_key_env"):
             if key in table:
@@ -286,10 +280,14 @@ def build_provider(cfg: ModelConfig, env: Mapping[str, str] | None = None) -> Pr
     if cfg.provider == "mock":
         return MockProvider(model=cfg.model)
     if cfg.provider == "openai":
+        # imported here, when an OpenAI-compatible model is configured: the openai SDK takes about
+        # a second to import, which a server on the mock must not pay (as actors.model.__getattr__)
+        from .openai import openai_provider
+
         environ = os.environ if env is None else env
         key = environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
         return openai_provider(base_url=cfg.base_url or DEFAULT_BASE_URL, model=cfg.model, api_key=key,
-                               vision=cfg.vision, limits=cfg.limits)
+                               vision=cfg.vision, limits=cfg.limits, label=cfg.name)
     raise ModelConfigError(f"{cfg.source} [models.{cfg.name}]: unknown provider {cfg.provider!r}")
 
 
@@ -381,6 +379,10 @@ class ModelRegistry:
 
     def configs(self) -> list[ModelConfig]:
         return list(self._snap.configs.values())
+
+    def providers(self) -> list[Provider]:
+        """Every model's provider (``/metrics`` reads their call counters)."""
+        return list(self._snap.providers.values())
 
     def single(self) -> Provider | None:
         """The provider when there is only one model (every reference resolves to it)."""

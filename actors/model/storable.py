@@ -51,6 +51,7 @@ __all__ = [
     "refusal_of",
     "refused_args",
     "storable_response",
+    "usable_call_id",
 ]
 
 #: A call's arguments, encoded as JSON: the largest legitimate ones carry a file's content
@@ -215,9 +216,13 @@ def _storable_calls(calls: Sequence[ToolCallSpec]) -> list[ToolCallSpec] | None:
     return out if changed else None
 
 
-def _usable_id(call_id: Any) -> bool:
+def usable_call_id(call_id: Any) -> bool:
+    """Whether ``call_id`` is kept as it is when the answer is stored (else it is replaced)."""
     return isinstance(call_id, str) and 0 < len(call_id) <= MAX_CALL_ID and call_id.isascii() \
         and call_id.isprintable()
+
+
+_usable_id = usable_call_id
 
 
 def _fresh_id(index: int, taken: set[str]) -> str:

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from actors.model import ModelResponse, OpenAIProvider
-from actors.model.openai import parse_sse_lines
+from actors.model.openai import response_from_chunks
 from actors.model.scripted import ScriptedProvider
 from actors.model.storable import (
     MAX_ARGS_BYTES,
@@ -235,7 +235,7 @@ def test_openai_arguments_nested_too_deeply_for_the_decoder_are_kept_as_text_and
     deep = "[" * 5000 + "]" * 5000
     line = {"choices": [{"index": 0, "delta": {"tool_calls": [
         {"index": 0, "id": "c", "function": {"name": "list_files", "arguments": deep}}]}, "finish_reason": "stop"}]}
-    response = parse_sse_lines(["data: " + json.dumps(line), "data: [DONE]"])
+    response = response_from_chunks([line])
     assert response.tool_calls[0].args == deep
     with pytest.raises(ToolError, match="nest too deeply"):
         _registry().validate("list_files", deep)

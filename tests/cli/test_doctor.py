@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.fake_openai import FakeOpenAI, closed_port
+from tests.fake_models import FakeOpenAI, closed_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SECRET = "sk-doctor-secret-0123456789"
@@ -55,7 +55,7 @@ def test_a_working_model_passes_every_check_with_one_streaming_tool_call_that_as
     body = request["body"]
     assert (body["model"], body["stream"], body["stream_options"]) == ("model-a", True, {"include_usage": True})
     assert [t["function"]["name"] for t in body["tools"]] == ["ping"]
-    assert request["headers"]["Authorization"] == f"Bearer {SECRET}"
+    assert request["headers"]["authorization"] == f"Bearer {SECRET}"
     assert SECRET not in done.stdout + done.stderr
 
 

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import REPO
 from tests.e2e.conftest import APPS, TOKEN, ServerProcess, initialized, open_client
 from tests.e2e.test_reload_on_sighup import reload
-from tests.fake_openai import FakeOpenAI
+from tests.fake_models import FakeOpenAI
 
 pytestmark = pytest.mark.e2e
 
@@ -166,7 +166,7 @@ def test_the_one_model_flags_configure_the_default_model(tmp_path, fake):
         items = run(go())
         assert reply_text(items) == "reply from model-b"
         assert fake.requests[-1]["body"]["model"] == "model-b"
-        assert fake.requests[-1]["headers"]["Authorization"] == f"Bearer {SECRET}"
+        assert fake.requests[-1]["headers"]["authorization"] == f"Bearer {SECRET}"
         log = log_of(server)
         assert "model default: provider openai, model id model-b" in log and "(--model-* flags)" in log
         assert SECRET not in log
@@ -231,8 +231,8 @@ def test_a_session_switched_to_another_configured_model_calls_that_model(served,
     first, refused, switched, second = run(go())
     assert reply_text(first) == "reply from model-a" and reply_text(second) == "reply from model-b"
     assert [r["body"]["model"] for r in fake.requests] == ["model-a", "model-b"]
-    assert "Authorization" not in fake.requests[0]["headers"]  # default has no api_key_env
-    assert fake.requests[1]["headers"]["Authorization"] == f"Bearer {SECRET}"
+    assert "authorization" not in fake.requests[0]["headers"]  # default has no api_key_env
+    assert fake.requests[1]["headers"]["authorization"] == f"Bearer {SECRET}"
     assert refused["error"]["message"].startswith("params.value: llm/model: model fast serves model-b, not 'gpt-4o'")
     assert "result" in switched
     model = next(i["model"] for i in second if i["kind"] == "agent-message")

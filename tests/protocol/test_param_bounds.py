@@ -23,12 +23,15 @@ from protocol_helpers import Peer, error_of, hello, make_connection
 from protocol.connection import Limits
 from protocol.errors import INVALID_PARAMS, RpcError
 from protocol.frames import decode_params
-from protocol.limits import MAX_INT, MIN_INT, MIN_WAIT_MS, MAX_WAIT_MS
+from protocol.limits import MAX_INT, MIN_INT, MIN_WAIT_MS, MAX_WAIT_MS, TRACEPARENT_PATTERN
 from protocol.schemas import METHODS, LoopWaitForTurnParams
 from protocol.schemas_types import _DATA_URL_HEAD, JsonValue, Wire
 
-#: A valid value for each string pattern the schemas use (a new pattern needs one here).
+#: A valid value for each string pattern the schemas use (a new pattern needs one here): a
+#: prefix, which any characters may follow...
 PATTERN_EXAMPLES = {_DATA_URL_HEAD: "data:text/plain;base64,"}
+#: ... or a whole value of the pattern's one length (its bound), which nothing may follow.
+WHOLE_PATTERN_EXAMPLES = {TRACEPARENT_PATTERN: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 
 #: Types that hold a bounded set of values by themselves.
 FINITE = (mi.NoneType, mi.BoolType, mi.LiteralType, mi.EnumType)
@@ -123,7 +126,8 @@ def test_every_field_of_every_method_a_client_sends_carries_a_bound() -> None:
     assert len({str(leaf) for leaf in LEAVES}) == len(LEAVES), "each leaf has its own name"
     assert {"session/rename params.title", "loop/waitForTurn params.timeoutMs",
             "turn/send params.attachments[0].data", "session/config/update params.value",
-            "session/config/layer/update params.layer.key", "session/batch params.ids"} <= seen
+            "session/config/layer/update params.layer.key", "session/batch params.ids",
+            "loop/send params.traceparent", "turn/send params.traceparent"} <= seen
 
 
 class _Unbounded(Wire, frozen=True, kw_only=True):
@@ -157,6 +161,8 @@ def example(t: mi.Type) -> Any:
     if isinstance(t, mi.UnionType):
         return example(next(x for x in t.types if not isinstance(x, mi.NoneType)))
     if isinstance(t, mi.StrType):
+        if t.pattern in WHOLE_PATTERN_EXAMPLES:
+            return WHOLE_PATTERN_EXAMPLES[t.pattern]
         base = PATTERN_EXAMPLES[t.pattern] if t.pattern is not None else ""
         return base + "x" * max(1, t.min_length or 0)
     if isinstance(t, mi.IntType):
@@ -197,6 +203,8 @@ def over_bound(leaf: Leaf, over: int, char: str) -> list[Any]:
     """Values just past the bound of ``leaf`` (``over`` past it), each of which must be refused.
     Strings end in ``over`` of ``char``: the bound counts characters, not bytes."""
     t = leaf.type
+    if isinstance(t, mi.StrType) and t.pattern in WHOLE_PATTERN_EXAMPLES:
+        return [example(t) + char * over]
     if isinstance(t, mi.StrType):
         base = example(t)[:-1]
         return [base + "x" * (t.max_length - len(base)) + char * over]
@@ -217,6 +225,9 @@ def over_bound(leaf: Leaf, over: int, char: str) -> list[Any]:
 def at_bound(leaf: Leaf) -> list[Any]:
     """Values right at the bound of ``leaf``: each must be accepted."""
     t = leaf.type
+    if isinstance(t, mi.StrType) and t.pattern in WHOLE_PATTERN_EXAMPLES:
+        assert len(example(t)) == t.max_length, "a whole-value example is as long as its bound"
+        return [example(t)]
     if isinstance(t, mi.StrType):
         base = example(t)[:-1]
         return [base + "x" * (t.max_length - len(base))]
