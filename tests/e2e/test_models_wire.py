@@ -237,6 +237,9 @@ def test_a_session_switched_to_another_configured_model_calls_that_model(served,
     assert "result" in switched
     model = next(i["model"] for i in second if i["kind"] == "agent-message")
     assert (model["model"], model["promptTokens"]) == ("model-b", 12)  # the fake's usage chunk
+    metrics = get(server, "/metrics").text  # each configured model's requests, by its name
+    assert 'sessionloop_model_requests_total{model="default"} 1.0' in metrics
+    assert 'sessionloop_model_requests_total{model="fast"} 1.0' in metrics
 
 
 def test_the_model_receives_the_built_in_system_prompt_with_its_tools_and_no_server_path(served, fake):
