@@ -104,6 +104,14 @@ class BlobStore:
                 os.replace(tmp, final)
         return digest
 
+    def read(self, sha256: str) -> bytes | None:
+        """The blob's bytes, or None when it is not stored (never was, or deleted since)."""
+        try:
+            with open(self.path(sha256), "rb") as f:
+                return f.read()
+        except (OSError, ValueError):
+            return None
+
     def referrers(self, sha256: str) -> list[str]:
         """The sessions (and ``_legacy``) whose markers keep the blob."""
         try:

@@ -415,6 +415,8 @@ class _TimelineBuilder:
 
     def _llm_started(self, rec: RecordedEvent, e: E.LlmStarted) -> None:
         facts: dict[str, Any] = {"stepId": e.step_id, "messages": e.message_count}
+        if e.attachments:
+            facts["attachments"] = list(e.attachments)  # the files the call was sent
         if e.attempt != 1:
             facts["attempt"] = e.attempt
         self.open[f"step:{e.step_id}"] = self._entry(rec, "model", "call", turn_id=e.turn_id, status="running",

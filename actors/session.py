@@ -40,6 +40,8 @@ from eventstore import events as E
 
 from .caller import CURRENT_CALL, CallerContext
 from .context import estimated_context_tokens, model_view
+from .model.attachments import has_attachments
+from .model.attachments import resolve as resolve_attachments
 from .model.base import RetryNotice, ignore_delta
 from .model.storable import storable_response
 from .stream_sink import StreamSink, close_cards
@@ -632,7 +634,10 @@ class SessionBehaviour:
         try:
             # no live deltas for an answer that is complete at once: the committed item carries
             # the whole text, and deltas would otherwise reach clients before the item exists
-            r = answer_now(self._model_request(cfg), ignore_delta)
+            request = self._model_request(cfg)
+            if has_attachments(request.messages):  # files are read off the actor thread: not in place
+                return None
+            r = answer_now(request, ignore_delta)
         except SessionloopError as e:
             return step_id, decide_model_done(state, step_id, None, str(e), now)
         if r is None:
@@ -856,10 +861,15 @@ class SessionBehaviour:
         ref, on_delta = self.actor_ref, self._delta_sink(step_id)
         self._sink = on_delta
 
+        blobs = self.rt.blobs
+
         async def call() -> None:
             started = time.perf_counter()
             try:
-                response = await provider.generate(request, on_delta)
+                sent = request
+                if has_attachments(request.messages):  # the files, read off the actor thread
+                    sent = await asyncio.to_thread(resolve_attachments, request, blobs.read)
+                response = await provider.generate(sent, on_delta)
             except asyncio.CancelledError:
                 raise
             except Exception as e:

@@ -368,7 +368,14 @@ def _start_model(state: SessionState, cfg: AgentConfig, turn_id: str, now: int,
             emit(E.ContextTrimmed(at=now, turn_id=turn_id, step_id=step_id, chars_before=report.chars_before,
                                   chars_after=report.chars_after, omitted_outputs=report.omitted_outputs,
                                   dropped_turns=report.dropped_turns))
-    emit(E.LlmStarted(at=now, turn_id=turn_id, step_id=step_id, message_count=len(state.messages)))
+    emit(E.LlmStarted(at=now, turn_id=turn_id, step_id=step_id, message_count=len(state.messages),
+                      attachments=_turn_attachments(state, turn_id)))
+
+
+def _turn_attachments(state: SessionState, turn_id: str) -> list[str]:
+    """The files of this turn's user messages, as a model call's event names them."""
+    return [f"{a.name} ({a.kind}, {a.mime}, {a.size} bytes)" for m in state.messages
+            if m.turn_id == turn_id and m.role == "user" for a in m.attachments]
 
 
 def _start_call(state: SessionState, cfg: AgentConfig, check: ToolCheck, rec: Any, now: int,

@@ -122,6 +122,8 @@ class Message(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults
     tool_call_id: str | None = None
     name: str | None = None
     turn_id: str | None = None
+    #: a user message's files (the model is sent them as actors/model/attachments.py says)
+    attachments: tuple[AttachmentRef, ...] = ()
 
 
 class ChatInfo(msgspec.Struct, frozen=True, gc=False, kw_only=True):
@@ -312,6 +314,8 @@ class LlmStarted(Event, tag="llm.started", kw_only=True):
     message_count: int = 0
     chars: int = 0
     provider: str = ""
+    #: the files of this turn's messages the call is sent (``name (kind, mime, size bytes)``)
+    attachments: list[str] = []
 
 
 class LlmCompleted(Event, tag="llm.completed", kw_only=True):
