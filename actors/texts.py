@@ -138,6 +138,14 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "en": "said before a tool call; only the last reply of a turn is sent to the room",
         "zh": "这是工具调用之前说的话；一轮只把最后的回复发进房间",
     },
+    "undelivered.retry-discarded": {
+        "en": "discarded: the model call was tried again after {cause}",
+        "zh": "已丢弃：{cause}后重新调用了模型",
+    },
+    "retry.cause.timeout": {"en": "a timeout", "zh": "超时"},
+    "retry.cause.connection": {"en": "a lost connection", "zh": "连接中断"},
+    "retry.cause.stream": {"en": "an error in the stream", "zh": "流式输出出错"},
+    "retry.cause.error": {"en": "an error", "zh": "出错"},
     "undelivered.no-reply": {"en": "the turn ended without a reply", "zh": "这一轮没有回复就结束了"},
     # --- usage parts (seed 004 usage.parts: 显示名) -------------------------------------------------
     "usage.context": {"en": "Context", "zh": "上下文"},
