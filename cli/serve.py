@@ -1,7 +1,8 @@
 """``sessionloop serve``: the host, the gateway and the WebSocket transport in one process.
 
 Reloading: on SIGHUP the server re-reads ``config.toml`` (the global, platform and platformType
-layers of the session settings, and the ``name`` of handshakes) and the apps file. A file that
+layers of the session settings, the ``name`` of handshakes and the ``language`` of human text:
+frames sent after the reload use it) and the apps file. A file that
 does not load (not TOML, a table or value that is wrong, an app token under 32 characters...)
 is refused with one log line naming the file and what is wrong, and what was read before stays
 in force. A reload of the apps file swaps the transport's token table and the app manifests
@@ -27,6 +28,7 @@ from actors import gc_policy
 from actors.apps import MODES, AppManifest, check_manifest
 from actors.errors import InvalidCommand
 from actors.session_decide import steps_limit
+from actors.texts import DEFAULT_LANGUAGE, LANGUAGES
 from actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
 from actors.tracing_export import LiveTraces, TracingUnavailable, batch_processor, otlp_exporter
 from eventstore.errors import SessionloopError
@@ -407,6 +409,10 @@ async def _run(server: Server, quiet: bool) -> None:
               help="Export OpenTelemetry spans (each turn, model call and tool call, with the GenAI semantic "
                    "conventions) over OTLP/HTTP to URL/v1/traces; the OTEL_EXPORTER_OTLP_ENDPOINT environment "
                    "variable means the same. Needs the otel extra: pip install 'sessionloop[otel]'.")
+@click.option("--language", type=click.Choice(list(LANGUAGES)), default=DEFAULT_LANGUAGE, show_default=True,
+              help="Language of the text the server writes for people (notices, reasons, settings labels, place "
+                   "names, error messages); raw data (tool arguments and results, user text, setting values) is "
+                   "never translated. A language key in DATA/config.toml, re-read on SIGHUP, is in force instead.")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, max_steps: int, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
@@ -415,12 +421,12 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
           exec_file_size_mb: int, log_level: str, log_format: str, otlp_endpoint: str | None,
-          quiet: bool) -> None:
+          language: str, quiet: bool) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
     Reloading: send the server SIGHUP to re-read DATA/config.toml (the global, platform and
-    platformType session settings, the name) and the apps file (tokens and manifests); the files
-    are not watched. A file that does not load is refused with one log line naming it and what
+    platformType session settings, the name, the language) and the apps file (tokens and
+    manifests); the files are not watched. A file that does not load is refused with one log line naming it and what
     is wrong, and what was read before stays in force. An app removed from the apps file, or
     whose token changed, loses access at once: its open connections are closed (code 4001).
     One line on stdout says what each reload did.
@@ -445,7 +451,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                         ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout,
                         max_inflight_mb=max_inflight_mb, inflight_wait=inflight_wait, metrics_public=metrics_public,
                         auth_failures=auth_failures, auth_window=auth_window,
-                        model=model, max_steps=max_steps, snapshot_every=snapshot_every,
+                        model=model, max_steps=max_steps, snapshot_every=snapshot_every, language=language,
                         map_size=map_size_mb * 1024 * 1024,
                         sandbox=sandbox, sandbox_policy=sandbox_policy, sandbox_bwrap=sandbox_bwrap,
                         sandbox_hide=tuple(os.path.abspath(p) for p in sandbox_hide),
