@@ -15,6 +15,7 @@ import pytest
 from actors.gateway import SessionProtocolService
 from actors.model import ModelError, ScriptedProvider
 from actors.projections import ItemsProjection
+from actors.replay import serve_live_view, verify
 from actors.session_decide import compact_failed
 from actors.tasks import task_ended
 from actors.texts import (
@@ -315,3 +316,24 @@ def test_a_stopped_background_tasks_reason_is_sent_in_the_language_of_the_moment
     assert (listed[task_id]["status"], listed[task_id]["reason"]) == ("stopped", "已停止")
     ended = [e.event for e in host.store.read_stream(f"task-{task_id}") if isinstance(e.event, E.TaskEnded)]
     assert [(e.reason, e.reason_key) for e in ended] == [("stopped", "task.reason.stopped")]
+
+
+def test_replay_verify_against_a_live_host_in_chinese_finds_no_difference(gateway) -> None:
+    host, svc, c = gateway(language="zh", max_steps=1)
+    sid = new_session(c)
+    c.result("session/subscribe", {"sessionId": sid})
+    c.result("turn/send", {"sessionId": sid, "content": "!loop"})
+    turn_done(c, sid)
+    stream = f"session-{sid}"
+    report = verify(sid, host.store.read_stream(stream), host.store.load_snapshot(stream),
+                    host.store.stream_meta(stream), live=serve_live_view(svc, sid))
+    assert report.difference is None, report.difference
+    assert any(i["text"].startswith("模型已调用 1 次") for i in report_items(svc, sid) if i["kind"] == "notice")
+
+
+def report_items(svc: SessionProtocolService, sid: str) -> list[dict[str, Any]]:
+    client = MemoryClient(svc)
+    try:
+        return client.result("session/subscribe", {"sessionId": sid})["items"]
+    finally:
+        client.close()

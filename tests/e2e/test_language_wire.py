@@ -8,12 +8,15 @@ setting values) is never translated.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-from tests.e2e.conftest import Client, ServerProcess, initialized, open_client
+from cli.main import main
+from tests.e2e.conftest import TOKEN, Client, ServerProcess, initialized, open_client
 from tests.e2e.test_reload_on_sighup import reload, write_config
 
 pytestmark = pytest.mark.e2e
@@ -139,3 +142,23 @@ def test_serve_refuses_a_language_it_does_not_have(tmp_path):
     with pytest.raises(RuntimeError, match="Invalid value for '--language'"):
         server.start()
     assert server.proc is not None and server.proc.wait(10) != 0
+
+
+def test_replay_verify_over_the_wire_agrees_with_a_server_that_speaks_chinese(server_factory):
+    server = server_factory("--language", "zh", "--max-steps", "1")
+
+    async def go() -> tuple[str, dict[str, Any]]:
+        async with open_client(server) as ws:
+            c = await initialized(ws)
+            sid = (await c.result("session/create", {}))["session"]["id"]
+            await c.result("session/subscribe", {"sessionId": sid})
+            pushed = await denied_turn(c, sid)
+            return sid, pushed
+
+    sid, pushed = run(go())
+    assert pushed["notice"]["text"] == NOTICE["zh"]
+    out = CliRunner().invoke(main, ["replay", sid, "--data", server.data_dir, "--verify", "--json",
+                                    "--url", server.url, "--token", TOKEN])
+    report = json.loads(out.stdout)
+    assert out.exit_code == 0 and "difference" not in report, report
+    assert report["compared"] == "live" and report["snapshotItems"] > 0
