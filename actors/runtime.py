@@ -32,6 +32,7 @@ from .prompts import ToolLine, default_system_prompt
 from .pubsub import Reply, SessionChannel, TurnResults
 from .session import Effect, turn_outcome
 from .session_decide import AgentConfig, ToolPolicy, steps_limit, system_messages
+from .texts import Language, Text, language_of, stored_parts
 from .tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
 from .tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
 from .worker import WorkerLoop
@@ -66,7 +67,9 @@ class HostOptions(msgspec.Struct, kw_only=True):
     retry_delay_s: float = 0.5
     request_timeout_s: float = 30.0
     workspace_root: str | None = None  # default: <data>/workspaces
-    language: str = "en"
+    #: the language of human text in frames (``actors.texts``; ``serve --language``); config.toml's
+    #: ``language``, when it has one, is in force instead (``Runtime.language``)
+    language: Language = "en"
     approval_wait_s: float = 300.0  # seed 004: 300 s total wait for an approval
     approval_grace_s: float = 30.0  # seed 004: 30 s reconnect grace
     presence_window_s: float = 600.0  # seed 004: present for 10 minutes after activity
@@ -106,6 +109,10 @@ class Runtime:
         self.models = ModelRegistry.for_host(options.models, options.model, options.model_options)
         self._provider_override: Provider | None = None
         self._prompts: dict[tuple[Any, ...], str] = {}
+        #: the language human text is rendered in when a frame is encoded (``actors.texts``): the
+        #: option, or config.toml's ``language`` once the settings service has read it (and again
+        #: on every re-read: SIGHUP, a handshake, a settings request)
+        self.language: str = language_of(options.language)
         # the owner token, the signing secret, apps.toml and the store: the server's user only
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
         os.chmod(self.data_dir, 0o700)
@@ -413,11 +420,9 @@ class Runtime:
         from .host import new_id
         from .session import Apply
 
-        text = f"Background task {task.label} ({task.id}) {task.status}"
-        if task.exit_code is not None:
-            text += f" with exit code {task.exit_code}"
-        if task.last_line:
-            text += f"; last line: {task.last_line}"
+        # the owner's notice is rendered when sent (its key and values are kept); the agent
+        # reads the English one as its input, text for the model (actors.texts)
+        text, key, values = stored_parts(background_task_notice(task))
         facts = {"taskId": task.id, "status": task.status, "exitCode": task.exit_code, "lastLine": task.last_line}
 
         def decide(state: Any, now: int) -> list[E.Event]:
@@ -425,7 +430,7 @@ class Runtime:
                 return []
             turn_id = new_id()
             return [E.NoticePosted(at=now, notice_id=task.id, topic="background-task", text=text, facts=facts,
-                                   turn_id=turn_id, starts_turn=True),
+                                   turn_id=turn_id, starts_turn=True, text_key=key, text_values=values),
                     E.InputAccepted(at=now, input_id=new_id(), turn_id=turn_id, text=text, source="background-task")]
 
         self.tell(task.session_id, Apply(decide, Reply()))
@@ -507,6 +512,19 @@ class Runtime:
             self.dispatcher.stop()
         self.worker.stop()
         self.store.close()
+
+
+def background_task_notice(task: Any) -> Text:
+    """Seed 004 background-task notice: ``Background task exec (t1) completed with exit code 0;
+    last line: ...`` (the exit code and the last line when the task has them)."""
+    status = Text(f"task.status.{task.status}")
+    notice = Text("notice.background-task", label=task.label, task=task.id, status=status)
+    if task.exit_code is not None:
+        notice = Text("notice.background-task.exit", label=task.label, task=task.id, status=status,
+                      exitCode=task.exit_code)
+    if task.last_line:
+        notice = Text("notice.background-task.last-line", notice=notice, lastLine=task.last_line)
+    return notice
 
 
 def a_record_checkpoint(actor: SessionActor, turn_id: str, call_id: str, path: str, existed: bool,

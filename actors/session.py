@@ -46,8 +46,9 @@ from .model.base import RetryNotice, ignore_delta
 from .model.storable import storable_response
 from .stream_sink import StreamSink, close_cards
 from .dispatch import PooledActor
-from .errors import ActorError, CompactionFailed, NotFound, SessionParked
+from .errors import ActorError, CompactionFailed, NotFound, SessionParked, compact_error
 from .pubsub import Reply, TurnOutcome
+from .texts import Text
 from .session_decide import (
     AgentConfig,
     decide_cancel,
@@ -555,7 +556,7 @@ class SessionBehaviour:
         version = state.version
         if self.deleting:  # frozen for a delete (``on_freeze``): nothing may start a turn
             if any(type(e) is E.InputAccepted for e in events):
-                raise NotFound(f"session {self.sid} is being deleted")
+                raise NotFound(Text("error.session-deleting", session=self.sid))
             run_drive = False
         flight = self.compaction
         if flight is not None and not flight.auto:  # a command that moves the history ends it, failed
@@ -776,7 +777,7 @@ class SessionBehaviour:
         for event in events:
             if type(event) is E.ContextCompactFailed and not event.auto:  # type: ignore[attr-defined]
                 self.compaction = None
-                flight.abandon(CompactionFailed(event.error))  # type: ignore[attr-defined]
+                flight.abandon(CompactionFailed(compact_error(event)))
                 return
 
     def _publish(self, events: list[E.Event]) -> None:
@@ -930,7 +931,7 @@ class SessionBehaviour:
                                                       position=known.first_position))
                 return
         if self.deleting:  # a repeat above still gets its receipt; a new input is refused
-            raise NotFound(f"session {self.sid} is being deleted")
+            raise NotFound(Text("error.session-deleting", session=self.sid))
         if msg.check is not None:
             rejected = msg.check(self.state)
             if rejected is not None:

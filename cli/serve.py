@@ -1,8 +1,8 @@
 """``sessionloop serve``: the host, the gateway and the WebSocket transport in one process.
 
 Reloading: on SIGHUP the server re-reads ``config.toml`` (the models ``[models.NAME]`` first, then
-the global, platform and platformType layers of the session settings, and the ``name`` of
-handshakes) and the apps file. A file that
+the global, platform and platformType layers of the session settings, the ``name`` of handshakes and
+the ``language`` of human text: frames sent after the reload use it) and the apps file. A file that
 does not load (not TOML, a table or value that is wrong, an app token under 32 characters...)
 is refused with one log line naming the file and what is wrong, and what was read before stays
 in force. A reload of the apps file swaps the transport's token table and the app manifests
@@ -35,6 +35,7 @@ from actors.model.registry import (
     load_model_configs,
 )
 from actors.session_decide import steps_limit
+from actors.texts import DEFAULT_LANGUAGE, LANGUAGES
 from actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
 from actors.tracing_export import (
     LiveTraces,
@@ -486,6 +487,10 @@ async def _run(server: Server, quiet: bool) -> None:
               help="Export OpenTelemetry spans (each turn, model call and tool call, with the GenAI semantic "
                    "conventions) over OTLP/HTTP to URL/v1/traces; the OTEL_EXPORTER_OTLP_ENDPOINT environment "
                    "variable means the same. Needs the otel extra: pip install 'sessionloop[otel]'.")
+@click.option("--language", type=click.Choice(list(LANGUAGES)), default=DEFAULT_LANGUAGE, show_default=True,
+              help="Language of the text the server writes for people (notices, reasons, settings labels, place "
+                   "names, error messages); raw data (tool arguments and results, user text, setting values) is "
+                   "never translated. A language key in DATA/config.toml, re-read on SIGHUP, is in force instead.")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, model_provider: str | None, base_url: str | None, model_name: str | None,
@@ -495,7 +500,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
           exec_file_size_mb: int, log_level: str, log_format: str, otlp_endpoint: str | None,
-          quiet: bool) -> None:
+          language: str, quiet: bool) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
     Models are configured by name in DATA/config.toml ([models.NAME]: provider, base_url, model,
@@ -503,8 +508,8 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
     model and the problem, when one cannot be used. The startup log (INFO) lists them.
 
     Reloading: send the server SIGHUP to re-read DATA/config.toml (the models, the global,
-    platform and platformType session settings, the name) and the apps file (tokens and manifests); the files
-    are not watched. A file that does not load is refused with one log line naming it and what
+    platform and platformType session settings, the name, the language) and the apps file (tokens
+    and manifests); the files are not watched. A file that does not load is refused with one log line naming it and what
     is wrong, and what was read before stays in force. An app removed from the apps file, or
     whose token changed, loses access at once: its open connections are closed (code 4001).
     One line on stdout says what each reload did.
@@ -531,7 +536,8 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                         max_inflight_mb=max_inflight_mb, inflight_wait=inflight_wait, metrics_public=metrics_public,
                         auth_failures=auth_failures, auth_window=auth_window,
                         model=model, model_flags=flags_from(model_provider, base_url, model_name, api_key_env),
-                        max_steps=max_steps, snapshot_every=snapshot_every, map_size=map_size_mb * 1024 * 1024,
+                        max_steps=max_steps, snapshot_every=snapshot_every, language=language,
+                        map_size=map_size_mb * 1024 * 1024,
                         sandbox=sandbox, sandbox_policy=sandbox_policy, sandbox_bwrap=sandbox_bwrap,
                         sandbox_hide=tuple(os.path.abspath(p) for p in sandbox_hide),
                         exec_limits=ExecLimits(cpu_seconds=exec_cpu_seconds, memory_mb=exec_memory_mb,

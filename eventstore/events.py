@@ -417,11 +417,15 @@ class ApprovalGrantRevoked(Event, tag="approval.grant.revoked", kw_only=True):
 class NoticePosted(Event, tag="notice.posted", kw_only=True):
     notice_id: str
     topic: str
-    text: str = ""
+    text: str = ""  # in English; what shows of a notice without a ``text_key`` (an older one)
     facts: dict[str, Any] = {}
     can_continue: bool = False
     turn_id: str | None = None
     starts_turn: bool = False
+    #: the catalogue key and values of ``text`` (``actors.texts``): the owner sees the notice in
+    #: the server's language when it is sent; "" in logs written before
+    text_key: str = ""
+    text_values: dict[str, Any] = {}
 
 
 class PlanUpdated(Event, tag="plan.updated", kw_only=True):
@@ -460,10 +464,14 @@ class ContextCompacted(Event, tag="agent.context.compacted", kw_only=True):
 
 
 class ContextCompactFailed(Event, tag="agent.context.compact-failed", kw_only=True):
-    error: str
+    error: str  # in English
     auto: bool = False
     turn_id: str | None = None
     usage: Usage | None = None  # a summary call that answered (with nothing usable) still cost tokens
+    #: the catalogue key and values of ``error`` (``actors.texts``), rendered when sent; "" for a
+    #: log written before, or an error that is raw text (a provider's own message)
+    error_key: str = ""
+    error_values: dict[str, Any] = {}
 
 
 # --- checkpoints and artifacts -----------------------------------------------------------------
@@ -537,9 +545,13 @@ class TaskEnded(Event, tag="task.ended", kw_only=True):
     task_id: str
     status: Literal["completed", "failed", "stopped", "aborted"]
     exit_code: int | None = None
-    reason: str | None = None
+    reason: str | None = None  # in English, or the tool's own error
     last_line: str | None = None
     last_output_at: int | None = None
+    #: the catalogue key and values of ``reason`` (``actors.texts``), rendered when sent; "" for a
+    #: log written before, or a reason that is raw text (the tool's own error)
+    reason_key: str = ""
+    reason_values: dict[str, Any] = {}
 
 
 # --- places (stream place-<key>) ---------------------------------------------------------------
