@@ -232,7 +232,9 @@ def deleted(tmp_path_factory) -> Deleted:
     with open(os.path.join(data, "apps.toml"), "w") as f:
         f.write(APPS)
     server = ServerProcess(data, "--snapshot-every", "3").start()
-    shared, own = f"shared attachment {SECRET}".encode(), f"own attachment {SECRET}".encode()
+    # the shared file carries no secret: the session that keeps it sends it to the model too, whose
+    # answer (the mock echoes a text file it is sent) stays in that session's log
+    shared, own = b"shared attachment", f"own attachment {SECRET}".encode()
     command = marker()
 
     async def go() -> Deleted:
