@@ -420,7 +420,10 @@ class SessionBehaviour:
         self.state = state
         self._snapshot_version = snap.version if snap is not None and state.version >= snap.version else 0
         self._active = bool(state.current_turn or state.queue)
-        self.items = None
+        # subscribers still attached (a reload after a failed commit) need the projection of what is
+        # stored now, so the next commit's pushes reach them; built lazily it would already hold that
+        # commit's events and push nothing of them
+        self.items = self.rt.build_items(self) if self.channel.has_subscribers else None
         self._account_unfinished()
         self.rt.results.expect([q.turn_id for q in state.queue] + ([state.current_turn] if state.current_turn else []))
 

@@ -1,6 +1,6 @@
 """Answers the mock gives at once are taken in place (inside their step's commit) and still stream:
 the cases the wire tests do not reach (a failure after reasoning, queued turns answered in one
-commit, a bot in process), on a real host through the gateway without sockets."""
+commit, a failed commit, a bot in process), on a real host through the gateway without sockets."""
 
 from __future__ import annotations
 
@@ -64,6 +64,21 @@ def test_turns_queued_behind_a_slow_one_answered_in_one_commit_each_stream_befor
     assert [i["text"] for i in again["items"] if i["kind"] == "agent-message"] == [d for _, d in answers]
 
 
+def test_an_answer_taken_at_once_whose_commit_fails_streams_nothing_and_sent_again_streams_once(service):
+    host, svc = service(permission_mode="acceptCalls")
+    c = MemoryClient(svc)
+    sid = c.result("session/create", {})["session"]["id"]
+    c.result("session/subscribe", {"sessionId": sid})
+    host.rt.faults.arm("before-commit", RuntimeError("the store gave up"))
+    refused = c.call("turn/send", {"sessionId": sid, "content": "hello"})
+    assert "error" in refused, refused
+    c.result("turn/send", {"sessionId": sid, "content": "hello"})
+    turn_done(c, sid)
+    order = shape(item_pushes(c, sid))
+    assert order.count(("item/started", "agent-message")) == 1
+    assert streamed(item_pushes(c, sid), "agent-message") == [("echo: hello", "echo: hello")]
+
+
 def bot_turn(loop_host: Any, text: str, key: str) -> list[Any]:
     """The events an in-process bot's ``on_did_receive_event`` gets for one turn of ``text``."""
     bot = loop_host.sessions(app="mybot")
@@ -97,3 +112,17 @@ def test_a_bot_in_process_gets_the_same_events_for_a_tool_turn_taken_at_once_as_
     deltas = "".join(e.data["text"] for e in at_once if e.type == "assistant.delta")
     assert deltas == "done: 1 tool calls" == at_once[-2].data["text"]
 
+
+def test_a_subscriber_attached_while_a_commit_fails_gets_every_push_of_the_next_commit(service):
+    """The session reloads from its events after the failure; the subscriber stays attached and must
+    get the next commit's pushes (the projection used to be rebuilt lazily from a store that
+    already held that commit, so they were lost)."""
+    host, svc = service(permission_mode="acceptCalls")
+    c = MemoryClient(svc)
+    sid = c.result("session/create", {})["session"]["id"]
+    c.result("session/subscribe", {"sessionId": sid})
+    host.rt.faults.arm("before-commit", RuntimeError("the store gave up"))
+    assert "error" in c.call("session/rename", {"sessionId": sid, "title": "lost"})
+    c.result("turn/send", {"sessionId": sid, "content": "hello"})
+    turn_done(c, sid)
+    assert shape(item_pushes(c, sid)) == shape(one_turn(c, "hello"))
