@@ -50,6 +50,7 @@ from protocol.schemas_types import (
 from .grants import terms_for
 from .projections import wire_settlement
 from .pubsub import Reply
+from .texts import Text, message_of
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -191,9 +192,9 @@ class ApprovalService:
             ref = self._actors.get(approval_id)
         if ref is None:
             if self._settled_before(approval_id):
-                reply.fail(RpcError.approval_settled(f"approval {approval_id} is already settled"))
+                reply.fail(RpcError.approval_settled(Text("error.approval-settled", approval=approval_id)))
             else:
-                reply.fail(RpcError.not_found(f"approval {approval_id} not found"))
+                reply.fail(RpcError.not_found(Text("error.approval-not-found", approval=approval_id)))
             return
         ref.tell(("respond", (conn, decision, content, note, reply, grant)))
 
@@ -318,14 +319,14 @@ class ApprovalActor(pykka.ThreadingActor):
         kind, payload = message
         if self.settled is not None:
             if kind == "respond":
-                payload[4].fail(RpcError.approval_settled(f"approval {self.approval.id} is already settled"))
+                payload[4].fail(RpcError.approval_settled(Text("error.approval-settled", approval=self.approval.id)))
             return None
         try:
             return self._handle(kind, payload)
         except Exception:
             log.exception("approval %s failed handling %s", self.approval.id, kind)
             if kind == "respond":
-                payload[4].fail(RpcError.internal_error("the approval could not be recorded"))
+                payload[4].fail(RpcError.internal_error(Text("error.approval-not-recorded")))
             return None
 
     def _handle(self, kind: str, payload: Any) -> Any:
@@ -348,17 +349,17 @@ class ApprovalActor(pykka.ThreadingActor):
     def _respond(self, conn: Any, decision: str, content: str, note: str | None, reply: Reply,
                  grant: Any) -> None:
         if not self.svc.eligible(conn):
-            reply.fail(RpcError.forbidden("this connection's identity may not answer this approval"))
+            reply.fail(RpcError.forbidden(Text("error.approval-forbidden")))
             return
         if content != self.approval.content_hash:
-            reply.fail(RpcError.hash_mismatch(f"the content hash does not match approval {self.approval.id}"))
+            reply.fail(RpcError.hash_mismatch(Text("error.approval-hash", approval=self.approval.id)))
             return
         terms = None
         if grant is not None:
             try:
                 terms = terms_for(self.approval.tool, grant.scope, grant.command_prefix, grant.expires_in_ms, now_ms())
             except ValueError as e:
-                reply.fail(RpcError.invalid_params(f"params.{e}"))
+                reply.fail(RpcError.invalid_params(Text("error.params", problem=message_of(e))))
                 return
         by = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
         self._settle("approved" if decision == "approve" else "denied", "answer", by, note, reply, terms)

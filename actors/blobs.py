@@ -29,6 +29,7 @@ import threading
 import filetype
 
 from .errors import NotFound
+from .texts import Text
 
 #: Media kinds the protocol names (seed 004 ItemAttachment.kind); every other type is a "file".
 MEDIA = ("image", "audio", "video")
@@ -89,7 +90,7 @@ class BlobStore:
         mine = self._session_dir(session_id)
         with self._lock:
             if session_id in self._released:
-                raise NotFound(f"session {session_id} not found")
+                raise NotFound(Text("error.session-not-found", session=session_id))
             had_blob, had_refs = os.path.exists(final), os.path.isdir(refs)
             os.makedirs(refs, exist_ok=True)
             if had_blob and not had_refs:  # stored before references were kept: never deleted
@@ -103,6 +104,14 @@ class BlobStore:
                     f.write(data)
                 os.replace(tmp, final)
         return digest
+
+    def read(self, sha256: str) -> bytes | None:
+        """The blob's bytes, or None when it is not stored (never was, or deleted since)."""
+        try:
+            with open(self.path(sha256), "rb") as f:
+                return f.read()
+        except (OSError, ValueError):
+            return None
 
     def referrers(self, sha256: str) -> list[str]:
         """The sessions (and ``_legacy``) whose markers keep the blob."""

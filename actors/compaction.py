@@ -29,13 +29,14 @@ from eventstore import StoreError
 from eventstore import events as E
 
 from .context import build_summary_request, compaction_input, estimated_context_tokens
-from .errors import CompactionFailed
+from .errors import CompactionFailed, compact_error
 from .model import ModelRequest
 from .model.base import ignore_delta
 from .pubsub import Reply
 from .session import SummaryDone, now_ms
 from .session_decide import decide_compact_allowed, decide_compaction_done, system_messages
 from .session_model import copy_state, evolve
+from .texts import Text
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -90,7 +91,7 @@ class Compaction:
         try:
             provider = self.rt.provider_for(actor.state)
         except Exception as e:  # seed 004: 摘要模型不在 -> not compressed, the reason said
-            actor.actor_ref.tell(SummaryDone(flight, "", f"the summary model is not available: {e}", None))
+            actor.actor_ref.tell(SummaryDone(flight, "", Text("compress.model-unavailable", error=str(e)), None))
             return
         ref = actor.actor_ref
 
@@ -100,11 +101,10 @@ class Compaction:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # the seed: a failed automatic summary falls back to trimming
-                done = SummaryDone(flight, "", f"the summary model failed: {str(e) or type(e).__name__}", None)
+                done = SummaryDone(flight, "", Text("compress.model-failed", error=str(e) or type(e).__name__), None)
             else:
                 text = response.text.strip()
-                done = SummaryDone(flight, text, None if text else "the summary model returned nothing",
-                                   response.usage)
+                done = SummaryDone(flight, text, None if text else Text("compress.model-empty"), response.usage)
             try:
                 ref.tell(done)
             except pykka.ActorDeadError:  # the session stopped meanwhile (its stop failed the request)
@@ -136,7 +136,7 @@ class Compaction:
         if flight.reply is None:
             return
         if isinstance(event, E.ContextCompactFailed):
-            flight.reply.fail(CompactionFailed(event.error))
+            flight.reply.fail(CompactionFailed(compact_error(event)))
         else:
             assert isinstance(event, E.ContextCompacted)
             flight.reply.set({"turns": event.turns, "chars": event.chars})

@@ -34,6 +34,7 @@ import msgspec
 
 from eventstore.events import Message, ToolCallSpec
 
+from .model.attachments import estimated_chars
 from .model.base import args_json, content_chars
 
 SUMMARY_PREFIX = "[Summary of the earlier conversation]"
@@ -74,10 +75,13 @@ class TrimReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def message_chars(message: Message) -> int:
-    """Characters of one message: its content plus its tool calls' arguments as JSON."""
+    """Characters of one message: its content, its tool calls' arguments as JSON, and what its
+    attachments will be sent as (``actors/model/attachments.py``)."""
     size = len(message.content)
     for call in message.tool_calls:
         size += len(args_json(call.args))
+    if message.attachments:
+        size += estimated_chars(message.attachments)
     return size
 
 
@@ -361,7 +365,8 @@ def _transcript_items(messages: Sequence[Message]) -> list[str]:
     items: list[str] = []
     for m in messages:
         if m.role == "user":
-            items.append("User: " + _clip(m.content, SUMMARY_ITEM_LIMIT))
+            files = "".join(f" [{a.kind}: {a.name}]" for a in m.attachments)
+            items.append("User: " + _clip(m.content, SUMMARY_ITEM_LIMIT) + files)
         elif m.role == "assistant":
             if m.content:
                 items.append("Assistant: " + _clip(m.content, SUMMARY_ITEM_LIMIT))

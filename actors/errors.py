@@ -1,11 +1,17 @@
 """Errors of the actor layer (the ``ActorError`` branch of the tree in ``eventstore/errors.py``).
 
-Each leaf's ``code`` is the business code the protocol layer puts in ``error.data.code``.
+Each leaf's ``code`` is the business code the protocol layer puts in ``error.data.code``. A
+message may be a text object (``actors.texts.Text``): ``str(error)`` is its English, and the
+gateway renders it in the server's language when the error reaches a client.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from eventstore.errors import SessionloopError
+
+from .texts import Text
 
 
 class ActorError(SessionloopError):
@@ -46,6 +52,12 @@ class CompactionFailed(ActorError):
     code = "compaction-failed"
 
 
+def compact_error(event: Any) -> str:
+    """The reason of an ``agent.context.compact-failed`` as a text object when it has a key
+    (rendered in the owner's language when the error is sent), else as it was stored."""
+    return Text.stored(event.error, event.error_key, event.error_values)
+
+
 class ExpectedTurnMismatch(ActorError):
     code = "expected-turn-mismatch"
 
@@ -66,7 +78,7 @@ class HostClosed(ActorError):
     code = "shutdown"
 
     def __init__(self) -> None:
-        super().__init__("the host is closed")
+        super().__init__(Text("error.host-closed"))
 
 
 class Unsupported(ActorError):

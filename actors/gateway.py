@@ -11,6 +11,10 @@ callbacks that encode the result frame and hand it to ``send``.
 Pushes: a connection subscribed to a session is one of that session channel's subscribers. The
 frame of a push is encoded once per push and shared by every subscriber (a thread-local
 one-entry cache: a channel publishes to its subscribers in one go on one thread).
+
+Human text: every frame of the service is encoded by :attr:`SessionProtocolService.encoder`,
+whose ``enc_hook`` renders the text objects in it (``actors.texts``) in the server's language as
+it is when the frame is encoded (seed 004 文字与语言: 全局层的语言改了之后发出的帧按新的语言).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from protocol.transport import Peer
 
 from .runtime import DeltaPayload, Runtime
 from .summaries import SummaryIndex
+from .texts import Text, enc_hook
 
 log = logging.getLogger("sessionloop.gateway")
 
@@ -48,7 +53,7 @@ _tls = threading.local()
 
 
 def _push_frame(session_id: str, epoch: int, seq: int, method: str, payload: Any,
-                decorate: Callable[[str, Any], Any]) -> str:
+                decorate: Callable[[str, Any], Any], encoder: msgspec.json.Encoder) -> str:
     cached = getattr(_tls, "last", None)
     key = (session_id, epoch, seq)
     if cached is not None and cached[0] == key:
@@ -60,7 +65,7 @@ def _push_frame(session_id: str, epoch: int, seq: int, method: str, payload: Any
         params = SessionResync(session_id=session_id, epoch=epoch, seq=seq)
     else:
         params = ItemPush(session_id=session_id, epoch=epoch, seq=seq, item=decorate(session_id, payload))
-    frame = notification_frame(method, params)
+    frame = notification_frame(method, params, encoder)
     _tls.last = (key, frame)
     return frame
 
@@ -75,7 +80,7 @@ class ClientConnection:
         self._send = send
         self._lock = threading.Lock()
         self.protocol = Connection(Identity(platform=peer.platform, user_id=peer.user_id), peer.surface,
-                                   service.server_info, service.limits)
+                                   service.server_info, service.limits, service.encoder)
         self.subscriptions: set[str] = set()
         self.closed = False
         self._methods: dict[Any, str] = {}  # request id -> method, for the frames metric
@@ -135,7 +140,8 @@ class ClientConnection:
         """A session channel's push (called under the channel's lock: must not block)."""
         if self.closed:
             return
-        self._send(_push_frame(session_id, epoch, seq, method, payload, self.service.decorate))
+        self._send(_push_frame(session_id, epoch, seq, method, payload, self.service.decorate,
+                               self.service.encoder))
 
     def visible(self, record: Any) -> bool:
         """What this identity may see: the owner everything, an app only what it created."""
@@ -162,7 +168,7 @@ class GatewayActor(pykka.ThreadingActor):
     def _dispatch(self, conn: ClientConnection, request: Dispatch) -> None:
         handler = self.service.handlers.get(request.method)
         if handler is None:
-            conn.error(request.id, RpcError.unsupported(f"{request.method} is not available on this server"))
+            conn.error(request.id, RpcError.unsupported(Text("error.method-unavailable", method=request.method)))
             return
         try:
             handler(conn, request.id, request.params)
@@ -182,6 +188,8 @@ class SessionProtocolService:
         from .gateway_methods import build_handlers
 
         self.rt = runtime
+        #: every frame of this service: text objects rendered in the language of the moment
+        self.encoder = msgspec.json.Encoder(enc_hook=enc_hook(lambda: runtime.language))
         self.limits = limits or Limits()
         self.server_info = ServerInfo(name=SERVER_NAME, describe=self._describe)
         self.index = SummaryIndex(runtime.store)
@@ -239,6 +247,13 @@ class SessionProtocolService:
         if not self.blobs.exists(sha256):
             return None
         return self.blobs.path(sha256), name or sha256
+
+    def options(self, peer: Peer, source: str, dependency: str | None) -> Any:
+        """``GET /api/models/<source>`` (seed 004 可选项): ``{"service", "options"}``, or None for a
+        source nobody answers. Any authenticated peer may ask: an app sets its own sessions' rows."""
+        settings = self.rt.settings_service
+        found = settings.option_list(source, dependency) if settings is not None else None
+        return None if found is None else {"service": source, "options": found}
 
     def decorate(self, session_id: str, item: Any) -> Any:
         """Replace the internal ``blob:<sha256>`` source of each attachment of a user message by a

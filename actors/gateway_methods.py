@@ -42,7 +42,10 @@ from .projections import wire_grant
 from .pubsub import Reply
 from .session import Apply, Cancel, Compact, Create, Query, Send, now_ms
 from .session_decide import decide_rename, ensure_usable
+from .settings_context import DEFAULT_WORKSPACE as DEFAULT_WORKSPACE_KEY
+from .settings_context import DEFAULT_WORKSPACE_NAME
 from .summary_records import ListingRow, listing_key, summary_from_row
+from .texts import Text, message_of
 
 if TYPE_CHECKING:
     from .gateway import ClientConnection, SessionProtocolService
@@ -51,7 +54,8 @@ log = logging.getLogger("sessionloop.gateway")
 
 Handler = Callable[["ClientConnection", Any, Any], None]
 EMPTY = Empty()
-DEFAULT_WORKSPACE = E.PlaceRef(key="workspace:default", kind="workspace", name="Default workspace")
+#: recorded with an owner's session; its name is shown in the server's language (summary_records.place_name)
+DEFAULT_WORKSPACE = E.PlaceRef(key=DEFAULT_WORKSPACE_KEY, kind="workspace", name=DEFAULT_WORKSPACE_NAME)
 
 
 def answer(conn: ClientConnection, request_id: Any, convert: Callable[[Any], msgspec.Struct]) -> Reply:
@@ -74,7 +78,7 @@ def answer(conn: ClientConnection, request_id: Any, convert: Callable[[Any], msg
 
 def _as_rpc(error: BaseException) -> BaseException:
     if isinstance(error, InvalidCommand):
-        return RpcError.invalid_params(str(error))
+        return RpcError.invalid_params(message_of(error))  # a text object stays one
     return error
 
 
@@ -135,13 +139,13 @@ class _Handlers:
         gets not-found, not forbidden, for another app's session: ids do not leak)."""
         record = self.index.get(session_id)
         if record is None or not conn.visible(record):
-            raise NotFound(f"session {session_id} not found")
+            raise NotFound(Text("error.session-not-found", session=session_id))
         return record
 
     def summary(self, session_id: str) -> Any:
         found = self.index.summaries_for([session_id])
         if not found:
-            raise NotFound(f"session {session_id} not found")
+            raise NotFound(Text("error.session-not-found", session=session_id))
         return found[0]
 
     def apply(self, conn: ClientConnection, request_id: Any, session_id: str,
@@ -185,7 +189,7 @@ class _Handlers:
     def session_create(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
         if params.parent_id is not None and self.rt.settings_service is None:
             # seed 004: with parentId and no session-settings service, answer unsupported, create nothing
-            raise RpcError.unsupported("creating a child session needs the session settings service")
+            raise RpcError.unsupported(Text("error.child-needs-settings"))
         if params.parent_id is not None:
             self.check(conn, params.parent_id)
         from .host import new_id
@@ -251,7 +255,7 @@ class _Handlers:
                 self.check(conn, sid)
                 gone.update(self.rt.deletions.delete_tree(sid, self.index.descendants))
             except Exception as e:  # noqa: BLE001 - seed 004: each id that failed is named with why
-                failures.append(BatchFailure(session_id=sid, message=str(e)))
+                failures.append(BatchFailure(session_id=sid, message=message_of(e)))
         return SessionBatchResult(failed=failures)
 
     def session_batch(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
@@ -266,7 +270,7 @@ class _Handlers:
 
         def one_done(session_id: str, error: BaseException | None) -> None:
             if error is not None:
-                failures.append(BatchFailure(session_id=session_id, message=str(error)))
+                failures.append(BatchFailure(session_id=session_id, message=message_of(error)))
             left["n"] -= 1
             if left["n"] == 0:
                 conn.result(request_id, SessionBatchResult(failed=failures))
@@ -333,7 +337,8 @@ class _Handlers:
     def turn_send(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
         self.check(conn, params.session_id)
         if len(params.attachments) > MAX_ATTACHMENTS:
-            raise RpcError.invalid_params(f"params.attachments: at most {MAX_ATTACHMENTS} attachments")
+            raise RpcError.invalid_params(Text("error.too-many-attachments", field="params.attachments",
+                                               max=MAX_ATTACHMENTS))
         if params.attachments:
             in_background(self.svc, conn, request_id, lambda: self._send_with_files(conn, request_id, params))
             return
@@ -382,9 +387,11 @@ class _Handlers:
             elif isinstance(error, NotFound):
                 conn.error(request_id, error)
             elif isinstance(error, SessionBusy):  # seed 004: 正在压缩时直接拒绝 (a turn runs, likewise)
-                conn.error(request_id, RpcError.internal_error(f"compression refused: {error}"))
+                conn.error(request_id, RpcError.internal_error(Text("error.compress-refused",
+                                                                    error=message_of(error))))
             else:  # seed 004: 没压成 is internalError, the message says why (as the notice does)
-                conn.error(request_id, RpcError.internal_error(f"compression failed: {error}"))
+                conn.error(request_id, RpcError.internal_error(Text("error.compress-failed",
+                                                                    error=message_of(error))))
 
         reply.add_callback(done)
         self.rt.tell(params.session_id, Compact(reply))
@@ -434,13 +441,13 @@ def _grants_revoke(self: _Handlers, conn: ClientConnection, request_id: Any, par
     """``approval/grants/revoke``: the grant settles no more calls; who may answer approvals may
     revoke (the owner); not-found for a grant the session does not have or that already ended."""
     if not self.rt.approvals.eligible(conn):
-        raise RpcError.forbidden("this connection's identity may not revoke approval grants")
+        raise RpcError.forbidden(Text("error.grants-forbidden"))
     by = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
 
     def decide(state: Any, now: int) -> list[E.Event]:
         grant = state.grants.get(params.grant_id)
         if grant is None or not grant.active(now, state.current_turn):
-            raise NotFound(f"grant {params.grant_id} not found in session {params.session_id}")
+            raise NotFound(Text("error.grant-not-found", grant=params.grant_id, session=params.session_id))
         return [E.ApprovalGrantRevoked(at=now, grant_id=grant.id, by=by)]
 
     self.apply(conn, request_id, params.session_id, decide, drive=False)
@@ -462,7 +469,7 @@ def _background_watch(self: _Handlers, conn: ClientConnection, request_id: Any, 
 def _visible_task(self: _Handlers, conn: ClientConnection, task_id: str) -> Any:
     task = self.rt.tasks_service.get(task_id)
     if task is None or not self.rt.can_see(conn, task.session_id):
-        raise NotFound(f"background task {task_id} not found")
+        raise NotFound(Text("error.task-not-found", task=task_id))
     return task
 
 
@@ -547,13 +554,14 @@ def store_attachments(svc: SessionProtocolService, attachments: list[Any], sessi
     for i, att in enumerate(attachments):
         decoded = decode_data_url(att.data)
         if decoded is None:
-            raise RpcError.invalid_params(f"params.attachments[{i}].data: not a base64 data URL")
+            raise RpcError.invalid_params(Text("error.not-data-url", field=f"params.attachments[{i}].data"))
         size = len(decoded.payload)
         total += size
         if size > MAX_ATTACHMENT_BYTES:
-            raise RpcError.invalid_params(f"params.attachments[{i}]: {size} bytes, more than 20 MB")
+            raise RpcError.invalid_params(Text("error.attachment-too-large", field=f"params.attachments[{i}]",
+                                               size=size))
         if total > MAX_ATTACHMENT_BYTES:
-            raise RpcError.invalid_params("params.attachments: more than 20 MB together")
+            raise RpcError.invalid_params(Text("error.attachments-too-large", field="params.attachments"))
         payloads.append((att.name, decoded.payload))
     for name, payload in payloads:
         mime = sniff_mime(payload)

@@ -49,8 +49,8 @@ from .session import Apply, Query
 from .session_decide import ensure_usable
 from .settings import SettingsService
 from .settings_context import DEFAULT_WORKSPACE
-from .settings_texts import text
 from .summary_records import summary_from_record
+from .texts import Text
 from .tools.sandbox import POLICIES
 
 if TYPE_CHECKING:
@@ -139,13 +139,13 @@ class _SettingsHandlers:
     def _record(self, conn: ClientConnection, session_id: str) -> Any:
         record = self.svc.index.get(session_id)
         if record is None or not conn.visible(record):
-            raise NotFound(f"session {session_id} not found")
+            raise NotFound(Text("error.session-not-found", session=session_id))
         return record
 
     @staticmethod
     def _owner(conn: ClientConnection, method: str) -> None:
         if not conn.peer.is_owner:
-            raise RpcError.forbidden(f"{method} is for the owner")
+            raise RpcError.forbidden(Text("error.owner-only", method=method))
 
     # --- one session ----------------------------------------------------------------------------
 
@@ -196,19 +196,18 @@ class _SettingsHandlers:
         if app is None or plugin != "tools" or not isinstance(value, str):
             return  # the owner; another field; a delete or a value of the wrong type (invalidParams)
         if key == "permissionMode" and value in MODES and not app.allows_mode(value):
-            raise RpcError.forbidden(f"app {app.id!r} may not set permission mode {value!r}: its manifest allows "
-                                     f"{', '.join(app.permission_modes)}")
+            raise RpcError.forbidden(Text("error.app-mode-forbidden", app=repr(app.id), mode=repr(value),
+                                          allowed=", ".join(app.permission_modes)))
         if key == "sandbox" and value in POLICIES and not app.allows_policy(value):
-            raise RpcError.forbidden(f"app {app.id!r} may not set sandbox policy {value!r}: its manifest allows "
-                                     f"at most {app.sandbox}")
+            raise RpcError.forbidden(Text("error.app-sandbox-forbidden", app=repr(app.id), policy=repr(value),
+                                          allowed=app.sandbox))
 
     # --- layers ---------------------------------------------------------------------------------
 
     def layers(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
         self._owner(conn, "session/config/layers")
         self.settings.refresh_host_config()
-        language = self.settings.language
-        order = [LayerName(name=name, label=text(language, name)) for name in LAYER_NAMES]  # type: ignore[arg-type]
+        order = [LayerName(name=name, label=Text(f"layer.{name}")) for name in LAYER_NAMES]  # type: ignore[arg-type]
         in_background(self.svc, conn, request_id,
                       lambda: ConfigLayersResult(layers=layer_infos(self.settings), order=order))
 
@@ -263,7 +262,6 @@ def layer_infos(settings: SettingsService) -> list[SettingLayerInfo]:
     """Seed 可以设的各层: global; each platform; each platform chat type (declared or written,
     with its display name when declared); every place, workspaces first, the default one first.
     A place's label has no platform; a window carries its platform and type instead."""
-    language = settings.language
     platforms, types = settings.known_platforms()
     out = [SettingLayerInfo(layer=GlobalLayer())]
     out += [SettingLayerInfo(layer=PlatformLayer(platform=p)) for p in platforms]
@@ -273,8 +271,8 @@ def layer_infos(settings: SettingsService) -> list[SettingLayerInfo]:
         if place is None:
             continue
         if place.kind == "workspace":
-            label = text(language, "default-workspace") if key == DEFAULT_WORKSPACE else \
-                text(language, "workspace", name=place.name)
+            label = Text("place.default-workspace") if key == DEFAULT_WORKSPACE else \
+                Text("place.workspace", name=place.name)
             out.append(SettingLayerInfo(layer=PlaceLayer(key=key), label=label))
             continue
         kind = types.get((place.platform, place.type)) if place.platform and place.type else None

@@ -30,6 +30,8 @@ import msgspec
 
 from eventstore import events as E
 
+from .texts import Text
+
 #: Grants last at most this long (the answerer may ask for less).
 MAX_GRANT_MS = 30 * 24 * 3600 * 1000
 DEFAULT_GRANT_MS = {"turn": 3600 * 1000, "session": 24 * 3600 * 1000}
@@ -60,16 +62,16 @@ def terms_for(tool: str, scope: str, command_prefix: str | None, expires_in_ms: 
     """The terms of a grant asked for on an approval of ``tool``; raises ValueError naming the
     field that does not fit."""
     if scope not in ("turn", "session"):
-        raise ValueError("grant.scope must be 'turn' or 'session'")
+        raise ValueError(Text("error.grant-scope"))
     if command_prefix is not None:
         if tool != "exec":
-            raise ValueError(f"grant.commandPrefix applies to exec approvals, not {tool}")
+            raise ValueError(Text("error.grant-prefix-tool", tool=tool))
         if not command_prefix.strip() or len(command_prefix) > MAX_PREFIX_CHARS:
-            raise ValueError(f"grant.commandPrefix must be 1 to {MAX_PREFIX_CHARS} characters")
+            raise ValueError(Text("error.grant-prefix-length", max=MAX_PREFIX_CHARS))
         if _words(command_prefix) is None:
-            raise ValueError("grant.commandPrefix must be shell words (balanced quotes)")
+            raise ValueError(Text("error.grant-prefix-words"))
     if expires_in_ms is not None and not 1 <= expires_in_ms <= MAX_GRANT_MS:
-        raise ValueError(f"grant.expiresInMs must be from 1 to {MAX_GRANT_MS}")
+        raise ValueError(Text("error.grant-expiry", max=MAX_GRANT_MS))
     span = expires_in_ms if expires_in_ms is not None else DEFAULT_GRANT_MS[scope]
     return E.GrantTerms(scope=scope, tool=tool, command_prefix=command_prefix, expires_at=now + span)  # type: ignore[arg-type]
 

@@ -31,6 +31,7 @@ from .tools.sandbox import DEFAULT_POLICY
 from .session import Apply, Cancel, Compact, Create, Query, Receipt, Send, SessionActor, now_ms
 from .session_decide import ensure_usable, steps_limit
 from .session_model import SessionState, Status, copy_state
+from .texts import Text
 
 
 #: the random part of ids: seeded once from the OS, then drawn without a system call. An id names
@@ -386,12 +387,12 @@ class Session:
         from .checkpoints import restore_before
 
         if scope not in ("code", "code-and-chat"):
-            raise InvalidCommand("scope must be 'code' or 'code-and-chat'")
+            raise InvalidCommand(Text("error.rewind-scope"))
         state = self.snapshot()
         if state.current_turn is not None:
-            raise SessionBusy("a turn is running; rewind needs an idle session")
+            raise SessionBusy(Text("error.rewind-busy"))
         if turn_id not in state.turns or state.turns[turn_id].ended_at is None:
-            raise NotFound(f"turn {turn_id} is not an ended turn of session {self.id}")
+            raise NotFound(Text("error.rewind-turn", turn=turn_id, session=self.id))
         workspace = self.rt.workspace(state)
         restored, removed, conflicts = restore_before(state, turn_id, workspace)
         chat = scope == "code-and-chat"
@@ -409,19 +410,19 @@ class Session:
 
 
 def _refuse_busy() -> list[E.Event]:
-    raise SessionBusy("a turn started meanwhile; rewind needs an idle session")
+    raise SessionBusy(Text("error.rewind-busy-meanwhile"))
 
 
 def _known_turn(state: SessionState, turn_id: str, rt: Runtime, reply: Reply) -> None:
     from .session import turn_outcome
 
     if state.created is None or state.deleted:
-        reply.fail(NotFound(f"session {state.session_id} not found"))
+        reply.fail(NotFound(Text("error.session-not-found", session=state.session_id)))
         return
     turn = state.turns.get(turn_id)
     if turn is None:
         if not any(q.turn_id == turn_id for q in state.queue):
-            reply.fail(NotFound(f"turn {turn_id} not found in session {state.session_id}"))
+            reply.fail(NotFound(Text("error.turn-not-found", turn=turn_id, session=state.session_id)))
         return
     if turn.ended_at is None:
         return

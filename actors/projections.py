@@ -61,10 +61,10 @@ from protocol.schemas_types import (
 
 from .context import is_summary, summary_text
 from .grants import Grant
-from .errors import NotFound
+from .errors import NotFound, compact_error
+from .texts import Text, denial_reason
 
 __all__ = [
-    "TEXT_RETRY_DISCARDED",
     "attempt_item_id",
     "HISTORY_DEFAULT_LIMIT",
     "HISTORY_MAX_LIMIT",
@@ -72,6 +72,7 @@ __all__ = [
     "Page",
     "Push",
     "PushMethod",
+    "retry_discarded",
 ]
 
 HISTORY_DEFAULT_LIMIT: Final = 100  # seed 004 session/history: limit 缺省 100、最大 200
@@ -85,14 +86,19 @@ Page = tuple[list[SessionItem], str | None]
 STARTED: Final = "item/started"
 COMPLETED: Final = "item/completed"
 
-# Human-facing texts (SPEC §6: rendered in the server's language, ``en`` by default).
-TEXT_COMPRESSED: Final = "Compressed {turns} earlier turns into a summary"
-TEXT_COMPRESS_FAILED: Final = "Compression failed: {error}"
-TEXT_SUMMARY_MARKER: Final = "Earlier conversation was summarized"
-TEXT_BEFORE_TOOL: Final = "said before a tool call; only the last reply of a turn is sent to the room"
-TEXT_NO_REPLY: Final = "the turn ended without a reply"
-#: seed 004 agent-message undelivered: 重试丢掉的那版 (the version a retry dropped)
-TEXT_RETRY_DISCARDED: Final = "discarded: the model call was tried again after {cause}"
+# Human-facing texts: text objects, rendered in the server's language when a frame is sent
+# (actors.texts; SPEC §6). Those without values are shared.
+TEXT_SUMMARY_MARKER: Final = Text("notice.summary-marker")
+TEXT_BEFORE_TOOL: Final = Text("undelivered.before-tool")
+TEXT_NO_REPLY: Final = Text("undelivered.no-reply")
+LABEL_CONTEXT: Final = Text("usage.context")
+LABEL_REPLY: Final = Text("usage.reply")
+
+
+def retry_discarded(cause: str) -> Text:
+    """Seed 004 agent-message undelivered: 重试丢掉的那版 (the version a retry dropped); ``cause``
+    is raw (the provider's status or error)."""
+    return Text("undelivered.retry-discarded", cause=cause)
 
 _MESSAGE_KINDS: Final = (UserMessageItem, AgentMessageItem, NoticeItem)
 _ATTACHMENT_KINDS: Final = frozenset({"image", "audio", "video", "file"})
@@ -228,6 +234,9 @@ class ItemsProjection:
         self._turns: dict[str, _TurnView] = {}
         self._turn_order: list[str] = []
         self._inputs: dict[str, E.InputAccepted] = {}  # the queue, in FIFO order
+        #: turn id -> the text of the host notice that opens it (a background task's end): its
+        #: input is the agent's, shown as the notice (seed 004 queue: 宿主通知 … 同通知)
+        self._notice_turns: dict[str, str] = {}
         self._call_args: dict[str, Any] = {}
         self._answer_ids: dict[str, str] = {}  # step id -> the item its answer streams as (after a retry)
         self._displays: dict[str, E.ToolDisplay | None] = {}
@@ -316,7 +325,7 @@ class ItemsProjection:
         if before is not None:
             pos = self._position(before)
             if pos is None or not self._archived(self._items[pos]):
-                raise NotFound(f"history cursor {before!r} is no longer in the archive", before=before)
+                raise NotFound(Text("error.history-cursor", cursor=repr(before)), before=before)
             end = pos
         start = self._page_start(end, clamp_history_limit(limit))
         page = [item for item in self._items[start:end] if self._archived(item)]
@@ -469,6 +478,7 @@ class ItemsProjection:
         """The history is gone for every reader; nothing is pushed (the gateway drops the session)."""
         self._keys, self._items, self._ordinal = [], [], {}
         self._inputs.clear()
+        self._notice_turns.clear()
         self._plan = self._usage = self._queue = None
         return []
 
@@ -487,7 +497,8 @@ class ItemsProjection:
     def _queue_push(self, at: int) -> list[Push]:
         """Seed 004 queue: the waiting inputs, replaced whole, itemId ``queue``."""
         entries = [
-            QueueEntry(text=i.text, attachments=len(i.attachments), speaker=_speaker(i.speaker, i.source))
+            QueueEntry(text=self._notice_turns.get(i.turn_id, i.text), attachments=len(i.attachments),
+                       speaker=_speaker(i.speaker, i.source))
             for i in self._inputs.values()
         ]
         self._queue = QueueItem(item_id="queue", at=at, entries=entries)
@@ -515,8 +526,11 @@ class ItemsProjection:
         pushes: list[Push] = [(STARTED, self._put(TurnItem(item_id=e.turn_id, at=e.at, turn_id=e.turn_id,
                                                            source=e.source)))]
         taken = [self._inputs.pop(i) for i in e.input_ids if i in self._inputs]
+        opened_by_notice = self._notice_turns.pop(e.turn_id, None) is not None
         for i in taken:
             if i.source == "continue":  # turn/continue adds no user message (session_model, the fold)
+                continue
+            if opened_by_notice:  # the notice is the turn's entry; its input is text for the model
                 continue
             pushes.append(self._done(UserMessageItem(
                 item_id=i.input_id, at=i.at, turn_id=e.turn_id, text=i.text,
@@ -668,8 +682,8 @@ class ItemsProjection:
         prompt, completion = e.usage.prompt_tokens, e.usage.completion_tokens
         if not prompt and not completion:
             return []
-        return self._set_usage(e.at, [UsagePart(label="Context", tokens=prompt),
-                                      UsagePart(label="Reply", tokens=completion)])
+        return self._set_usage(e.at, [UsagePart(label=LABEL_CONTEXT, tokens=prompt),
+                                      UsagePart(label=LABEL_REPLY, tokens=completion)])
 
     def _set_usage(self, at: int, parts: list[UsagePart]) -> list[Push]:
         """The usage item, replaced whole: its parts, their total and its share of the window."""
@@ -686,7 +700,7 @@ class ItemsProjection:
         """A usage item for a session no model call has reported on yet (seed 004 快照: 还没有用量
         时 … 请 agent 算一次): the context its next model call would get. Not kept here: the
         projection stays a fold of the log (a live push, like a delta)."""
-        return self._usage_item(at, [UsagePart(label="Context", tokens=context_tokens)])
+        return self._usage_item(at, [UsagePart(label=LABEL_CONTEXT, tokens=context_tokens)])
 
     def _call(self, turn_id: str, call_id: str, tool: str, at: int) -> ToolCallItem:
         """The current card of a call, created when the log never showed it being generated."""
@@ -718,9 +732,11 @@ class ItemsProjection:
         status = e.status
         if status == "completed" and _failed_result(e.output, e.exit_code):
             status = "failed"
+        denied = status == "denied" and e.settlement is not None
         done = msgspec.structs.replace(
             item,
             status=status,
+            reason=denial_reason(e.settlement) if denied else item.reason,
             args=self._call_args.get(e.call_id, item.args),
             result=UNSET if e.not_executed else e.output,
             duration_ms=e.duration_ms or None,
@@ -748,7 +764,7 @@ class ItemsProjection:
         if item.status in _TERMINAL:
             return [self._done(settled)]
         if e.settlement.state != "approved":
-            return [self._done(msgspec.structs.replace(settled, status="denied"))]
+            return [self._done(msgspec.structs.replace(settled, status="denied", reason=denial_reason(e.settlement)))]
         return [(STARTED, self._put(settled))]
 
     # --- notices, plan, compression ------------------------------------------------------------------
@@ -756,15 +772,17 @@ class ItemsProjection:
     def _notice(self, e: E.NoticePosted) -> list[Push]:
         """Seed 004 notice: topic, text, noticeId, facts, canContinue (tool-limit); a notice that
         opened a turn carries ``entry: opened``."""
+        text = Text.stored(e.text, e.text_key, e.text_values)
         if e.turn_id is not None and e.starts_turn and e.turn_id not in self._turns:
             self._turns[e.turn_id] = _TurnView(turn_id=e.turn_id, started_at=e.at)
             self._turn_order.append(e.turn_id)
+            self._notice_turns[e.turn_id] = text
         item = NoticeItem(
             item_id=e.notice_id,
             at=e.at,
             turn_id=e.turn_id,
             topic=e.topic,
-            text=e.text,
+            text=text,
             notice_id=e.notice_id,
             facts=e.facts if e.facts else UNSET,
             can_continue=True if e.can_continue else None,
@@ -782,14 +800,14 @@ class ItemsProjection:
     def _compacted(self, e: E.ContextCompacted) -> list[Push]:
         """The compress notice, then the latest usage (seed 004 session/compress: 之后推最新用量):
         the context the next model call gets, as the compaction estimated it."""
-        pushes = self._compress_notice(e.at, e.turn_id, TEXT_COMPRESSED.format(turns=e.turns),
+        pushes = self._compress_notice(e.at, e.turn_id, Text("notice.compressed", turns=e.turns),
                                        {"turns": e.turns, "chars": e.chars, "auto": e.auto})
         if e.context_tokens:
-            pushes += self._set_usage(e.at, [UsagePart(label="Context", tokens=e.context_tokens)])
+            pushes += self._set_usage(e.at, [UsagePart(label=LABEL_CONTEXT, tokens=e.context_tokens)])
         return pushes
 
     def _compact_failed(self, e: E.ContextCompactFailed) -> list[Push]:
-        return self._compress_notice(e.at, e.turn_id, TEXT_COMPRESS_FAILED.format(error=e.error),
+        return self._compress_notice(e.at, e.turn_id, Text("notice.compress-failed", error=compact_error(e)),
                                      {"error": e.error, "auto": e.auto, "failed": True})
 
     def _plan_updated(self, e: E.PlanUpdated) -> list[Push]:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import msgspec
 
 from .errors import RequestTimeout
+from .texts import Text
 from .worker import LoopBatch
 
 
@@ -70,7 +71,7 @@ class Reply:
         """The value, or raise the actor's error; RequestTimeout after ``timeout`` seconds."""
         if not self._done:
             if not self._gate.acquire(timeout=timeout):
-                raise RequestTimeout(f"no answer within {timeout:g} s")
+                raise RequestTimeout(Text("error.no-answer", seconds=f"{timeout:g}"))
             self._gate.release()
         if self._error is not None:
             raise self._error

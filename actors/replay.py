@@ -55,6 +55,7 @@ from .summary_records import (
     rewrites_listing,
     summary_record,
 )
+from .texts import DEFAULT_LANGUAGE, LANGUAGES, enc_hook
 
 __all__ = [
     "ABSENT",
@@ -415,6 +416,8 @@ class _TimelineBuilder:
 
     def _llm_started(self, rec: RecordedEvent, e: E.LlmStarted) -> None:
         facts: dict[str, Any] = {"stepId": e.step_id, "messages": e.message_count}
+        if e.attachments:
+            facts["attachments"] = list(e.attachments)  # the files the call was sent
         if e.attempt != 1:
             facts["attempt"] = e.attempt
         self.open[f"step:{e.step_id}"] = self._entry(rec, "model", "call", turn_id=e.turn_id, status="running",
@@ -726,8 +729,13 @@ def _check_listing(report: VerifyReport, meta: bytes | None,
     return Difference(check="listing record", path=f"record.{path}", expected=want, got=have, version=version)
 
 
-def _wire(item: Any) -> Any:
-    return msgspec.to_builtins(item)
+def _wire(item: Any, language: str = DEFAULT_LANGUAGE) -> Any:
+    """An item as plain JSON-like values, its human text rendered in ``language`` (as a frame of
+    a server in that language has it; ``actors.texts``)."""
+    return msgspec.to_builtins(item, enc_hook=_TEXT_HOOKS.get(language, _TEXT_HOOKS[DEFAULT_LANGUAGE]))
+
+
+_TEXT_HOOKS: Final = {language: enc_hook(lambda language=language: language) for language in LANGUAGES}
 
 
 def _singletons(items: ItemsProjection) -> list[Any]:
@@ -834,6 +842,9 @@ class LiveView(msgspec.Struct, kw_only=True):
     #: asked over the wire (``replay --verify --url``): the server's answers only, no session actor
     #: to ask for its projection and state; attachment handles compared as :data:`HANDLE`
     remote: bool = False
+    #: the language the host renders human text in; None (a remote server: not announced): the
+    #: served items are compared with the rebuilt ones in each language, one must agree
+    language: str | None = None
     remote_url: str | None = None
 
 
@@ -925,7 +936,8 @@ def serve_live_view(service: Any, session_id: str, *, timeout: float = 30.0) -> 
     """
     from .session import Query
 
-    view = LiveView(session_id=session_id, epoch=service.rt.epoch, decorate=service.decorate)
+    view = LiveView(session_id=session_id, epoch=service.rt.epoch, decorate=service.decorate,
+                    language=service.rt.language)
     client = MemoryClient(service, timeout)
     try:
         ask_served(client.call, view)
@@ -982,6 +994,20 @@ def _actor_view(actor: Any) -> tuple[int, Any, list[Any]]:
 
 def _check_live(report: VerifyReport, full: ItemsProjection, state: SessionState,
                 live: LiveView) -> Difference | None:
+    """The live host's answers against the rebuild, its human text in the host's language (in
+    each language for a remote host; the first difference in English when none agrees)."""
+    languages = [live.language] if live.language is not None else list(LANGUAGES)
+    first: Difference | None = None
+    for language in languages:
+        found = _check_live_in(report, full, state, live, language)
+        if found is None:
+            return None
+        first = first or found
+    return first
+
+
+def _check_live_in(report: VerifyReport, full: ItemsProjection, state: SessionState,
+                   live: LiveView, language: str) -> Difference | None:
     report.live_epoch = live.epoch
     report.remote_url = live.remote_url
     sid = live.session_id
@@ -998,7 +1024,7 @@ def _check_live(report: VerifyReport, full: ItemsProjection, state: SessionState
     decorate = live.decorate if live.decorate is not None else (lambda _sid, item: item)
 
     def served(items: Iterable[Any]) -> list[Any]:
-        return [_wire(decorate(sid, i)) for i in items]
+        return [_wire(decorate(sid, i), language) for i in items]
 
     expected_pages: list[Any] = []
     before: str | None = None

@@ -26,10 +26,13 @@ from .context import summary_text
 from .deletion import Deletions
 from .directory import Directory
 from .faults import FaultInjector
-from .model import ModelRequest, Provider, make_provider
+from .model import ModelRequest, Provider
+from .model.registry import ModelConfig, ModelRegistry, builtin_model
+from .prompts import ToolLine, default_system_prompt
 from .pubsub import Reply, SessionChannel, TurnResults
 from .session import Effect, turn_outcome
 from .session_decide import AgentConfig, ToolPolicy, steps_limit, system_messages
+from .texts import Language, Text, language_of, stored_parts
 from .tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
 from .tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
 from .worker import WorkerLoop
@@ -46,8 +49,11 @@ class HostOptions(msgspec.Struct, kw_only=True):
     durability: str = "sync"
     shards: int = 16
     map_size: int = 1 << 30
+    #: the built-in model when ``models`` is empty: a provider name (``make_provider``) and its options
     model: str = "mock"
     model_options: dict[str, Any] = {}
+    #: the configured models (``[models.NAME]``, ``serve --model-*``; actors.model.registry), validated
+    models: list[ModelConfig] = []
     system_prompt: str | None = None
     #: model calls per turn (seed 002 maxSteps, default 20); 0 (``UNLIMITED_STEPS``): no limit, the
     #: seed's Infinity (``Host.open`` and ``serve --max-steps`` also take ``math.inf`` / "unlimited")
@@ -61,7 +67,9 @@ class HostOptions(msgspec.Struct, kw_only=True):
     retry_delay_s: float = 0.5
     request_timeout_s: float = 30.0
     workspace_root: str | None = None  # default: <data>/workspaces
-    language: str = "en"
+    #: the language of human text in frames (``actors.texts``; ``serve --language``); config.toml's
+    #: ``language``, when it has one, is in force instead (``Runtime.language``)
+    language: Language = "en"
     approval_wait_s: float = 300.0  # seed 004: 300 s total wait for an approval
     approval_grace_s: float = 30.0  # seed 004: 30 s reconnect grace
     presence_window_s: float = 600.0  # seed 004: present for 10 minutes after activity
@@ -97,6 +105,14 @@ class Runtime:
         if type(options.max_steps) is not int:  # a Struct built in Python is not type-checked
             options = msgspec.structs.replace(options, max_steps=steps_limit(options.max_steps))
         self.options = options
+        # first: a model that cannot be used refuses the start before anything is opened
+        self.models = ModelRegistry.for_host(options.models, options.model, options.model_options)
+        self._provider_override: Provider | None = None
+        self._prompts: dict[tuple[Any, ...], str] = {}
+        #: the language human text is rendered in when a frame is encoded (``actors.texts``): the
+        #: option, or config.toml's ``language`` once the settings service has read it (and again
+        #: on every re-read: SIGHUP, a handshake, a settings request)
+        self.language: str = language_of(options.language)
         # the owner token, the signing secret, apps.toml and the store: the server's user only
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
         os.chmod(self.data_dir, 0o700)
@@ -120,7 +136,6 @@ class Runtime:
                                limits=options.exec_limits, bwrap=options.sandbox_bwrap)
         self._channels: dict[str, SessionChannel] = {}
         self._channels_lock = threading.Lock()
-        self._providers: dict[str, Provider] = {}
         self.config_generation = 0  # bump when a host-level setting changes
         self.listeners: list[Callable[[SessionActor, list[E.Event], Any], None]] = []
         self.config_resolvers: list[Callable[[Any, dict[str, Any]], None]] = []
@@ -205,7 +220,25 @@ class Runtime:
         if app is not None:  # whatever the layers say, an app's session stays within its manifest
             values["permission_mode"] = clamp_mode(values["permission_mode"], app)
             values["sandbox"] = clamp_policy(values["sandbox"], app)
+        if values["system_prompt"] is None:  # "" (set on purpose) sends no system prompt
+            values["system_prompt"] = self.default_prompt(state, values["sandbox"], values["permission_mode"])
         return AgentConfig(**values)
+
+    def default_prompt(self, state: Any, sandbox: str, permission_mode: str) -> str:
+        """The built-in system prompt of ``state``'s session (actors.prompts): its tools, its
+        workspace (relative), its sandbox policy and permission mode. Cached: sessions share a few."""
+        cwd = state.created.cwd if state is not None and state.created is not None else None
+        policy = self.sandbox.policy_for(sandbox)
+        names = tuple(self.tools.names())
+        key = (names, cwd or None, policy, permission_mode)
+        prompt = self._prompts.get(key)
+        if prompt is None:
+            tools = [ToolLine(n, self.tools.get(n).needs_approval) for n in names]
+            prompt = default_system_prompt(tools, cwd=cwd, sandbox=policy, permission_mode=permission_mode)
+            if len(self._prompts) >= 1024:  # project folders are many: keep the cache bounded
+                self._prompts.clear()
+            self._prompts[key] = prompt
+        return prompt
 
     def default_permission(self, state: Any) -> str:
         created = state.created
@@ -219,19 +252,41 @@ class Runtime:
         return clamp_mode(mode, app) if app is not None else mode
 
     def provider_for(self, state: Any) -> Provider:
-        name = self.options.model
-        provider = self._providers.get(name)
-        if provider is None:
-            provider = self._providers[name] = make_provider(name, **self.options.model_options)
-        return provider
+        """The provider of the session's effective model (its ``llm/model`` setting, else the
+        model it was created with, else the default model; actors.model.registry)."""
+        if self._provider_override is not None:
+            return self._provider_override
+        single = self.models.single()
+        if single is not None:  # one model: every reference is it, no settings to resolve
+            return single
+        ref = self.agent_config(state).model if state is not None and state.created is not None else None
+        return self.models.provider(ref)
 
     def model_providers(self) -> list[Provider]:
-        """The providers made so far (``/metrics`` reads their call counters)."""
-        return list(self._providers.values())
+        """Every configured model's provider, and one set for every session (``/metrics`` reads
+        their call counters)."""
+        providers = self.models.providers()
+        override = self._provider_override
+        return providers if override is None or override in providers else [*providers, override]
 
     def set_provider(self, provider: Provider) -> None:
         """Use ``provider`` for every session (scripted/replay providers, tests, ``rerun``)."""
-        self._providers[self.options.model] = provider
+        self._provider_override = provider
+
+    def reload_models(self, configs: list[ModelConfig]) -> None:
+        """Use ``configs`` from now on (a configuration reload; ``load_model_configs`` makes
+        them; [] is the built-in model of the host's options): sessions take the new models at
+        their next model call. Raises ModelConfigError and keeps the current models when one
+        cannot be used."""
+        if configs:
+            self.models.replace(configs)
+        else:
+            cfg, provider = builtin_model(self.options.model, self.options.model_options)
+            self.models.replace([cfg], {cfg.name: provider})
+        if self.settings_service is not None:  # clients re-read the model field and its options
+            self.settings_service.changed_elsewhere()
+        else:
+            self.config_generation += 1
 
     def set_approvals(self, approvals: Any) -> None:
         """Use ``approvals`` (an ``ApprovalService``) for every session's approvals from now on:
@@ -239,7 +294,10 @@ class Runtime:
         self.approvals = approvals
 
     def model_request(self, cfg: AgentConfig, messages: list[E.Message]) -> ModelRequest:
-        return ModelRequest(messages=messages, tools=self.tools.schemas(), model=cfg.model)
+        """The request of one model call: the model id the session's model reference stands for
+        (None: the provider's own model)."""
+        model = None if cfg.model is None else self.models.resolve(cfg.model).model_id
+        return ModelRequest(messages=messages, tools=self.tools.schemas(), model=model)
 
     # --- tools -----------------------------------------------------------------------------------
 
@@ -362,11 +420,9 @@ class Runtime:
         from .host import new_id
         from .session import Apply
 
-        text = f"Background task {task.label} ({task.id}) {task.status}"
-        if task.exit_code is not None:
-            text += f" with exit code {task.exit_code}"
-        if task.last_line:
-            text += f"; last line: {task.last_line}"
+        # the owner's notice is rendered when sent (its key and values are kept); the agent
+        # reads the English one as its input, text for the model (actors.texts)
+        text, key, values = stored_parts(background_task_notice(task))
         facts = {"taskId": task.id, "status": task.status, "exitCode": task.exit_code, "lastLine": task.last_line}
 
         def decide(state: Any, now: int) -> list[E.Event]:
@@ -374,7 +430,7 @@ class Runtime:
                 return []
             turn_id = new_id()
             return [E.NoticePosted(at=now, notice_id=task.id, topic="background-task", text=text, facts=facts,
-                                   turn_id=turn_id, starts_turn=True),
+                                   turn_id=turn_id, starts_turn=True, text_key=key, text_values=values),
                     E.InputAccepted(at=now, input_id=new_id(), turn_id=turn_id, text=text, source="background-task")]
 
         self.tell(task.session_id, Apply(decide, Reply()))
@@ -456,6 +512,19 @@ class Runtime:
             self.dispatcher.stop()
         self.worker.stop()
         self.store.close()
+
+
+def background_task_notice(task: Any) -> Text:
+    """Seed 004 background-task notice: ``Background task exec (t1) completed with exit code 0;
+    last line: ...`` (the exit code and the last line when the task has them)."""
+    status = Text(f"task.status.{task.status}")
+    notice = Text("notice.background-task", label=task.label, task=task.id, status=status)
+    if task.exit_code is not None:
+        notice = Text("notice.background-task.exit", label=task.label, task=task.id, status=status,
+                      exitCode=task.exit_code)
+    if task.last_line:
+        notice = Text("notice.background-task.last-line", notice=notice, lastLine=task.last_line)
+    return notice
 
 
 def a_record_checkpoint(actor: SessionActor, turn_id: str, call_id: str, path: str, existed: bool,

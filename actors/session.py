@@ -41,12 +41,15 @@ from protocol.schemas_types import AgentMessageItem, ReasoningItem
 
 from .caller import CURRENT_CALL, CallerContext
 from .context import estimated_context_tokens, model_view
+from .model.attachments import has_attachments
+from .model.attachments import resolve as resolve_attachments
 from .model.base import RetryNotice
 from .model.storable import storable_response
 from .stream_sink import StreamSink, close_cards
 from .dispatch import PooledActor
-from .errors import ActorError, CompactionFailed, NotFound, SessionParked
+from .errors import ActorError, CompactionFailed, NotFound, SessionParked, compact_error
 from .pubsub import Reply, TurnOutcome
+from .texts import Text
 from .session_decide import (
     AgentConfig,
     decide_cancel,
@@ -566,7 +569,7 @@ class SessionBehaviour:
         version = state.version
         if self.deleting:  # frozen for a delete (``on_freeze``): nothing may start a turn
             if any(type(e) is E.InputAccepted for e in events):
-                raise NotFound(f"session {self.sid} is being deleted")
+                raise NotFound(Text("error.session-deleting", session=self.sid))
             run_drive = False
         flight = self.compaction
         if flight is not None and not flight.auto:  # a command that moves the history ends it, failed
@@ -651,7 +654,10 @@ class SessionBehaviour:
         keep = deltas.append
         started = time.perf_counter()
         try:
-            r = answer_now(self._model_request(cfg), lambda kind, text: keep((kind, text)))
+            request = self._model_request(cfg)
+            if has_attachments(request.messages):  # files are read off the actor thread: not in place
+                return None
+            r = answer_now(request, lambda kind, text: keep((kind, text)))
         except SessionloopError as e:  # what streamed before the failure (reasoning) still goes out
             return step_id, decide_model_done(state, step_id, None, str(e), now), deltas
         if r is None:
@@ -795,7 +801,7 @@ class SessionBehaviour:
         for event in events:
             if type(event) is E.ContextCompactFailed and not event.auto:  # type: ignore[attr-defined]
                 self.compaction = None
-                flight.abandon(CompactionFailed(event.error))  # type: ignore[attr-defined]
+                flight.abandon(CompactionFailed(compact_error(event)))
                 return
 
     def _publish(self, events: list[E.Event], inline: dict[str, Deltas]) -> None:
@@ -924,10 +930,15 @@ class SessionBehaviour:
         ref, on_delta = self.actor_ref, self._delta_sink(step_id)
         self._sink = on_delta
 
+        blobs = self.rt.blobs
+
         async def call() -> None:
             started = time.perf_counter()
             try:
-                response = await provider.generate(request, on_delta)
+                sent = request
+                if has_attachments(request.messages):  # the files, read off the actor thread
+                    sent = await asyncio.to_thread(resolve_attachments, request, blobs.read)
+                response = await provider.generate(sent, on_delta)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -988,7 +999,7 @@ class SessionBehaviour:
                                                       position=known.first_position))
                 return
         if self.deleting:  # a repeat above still gets its receipt; a new input is refused
-            raise NotFound(f"session {self.sid} is being deleted")
+            raise NotFound(Text("error.session-deleting", session=self.sid))
         if msg.check is not None:
             rejected = msg.check(self.state)
             if rejected is not None:

@@ -28,6 +28,7 @@ from .context import SUMMARY_PREFIX, model_view
 from .errors import Conflict, ExpectedTurnMismatch, InvalidCommand, NotFound, SessionBusy, SessionParked
 from .grants import settlement_by, settling
 from .session_model import SessionState
+from .texts import Text, denial_reason, stored_parts
 
 NOT_EXECUTED = "not executed: the turn ended before this tool call ran"
 
@@ -102,14 +103,14 @@ def steps_limit(value: object, name: str = "max_steps") -> int:
 
 def ensure_usable(state: SessionState) -> None:
     if state.created is None or state.deleted:
-        raise NotFound(f"session {state.session_id} not found")
+        raise NotFound(Text("error.session-not-found", session=state.session_id))
     if state.parked is not None:
-        raise SessionParked(f"session {state.session_id} is parked: {state.parked}")
+        raise SessionParked(Text("error.session-parked", session=state.session_id, reason=state.parked))
 
 
 def decide_create(state: SessionState, created: E.SessionCreated) -> list[E.Event]:
     if state.version:
-        raise Conflict(f"session {state.session_id} already exists")
+        raise Conflict(Text("error.session-exists", session=state.session_id))
     return [created]
 
 
@@ -126,10 +127,10 @@ def decide_cancel(state: SessionState, turn_id: str | None, reason: str, now: in
     current = state.current_turn
     if current is None:
         if turn_id is not None:
-            raise ExpectedTurnMismatch(f"turn {turn_id} is not running")
+            raise ExpectedTurnMismatch(Text("error.turn-not-running", turn=turn_id))
         return []
     if turn_id is not None and turn_id != current:
-        raise ExpectedTurnMismatch(f"turn {turn_id} is not the running turn ({current})")
+        raise ExpectedTurnMismatch(Text("error.turn-not-current", turn=turn_id, current=current))
     events: list[E.Event] = []
     if state.pending_llm is not None:
         events.append(E.LlmFailed(at=now, turn_id=current, step_id=state.pending_llm, error="aborted", aborted=True))
@@ -215,16 +216,16 @@ def decide_delete(state: SessionState, now: int) -> list[E.Event]:
 
 def _exists(state: SessionState) -> None:
     if state.created is None or state.deleted:
-        raise NotFound(f"session {state.session_id} not found")
+        raise NotFound(Text("error.session-not-found", session=state.session_id))
 
 
 def decide_rename(state: SessionState, title: str, now: int) -> list[E.Event]:
     ensure_usable(state)
     title = title.strip()
     if not title:
-        raise InvalidCommand("title must not be empty")
+        raise InvalidCommand(Text("error.title-empty"))
     if len(title) > MAX_TITLE:
-        raise InvalidCommand(f"title: at most {MAX_TITLE} characters, got {len(title)}")
+        raise InvalidCommand(Text("error.title-too-long", field="title", max=MAX_TITLE, got=len(title)))
     return [E.SessionRenamed(at=now, title=title)]
 
 
@@ -233,9 +234,9 @@ def decide_compact_allowed(state: SessionState, compacting: bool) -> None:
     (nothing recorded, so no notice)."""
     ensure_usable(state)
     if state.current_turn is not None:
-        raise SessionBusy(f"session {state.session_id} is running a turn; compact refuses while running")
+        raise SessionBusy(Text("error.compress-running-turn", session=state.session_id))
     if compacting:
-        raise SessionBusy(f"session {state.session_id} is already being compressed; a second compaction is refused")
+        raise SessionBusy(Text("error.compress-already", session=state.session_id))
 
 
 #: Seed 004 session/compress, 没压成: 期间会话被清空或历史被改动. What a manual compaction's
@@ -243,13 +244,13 @@ def decide_compact_allowed(state: SessionState, compacting: bool) -> None:
 #: land after that turn's user message and hide it from every later model call), a turn, a
 #: rewind (of the chat, or of the files the summary's "file changes" describe), messages
 #: replaced; and a session deleted or parked meanwhile.
-_INTERRUPTIONS: dict[type, str] = {
-    E.InputAccepted: "the history changed during compression: a new input arrived",
-    E.TurnStarted: "the history changed during compression: a turn started",
-    E.TurnRewound: "the history changed during compression: the session was rewound",
-    E.MessagesImported: "the history changed during compression: the messages were replaced",
-    E.SessionDeleted: "the session was deleted during compression",
-    E.SessionParked: "the session was parked during compression",
+_INTERRUPTIONS: dict[type, str] = {  # the catalogue keys of the reasons (actors.texts)
+    E.InputAccepted: "compress.changed.input",
+    E.TurnStarted: "compress.changed.turn",
+    E.TurnRewound: "compress.changed.rewind",
+    E.MessagesImported: "compress.changed.messages",
+    E.SessionDeleted: "compress.deleted",
+    E.SessionParked: "compress.parked",
 }
 
 
@@ -259,13 +260,20 @@ def decide_compaction_interrupted(events: list[E.Event], now: int) -> list[E.Eve
     for event in events:
         why = _INTERRUPTIONS.get(type(event))
         if why is not None:
-            return [E.ContextCompactFailed(at=now, error=why)]
+            return [compact_failed(Text(why), at=now)]
     return []
 
 
 def decide_compaction_cancelled(reason: str, now: int) -> list[E.Event]:
     """Seed 002 compact(): cancel() 可以中止: the manual compaction ends, failed, with the reason."""
-    return [E.ContextCompactFailed(at=now, error=f"cancelled: {reason}")]
+    return [compact_failed(Text("compress.cancelled", reason=reason), at=now)]
+
+
+def compact_failed(error: str, **fields: Any) -> E.ContextCompactFailed:
+    """``agent.context.compact-failed`` with its reason: a text object keeps its key and values
+    in the event (rendered when sent), a plain string (a provider's own message) stays as it is."""
+    shown, key, values = stored_parts(error)
+    return E.ContextCompactFailed(error=shown, error_key=key, error_values=values, **fields)
 
 
 def decide_compaction_done(turns: int, text: str, error: str | None, usage: E.Usage | None, *, auto: bool,
@@ -275,7 +283,7 @@ def decide_compaction_done(turns: int, text: str, error: str | None, usage: E.Us
     :data:`SUMMARY_PREFIX`) with the context the next model call gets (``context_tokens`` of the
     event), or the failure with its reason. ``usage`` is the summary call's own tokens."""
     if error is not None:
-        return E.ContextCompactFailed(at=now, error=error, auto=auto, turn_id=turn_id, usage=usage)
+        return compact_failed(error, at=now, auto=auto, turn_id=turn_id, usage=usage)
     summary = text if text.startswith(SUMMARY_PREFIX) else f"{SUMMARY_PREFIX} {text}"
     event = E.ContextCompacted(at=now, summary=summary, turns=turns, chars=len(summary), auto=auto,
                                turn_id=turn_id, usage=usage)
@@ -318,9 +326,9 @@ def drive(state: SessionState, cfg: AgentConfig, check: ToolCheck, now: int,
         limit = turn.max_steps_or(cfg.max_steps)
         if limit != UNLIMITED_STEPS and turn.llm_calls >= limit:
             # the notice first: it is the turn's last entry, then the turn item closes (seed 004)
+            text, key, values = stored_parts(Text("notice.tool-limit", limit=limit))
             emit(E.NoticePosted(at=now, notice_id=f"{turn_id}.limit", topic="tool-limit", turn_id=turn_id,
-                                text=f"Stopped after {limit} model calls; "
-                                     "continue to let the agent go on.", can_continue=True))
+                                text=text, text_key=key, text_values=values, can_continue=True))
             emit(E.TurnLimitReached(at=now, turn_id=turn_id, max_steps=limit))
             continue
         if turn.llm_calls == 0 and _needs_compaction(state, cfg, turn_id):
@@ -368,7 +376,14 @@ def _start_model(state: SessionState, cfg: AgentConfig, turn_id: str, now: int,
             emit(E.ContextTrimmed(at=now, turn_id=turn_id, step_id=step_id, chars_before=report.chars_before,
                                   chars_after=report.chars_after, omitted_outputs=report.omitted_outputs,
                                   dropped_turns=report.dropped_turns))
-    emit(E.LlmStarted(at=now, turn_id=turn_id, step_id=step_id, message_count=len(state.messages)))
+    emit(E.LlmStarted(at=now, turn_id=turn_id, step_id=step_id, message_count=len(state.messages),
+                      attachments=_turn_attachments(state, turn_id)))
+
+
+def _turn_attachments(state: SessionState, turn_id: str) -> list[str]:
+    """The files of this turn's user messages, as a model call's event names them."""
+    return [f"{a.name} ({a.kind}, {a.mime}, {a.size} bytes)" for m in state.messages
+            if m.turn_id == turn_id and m.role == "user" for a in m.attachments]
 
 
 def _start_call(state: SessionState, cfg: AgentConfig, check: ToolCheck, rec: Any, now: int,
@@ -451,22 +466,10 @@ def _settle_by_grant(state: SessionState, policy: ToolPolicy, rec: Any, turn_id:
         emit(_denied(turn_id, rec.call_id, approval_id, settlement, now))
 
 
-_DENIAL_TEXT = {
-    "ineligible": "the permission mode is deny",
-    "absent": "nobody was present to approve it",
-    "rate-limit": "too many approvals were asked for in a short time",
-    "timeout": "nobody answered in time",
-    "turn-ended": "the turn ended",
-    "shutdown": "the server restarted before the approval was answered",
-}
-
-
 def _denied(turn_id: str, call_id: str, approval_id: str, settlement: E.Settlement, now: int) -> E.ToolFinished:
-    why = _DENIAL_TEXT.get(settlement.source, settlement.state)
-    if settlement.source == "grant":
-        why = f"the user denies such calls (grant {settlement.grant_id})"
-    elif settlement.source == "answer":
-        why = "the user denied it" + (f": {settlement.note}" if settlement.note else "")
+    """The denied call's result, for the model: English (text for the model, ``actors.texts``);
+    the owner's card shows the same reason in the server's language (``reason``)."""
+    why = str.__str__(denial_reason(settlement))
     return E.ToolFinished(at=now, turn_id=turn_id, call_id=call_id, status="denied",
                           output={"error": f"denied: {why}"}, approval_id=approval_id, settlement=settlement)
 

@@ -308,7 +308,7 @@ def _turn_started(s: SessionState, e: E.TurnStarted) -> None:
     taken = set(e.input_ids)
     for q in s.queue:
         if q.input_id in taken and q.source != "continue":  # turn/continue adds no user message
-            s.messages.append(E.Message(role="user", content=q.text, turn_id=e.turn_id))
+            s.messages.append(E.Message(role="user", content=q.text, turn_id=e.turn_id, attachments=q.attachments))
     s.queue = [q for q in s.queue if q.input_id not in taken]
     s.turns[e.turn_id] = turn
     s.turn_order.append(e.turn_id)

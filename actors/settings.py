@@ -69,6 +69,7 @@ from protocol.schemas_types import (
 from .errors import InvalidCommand
 from .settings_context import (
     DEFAULT_WORKSPACE,
+    DEFAULT_WORKSPACE_NAME,
     Chain,
     Ident,
     Layer,
@@ -81,7 +82,7 @@ from .settings_context import (
     settings_of,
 )
 from .settings_document import ConfigDocument, dump_toml, layer_path, setting_values
-from .settings_texts import text
+from .texts import Text, language_of
 from .tools.sandbox import POLICIES
 
 log = logging.getLogger("sessionloop.settings")
@@ -90,6 +91,8 @@ OWNER_PLATFORM = "console"  # SPEC §6: the owner's identity is {platform: 'cons
 PROMINENCE_RANK = {"composer": 0, "common": 1, "advanced": 2}
 COMPOSER_PER_GROUP = 2  # seed: composer 同一组最多两项,多出的已退到 common
 _MISSING: Any = object()
+#: the option source of the model field: the configured models (``GET /api/models/llm``)
+MODEL_OPTIONS = "llm"
 
 
 class InvalidSetting(InvalidCommand):
@@ -117,7 +120,13 @@ class SettingField:
     order: int | None = None
     applies_to: tuple[str, ...] | None = None  # session kinds: owner | room | task; None: all
     narrowest: str | None = None  # 'place': cannot be set on one session
+    #: seed 可选项: the option source clients fetch with ``GET /api/models/<source>``
+    dynamic_options: str | None = None
+    #: the key of the row (same plugin) whose effective value the options depend on
+    depends_on: str | None = None
     actual: Callable[[Any], SettingActual | None] | None = dc_field(default=None, compare=False)
+    #: a further check of a value (why it does not fit, or None): ``llm/model`` must be configured
+    check: Callable[[Any], str | None] | None = dc_field(default=None, compare=False)
 
     @property
     def ident(self) -> Ident:
@@ -132,7 +141,8 @@ class SettingField:
             out["default"] = self.default
         if self.options:
             out["options"] = list(self.options)
-        for name, value in (("minimum", self.minimum), ("maximum", self.maximum), ("maxLength", self.max_length)):
+        for name, value in (("minimum", self.minimum), ("maximum", self.maximum), ("maxLength", self.max_length),
+                            ("dynamicOptions", self.dynamic_options), ("dependsOn", self.depends_on)):
             if value is not None:
                 out[name] = value
         session: dict[str, Any] = {"prominence": self.prominence}
@@ -150,36 +160,45 @@ class SettingField:
 
 
 def check_value(f: SettingField, value: Any) -> str | None:
-    """Why ``value`` does not fit ``f`` (a sentence naming the field), or None when it fits."""
+    """Why ``value`` does not fit ``f`` (a sentence naming the field: a text object, English as a
+    string), or None when it fits."""
+    problem = _type_problem(f, value)
+    if problem is None and f.check is not None:
+        found = f.check(value)
+        problem = None if found is None else f"{f.plugin}/{f.key}: {found}"
+    return problem
+
+
+def _type_problem(f: SettingField, value: Any) -> Any:
     name = f"{f.plugin}/{f.key}"
     if f.type in ("string", "text", "llm-ref"):
         if not isinstance(value, str):
-            return f"{name}: expected a string"
+            return Text("setting.expected-string", name=name)
         if f.type == "llm-ref" and not value.strip():
-            return f"{name}: expected a model id"
+            return Text("setting.expected-model", name=name)
         if f.max_length is not None and len(value) > f.max_length:
-            return f"{name}: at most {f.max_length} characters"
+            return Text("setting.max-length", name=name, max=f.max_length)
         return None
     if f.type == "boolean":
-        return None if isinstance(value, bool) else f"{name}: expected true or false"
+        return None if isinstance(value, bool) else Text("setting.expected-boolean", name=name)
     if f.type == "enum":
         return None if isinstance(value, str) and value in f.options else \
-            f"{name}: expected one of {', '.join(f.options)}"
+            Text("setting.expected-enum", name=name, options=", ".join(f.options))
     if f.type in ("integer", "number"):
-        kind = "an integer" if f.type == "integer" else "a number"
+        expected = Text(f"setting.expected-{f.type}", name=name)
         numeric = isinstance(value, int) or (f.type == "number" and isinstance(value, float))
         # an int is never checked with math.isfinite: it overflows on 10**400 (the Python API
         # passes any int; the wire refuses ones outside int64 before they get here)
         if isinstance(value, bool) or not numeric or (isinstance(value, float) and not math.isfinite(value)):
-            return f"{name}: expected {kind}"
+            return expected
         if f.minimum is not None and value < f.minimum:
-            return f"{name}: at least {f.minimum:g}"
+            return Text("setting.at-least", name=name, min=f"{f.minimum:g}")
         if f.maximum is not None and value > f.maximum:
-            return f"{name}: at most {f.maximum:g}"
+            return Text("setting.at-most", name=name, max=f"{f.maximum:g}")
         if isinstance(value, int) and not MIN_INT <= value <= MAX_INT:  # the store holds int64
-            return f"{name}: expected {kind} from -2**63 to 2**63-1"
+            return Text(f"setting.{f.type}-range", name=name)
         return None
-    return f"{name}: unknown field type {f.type!r}"
+    return Text("setting.unknown-type", name=name, type=repr(f.type))
 
 
 def default_fields(rt: Any) -> list[SettingField]:
@@ -188,10 +207,20 @@ def default_fields(rt: Any) -> list[SettingField]:
     opts = rt.options
 
     def model_actual(state: Any) -> SettingActual | None:
-        provider = rt.provider_for(state)
-        model = getattr(provider, "model", None) or rt.options.model
-        return SettingActual(value=f"{rt.options.model}/{model}",
-                             label=text(opts.language, "follow", model=model))
+        # the model in use without a setting: the one the session was created with, else the
+        # default; as an entry id <name>/<model id> (seed 004 可选项)
+        created = state.created if state is not None else None
+        resolved = rt.models.resolve(created.model if created is not None else None)
+        return SettingActual(value=resolved.entry_id, label=Text("settings.follow", model=resolved.model_id))
+
+    def prompt_actual(state: Any) -> SettingActual | None:
+        # shown when no layer sets a prompt: the built-in one this session is sent (a layer's
+        # row: the one of a session with the host's defaults)
+        if state is not None and state.created is not None:
+            prompt = rt.agent_config(state).system_prompt
+        else:
+            prompt = rt.default_prompt(None, opts.sandbox_policy, opts.permission_mode or "ask")
+        return SettingActual(value=prompt or "", label=Text("settings.builtin-prompt"))
 
     def permission_actual(state: Any) -> SettingActual | None:
         return SettingActual(value=rt.default_permission(state)) if state is not None else None
@@ -199,31 +228,35 @@ def default_fields(rt: Any) -> list[SettingField]:
     def opt(value: Any) -> Any:
         return UNSET if value is None else value
 
+    def title(plugin: str, key: str) -> Text:  # titles and descriptions: the catalogue's field.*
+        return Text(f"field.{plugin}.{key}.title")
+
+    def about(plugin: str, key: str) -> Text:
+        return Text(f"field.{plugin}.{key}.description")
+
     return [
-        SettingField("llm", "model", "llm-ref", "Model", "The model this session talks to.", prominence="composer",
-                     order=1, actual=model_actual),
-        SettingField("tools", "permissionMode", "enum", "Tool permission",
-                     "ask: approve risky calls; acceptCalls: run them; deny: refuse them.",
+        SettingField("llm", "model", "llm-ref", title("llm", "model"), about("llm", "model"), prominence="composer",
+                     order=1, dynamic_options=MODEL_OPTIONS, actual=model_actual,
+                     check=lambda value: rt.models.check(value)),  # rt.models at call time: reloads swap it
+        SettingField("tools", "permissionMode", "enum", title("tools", "permissionMode"),
+                     about("tools", "permissionMode"),
                      # no default: unset, each session keeps the mode it was created with (actual)
                      options=("ask", "acceptCalls", "deny"),
                      prominence="composer", order=2, actual=permission_actual),
         # seed 002: maxSteps 默认 20; Infinity 不限 -- JSON has no Infinity: 0 is unlimited
         # (actors.session_decide.UNLIMITED_STEPS), and no finite maximum caps it
-        SettingField("agent", "maxSteps", "integer", "Model calls per turn",
-                     "After this many model calls a turn stops with a notice; continue resumes it. "
-                     "0: unlimited (turn/abort still stops a turn).",
+        SettingField("agent", "maxSteps", "integer", title("agent", "maxSteps"), about("agent", "maxSteps"),
                      default=opts.max_steps, minimum=0, prominence="common", order=3),
-        SettingField("agent", "systemPrompt", "text", "System prompt", default=opt(opts.system_prompt),
-                     max_length=100_000, prominence="common", order=4),
-        SettingField("agent", "contextChars", "integer", "Context budget (characters)",
-                     "Older context is trimmed or summarised above this size.",
+        SettingField("agent", "systemPrompt", "text", title("agent", "systemPrompt"), about("agent", "systemPrompt"),
+                     default=opt(opts.system_prompt), max_length=100_000, prominence="common", order=4,
+                     actual=prompt_actual),
+        SettingField("agent", "contextChars", "integer", title("agent", "contextChars"),
+                     about("agent", "contextChars"),
                      default=opt(opts.context_chars), minimum=1000, maximum=100_000_000, order=5),
-        SettingField("tools", "sandbox", "enum", "Command sandbox",
-                     "Where exec's commands run: read-only, workspace-write (the workspace is the only "
-                     "writable path), workspace-write+network, or danger-full-access (no sandbox).",
+        SettingField("tools", "sandbox", "enum", title("tools", "sandbox"), about("tools", "sandbox"),
                      default=opts.sandbox_policy, options=POLICIES, prominence="common", order=7),
-        SettingField("tools", "execYieldSeconds", "number", "exec foreground seconds",
-                     "exec runs in the foreground this long, then as a background task.",
+        SettingField("tools", "execYieldSeconds", "number", title("tools", "execYieldSeconds"),
+                     about("tools", "execYieldSeconds"),
                      default=opts.exec_yield_s, minimum=0, maximum=3600, order=6,
                      applies_to=("owner", "task"), narrowest="place"),
     ]
@@ -282,16 +315,15 @@ def session_setting_events(f: SettingField | None, plugin: str, key: str, kind: 
                            now: int) -> list[E.Event]:
     """Decide a write to one session's layer (pure). Raises InvalidSetting, changing nothing."""
     if f is None:
-        raise InvalidSetting(f"params.key: no session setting {plugin}/{key}")
+        raise InvalidSetting(Text("setting.no-such", field="params.key", name=f"{plugin}/{key}"))
     if value is not None:
         if f.narrowest == "place":
-            raise InvalidSetting(f"params.key: {plugin}/{key} can be set on a place at the narrowest, "
-                                 "not on one session")
+            raise InvalidSetting(Text("setting.place-narrowest", field="params.key", name=f"{plugin}/{key}"))
         if not f.applies(frozenset({kind})):
-            raise InvalidSetting(f"params.key: {plugin}/{key} does not apply to {kind} sessions")
+            raise InvalidSetting(Text("setting.not-for-kind", field="params.key", name=f"{plugin}/{key}", kind=kind))
         problem = check_value(f, value)
         if problem is not None:
-            raise InvalidSetting(f"params.value: {problem}")
+            raise InvalidSetting(Text("setting.field-problem", field="params.value", problem=problem))
     if value is None:
         return [] if current is _MISSING else [E.SessionSettingChanged(at=now, plugin=plugin, key=key, deleted=True)]
     if current is not _MISSING and current == value and type(current) is type(value):
@@ -325,14 +357,14 @@ class SettingsService:
         self.rt = rt
         self.index = index
         self._submit = submit
-        self.language: str = rt.options.language
         self._lock = threading.RLock()
         self._write_lock = threading.Lock()
         self._scan_lock = threading.Lock()
         self.fields: dict[Ident, SettingField] = {}
         self.platform_types: dict[str, dict[str, str | None]] = {}
-        self.doc = ConfigDocument(os.path.join(rt.data_dir, "config.toml"), self.language)
-        self.default_name = text(self.language, "default-workspace")
+        self.doc = ConfigDocument(os.path.join(rt.data_dir, "config.toml"))
+        self._apply_language()
+        self.default_name = DEFAULT_WORKSPACE_NAME  # recorded as data; shown in the server's language
         self.places: dict[str, PlaceFacts] = {
             DEFAULT_WORKSPACE: PlaceFacts(key=DEFAULT_WORKSPACE, kind="workspace", name=self.default_name)}
         self.registered: set[str] = set()
@@ -344,6 +376,9 @@ class SettingsService:
         self._seen_platforms: set[tuple[str | None, str | None]] = {(OWNER_PLATFORM, None)}
         for f in default_fields(rt):
             self.fields[f.ident] = f
+        #: seed 可选项: option sources by name, ``answer(dependency) -> options``
+        self.option_sources: dict[str, Callable[[str | None], list[dict[str, Any]]]] = {
+            MODEL_OPTIONS: lambda dependency: rt.models.options()}
         if self.doc.problem is not None:  # at start there is nothing older to keep
             log.warning("%s: %s; no settings are read from it (fix the file, then send the server SIGHUP)",
                         self.doc.path, self.doc.problem)
@@ -377,6 +412,28 @@ class SettingsService:
         with self._lock:
             self.platform_types.setdefault(platform, {}).update(types)
         self._changed(generation=False)
+
+    def declare_options(self, source: str, answer: Callable[[str | None], list[dict[str, Any]]]) -> None:
+        """An option source (seed 可选项: one a plugin contributes). ``answer(dependency)`` lists
+        the options of the fields declaring ``dynamicOptions=source``; ``dependency`` is what the
+        client sends for a field with ``dependsOn``: the effective value of the row it depends
+        on (that row's actual when unset), else None."""
+        if not source or len(source) > 64 or not all(c.isalnum() or c in "_.-" for c in source):
+            raise ValueError(f"bad option source name {source!r}")
+        with self._lock:
+            self.option_sources[source] = answer
+        self._changed(generation=False)
+
+    def option_list(self, source: str, dependency: str | None) -> list[dict[str, Any]] | None:
+        """The options of ``source`` (``GET /api/models/<source>``), or None for an unknown one."""
+        with self._lock:
+            answer = self.option_sources.get(source)
+        return None if answer is None else answer(dependency)
+
+    def changed_elsewhere(self) -> None:
+        """Something fields depend on changed outside the layers (the configured models were
+        reloaded): sessions re-resolve, clients are told to re-read (``session/config/changed``)."""
+        self._changed(generation=True)
 
     def plugins(self) -> set[str]:
         with self._lock:
@@ -528,8 +585,17 @@ class SettingsService:
         with self._lock:
             changed = self.doc.refresh(self._document_values_problem)
         if changed:
+            self._apply_language()
             self._changed(generation=True)  # the next decision of every session reads the new values
         return changed
+
+    def _apply_language(self) -> None:
+        """The global layer's language (seed 004 文字与语言: 按全局层的语言渲染): config.toml's
+        ``language``, else the host's option (``serve --language``). Frames encoded from now on
+        use it (``Runtime.language``)."""
+        with self._lock:
+            chosen = self.doc.doc.get("language")
+        self.rt.language = language_of(chosen if chosen is not None else self.rt.options.language)
 
     def reload_host_config(self) -> str:
         """``serve``'s SIGHUP: re-read the configuration document now; one line saying what came of it."""
@@ -599,13 +665,13 @@ class SettingsService:
         names = [("platform", getattr(layer, "platform", None)), ("type", getattr(layer, "type", None))]
         for name, value in names:
             if value is not None and (not value.strip() or any(ord(c) < 0x20 for c in value)):
-                raise InvalidSetting(f"params.layer.{name}: not a {name} name")
+                raise InvalidSetting(Text(f"setting.bad-{name}", field=f"params.layer.{name}"))
         if not isinstance(layer, PlaceLayer):
             return None
         with self._lock:
             place = self.places.get(layer.key)
         if place is None:
-            raise InvalidSetting(f"params.layer.key: no place is recorded with key {layer.key!r}")
+            raise InvalidSetting(Text("setting.no-place", field="params.layer.key", key=repr(layer.key)))
         return place
 
     def layer_rows(self, layer: Layer) -> list[SettingRow]:
@@ -639,13 +705,13 @@ class SettingsService:
             place = self.check_layer(layer)
             f = self.field(plugin, key)
             if f is None:
-                raise InvalidSetting(f"params.key: no session setting {plugin}/{key}")
+                raise InvalidSetting(Text("setting.no-such", field="params.key", name=f"{plugin}/{key}"))
             if value is not None:
                 if not f.applies(layer_kinds(layer, place.kind if place is not None else None)):
-                    raise InvalidSetting(f"params.key: {plugin}/{key} does not apply to this layer")
+                    raise InvalidSetting(Text("setting.not-for-layer", field="params.key", name=f"{plugin}/{key}"))
                 problem = check_value(f, value)
                 if problem is not None:
-                    raise InvalidSetting(f"params.value: {problem}")
+                    raise InvalidSetting(Text("setting.field-problem", field="params.value", problem=problem))
             if place is not None:
                 self._write_place(place, f, value)
                 return None
@@ -692,8 +758,7 @@ class SettingsService:
                 values[name] = found[0]
         model = effective.get(("llm", "model"))
         if model is not None and model[1] != "default":
-            prefix = f"{self.rt.options.model}/"  # an entry id <provider instance>/<model id>
-            values["model"] = model[0].removeprefix(prefix)
+            values["model"] = model[0]  # a configured model, by name or entry id (actors.model.registry)
         yield_s = effective.get(("tools", "execYieldSeconds"))
         if yield_s is not None and yield_s[1] != "default":
             values["exec_yield_s"] = float(yield_s[0])
@@ -752,7 +817,7 @@ class SettingsService:
     def overrides(self, plugin: str) -> dict[Ident, list[tuple[Layer | str, Any]]]:
         """Where ``plugin``'s fields are set beyond global: layers, then sessions (by id)."""
         if plugin not in self.plugins():
-            raise InvalidSetting(f"params.plugin: {plugin!r} declares no session settings")
+            raise InvalidSetting(Text("setting.no-plugin", field="params.plugin", plugin=repr(plugin)))
         self._scan_sessions()
         with self._lock:
             fields = sorted_fields([f for f in self.fields.values() if f.plugin == plugin],
@@ -835,6 +900,6 @@ def _now() -> int:
 
 
 __all__ = [
-    "AGENT_VALUES", "InvalidSetting", "SettingField", "SettingsService", "check_value", "default_fields",
+    "AGENT_VALUES", "MODEL_OPTIONS", "InvalidSetting", "SettingField", "SettingsService", "check_value", "default_fields",
     "effective_prominence", "resolve", "session_setting_events", "sorted_fields",
 ]

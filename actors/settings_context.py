@@ -27,11 +27,16 @@ from protocol.schemas_types import (
     PlatformTypeLayer,
 )
 
+from .texts import DEFAULT_LANGUAGE, text
+
 Ident = tuple[str, str]  # (plugin, key)
 Chain = list[tuple[str, Mapping[Ident, Any]]]  # (source, values), lowest first
 Layer = GlobalLayer | PlatformLayer | PlatformTypeLayer | PlaceLayer
 
 DEFAULT_WORKSPACE = "workspace:default"
+#: the default workspace's recorded name: English data; whatever is recorded, it is shown as
+#: 「默认工作区」 in the server's language (the catalogue's ``place.default-workspace``, by key)
+DEFAULT_WORKSPACE_NAME = text(DEFAULT_LANGUAGE, "place.default-workspace")
 
 
 # --- places and session context -------------------------------------------------------------------
@@ -56,7 +61,7 @@ class SessionContext(msgspec.Struct, frozen=True, kw_only=True):
     place: PlaceFacts | None = None
 
 
-def place_of(created: E.SessionCreated, default_name: str = "Default workspace") -> PlaceFacts | None:
+def place_of(created: E.SessionCreated, default_name: str = DEFAULT_WORKSPACE_NAME) -> PlaceFacts | None:
     """A root's place: the recorded one; else an owner session's workspace (its folder, or the
     default workspace); a room without a recorded place has none."""
     platform = created.platform
@@ -74,7 +79,7 @@ def place_of(created: E.SessionCreated, default_name: str = "Default workspace")
     return PlaceFacts(key=DEFAULT_WORKSPACE, kind="workspace", name=default_name)
 
 
-def root_context(created: E.SessionCreated, default_name: str = "Default workspace") -> SessionContext:
+def root_context(created: E.SessionCreated, default_name: str = DEFAULT_WORKSPACE_NAME) -> SessionContext:
     """The context a root gives itself and its children. Platform: the birth platform, else the
     platform it entered from (its creator's); chat type from its chat window."""
     platform = created.platform or (created.created_by.platform if created.created_by is not None else None)

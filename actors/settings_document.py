@@ -1,10 +1,16 @@
 """The host configuration document ``<data>/config.toml`` (seed 004): the TOML file that holds
-the session-setting values of the global (the plugins' configuration), platform and
-platformType layers::
+the host's ``name`` (the ``appName`` of handshakes) and ``language`` (``en`` or ``zh``: the
+language of human text in frames, seed 004 文字与语言: 全局层的语言), and the session-setting
+values of the global (the plugins' configuration), platform and platformType layers::
 
+    name = "Aalis"
+    language = "zh"
     [plugins.<plugin>]
     [sessionSettings.platform.<platform>.<plugin>]
     [sessionSettings.platformType.<platform>.<type>.<plugin>]
+
+The same file holds the named models, ``[models.NAME]``, read by :mod:`actors.model.registry`
+at start (and on a reload), never written here: a settings write keeps them, as every other key.
 
 :class:`ConfigDocument` re-reads it when it changed on disk (when asked: a settings request, a
 handshake, ``serve``'s SIGHUP) and writes it whole and atomically (temp file, fsync, rename),
@@ -29,7 +35,7 @@ from typing import Any
 from protocol.schemas_types import PlatformLayer, PlatformTypeLayer
 
 from .settings_context import Ident, Layer
-from .settings_texts import text
+from .texts import LANGUAGES, Text
 
 log = logging.getLogger("sessionloop.settings")
 
@@ -128,11 +134,14 @@ def _descend(node: Any, where: str, depth: int) -> Iterator[tuple[str, str, Any]
 
 def document_problem(doc: Mapping[str, Any]) -> str | None:
     """Why ``doc`` is not a configuration document (the dotted path of the first table or
-    value that is wrong), or None: ``name`` a string; ``plugins.<plugin>``,
+    value that is wrong), or None: ``name`` a string; ``language`` one of ``en``, ``zh``;
+    ``plugins.<plugin>``,
     ``sessionSettings.platform.<platform>.<plugin>`` and
     ``sessionSettings.platformType.<platform>.<type>.<plugin>`` tables."""
     if "name" in doc and not isinstance(doc["name"], str):
         return "name: expected a string"
+    if "language" in doc and doc["language"] not in LANGUAGES:
+        return f"language: expected one of {', '.join(LANGUAGES)}, got {doc['language']!r}"
     for where, _plugin, node in _plugin_tables(doc):
         if not isinstance(node, dict):
             return f"{where}: expected a table"
@@ -153,9 +162,8 @@ class ConfigDocument:
 
     ``problem`` is why the file on disk was last refused (None while what is on disk is in force)."""
 
-    def __init__(self, path: str, language: str = "en") -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
-        self.language = language
         self.doc: dict[str, Any] = {}
         self.problem: str | None = None
         self._signature: tuple[int, int, int] | None = None
@@ -239,7 +247,7 @@ class ConfigDocument:
 
     def save(self, rendered: str) -> str | None:
         """Write ``rendered`` (``dump_toml`` of the document) atomically; the ``unsaved``
-        sentence when that failed.
+        sentence (a text object, shown in the server's language) when that failed.
 
         A document with no write permission bit is the owner's "do not touch" and is refused
         even when this process could write it (root): the same answer as a refused write.
@@ -259,9 +267,9 @@ class ConfigDocument:
             os.replace(tmp, self.path)
             tmp = None
         except PermissionError:
-            return text(self.language, "refused", path=self.path)
+            return Text("settings.unsaved-refused", path=self.path)
         except OSError as e:
-            return text(self.language, "failed", path=self.path, error=e.strerror or str(e))
+            return Text("settings.unsaved-failed", path=self.path, error=e.strerror or str(e))
         finally:
             if tmp is not None:
                 try:

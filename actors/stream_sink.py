@@ -45,17 +45,18 @@ from protocol.schemas_types import (
 
 from .model.base import RetryNotice
 from .model.storable import usable_call_id
-from .projections import TEXT_RETRY_DISCARDED, attempt_item_id
+from .projections import attempt_item_id, retry_discarded
+from .texts import Text
 
 __all__ = ["StreamSink", "close_cards"]
 
-_CAUSES: Final = {"timeout": "a timeout", "connection": "a lost connection", "stream": "an error in the stream"}
+_CAUSES: Final = {cause: Text(f"retry.cause.{cause}") for cause in ("timeout", "connection", "stream", "error")}
 
 
 def _cause(notice: RetryNotice) -> str:
     if notice.status:
         return f"HTTP {notice.status}"
-    return _CAUSES.get(notice.cause, notice.cause or "an error")
+    return _CAUSES.get(notice.cause or "error", notice.cause)
 
 
 def close_cards(cards: dict[str, ToolCallItem], keep: set[str], status: str) -> list[tuple[str, Any]]:
@@ -133,7 +134,7 @@ class StreamSink:
             next_item = ""
             if self.shown:
                 discarded = self.item_id
-                reason = Undelivered(reason=TEXT_RETRY_DISCARDED.format(cause=_cause(notice)))
+                reason = Undelivered(reason=retry_discarded(_cause(notice)))
                 self.channel.discard([self.item_id, self.thinking], lambda item, text: _closed(item, text, reason))
                 next_item = attempt_item_id(self.step_id, notice.attempt + 1)
                 self.item_id, self.thinking = next_item, f"{next_item}.thinking"

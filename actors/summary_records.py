@@ -43,6 +43,8 @@ from protocol.schemas_types import (
 )
 
 from .session_model import SessionState
+from .settings_context import DEFAULT_WORKSPACE
+from .texts import Text
 
 __all__ = [
     "ListingRow",
@@ -328,7 +330,7 @@ def summary_from_row(row: ListingRow) -> SessionSummary:
         instance=row.instance,
         account=row.account,
         chat=ChatInfo(type=chat.type, multi_party=chat.multi_party) if chat is not None else None,
-        place=PlaceInfo(key=place.key, kind=place.kind, name=place.name) if place is not None else None,
+        place=PlaceInfo(key=place.key, kind=place.kind, name=place_name(place)) if place is not None else None,
         created_at=record.created_at,
         updated_at=row.updated_at,
         last_reply_at=record.last_reply_at,
@@ -343,6 +345,17 @@ def summary_from_row(row: ListingRow) -> SessionSummary:
         last_turn=last_turn,
         reason=record.last_reason if row.error else None,
     )
+
+
+def place_name(place: E.PlaceRef) -> str:
+    """A place's display name (seed 004 摘要 place): the default workspace is 「默认工作区」 in the
+    server's language (a text object, rendered when sent); other places keep their own name."""
+    if place.key == DEFAULT_WORKSPACE:
+        return _DEFAULT_WORKSPACE_NAME
+    return place.name
+
+
+_DEFAULT_WORKSPACE_NAME: Final = Text("place.default-workspace")
 
 
 def summary_of(

@@ -32,9 +32,12 @@ from protocol.schemas import BackgroundChanged
 from protocol.schemas_types import BackgroundCall, BackgroundTask
 
 from .pubsub import Reply
+from .texts import Text, stored_parts
 
 if TYPE_CHECKING:
     from .runtime import Runtime
+
+_STOPPED = Text("task.reason.stopped")  # background/stop, stopAll: the reason of a stopped task
 
 log = logging.getLogger("sessionloop.tasks")
 
@@ -96,8 +99,8 @@ class TaskService:
         for stream in self.rt.store.flagged("task-running"):
             started = self.rt.store.read_stream(stream, 1, 1)
             if started and isinstance(started[0].event, E.TaskStarted):
-                ended = E.TaskEnded(at=now_ms(), task_id=started[0].event.task_id, status="aborted",
-                                    reason="the server stopped while the task was running")
+                ended = task_ended(at=now_ms(), task_id=started[0].event.task_id, status="aborted",
+                                   reason=Text("task.reason.restarted"))
                 self.rt.store.append(stream, [ended], ANY_VERSION, flags={"task-running": False})
                 aborted.setdefault(started[0].event.session_id, []).append(ended)
         restored: list[BackgroundTask] = []
@@ -163,8 +166,8 @@ class TaskService:
         if not ended:
             return E.TaskEnded(at=now_ms(), task_id="", status="aborted")
         t = max(ended, key=lambda t: (t.ended_at or 0, t.started_at))
-        return E.TaskEnded(at=now_ms(), task_id=t.id, status=t.status, exit_code=t.exit_code,  # type: ignore[arg-type]
-                           reason=t.reason, last_line=t.last_line, last_output_at=t.last_output_at)
+        return task_ended(at=now_ms(), task_id=t.id, status=t.status, exit_code=t.exit_code,
+                          reason=t.reason, last_line=t.last_line, last_output_at=t.last_output_at)
 
     def running_count(self, session_id: str) -> int:
         if not self.tasks:  # the common case, asked by every commit that rewrites a listing record
@@ -279,14 +282,14 @@ class TaskService:
         with self._lock:
             self.actors.pop(task_id, None)
 
-    def stop(self, task_id: str, reply: Reply, reason: str = "stopped") -> None:
+    def stop(self, task_id: str, reply: Reply, reason: str = _STOPPED) -> None:
         with self._lock:
             ref = self.actors.get(task_id)
         task = self.get(task_id)
         if task is None:
             from .errors import NotFound
 
-            reply.fail(NotFound(f"background task {task_id} not found"))
+            reply.fail(NotFound(Text("error.task-not-found", task=task_id)))
             return
         if ref is None or task.status != "running":
             reply.set(None)
@@ -333,7 +336,7 @@ class TaskService:
     def shutdown(self) -> None:
         for task_id, ref in list(self.actors.items()):
             reply = Reply()
-            self.stop(task_id, reply, reason="the server is shutting down")
+            self.stop(task_id, reply, reason=Text("task.reason.shutdown"))
             try:
                 reply.result(5)
                 ref.stop(timeout=2)
@@ -391,9 +394,9 @@ class TaskActor(pykka.ThreadingActor):
             status, reason = "failed", error
         else:
             status, reason = ("completed" if exit_code == 0 else "failed"), None
-        ended = E.TaskEnded(at=now_ms(), task_id=self.started.task_id, status=status,  # type: ignore[arg-type]
-                            exit_code=exit_code, reason=reason, last_line=task.last_line,
-                            last_output_at=task.last_output_at)
+        ended = task_ended(at=now_ms(), task_id=self.started.task_id, status=status,
+                           exit_code=exit_code, reason=reason, last_line=task.last_line,
+                           last_output_at=task.last_output_at)
         try:
             self.svc.rt.store.append(self.stream, [ended], ANY_VERSION, flags={"task-running": False})
         except Exception:
@@ -416,7 +419,17 @@ def _task_of(e: E.TaskStarted) -> BackgroundTask:
                           status="running", started_at=e.at, display=_display(e.display))
 
 
+def task_ended(*, reason: str | None, **fields: Any) -> E.TaskEnded:
+    """A ``task.ended`` whose ``reason`` may be a text object: the event keeps its English text,
+    key and values (events hold plain data; ``actors.texts``)."""
+    if reason is None:
+        return E.TaskEnded(**fields)
+    shown, key, values = stored_parts(reason)
+    return E.TaskEnded(reason=shown, reason_key=key, reason_values=values, **fields)
+
+
 def _ended(task: BackgroundTask, e: E.TaskEnded) -> BackgroundTask:
-    return msgspec.structs.replace(task, status=e.status, ended_at=e.at, exit_code=e.exit_code, reason=e.reason,
+    reason = Text.stored(e.reason, e.reason_key, e.reason_values) if e.reason is not None else None
+    return msgspec.structs.replace(task, status=e.status, ended_at=e.at, exit_code=e.exit_code, reason=reason,
                                    last_line=e.last_line or task.last_line,
                                    last_output_at=e.last_output_at or task.last_output_at)

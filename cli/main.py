@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "import": "cli.replay_cmd:import_events",
     "trace": "cli.trace_cmd:trace",
     "bench": "cli.bench_cmd:bench",
+    "doctor": "cli.doctor:doctor",
 }
 
 

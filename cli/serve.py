@@ -1,7 +1,8 @@
 """``sessionloop serve``: the host, the gateway and the WebSocket transport in one process.
 
-Reloading: on SIGHUP the server re-reads ``config.toml`` (the global, platform and platformType
-layers of the session settings, and the ``name`` of handshakes) and the apps file. A file that
+Reloading: on SIGHUP the server re-reads ``config.toml`` (the models ``[models.NAME]`` first, then
+the global, platform and platformType layers of the session settings, the ``name`` of handshakes and
+the ``language`` of human text: frames sent after the reload use it) and the apps file. A file that
 does not load (not TOML, a table or value that is wrong, an app token under 32 characters...)
 is refused with one log line naming the file and what is wrong, and what was read before stays
 in force. A reload of the apps file swaps the transport's token table and the app manifests
@@ -19,6 +20,7 @@ import os
 import secrets
 import signal
 import tomllib
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -26,9 +28,21 @@ import click
 from actors import gc_policy
 from actors.apps import MODES, AppManifest, check_manifest
 from actors.errors import InvalidCommand
+from actors.model.registry import (
+    CONFIG_PROVIDERS,
+    ModelConfigError,
+    ModelFlags,
+    load_model_configs,
+)
 from actors.session_decide import steps_limit
+from actors.texts import DEFAULT_LANGUAGE, LANGUAGES
 from actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
-from actors.tracing_export import LiveTraces, TracingUnavailable, batch_processor, otlp_exporter
+from actors.tracing_export import (
+    LiveTraces,
+    TracingUnavailable,
+    batch_processor,
+    otlp_exporter,
+)
 from eventstore.errors import SessionloopError
 from protocol.transport import AppCredential
 
@@ -41,6 +55,7 @@ DEFAULT_PORT = 8765
 DEFAULT_MAX_INFLIGHT_MB = 128
 MIB = 1024 * 1024
 TOKEN_FILE = "token"
+CONFIG_FILE = "config.toml"  # the host configuration document: [models.NAME], [plugins.*], [sessionSettings.*]
 #: an app token is a password strangers may guess at: 32 characters of token_urlsafe are 192 bits
 MIN_APP_TOKEN_CHARS = 32
 
@@ -49,7 +64,33 @@ MIN_APP_TOKEN_CHARS = 32
 CLOSE_REVOKED = 4001
 
 log = logging.getLogger("sessionloop.serve")
+models_log = logging.getLogger("sessionloop.models")
 _LIMITS = ExecLimits()  # the defaults the --exec-* options show
+
+
+def model_flag_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The one-model flags (``serve``, ``doctor``): they describe the model ``default``, over
+    ``[models.default]`` of config.toml when it has one."""
+    options = [
+        click.option("--model-provider", type=click.Choice(list(CONFIG_PROVIDERS)), default=None,
+                     help="Provider of the model 'default': openai (any OpenAI-compatible endpoint: vLLM, Ollama, "
+                          "LiteLLM, OpenRouter, the OpenAI API) or mock. Default with any other --model-* flag: "
+                          "openai."),
+        click.option("--base-url", default=None, metavar="URL",
+                     help="Base URL of the endpoint, e.g. http://127.0.0.1:8000/v1 (default: https://api.openai.com/v1)."),
+        click.option("--model-name", default=None, metavar="ID", help="Model id the endpoint is asked for."),
+        click.option("--api-key-env", default=None, metavar="VAR",
+                     help="Name of the environment variable that holds the API key (never the key itself)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def flags_from(model_provider: str | None, base_url: str | None, model_name: str | None,
+                api_key_env: str | None) -> ModelFlags | None:
+    flags = ModelFlags(provider=model_provider, base_url=base_url, model=model_name, api_key_env=api_key_env)
+    return flags if flags.table() else None
 
 
 class StepsLimit(click.ParamType):
@@ -123,7 +164,8 @@ class Server:
                  ping_interval: float = 20.0, ping_timeout: float = 20.0, close_timeout: float = 10.0,
                  sandbox_hide: tuple[str, ...] = (), max_inflight_mb: int = DEFAULT_MAX_INFLIGHT_MB,
                  inflight_wait: float = 30.0, metrics_public: bool = False, auth_failures: int = 20,
-                 auth_window: float = 60.0, span_exporter: Any = None, **host_options: Any) -> None:
+                 auth_window: float = 60.0, span_exporter: Any = None, model_flags: ModelFlags | None = None,
+                 **host_options: Any) -> None:
         from actors.host import Host
         from protocol.transport import TransportConfig
 
@@ -131,6 +173,11 @@ class Server:
             raise ValueError(f"--max-inflight-mb {max_inflight_mb} is below --max-frame-mb {max_frame_mb}: "
                              "a frame the socket accepts could never be received")
         self.data_dir = os.path.abspath(data_dir)
+        # the models first: one that cannot be used refuses the start before anything is written
+        self.config_path = os.path.join(self.data_dir, CONFIG_FILE)
+        self.model_flags = model_flags
+        if "models" not in host_options:
+            host_options["models"] = load_model_configs(self.config_path, model_flags)
         os.makedirs(self.data_dir, exist_ok=True)
         self.token_is_new = False
         if token is None:
@@ -177,6 +224,33 @@ class Server:
                         "files and network (limits and a scrubbed environment still apply)")
         if problem is not None:
             log.warning("exec is unavailable: %s", problem)
+
+    def _report_models(self) -> None:
+        """Say at start (INFO) which models sessions use: providers, model ids, base URLs and the
+        names of the key variables, never a key."""
+        models = self.host.rt.models
+        default = models.default
+        if default.builtin:
+            models_log.info("no models configured: sessions use the built-in %s model (configure [models.NAME] in "
+                            "%s, or serve --model-provider/--base-url/--model-name/--api-key-env)",
+                            default.provider, self.config_path)
+        for line in models.describe():
+            models_log.info("%s", line)
+
+    def reload_models(self) -> str:
+        """Read the models of config.toml (and the flags) again and use them (SIGHUP): sessions
+        take them at their next model call. A model that cannot be used refuses the whole
+        reload: it is logged with the reason and the models read before stay in force. The
+        line saying what came of it."""
+        try:
+            self.host.rt.reload_models(load_model_configs(self.config_path, self.model_flags))
+        except ModelConfigError as e:
+            models_log.warning("models refused: %s; the models read before stay in force", e)
+            return f"models refused: {e}; the models read before stay in force"
+        self._report_models()
+        models = self.host.rt.models
+        return (f"models reloaded: {', '.join(c.name for c in models.configs())} "
+                f"(default {models.default.entry_id})")
 
     def _service(self, apps: dict[str, Any], max_request_bytes: int) -> Any:
         from actors.gateway import SessionProtocolService
@@ -225,7 +299,8 @@ class Server:
         saying what came of it. Runs on the event loop's thread, so no authentication runs
         while the token table changes."""
         settings = self.host.rt.settings_service
-        said = [settings.reload_host_config() if settings is not None else "no settings service",
+        said = [self.reload_models(),  # first: a setting may name a model this edit adds
+                settings.reload_host_config() if settings is not None else "no settings service",
                 self._reload_apps()]
         return "reload (SIGHUP): " + "; ".join(said)
 
@@ -267,7 +342,9 @@ class Server:
 
         self.transport = SessionServer(self.service, self.config, metrics=lambda: render_metrics(self.host),
                                        health=self.health)
-        return await self.transport.start()
+        port = await self.transport.start()
+        self._report_models()  # once serving: a start refused for another reason stays one line
+        return port
 
     def health(self) -> dict[str, Any]:
         info = self.host.store.info()
@@ -306,9 +383,9 @@ async def _run(server: Server, quiet: bool) -> None:
     loop.add_signal_handler(signal.SIGHUP, _reload, server)
     info = server.host.store.info()
     rt = server.host.rt
-    log.info("serving ws://%s:%d/session: data %s, durability %s, epoch %d, model %s, sandbox %s (default policy "
-             "%s), %d apps", server.config.host, port, server.data_dir, info["durability"], server.host.epoch,
-             rt.options.model, rt.sandbox.mode, rt.options.sandbox_policy, len(server.config.app_tokens))
+    log.info("serving ws://%s:%d/session: data %s, durability %s, epoch %d, default model %s, sandbox %s (default "
+             "policy %s), %d apps", server.config.host, port, server.data_dir, info["durability"], server.host.epoch,
+             rt.models.default.entry_id, rt.sandbox.mode, rt.options.sandbox_policy, len(server.config.app_tokens))
     print(f"sessionloop listening on ws://{server.config.host}:{port}/session "
           f"(data {server.data_dir}, durability {info['durability']}, epoch {server.host.epoch})", flush=True)
     if server.token_is_new and not quiet:
@@ -328,7 +405,10 @@ async def _run(server: Server, quiet: bool) -> None:
 @click.option("--apps", "apps_file", default=None, help="Apps file (default DATA/apps.toml).")
 @click.option("--durability", type=click.Choice(["sync", "nosync"]), default="sync", show_default=True,
               help="sync: fsync before every acknowledgement; nosync: faster, survives a process crash only.")
-@click.option("--model", default="mock", show_default=True, help="Model provider: mock, openai.")
+@click.option("--model", default="mock", show_default=True,
+              help="Provider of the built-in model when no model is configured (mock, openai with OPENAI_* "
+                   "variables); prefer [models.NAME] in DATA/config.toml or --model-provider.")
+@model_flag_options
 @click.option("--max-steps", default="20", show_default=True, type=StepsLimit(),
               help="Model calls per turn before it stops with a tool-limit notice (the agent/maxSteps setting "
                    "overrides it); 'unlimited' (or 0) for no limit: turn/abort still stops a turn.")
@@ -407,20 +487,29 @@ async def _run(server: Server, quiet: bool) -> None:
               help="Export OpenTelemetry spans (each turn, model call and tool call, with the GenAI semantic "
                    "conventions) over OTLP/HTTP to URL/v1/traces; the OTEL_EXPORTER_OTLP_ENDPOINT environment "
                    "variable means the same. Needs the otel extra: pip install 'sessionloop[otel]'.")
+@click.option("--language", type=click.Choice(list(LANGUAGES)), default=DEFAULT_LANGUAGE, show_default=True,
+              help="Language of the text the server writes for people (notices, reasons, settings labels, place "
+                   "names, error messages); raw data (tool arguments and results, user text, setting values) is "
+                   "never translated. A language key in DATA/config.toml, re-read on SIGHUP, is in force instead.")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
-          model: str, max_steps: int, allowed_origins: tuple[str, ...], max_frame_mb: int, max_outbox_mb: float,
-          ping_interval: float, ping_timeout: float, close_timeout: float, max_inflight_mb: int,
+          model: str, model_provider: str | None, base_url: str | None, model_name: str | None,
+          api_key_env: str | None, max_steps: int, allowed_origins: tuple[str, ...], max_frame_mb: int,
+          max_outbox_mb: float, ping_interval: float, ping_timeout: float, close_timeout: float, max_inflight_mb: int,
           inflight_wait: float, metrics_public: bool, auth_failures: int, auth_window: float, snapshot_every: int,
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
           exec_file_size_mb: int, log_level: str, log_format: str, otlp_endpoint: str | None,
-          quiet: bool) -> None:
+          language: str, quiet: bool) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
-    Reloading: send the server SIGHUP to re-read DATA/config.toml (the global, platform and
-    platformType session settings, the name) and the apps file (tokens and manifests); the files
-    are not watched. A file that does not load is refused with one log line naming it and what
+    Models are configured by name in DATA/config.toml ([models.NAME]: provider, base_url, model,
+    api_key_env), or for one model with the --model-* flags; serve refuses to start, naming the
+    model and the problem, when one cannot be used. The startup log (INFO) lists them.
+
+    Reloading: send the server SIGHUP to re-read DATA/config.toml (the models, the global,
+    platform and platformType session settings, the name, the language) and the apps file (tokens
+    and manifests); the files are not watched. A file that does not load is refused with one log line naming it and what
     is wrong, and what was read before stays in force. An app removed from the apps file, or
     whose token changed, loses access at once: its open connections are closed (code 4001).
     One line on stdout says what each reload did.
@@ -431,6 +520,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
       sessionloop serve --max-steps unlimited
       sessionloop chat            # in another terminal
       kill -HUP <pid of serve>    # after editing config.toml or apps.toml
+      OPENAI_API_KEY=... sessionloop serve --model-name gpt-4o-mini --api-key-env OPENAI_API_KEY
     """
     started: list[Server] = []
     configure_logging(log_level, log_format, lambda: started[0].secrets() if started else [token or ""])
@@ -445,7 +535,8 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                         ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout,
                         max_inflight_mb=max_inflight_mb, inflight_wait=inflight_wait, metrics_public=metrics_public,
                         auth_failures=auth_failures, auth_window=auth_window,
-                        model=model, max_steps=max_steps, snapshot_every=snapshot_every,
+                        model=model, model_flags=flags_from(model_provider, base_url, model_name, api_key_env),
+                        max_steps=max_steps, snapshot_every=snapshot_every, language=language,
                         map_size=map_size_mb * 1024 * 1024,
                         sandbox=sandbox, sandbox_policy=sandbox_policy, sandbox_bwrap=sandbox_bwrap,
                         sandbox_hide=tuple(os.path.abspath(p) for p in sandbox_hide),

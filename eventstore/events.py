@@ -122,6 +122,8 @@ class Message(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults
     tool_call_id: str | None = None
     name: str | None = None
     turn_id: str | None = None
+    #: a user message's files (the model is sent them as actors/model/attachments.py says)
+    attachments: tuple[AttachmentRef, ...] = ()
 
 
 class ChatInfo(msgspec.Struct, frozen=True, gc=False, kw_only=True):
@@ -312,6 +314,8 @@ class LlmStarted(Event, tag="llm.started", kw_only=True):
     message_count: int = 0
     chars: int = 0
     provider: str = ""
+    #: the files of this turn's messages the call is sent (``name (kind, mime, size bytes)``)
+    attachments: list[str] = []
 
 
 class LlmCompleted(Event, tag="llm.completed", kw_only=True):
@@ -413,11 +417,15 @@ class ApprovalGrantRevoked(Event, tag="approval.grant.revoked", kw_only=True):
 class NoticePosted(Event, tag="notice.posted", kw_only=True):
     notice_id: str
     topic: str
-    text: str = ""
+    text: str = ""  # in English; what shows of a notice without a ``text_key`` (an older one)
     facts: dict[str, Any] = {}
     can_continue: bool = False
     turn_id: str | None = None
     starts_turn: bool = False
+    #: the catalogue key and values of ``text`` (``actors.texts``): the owner sees the notice in
+    #: the server's language when it is sent; "" in logs written before
+    text_key: str = ""
+    text_values: dict[str, Any] = {}
 
 
 class PlanUpdated(Event, tag="plan.updated", kw_only=True):
@@ -456,10 +464,14 @@ class ContextCompacted(Event, tag="agent.context.compacted", kw_only=True):
 
 
 class ContextCompactFailed(Event, tag="agent.context.compact-failed", kw_only=True):
-    error: str
+    error: str  # in English
     auto: bool = False
     turn_id: str | None = None
     usage: Usage | None = None  # a summary call that answered (with nothing usable) still cost tokens
+    #: the catalogue key and values of ``error`` (``actors.texts``), rendered when sent; "" for a
+    #: log written before, or an error that is raw text (a provider's own message)
+    error_key: str = ""
+    error_values: dict[str, Any] = {}
 
 
 # --- checkpoints and artifacts -----------------------------------------------------------------
@@ -533,9 +545,13 @@ class TaskEnded(Event, tag="task.ended", kw_only=True):
     task_id: str
     status: Literal["completed", "failed", "stopped", "aborted"]
     exit_code: int | None = None
-    reason: str | None = None
+    reason: str | None = None  # in English, or the tool's own error
     last_line: str | None = None
     last_output_at: int | None = None
+    #: the catalogue key and values of ``reason`` (``actors.texts``), rendered when sent; "" for a
+    #: log written before, or a reason that is raw text (the tool's own error)
+    reason_key: str = ""
+    reason_values: dict[str, Any] = {}
 
 
 # --- places (stream place-<key>) ---------------------------------------------------------------

@@ -223,8 +223,12 @@ class Connection:
         surface: str,
         server_info: ServerInfo,
         limits: Limits | None = None,
+        encoder: msgspec.json.Encoder | None = None,
     ) -> None:
         self.identity = identity
+        #: encodes this connection's frames; the application's renders its text objects (see
+        #: :mod:`protocol.frames`), None: the shared encoder
+        self.encoder = encoder
         self.surface = surface
         self.client: ClientInfo | None = None  # the ClientInfo of initialize, once accepted
         self._server = server_info
@@ -324,11 +328,10 @@ class Connection:
         )
         self._transition(Event.INIT_ACCEPTED)
         self.client = params.client
-        return [Send(result_frame(request.id, result))]
+        return [Send(result_frame(request.id, result, self.encoder))]
 
-    @staticmethod
-    def _reply(request_id: RequestId, error: RpcError) -> list[Output]:
-        return [Send(error_frame(request_id, error))]
+    def _reply(self, request_id: RequestId, error: RpcError) -> list[Output]:
+        return [Send(error_frame(request_id, error, self.encoder))]
 
     # --- answers from the gateway ---------------------------------------------------------------
 
@@ -352,7 +355,7 @@ class Connection:
                 f"{spec.name} answers {spec.result.__name__}, not {type(result).__name__}", method=spec.name
             )
         del self._in_flight[request_id]
-        return result_frame(request_id, result)
+        return result_frame(request_id, result, self.encoder)
 
     def error(self, request_id: RequestId, error: SessionloopError) -> str | None:
         """The error frame for a dispatched request, or ``None`` if the connection closed.
@@ -363,7 +366,7 @@ class Connection:
         if self._take(request_id) is None:
             return None
         del self._in_flight[request_id]
-        return error_frame(request_id, from_domain_error(error))
+        return error_frame(request_id, from_domain_error(error), self.encoder)
 
     def notify(self, method: str, params: msgspec.Struct) -> str | None:
         """A notification frame, or ``None`` while the connection is not open (nothing to push)."""
@@ -376,7 +379,7 @@ class Connection:
             )
         if self._state is not State.OPEN:
             return None
-        return notification_frame(method, params)
+        return notification_frame(method, params, self.encoder)
 
     # --- closing --------------------------------------------------------------------------------
 

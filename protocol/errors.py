@@ -249,7 +249,10 @@ def from_domain_error(error: SessionloopError) -> RpcError:
     if isinstance(error, RpcError):
         return error
     business = _DOMAIN_CODE_MAP.get(error.code)
-    message = str(error) or error.code
+    # the message as raised (``str(error)`` would copy a text object into a plain string: the
+    # application renders its text objects when the frame is encoded, see protocol.frames)
+    first = error.args[0] if error.args else None
+    message = first if isinstance(first, str) and first else (str(error) or error.code)
     if business is None:
         return RpcError.internal_error(message)
     extra = {

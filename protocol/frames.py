@@ -29,6 +29,11 @@ params not matching the method's schema    invalidParams          the id
 Catch order matters: ``ValidationError`` is a subclass of ``DecodeError``, so it is caught first
 (else every invalid request looks like a parse error). Unknown keys are accepted everywhere (seed:
 对象 schema 不拒多余的键). Encoders and decoders are built once, at import.
+
+Human text: a field may hold a *text object*, a ``str`` subclass that the application renders in
+its language (seed 004 文字与语言: 发出前渲染成字符串). The frame functions take the ``encoder``
+whose ``enc_hook`` renders them (the gateway builds one); the shared encoder writes any ``str``
+subclass as the plain string it is, so a text object never makes a frame fail.
 """
 
 from __future__ import annotations
@@ -84,7 +89,15 @@ class _Envelope(msgspec.Struct):
 _ENVELOPE_DECODER: Final = msgspec.json.Decoder(_Envelope)
 _RAW_DECODER: Final = msgspec.json.Decoder(msgspec.Raw)
 _ANY_DECODER: Final = msgspec.json.Decoder()
-_ENCODER: Final = msgspec.json.Encoder()
+
+
+def _plain_str(obj: Any) -> Any:
+    if isinstance(obj, str):
+        return str.__str__(obj)
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+_ENCODER: Final = msgspec.json.Encoder(enc_hook=_plain_str)
 
 # A cheap look for the id in the head of a frame we will not parse (too large or too deep): a key
 # "id" right after "{" or ",", with a string or integer value. It can be fooled by a string
@@ -266,25 +279,26 @@ class _NotificationFrame(msgspec.Struct):
     params: Any
 
 
-def encode_json(value: Any) -> str:
-    """Encode with the shared encoder; raises :class:`ProtocolMisuse` for unencodable values."""
+def encode_json(value: Any, encoder: msgspec.json.Encoder | None = None) -> str:
+    """Encode with ``encoder`` (default: the shared one); raises :class:`ProtocolMisuse` for
+    unencodable values."""
     try:
-        return _ENCODER.encode(value).decode("utf-8")
+        return (encoder or _ENCODER).encode(value).decode("utf-8")
     except (TypeError, ValueError, OverflowError) as e:  # UnicodeEncodeError is a ValueError
         raise ProtocolMisuse(f"cannot encode a frame: {e}") from e
 
 
-def result_frame(request_id: RequestId, result: msgspec.Struct) -> str:
+def result_frame(request_id: RequestId, result: msgspec.Struct, encoder: msgspec.json.Encoder | None = None) -> str:
     """``{"jsonrpc":"2.0","id":…,"result":{…}}``; ``result`` must encode to a JSON object."""
-    return encode_json(_ResultFrame("2.0", request_id, result))
+    return encode_json(_ResultFrame("2.0", request_id, result), encoder)
 
 
-def error_frame(request_id: RequestId | None, error: RpcError) -> str:
+def error_frame(request_id: RequestId | None, error: RpcError, encoder: msgspec.json.Encoder | None = None) -> str:
     """``{"jsonrpc":"2.0","id":…|null,"error":{code,message,data?}}``."""
     body = _ErrorBody(error.rpc_code, error.message, dict(error.data) if error.data else None)
-    return encode_json(_ErrorFrame("2.0", request_id, body))
+    return encode_json(_ErrorFrame("2.0", request_id, body), encoder)
 
 
-def notification_frame(method: str, params: msgspec.Struct) -> str:
+def notification_frame(method: str, params: msgspec.Struct, encoder: msgspec.json.Encoder | None = None) -> str:
     """``{"jsonrpc":"2.0","method":…,"params":{…}}``: encode once, send to every subscriber."""
-    return encode_json(_NotificationFrame("2.0", method, params))
+    return encode_json(_NotificationFrame("2.0", method, params), encoder)

@@ -495,6 +495,9 @@ class ToolCallItem(_Item, tag="tool-call", frozen=True, kw_only=True):
     not_executed: bool = False
     sent_to_room: bool = False
     task_id: str | None = None
+    #: an extension of seed 004's tool-call item: why a ``denied`` call was not approved, one line
+    #: in the server's language (the result holds what the model was told, raw)
+    reason: str | None = None
 
 
 class NoticeItem(_Item, tag="notice", frozen=True, kw_only=True):

@@ -10,6 +10,10 @@ no actor: the service is anything with ``connect``, ``resolve_file`` and ``can_r
   ``allowed_origins``; no Origin at all — terminals, bots — passes);
 * ``GET /api/session-file?sessionId=…&handle=…`` — an attachment, as ``application/octet-stream``,
   only for a handle the service issued for that session in this epoch;
+* ``GET /api/models/<source>?dependency=…`` — the option list of a settings field's
+  ``dynamicOptions`` source (seed 004 可选项; ``llm``: the configured models), JSON, answered by
+  the service's ``options``; any valid token, the Origin check of ``/session``; 404 for a source
+  nobody answers;
 * ``GET /metrics`` (Prometheus text; the owner token, unless ``metrics_public``) and ``GET /healthz``.
 
 Before any of that: a request with two ``Authorization`` or two ``Origin`` headers is answered
@@ -49,6 +53,7 @@ import hmac
 import http
 import logging
 import math
+import re
 import socket
 import struct
 import threading
@@ -82,6 +87,9 @@ FREE_INFLIGHT_PER_CONNECTION = 1024 * 1024
 DEFAULT_SEND_BUFFER = 128 * 1024
 #: the headers a request may carry once: two would make "which one counts" the attacker's choice
 SINGLE_HEADERS = ("Authorization", "Origin")
+OPTIONS_PREFIX = "/api/models/"
+_SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+MAX_DEPENDENCY = 1024
 
 
 class Peer(msgspec.Struct, kw_only=True):
@@ -112,6 +120,9 @@ class ProtocolService(Protocol):
     def can_read(self, peer: Peer, session_id: str) -> bool: ...
 
     def going_offline(self) -> None: ...
+
+    # optional: ``GET /api/models/<source>``; a JSON-able answer, or None for an unknown source
+    def options(self, peer: Peer, source: str, dependency: str | None) -> Any: ...
 
 
 class TransportConfig(msgspec.Struct, kw_only=True):
@@ -499,7 +510,7 @@ class SessionServer:
         if path == "/healthz":
             body = msgspec.json.encode(self.health() if self.health else {"status": "ok"})
             return _response(200, body, "application/json")
-        if path not in ("/metrics", "/session", "/api/session-file"):
+        if path not in ("/metrics", "/session", "/api/session-file") and not path.startswith(OPTIONS_PREFIX):
             return _response(404, b"not found\n", "text/plain")
         for name in SINGLE_HEADERS:
             if len(request.headers.get_all(name)) > 1:
@@ -523,6 +534,8 @@ class SessionServer:
             return _response(403, b"forbidden origin\n", "text/plain")
         if path == "/api/session-file":
             return await self._file(peer, request)
+        if path.startswith(OPTIONS_PREFIX):
+            return await self._options(peer, path[len(OPTIONS_PREFIX):], request)
         connection.peer = peer  # type: ignore[attr-defined]
         return None
 
@@ -541,6 +554,28 @@ class SessionServer:
         quoted = urllib.parse.quote(name)
         return _response(200, data, "application/octet-stream",
                          {"Content-Disposition": f"attachment; filename*=UTF-8''{quoted}"})
+
+    async def _options(self, peer: Peer, source: str, request: Request) -> Response:
+        """Seed 004 可选项: the option list of ``source``, with the ``dependency`` a ``dependsOn``
+        field sends. Computed off the loop (a contributed source may be slow)."""
+        source = urllib.parse.unquote(source)
+        if not _SOURCE_NAME.fullmatch(source):
+            return _response(404, b"no such option source\n", "text/plain")
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
+        dependency = query.get("dependency", [None])[0]
+        if dependency is not None and len(dependency) > MAX_DEPENDENCY:
+            return _response(400, f"dependency: at most {MAX_DEPENDENCY} characters\n".encode(), "text/plain")
+        answer_of = getattr(self.service, "options", None)
+        if answer_of is None:
+            return _response(404, b"no such option source\n", "text/plain")
+        try:
+            answer = await asyncio.get_running_loop().run_in_executor(None, answer_of, peer, source, dependency)
+        except Exception:
+            log.exception("the option source %r failed", source)
+            return _response(500, b"the option source failed\n", "text/plain")
+        if answer is None:
+            return _response(404, b"no such option source\n", "text/plain")
+        return _response(200, msgspec.json.encode(answer), "application/json")
 
     # --- WebSocket side ---------------------------------------------------------------------------
 

@@ -8,6 +8,10 @@ import time
 
 import pytest
 
+# A human text with a key the catalogue lacks, a language a key lacks or a placeholder without a
+# value raises instead of falling back (actors.texts), here and in every server a test starts.
+os.environ.setdefault("SESSIONLOOP_STRICT_TEXTS", "1")
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)

@@ -3,6 +3,9 @@
 ``make_provider(name, **options)`` builds one of ``mock`` (the default, a deterministic directive
 grammar), ``scripted`` (canned answers for tests), ``replay`` (recorded answers for ``rerun``) and
 ``openai`` (any OpenAI-compatible streaming endpoint).
+
+Named models (``[models.NAME]`` in config.toml, ``serve --model-*``) and the provider each session
+uses are in :mod:`.registry` (``ModelRegistry``, ``load_model_configs``).
 """
 
 from .base import (
@@ -16,6 +19,13 @@ from .base import (
     make_provider,
 )
 from .mock import MockProvider
+from .registry import (
+    ModelConfig,
+    ModelConfigError,
+    ModelFlags,
+    ModelRegistry,
+    load_model_configs,
+)
 from .replay import ReplayDivergence, ReplayProvider
 from .scripted import ScriptedProvider
 
@@ -33,7 +43,11 @@ __all__ = [
     "PROVIDER_NAMES",
     "DeltaCallback",
     "MockProvider",
+    "ModelConfig",
+    "ModelConfigError",
     "ModelError",
+    "ModelFlags",
+    "ModelRegistry",
     "ModelRequest",
     "ModelResponse",
     "OpenAIProvider",
@@ -42,5 +56,6 @@ __all__ = [
     "ReplayProvider",
     "ScriptedProvider",
     "ignore_delta",
+    "load_model_configs",
     "make_provider",
 ]

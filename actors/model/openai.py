@@ -617,3 +617,12 @@ class OpenAIProvider:
         log.info("model %s: attempt %d failed (%s); trying again in %d ms", self.label, notice.attempt,
                  notice.error, notice.wait_ms)
         announce_retry(on_delta, notice)
+
+
+def openai_provider(*, base_url: str, model: str, api_key: str, vision: bool = False,
+                    limits: ModelLimits | None = None, label: str | None = None) -> OpenAIProvider:
+    """The provider of one configured model (:mod:`actors.model.registry` calls only this, with
+    plain arguments, so the constructor may change without the registry changing). ``api_key``
+    "" sends no key (a local endpoint); ``label`` names the model in ``/metrics``."""
+    return OpenAIProvider(model=model, base_url=base_url, api_key=api_key, vision=vision, limits=limits,
+                          label=label)

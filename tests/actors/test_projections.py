@@ -18,6 +18,7 @@ from actors.projections import (
     Push,
 )
 from actors.session_model import SessionState, evolve, new_state
+from actors.texts import enc_hook
 from actors.summary_records import (
     SummaryRecord,
     decode_summary_record,
@@ -138,7 +139,7 @@ def card(projection: ItemsProjection, call_id: str) -> ToolCallItem:
     return item
 
 
-_wire = msgspec.json.Encoder()
+_wire = msgspec.json.Encoder(enc_hook=enc_hook(lambda: "en"))  # as the gateway's: text objects rendered
 _item_decoder = msgspec.json.Decoder(SessionItem)
 
 

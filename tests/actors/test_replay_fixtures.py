@@ -24,6 +24,7 @@ from actors.gateway import SessionProtocolService
 from actors.host import Host
 from actors.projections import ItemsProjection
 from actors.replay import build_timeline, fold_events, plain, serve_live_view, verify
+from actors.texts import enc_hook
 from cli.main import main
 from tests.actors.gateway_harness import MemoryClient
 from tests.fixtures.sessions.regenerate import FIXTURES
@@ -49,9 +50,12 @@ def import_fixture(name: str, data_dir: str) -> None:
     assert result.exit_code == 0, result.output
 
 
+_ENGLISH = msgspec.json.Encoder(enc_hook=enc_hook(lambda: "en"))  # the host's language
+
+
 def wire(item: Any) -> Any:
-    """An item as a client reads it off the wire."""
-    return json.loads(msgspec.json.encode(item))
+    """An item as a client reads it off the wire (its text objects rendered, as the gateway's)."""
+    return json.loads(_ENGLISH.encode(item))
 
 
 @pytest.fixture(scope="module")

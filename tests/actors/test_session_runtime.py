@@ -135,7 +135,8 @@ def test_reasoning_is_a_thinking_step(host):
     assert completed.reasoning == "let me think"
 
 
-def test_usage_follows_the_mock_rule(host):
+def test_usage_follows_the_mock_rule(open_host):
+    host = open_host(permission_mode="acceptCalls", system_prompt="")  # "": no system prompt is sent
     s = host.create()
     s.run("abcdefgh")
     completed = [e.event for e in s.events() if isinstance(e.event, E.LlmCompleted)][0]
@@ -192,7 +193,8 @@ def test_context_over_budget_is_trimmed_and_the_trim_is_recorded(open_host):
 
 
 def test_automatic_compaction_summarises_earlier_turns_once_per_turn(open_host):
-    host = open_host(permission_mode="acceptCalls", context_chars=400)
+    # no system prompt: the built-in one alone is over this small budget
+    host = open_host(permission_mode="acceptCalls", context_chars=400, system_prompt="")
     answers: list = ["a" * 180, "b" * 180, "SUMMARY of both", "c"]
     scripted = ScriptedProvider(answers)
     host.rt.set_provider(scripted)
@@ -213,7 +215,7 @@ def test_automatic_compaction_summarises_earlier_turns_once_per_turn(open_host):
 
 
 def test_a_failed_automatic_compaction_is_recorded_and_falls_back_to_trimming(open_host):
-    host = open_host(permission_mode="acceptCalls", context_chars=400)
+    host = open_host(permission_mode="acceptCalls", context_chars=400, system_prompt="")
     scripted = ScriptedProvider(["a" * 180, "b" * 180, RuntimeError("summary model unavailable"), "c"])
     host.rt.set_provider(scripted)
     s = host.create()

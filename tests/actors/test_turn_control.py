@@ -174,7 +174,8 @@ def test_the_summary_calls_tokens_count_in_the_sessions_token_accounting(gated):
 
 
 def test_stopping_a_turn_that_waits_for_its_automatic_compaction_drops_that_summary(open_host):
-    host = open_host(permission_mode="acceptCalls", context_chars=400)
+    # no system prompt: the built-in one alone is over this small budget
+    host = open_host(permission_mode="acceptCalls", context_chars=400, system_prompt="")
     model = GatedSummaries()
     host.rt.set_provider(model)
     s = host.create()

@@ -269,19 +269,22 @@ def test_a_session_without_usage_gets_its_usage_pushed_after_the_snapshot(srv):
             c = await initialized(ws)
             sid = await new_session(c, "usage-later")
             await turn(c, sid, "no usage here\n!error down")  # history, and no model call reported usage
+            rows = (await c.result("session/config/get", {"sessionId": sid}))["items"]
+            prompt = next(r for r in rows if (r["plugin"], r["key"]) == ("agent", "systemPrompt"))["actual"]["value"]
             async with open_client(srv) as ws2:
                 other = await initialized(ws2)
                 snap = await other.result("session/subscribe", {"sessionId": sid})
                 usage = await other.push(lambda m: m["method"] == "item/completed"
                                          and m["params"]["sessionId"] == sid
                                          and m["params"]["item"]["kind"] == "usage", timeout=5)
-                return snap, usage["params"]
+                return snap, usage["params"], prompt
 
-    snap, usage = run(go())
+    snap, usage, prompt = run(go())
     assert [i for i in snap["items"] if i["kind"] == "usage"] == []
     assert usage["seq"] > snap["seq"] and usage["epoch"] == snap["epoch"]
     assert usage["item"]["itemId"] == "usage"
-    assert usage["item"]["tokens"] == len("no usage here\n!error down") // 4
+    # what the next call would send: the built-in system prompt and the message (mock: characters // 4)
+    assert usage["item"]["tokens"] == (len(prompt) + len("no usage here\n!error down")) // 4
 
 
 # --- maxSteps: Infinity 不限 ------------------------------------------------------------------------------------
