@@ -158,9 +158,14 @@ class Host:
         app = actor.state.created.app_id if actor.state.created is not None else None
         if app is None or not self.loop_watchers.any(app):
             return
-        from .session_loop import feed_event
+        from .session_loop import LoopEvent, feed_event
 
+        live = actor.loop_deltas  # an answer taken in place: its assistant.delta just before its outcome
         for i, event in enumerate(events):
+            if live is not None and type(event) in (E.LlmCompleted, E.LlmFailed):
+                for data in live.get(event.step_id, ()):  # type: ignore[attr-defined]
+                    self.loop_watchers.emit(app, LoopEvent(cursor=0, session_id=actor.sid, type="assistant.delta",
+                                                           at=now_ms(), turn_id=event.turn_id, data=data))  # type: ignore[attr-defined]
             recorded = RecordedEvent(actor.stream, result.first_version + i, result.first_position + i, result.at,
                                      event)
             loop_event = feed_event(recorded)

@@ -37,12 +37,13 @@ from eventstore import (
     WrongExpectedVersion,
 )
 from eventstore import events as E
+from protocol.schemas_types import AgentMessageItem, ReasoningItem
 
 from .caller import CURRENT_CALL, CallerContext
 from .context import estimated_context_tokens, model_view
 from .model.attachments import has_attachments
 from .model.attachments import resolve as resolve_attachments
-from .model.base import RetryNotice, ignore_delta
+from .model.base import RetryNotice
 from .model.storable import storable_response
 from .stream_sink import StreamSink, close_cards
 from .dispatch import PooledActor
@@ -79,6 +80,10 @@ _TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
 _TURN_END_TYPES = frozenset(_TURN_END)
 #: a model call's streamed items are in the projection (or gone) once one of these is committed
 _STREAM_END_TYPES = _TURN_END_TYPES | {E.LlmCompleted, E.LlmFailed}
+#: a model step's outcome: where the live frames of an answer taken in place go out (``_publish``)
+_STEP_END_TYPES = frozenset({E.LlmCompleted, E.LlmFailed})
+#: the deltas a model call reported, ``(kind, text)`` in order
+Deltas = list[tuple[str, str]]
 #: the events a commit acts on after it is durable (effects to start, turns to report)
 _EFFECT_TYPES = _TURN_END_TYPES | {E.LlmStarted, E.ToolStarted, E.ToolApprovalRequested, E.ToolApprovalSettled}
 #: the categories of a session's streams (``session-S``, ``approval-S.*``, ``task-S.*``): a purge
@@ -351,6 +356,10 @@ class SessionBehaviour:
         self._sent_queue: Any = []  # the queue entries last pushed
         self.last_record: Any = None  # the listing record written by the latest commit
         self.record_dirty = False
+        #: while the commit listeners run (``rt.committed``): step id -> the ``assistant.delta``
+        #: data of an answer taken in place in this commit, for the loop watchers to get just
+        #: before that step's committed events (actors/host.py ``_emit_loop_events``)
+        self.loop_deltas: dict[str, list[dict[str, Any]]] | None = None
         self.deleting = False  # frozen for a delete: no new input, no new turn, until the purge
         self.compaction: Flight | None = None  # a compaction under way (actors.compaction)
 
@@ -414,7 +423,10 @@ class SessionBehaviour:
         self.state = state
         self._snapshot_version = snap.version if snap is not None and state.version >= snap.version else 0
         self._active = bool(state.current_turn or state.queue)
-        self.items = None
+        # subscribers still attached (a reload after a failed commit) need the projection of what is
+        # stored now, so the next commit's pushes reach them; built lazily it would already hold that
+        # commit's events and push nothing of them
+        self.items = self.rt.build_items(self) if self.channel.has_subscribers else None
         self._account_unfinished()
         self.rt.results.expect([q.turn_id for q in state.queue] + ([state.current_turn] if state.current_turn else []))
 
@@ -498,7 +510,8 @@ class SessionBehaviour:
         append fails the state is reloaded from the store, so nothing unpersisted survives.
         A model step the provider can answer at once (the mock with nothing to wait for) is
         taken into the same commit: a plain turn is then one commit (SPEC §10: "commit once
-        per step or per turn"). ``then(result)`` answers the request once the append committed
+        per step or per turn"); its deltas still stream, after the commit (``_publish``).
+        ``then(result)`` answers the request once the append committed
         (``None``: nothing to commit), see ``_committed``.
         """
         pending = self._prepare(events, run_drive)
@@ -566,7 +579,7 @@ class SessionBehaviour:
                 evolve(state, event)
             all_events = list(events)
             compaction = None
-            inline: set[str] = set()
+            inline: dict[str, Deltas] = {}
             if run_drive:
                 compaction = self._drive(all_events, inline, now_ms())
             if not all_events:
@@ -602,7 +615,7 @@ class SessionBehaviour:
             then(result)
         return result, pending.events
 
-    def _drive(self, out: list[E.Event], inline: set[str], now: int) -> str | None:
+    def _drive(self, out: list[E.Event], inline: dict[str, Deltas], now: int) -> str | None:
         state, cfg = self.state, self.config()
         check = self.rt.tool_checker(state, self.workspace, cfg)
         apply = lambda e: evolve(state, e)  # noqa: E731
@@ -614,16 +627,22 @@ class SessionBehaviour:
             answered = self._answer_now(cfg, now)
             if answered is None:
                 break
-            step_id, events = answered
+            step_id, events, deltas = answered
             for event in events:
                 evolve(state, event)
             out.extend(events)
-            inline.add(step_id)
+            inline[step_id] = deltas
             follow = drive(state, cfg, check, now, apply)
             out.extend(follow.events)
         return follow.needs_compaction
 
-    def _answer_now(self, cfg: AgentConfig, now: int) -> tuple[str, list[E.Event]] | None:
+    def _answer_now(self, cfg: AgentConfig, now: int) -> tuple[str, list[E.Event], Deltas] | None:
+        """The events of the pending model step when the provider answers it at once, with the
+        deltas it streamed; None when the call must go to the worker loop.
+
+        An answer taken in place streams like any other (SPEC §4): its deltas are kept here and
+        go out after the commit that makes the step exist (``_publish``, SPEC §2.6), as the same
+        frames a subscriber and a loop watcher get for an answer streamed over time."""
         provider = self.rt.provider_for(self.state)
         answer_now = getattr(provider, "answer_now", None)
         if answer_now is None:
@@ -631,20 +650,20 @@ class SessionBehaviour:
         state = self.state
         step_id, turn_id = state.pending_llm, state.current_turn
         assert step_id is not None and turn_id is not None
+        deltas: Deltas = []
+        keep = deltas.append
         started = time.perf_counter()
         try:
-            # no live deltas for an answer that is complete at once: the committed item carries
-            # the whole text, and deltas would otherwise reach clients before the item exists
             request = self._model_request(cfg)
             if has_attachments(request.messages):  # files are read off the actor thread: not in place
                 return None
-            r = answer_now(request, ignore_delta)
-        except SessionloopError as e:
-            return step_id, decide_model_done(state, step_id, None, str(e), now)
+            r = answer_now(request, lambda kind, text: keep((kind, text)))
+        except SessionloopError as e:  # what streamed before the failure (reasoning) still goes out
+            return step_id, decide_model_done(state, step_id, None, str(e), now), deltas
         if r is None:
             return None
         completed = _llm_completed(r, now, turn_id, step_id, _ms_since(started))
-        return step_id, decide_model_done(state, step_id, completed, None, now)
+        return step_id, decide_model_done(state, step_id, completed, None, now), deltas
 
     def _model_request(self, cfg: AgentConfig) -> Any:
         state = self.state
@@ -727,14 +746,14 @@ class SessionBehaviour:
         self._active = active
         return {"active": active}
 
-    def _after_commit(self, events: list[E.Event], inline: set[str], compaction: str | None,
+    def _after_commit(self, events: list[E.Event], inline: dict[str, Deltas], compaction: str | None,
                       result: Any) -> None:
         state = self.state
         if (state.version - self._snapshot_version >= self.rt.options.snapshot_every
                 and state.version >= self._snapshot_retry_at):
             self._save_snapshot()
         if self.items is not None or self.channel.has_subscribers:
-            self._publish(events)
+            self._publish(events, inline)
         channel = self.channel
         if (channel.streaming or channel.cards or self._sink is not None) and \
                 any(type(e) in _STREAM_END_TYPES for e in events):
@@ -757,7 +776,12 @@ class SessionBehaviour:
             elif t is E.ToolApprovalSettled and event.settlement.source in ("turn-ended", "shutdown"):  # type: ignore[attr-defined]
                 self.rt.approvals.cancel(event.approval_id, event.settlement.source)  # type: ignore[attr-defined]
         self._account_unfinished()
-        self.rt.committed(self, events, result)
+        if inline:
+            self.loop_deltas = self._loop_deltas_in_place(events, inline)
+        try:
+            self.rt.committed(self, events, result)
+        finally:
+            self.loop_deltas = None
         if self.compaction is not None:
             self._end_compaction(events)
         if compaction is not None:
@@ -780,12 +804,19 @@ class SessionBehaviour:
                 flight.abandon(CompactionFailed(compact_error(event)))
                 return
 
-    def _publish(self, events: list[E.Event]) -> None:
+    def _publish(self, events: list[E.Event], inline: dict[str, Deltas]) -> None:
+        """The pushes of a commit, in event order. An answer taken in place (``inline``) streams
+        where its outcome is: ``item/started`` and its deltas just before the outcome's
+        ``item/completed``, as they would have come had the answer streamed over time (before
+        its commit); see ``_stream_in_place``."""
         if self.items is None:
             self.items = self.rt.build_items(self)
             return  # built from the store, which already holds these events
         pushes: list[tuple[str, Any]] = []
+        streams = bool(inline) and self.channel.has_subscribers
         for event in events:
+            if streams and type(event) in _STEP_END_TYPES and (deltas := inline.get(event.step_id)):  # type: ignore[attr-defined]
+                pushes.extend(self._stream_in_place(event, deltas))
             pushes.extend(self.items.apply(event))
         pushes = self._coalesce(pushes)
         if any(isinstance(e, E.TurnRewound) and e.chat_deleted for e in events):
@@ -793,6 +824,43 @@ class SessionBehaviour:
             pushes.append(("session/resync", None))
         if pushes:
             self.channel.publish_many(pushes)
+
+    def _stream_in_place(self, outcome: Any, deltas: Deltas) -> list[tuple[str, Any]]:
+        """The live pushes of an answer taken in place: what ``SessionChannel.stream`` sends for
+        the same deltas of a model call streaming over time (``StreamSink``), an item's
+        ``item/started`` with its first delta, then one ``item/delta`` per delta. They go out in
+        the commit's one publication, between the pushes of the events before the outcome and the
+        outcome's own; the channel does not keep their text for a snapshot as it does for a
+        stream in flight, since no snapshot can fall between them (one is taken on this thread)
+        and the outcome's ``item/completed`` in the same publication holds the whole text."""
+        step_id, turn_id, sid, delta = outcome.step_id, outcome.turn_id, self.sid, self.rt.delta_payload
+        thinking, at = f"{step_id}.thinking", now_ms()
+        out: list[tuple[str, Any]] = []
+        started: set[str] = set()
+        for kind, text in deltas:
+            item_id = step_id if kind == "text" else thinking
+            if item_id not in started:
+                started.add(item_id)
+                kind_of = AgentMessageItem if kind == "text" else ReasoningItem
+                out.append(("item/started", kind_of(item_id=item_id, at=at, turn_id=turn_id, text="")))
+            out.append(("item/delta", delta(sid, item_id, text)))
+        return out
+
+    def _loop_deltas_in_place(self, events: list[E.Event], inline: dict[str, Deltas]) -> dict[str, list[dict[str, Any]]] | None:
+        """The ``assistant.delta`` data of the answers this commit took in place (what
+        ``StreamSink`` hands a bot for each text delta), for the app's loop watchers; None when
+        nobody watches (or no answer had text)."""
+        app, watchers = self._app_id(), getattr(self.rt, "loop_watchers", None)
+        if app is None or watchers is None or not watchers.any(app):
+            return None
+        out: dict[str, list[dict[str, Any]]] = {}
+        for event in events:
+            if type(event) in _STEP_END_TYPES and (deltas := inline.get(event.step_id)):  # type: ignore[attr-defined]
+                step_id = event.step_id  # type: ignore[attr-defined]
+                texts = [{"text": text, "itemId": step_id} for kind, text in deltas if kind == "text"]
+                if texts:
+                    out[step_id] = texts
+        return out or None
 
     def _coalesce(self, pushes: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
         """One commit's pushes, with the whole-replacement items (queue, plan, usage) sent once,
@@ -1105,10 +1173,10 @@ class _Pending:
 
     __slots__ = ("events", "version", "inline", "compaction")
 
-    def __init__(self, events: list[E.Event], version: int, inline: set[str], compaction: str | None) -> None:
+    def __init__(self, events: list[E.Event], version: int, inline: dict[str, Deltas], compaction: str | None) -> None:
         self.events = events
         self.version = version  # the stream's version the append expects
-        self.inline = inline  # model steps answered inside this commit: no model call to start
+        self.inline = inline  # model steps answered inside this commit (no model call to start): their deltas
         self.compaction = compaction
 
 

@@ -13,6 +13,16 @@ Workload (every event persisted, mock model, permission mode ``acceptCalls``):
   (send -> turn ended), events/s (store head position delta), appends and write transactions per
   turn (store ``info()``: ``requests`` / ``batches``), peak RSS, CPU seconds per turn.
   Targets: >= 5,000 turns/s ``nosync``, >= 3,000 turns/s ``sync``.
+* **observers** (``--observe``, default ``subscriber,none``: both, interleaved): every mock answer
+  streams (SPEC §4), and a run measures the streaming where someone watches. ``subscriber``: per
+  session a subscribed protocol connection (a real gateway connection, its frames through the
+  transport's outbox to a writer that checks them instead of writing a socket; 50 sessions per
+  connection), as an owner's client watches; ``watcher``: the sessions are a bot app's rooms and
+  the bot watches them with ``on_did_receive_event``; ``none``: nobody watches (the mock still
+  produces its deltas; no frame is built for nobody). See :mod:`cli.bench_observers`. The
+  observers check every answer reached them as deltas making its text; anything else fails the
+  run. Throughput and half load are measured for each mode; the memory run has no observers (a
+  subscribed session is never passivated, which is what that run measures).
 * **half load** (open loop): turns arrive at a fixed rate, 50% of the turns/s measured above for
   the same durability and pinning, spread round-robin over the N sessions; latency is counted from
   each turn's scheduled time. Target: p99 < 50 ms.
@@ -66,7 +76,8 @@ from benchmarks.measure import (
     run_job,
     write_results,
 )
-from cli.bench_cmd import inprocess_turn, is_tool_turn
+from cli.bench_cmd import BenchConfig, inprocess_turn, is_tool_turn, sessions_per_connection
+from cli.bench_observers import OBSERVE_MODES, attach, create_sessions as create_observed_sessions
 from eventstore import events as E
 
 CACHE = os.path.join(RESULTS, ".cache")
@@ -80,7 +91,8 @@ TOOL_RATIO = 0.5  # half the turns make one tool call, spread evenly (cli.bench_
 def messages_per_turn(llm_latency_ms: float) -> dict[str, float]:
     """Actor messages per turn, from the design (not counted at run time).
 
-    Without model latency the mock answers inline (``answer_now``) inside the commit, so a plain
+    Without model latency the mock answers inline (``answer_now``) inside the commit (its deltas
+    go out after it, with the commit's pushes: no message), so a plain
     turn is one ``Send`` (input, turn start, model step and turn end in one commit) and a tool
     turn adds one ``ToolDone`` (second commit: tool result, second model step, turn end). The
     driver's ``session.watch_turn`` also tells the actor a ``Query`` when the turn has not ended
@@ -224,36 +236,50 @@ def create_sessions(host: Host, n: int, initial_input: str | None = None) -> lis
 
 
 def job_throughput(spec: dict[str, Any]) -> dict[str, Any]:
-    """Closed loop (``rate`` is None) or open loop at ``rate`` turns/s on a fresh store."""
+    """Closed loop (``rate`` is None) or open loop at ``rate`` turns/s on a fresh store, with the
+    observers of ``spec["observe"]``."""
     data_dir = tempfile.mkdtemp(prefix="bench-turns-")
     try:
         host = open_host(data_dir, spec, max(4000, 2 * spec["sessions"]))
-        ids = create_sessions(host, spec["sessions"])
-        out = measure(host, spec, ids)
+        ids = create_observed_sessions(host, spec["sessions"], spec["observe"])
+        out = asyncio.run(measure(host, spec, ids))
         host.close()
         return out
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def measure(host: Host, spec: dict[str, Any], ids: list[str]) -> dict[str, Any]:
+async def measure(host: Host, spec: dict[str, Any], ids: list[str]) -> dict[str, Any]:
     rec = Record()
-    head0, info0 = host.store.head_position, host.store.info()
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    if spec["rate"] is None:
-        asyncio.run(watchdog(rec, closed_loop(host, ids, spec["turns"], rec)))
-    else:
-        total = len(ids) * spec["turns"] // 2
-        asyncio.run(watchdog(rec, open_loop(host, ids, total, spec["rate"], rec)))
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    observers = await attach(host, spec["observe"], ids, sessions_per_connection(BenchConfig(sessions=len(ids))))
+    try:
+        head0, info0 = host.store.head_position, host.store.info()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        if spec["rate"] is None:
+            await watchdog(rec, closed_loop(host, ids, spec["turns"], rec))
+        else:
+            total = len(ids) * spec["turns"] // 2
+            await watchdog(rec, open_loop(host, ids, total, spec["rate"], rec))
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        seen = None
+        if observers is not None:
+            await observers.settle()
+            seen = observers.report(len(rec.sent))
+    finally:
+        if observers is not None:
+            observers.close()
     info, turns = host.store.info(), len(rec.sent)
     checked = verify(host, head0, rec)
+    if seen is not None and not seen["ok"]:
+        raise RuntimeError(f"stream check FAILED ({seen['mode']}): {seen['broken']} problems, e.g. {seen['problems'][:3]}")
     return {"turns": turns, "seconds": wall, "turns_per_s": turns / wall, **rec.summary(),
             "events_per_s": (host.store.head_position - head0) / wall,
             "events_per_turn": (host.store.head_position - head0) / turns,
             "appends_per_turn": (info["requests"] - info0["requests"]) / turns,
             "write_txns_per_turn": (info["batches"] - info0["batches"]) / turns,
-            "cpu_ms_per_turn": cpu / turns * 1000, "peak_rss_mib": rss_peak_mib(), **checked}
+            "cpu_ms_per_turn": cpu / turns * 1000, "peak_rss_mib": rss_peak_mib(),
+            "observed_pushes_per_turn": seen["frames_per_turn"] if seen else 0.0,
+            "observed_deltas_per_turn": seen["deltas_per_turn"] if seen else 0.0, **checked}
 
 
 def job_build_stored(spec: dict[str, Any]) -> dict[str, Any]:
@@ -336,18 +362,21 @@ def pinnings(args: argparse.Namespace) -> list[tuple[str, bool]]:
     return modes
 
 
-def throughput_runs(args: argparse.Namespace, base: dict[str, Any], rates: dict[str, dict[str, float]] | None) -> dict[str, Any]:
-    """Medians over ``repeats`` of every (durability, pinning), interleaved side by side."""
-    samples: dict[tuple[str, str], list[dict[str, Any]]] = {}
+def throughput_runs(args: argparse.Namespace, base: dict[str, Any],
+                    rates: dict[str, dict[str, dict[str, float]]] | None) -> dict[str, Any]:
+    """Medians over ``repeats`` of every (observers, durability, pinning), interleaved side by
+    side: ``out[observe][durability][pinning]``."""
+    samples: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for _ in range(args.repeats):
-        for durability in ("nosync", "sync"):
-            for label, pinned in pinnings(args):
-                rate = None if rates is None else rates[durability][label] / 2
-                spec = {**base, "job": "throughput", "durability": durability, "rate": rate}
-                samples.setdefault((durability, label), []).append(run_child(spec, pinned))
-    out: dict[str, dict[str, Any]] = {}
-    for (durability, label), runs in samples.items():
-        out.setdefault(durability, {})[label] = median_of(runs)
+        for observe in args.observe:
+            for durability in ("nosync", "sync"):
+                for label, pinned in pinnings(args):
+                    rate = None if rates is None else rates[observe][durability][label] / 2
+                    spec = {**base, "job": "throughput", "durability": durability, "rate": rate, "observe": observe}
+                    samples.setdefault((observe, durability, label), []).append(run_child(spec, pinned))
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (observe, durability, label), runs in samples.items():
+        out.setdefault(observe, {}).setdefault(durability, {})[label] = median_of(runs)
     return out
 
 
@@ -368,7 +397,9 @@ ROWS = [("turns_per_s", "turns/s", ",.0f"), ("p50_ms", "p50 turn latency (ms)", 
         ("events_per_s", "events/s", ",.0f"), ("events_per_turn", "events per turn", ".2f"),
         ("appends_per_turn", "commits (appends) per turn", ".2f"),
         ("write_txns_per_turn", "write transactions per turn", ".2f"),
-        ("cpu_ms_per_turn", "CPU ms per turn", ".3f"), ("peak_rss_mib", "peak RSS (MiB)", ",.0f")]
+        ("cpu_ms_per_turn", "CPU ms per turn", ".3f"), ("peak_rss_mib", "peak RSS (MiB)", ",.0f"),
+        ("observed_pushes_per_turn", "pushes/events observed per turn", ".2f"),
+        ("observed_deltas_per_turn", "deltas observed per turn", ".2f")]
 
 
 def print_throughput(title: str, result: dict[str, dict[str, Any]], rows: list[tuple[str, str, str]]) -> None:
@@ -401,11 +432,18 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, help="pool threads for session actors (HostOptions.dispatcher_threads; "
                                                 "0: a thread per actor; default: the host's default)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
+    ap.add_argument("--observe", default="subscriber,none",
+                    help="who watches the turns stream, comma-separated, each measured (interleaved): "
+                         f"{', '.join(OBSERVE_MODES)} (see cli/bench_observers.py)")
     ap.add_argument("--no-pinned", action="store_true", help="skip the runs pinned to CPU 0")
     ap.add_argument("--no-memory", action="store_true", help="skip the stored-sessions memory run")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     fill_defaults(args, [("sessions", 1000, 100), ("turns", 10, 4), ("stored", 100_000, 2000)])
+    args.observe = [m.strip() for m in args.observe.split(",") if m.strip()]
+    wrong = [m for m in args.observe if m not in OBSERVE_MODES]
+    if wrong or not args.observe:
+        ap.error(f"--observe: one or more of {', '.join(OBSERVE_MODES)}, got {wrong or 'nothing'}")
     return args
 
 
@@ -422,12 +460,16 @@ def main() -> None:
                                "params": {**base, "repeats": args.repeats},
                                "messages_per_turn_by_design": messages_per_turn(args.llm_latency)}
     reference_before = machine_reference_ms()
+    results["params"]["observe"] = args.observe
     results["throughput"] = tp = throughput_runs(args, base, None)
-    print_throughput(f"throughput: {args.sessions} sessions x {args.turns} turns, half with a tool call "
-                     f"(medians of {args.repeats})", tp, ROWS)
-    rates = {d: {p: tp[d][p]["turns_per_s"] for p in tp[d]} for d in tp}
+    for observe in args.observe:
+        print_throughput(f"throughput: {args.sessions} sessions x {args.turns} turns, half with a tool call, "
+                         f"observers: {observe} (medians of {args.repeats})", tp[observe], ROWS)
+    rates = {o: {d: {p: tp[o][d][p]["turns_per_s"] for p in tp[o][d]} for d in tp[o]} for o in tp}
     results["half_load"] = hl = throughput_runs(args, base, rates)
-    print_throughput("open loop at 50% of the measured turns/s (same durability and pinning)", hl, ROWS[:4])
+    for observe in args.observe:
+        print_throughput(f"open loop at 50% of the measured turns/s (same observers, durability and pinning), "
+                         f"observers: {observe}", hl[observe], ROWS[:4])
     mpt = results["messages_per_turn_by_design"]
     print(f"\nactor messages per turn (by design): plain {mpt['plain']:g}, tool {mpt['tool']:g}, "
           f"this mix {mpt['mixed']:g}; commits per turn: measured above")

@@ -20,7 +20,11 @@ then answers ``done: 1 tool calls``; the other turns are ``hello world`` -> ``ec
   default, or a thread pool (``invoke``, ``SqliteSaver``) with ``--lg-driver threads``.
 * **sessionloop**: ``sessionloop bench --via inprocess`` (:func:`cli.bench_cmd.run_bench`) with
   ``durability sync`` (fsync before every acknowledgement, like-for-like with SQLite's FULL) and
-  ``nosync``; every event persisted, mock model, ``acceptCalls``.
+  ``nosync``; every event persisted, mock model, ``acceptCalls``. Every mock answer streams
+  (SPEC §4); ``--observe`` (default ``subscriber,none``, each measured) says who watches it
+  stream: ``subscriber``, per session a subscribed protocol connection that checks every answer
+  arrived as deltas making its text, or ``none`` (see :mod:`cli.bench_observers`). LangGraph's
+  ``ainvoke`` streams nothing to anyone: the fake model answers whole, as the mock does.
 
 Each run is a fresh child process (so peak RSS is that run's), unpinned and pinned to one CPU
 (``taskset -c 0``); runs are interleaved across ``--repeats`` and medians reported. Both sides check
@@ -58,6 +62,7 @@ from cli.bench_cmd import (
     percentile,
     run_bench,
 )
+from cli.bench_observers import OBSERVE_MODES
 
 
 
@@ -295,9 +300,13 @@ def lg_threads(spec: dict[str, Any], db: str, workspace: str) -> dict[str, Any]:
 def job_sessionloop(spec: dict[str, Any]) -> dict[str, Any]:
     cfg = BenchConfig(sessions=spec["sessions"], turns=spec["turns"], concurrency=spec["concurrency"],
                       tool_ratio=spec["tool_ratio"], via="inprocess", durability=spec["durability"],
-                      llm_latency_ms=spec["llm_latency_ms"], progress=False)
+                      llm_latency_ms=spec["llm_latency_ms"], progress=False, observe=spec["observe"])
     report = run_bench(cfg)
     report.pop("params")
+    observers = report.pop("observers")
+    if not observers["ok"]:
+        report["check"] = {**report["check"], "ok": False, "observers": observers}
+    report["observed_deltas_per_turn"] = observers.get("deltas_per_turn", 0.0)
     return report
 
 
@@ -325,14 +334,16 @@ def systems(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     drivers = ["asyncio", "threads"] if args.lg_driver == "both" else [args.lg_driver]
     out = [(f"langgraph {d}", {"system": "langgraph", "lg_driver": d, "lg_workers": args.lg_workers})
            for d in drivers]
-    out += [(f"sessionloop {d}", {"system": "sessionloop", "durability": d}) for d in ("sync", "nosync")]
+    out += [(f"sessionloop {d}/{o}", {"system": "sessionloop", "durability": d, "observe": o})
+            for o in args.observe for d in ("sync", "nosync")]
     return out
 
 
 ROWS = [("turns_per_s", "turns/s", ",.0f"), ("p50_ms", "p50 turn latency (ms)", ",.1f"),
         ("p95_ms", "p95 turn latency (ms)", ",.1f"), ("p99_ms", "p99 turn latency (ms)", ",.1f"),
         ("cpu_ms_per_turn", "CPU ms per turn", ".3f"), ("events_per_s", "events/s (sessionloop)", ",.0f"),
-        ("checkpoint_rows_per_s", "checkpoints/s (langgraph)", ",.0f"), ("peak_rss_mib", "peak RSS (MiB)", ",.0f"),
+        ("checkpoint_rows_per_s", "checkpoints/s (langgraph)", ",.0f"),
+        ("observed_deltas_per_turn", "deltas observed per turn", ".2f"), ("peak_rss_mib", "peak RSS (MiB)", ",.0f"),
         ("seconds", "seconds", ",.1f")]
 
 
@@ -364,9 +375,16 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--lg-workers", type=int, default=32, help="thread pool size for --lg-driver threads")
     ap.add_argument("--repeats", type=int, default=1, help="runs per figure; the median is reported")
     ap.add_argument("--no-pinned", action="store_true", help="skip the runs pinned to CPU 0")
+    ap.add_argument("--observe", default="subscriber,none",
+                    help="sessionloop: who watches the turns stream, comma-separated, each measured: "
+                         f"{', '.join(OBSERVE_MODES)} (cli/bench_observers.py)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     fill_defaults(args, [("sessions", 1000, 100), ("turns", 10, 4)])
+    args.observe = [m.strip() for m in args.observe.split(",") if m.strip()]
+    wrong = [m for m in args.observe if m not in OBSERVE_MODES]
+    if wrong or not args.observe:
+        ap.error(f"--observe: one or more of {', '.join(OBSERVE_MODES)}, got {wrong or 'nothing'}")
     return args
 
 
@@ -391,7 +409,8 @@ def main() -> None:
                 print(f"running {name} ({label}) ...", file=sys.stderr, flush=True)
                 samples.setdefault((label, name), []).append(run_child({**base, **extra}, pinned))
     results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick,
-                               "params": {**base, "repeats": args.repeats, "lg_driver": args.lg_driver},
+                               "params": {**base, "repeats": args.repeats, "lg_driver": args.lg_driver,
+                                          "observe": args.observe},
                                "runs": {}}
     for label, _ in pinnings:
         table = {name: median_of(samples[(label, name)]) for name, _ in systems(args)}

@@ -11,11 +11,18 @@ tool call, then ``done: 1 tool calls``. Every event is persisted (``--durability
 * ``--via ws``: an in-process :class:`cli.serve.Server` on 127.0.0.1, port 0, driven by real
   WebSocket clients (``--per-connection`` sessions share one connection): ``session/create``,
   ``session/subscribe``, then ``turn/send`` and the ``item/completed`` push of the ``turn`` item.
+  The clients are the sessions' subscribers: they get every answer streamed and check it.
+
+Every mock answer streams (SPEC §4), so a run measures the streaming where someone watches:
+``--observe`` (in process) says who does (:mod:`cli.bench_observers`): ``subscriber`` (default:
+per session a subscribed protocol connection, as an owner's client), ``watcher`` (the sessions
+belong to a bot app that watches them with ``on_did_receive_event``) or ``none``. The observers
+check that each answer reached them as deltas that make its text; a run where they did not fails.
 
 At the end the event log written during the run is read back and checked: each turn sent was
 accepted once, started once, ended once with the expected answer, ran one tool when it was a tool
-turn, and its end reached the client once. Any lost or duplicated turn fails the command with one
-line (exit 1).
+turn, and its end reached the client once. Any lost or duplicated turn, or an answer the observers
+did not get streamed whole, fails the command with one line (exit 1).
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ import click
 
 from eventstore import RecordedEvent
 from eventstore import events as E
+
+from .bench_observers import OBSERVE_MODES, PushCheck, StreamCheck, attach, create_sessions
 
 PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
@@ -73,6 +82,7 @@ class BenchConfig:
     turn_timeout_s: float = 60.0
     max_live: int | None = None
     progress: bool = True
+    observe: str = "subscriber"  # in process: who watches the turns stream (cli.bench_observers)
 
     def validate(self) -> None:
         if self.sessions < 1:
@@ -91,6 +101,10 @@ class BenchConfig:
             raise click.BadParameter("must be > 0", param_hint="--duration")
         if self.per_connection is not None and self.per_connection < 1:
             raise click.BadParameter("must be at least 1", param_hint="--per-connection")
+        if self.observe not in OBSERVE_MODES:
+            raise click.BadParameter(f"one of {', '.join(OBSERVE_MODES)}", param_hint="--observe")
+        if self.via == "ws" and self.observe != "subscriber":
+            raise click.BadParameter("with --via ws the WebSocket clients are the subscribers", param_hint="--observe")
 
 
 def sessions_per_connection(cfg: BenchConfig) -> int:
@@ -287,24 +301,21 @@ def inprocess_sender(host: Any, ids: list[str]) -> SendTurn:
     return send
 
 
-def create_sessions(host: Any, n: int) -> list[str]:
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(8) as pool:
-        return list(pool.map(lambda i: host.create(title=f"bench {i}").id, range(n), chunksize=64))
-
-
 async def run_inprocess(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
     from actors import gc_policy
 
     gc_policy.apply()  # this process hosts the sessions: the server's GC settings, as ``serve``
     host = open_host(data_dir, cfg)
     gc_policy.freeze_startup()  # as ``serve`` does once it is up
+    observers = None
     try:
-        ids = await asyncio.to_thread(create_sessions, host, cfg.sessions)
+        ids = await asyncio.to_thread(create_sessions, host, cfg.sessions, cfg.observe)
+        observers = await attach(host, cfg.observe, ids, sessions_per_connection(cfg))
         rec = Record([SessionRecord(s) for s in ids])
-        return await measure(cfg, host, rec, inprocess_sender(host, ids))
+        return await measure(cfg, host, rec, inprocess_sender(host, ids), observers=observers)
     finally:
+        if observers is not None:
+            observers.close()
         host.close()
 
 
@@ -324,6 +335,8 @@ class WsClient:
         self.turn_waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self.unexpected: list[str] = []
         self.rejected = 0  # turn/send requests refused by the rate limit, then retried
+        self.stream = StreamCheck()  # the answers as this client got them streamed
+        self.pushes = PushCheck(self.stream)
         self.decode = msgspec.json.Decoder().decode
         self.encode = msgspec.json.Encoder().encode
         self.reader = asyncio.ensure_future(self._read())
@@ -338,6 +351,7 @@ class WsClient:
                     if fut is not None and not fut.done():
                         fut.set_result(msg)
                     continue
+                self.pushes.push(msg)
                 if msg.get("method") != "item/completed":
                     continue
                 params = msg.get("params") or {}
@@ -435,7 +449,7 @@ async def run_ws(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
         async def send(i: int, tool: bool) -> tuple[str, str]:
             return await clients[i // per_conn].turn(ids[i], TOOL_TEXT if tool else PLAIN_TEXT)
 
-        out = await measure(cfg, server.host, rec, send, clients)
+        out = await measure(cfg, server.host, rec, send, clients=clients)
         out["connections"] = n_conn
         out["sessions_per_connection"] = per_conn
         out["rejected_and_retried"] = sum(c.rejected for c in clients)
@@ -452,8 +466,8 @@ async def run_ws(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
 # --- measuring and checking -----------------------------------------------------------------------
 
 
-async def measure(cfg: BenchConfig, host: Any, rec: Record, send: SendTurn,
-                  clients: list[WsClient] | None = None) -> dict[str, Any]:
+async def measure(cfg: BenchConfig, host: Any, rec: Record, send: SendTurn, *,
+                  clients: list[WsClient] | None = None, observers: Any = None) -> dict[str, Any]:
     store = host.store
     head0, info0 = store.head_position, store.info()
     cpu0 = time.process_time()
@@ -472,6 +486,8 @@ async def measure(cfg: BenchConfig, host: Any, rec: Record, send: SendTurn,
         await asyncio.sleep(0.05)  # a stray (duplicate) push would arrive now
         for c in clients:
             rec.errors += c.unexpected
+    if observers is not None:
+        await observers.settle()
     events = store.head_position - head0
     info = store.info()
     check = check_log(rec, iter_log(store, head0))
@@ -493,7 +509,22 @@ async def measure(cfg: BenchConfig, host: Any, rec: Record, send: SendTurn,
         "cpu_ms_per_turn": cpu / turns * 1000 if turns else 0.0,
         "peak_rss_mib": peak_rss_mib(),
         "check": check,
+        "observers": observer_report(cfg, turns, clients, observers),
     }
+
+
+def observer_report(cfg: BenchConfig, turns: int, clients: list[WsClient] | None, observers: Any) -> dict[str, Any]:
+    """What the run's observers saw of the streaming (``cli.bench_observers``)."""
+    if clients:
+        total = StreamCheck()
+        for c in clients:
+            for name in ("frames", "deltas", "answers", "broken"):
+                setattr(total, name, getattr(total, name) + getattr(c.stream, name))
+            total.problems += c.stream.problems[:10 - len(total.problems)]
+        return total.report("subscriber (WebSocket)", turns, len(clients))
+    if observers is not None:
+        return observers.report(turns)  # type: ignore[no-any-return]
+    return {"mode": "none", "ok": True, "frames": 0, "deltas": 0, "answers_streamed": 0}
 
 
 def iter_log(store: Any, after: int) -> Iterator[RecordedEvent]:
@@ -624,11 +655,27 @@ def format_table(report: dict[str, Any]) -> str:
     if "connections" in report:
         lines += [f"{'WebSocket connections':<30}{report['connections']:>14,}",
                   f"{'sends refused (rate), retried':<30}{report['rejected_and_retried']:>14,}"]
+    obs = report["observers"]
+    if obs["mode"] != "none":
+        lines += [f"{'observers':<30}{obs['mode']:>14}",
+                  f"{'pushes or events seen per turn':<30}{obs['frames_per_turn']:>14.2f}",
+                  f"{'deltas seen per turn':<30}{obs['deltas_per_turn']:>14.2f}"]
+    else:
+        lines.append(f"{'observers':<30}{'none':>14}")
     check = report["check"]
     verdict = (f"ok: {check['turns_verified']:,} turns, none lost or duplicated" if check["ok"]
                else failure_line(check))
     lines.append(f"{'check (event log)':<30}  {verdict}")
+    if obs["mode"] != "none":
+        seen = (f"ok: {obs['answers_streamed']:,} answers streamed whole" if obs["ok"]
+                else observer_failure_line(obs))
+        lines.append(f"{'check (observers)':<30}  {seen}")
     return "\n".join(lines)
+
+
+def observer_failure_line(obs: dict[str, Any]) -> str:
+    first = obs["problems"][0] if obs["problems"] else "?"
+    return f"stream check FAILED: {obs['broken']} problems seen by the observers (first: {first})"
 
 
 @click.command("bench")
@@ -651,15 +698,19 @@ def format_table(report: dict[str, Any]) -> str:
                    "between 1 and 50; the server allows 100 requests/s per connection].")
 @click.option("--turn-timeout", "turn_timeout_s", default=60.0, show_default=True, type=float,
               help="A turn not ended after this long counts as lost.")
+@click.option("--observe", type=click.Choice(OBSERVE_MODES), default="subscriber", show_default=True,
+              help="In process, who watches the turns stream: per session a subscribed protocol connection, "
+                   "a bot app's event watcher, or nobody. With --via ws the WebSocket clients subscribe.")
 @click.option("--no-progress", is_flag=True, help="No live progress line on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def bench(sessions: int, turns: int | None, concurrency: int | None, tool_ratio: float, via: str, durability: str,
           llm_latency_ms: float, duration_s: float | None, data_dir: str | None, per_connection: int | None,
-          turn_timeout_s: float, no_progress: bool, as_json: bool) -> None:
+          turn_timeout_s: float, observe: str, no_progress: bool, as_json: bool) -> None:
     """Load benchmark: drive sessions through the real stack with the mock model.
 
     Prints turns/s, events/s, p50/p95/p99 turn latency and peak RSS; then checks the event log
-    and exits 1 on any lost or duplicated turn.
+    and exits 1 on any lost or duplicated turn, or on an answer the observers (--observe: by
+    default a subscribed connection per session) did not get streamed whole.
 
     \b
     Example:
@@ -671,7 +722,7 @@ def bench(sessions: int, turns: int | None, concurrency: int | None, tool_ratio:
     cfg = BenchConfig(sessions=sessions, turns=turns, concurrency=concurrency, tool_ratio=tool_ratio, via=via,
                       durability=durability, llm_latency_ms=llm_latency_ms, duration_s=duration_s,
                       data_dir=data_dir, per_connection=per_connection, turn_timeout_s=turn_timeout_s,
-                      progress=not no_progress)
+                      progress=not no_progress, observe=observe)
     report = run_bench(cfg)
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -679,3 +730,5 @@ def bench(sessions: int, turns: int | None, concurrency: int | None, tool_ratio:
         click.echo(format_table(report))
     if not report["check"]["ok"]:
         raise click.ClickException(failure_line(report["check"]))
+    if not report["observers"]["ok"]:
+        raise click.ClickException(observer_failure_line(report["observers"]))

@@ -127,6 +127,11 @@ class Provider(Protocol):
     the loop that runs the call; the returned response's ``text`` and ``reasoning`` equal the
     concatenation of the deltas of each kind; failures raise :class:`ModelError`;
     cancellation raises :class:`asyncio.CancelledError` promptly.
+
+    A provider whose answer can be complete at once (the mock) may also offer
+    ``answer_now(request, on_delta) -> ModelResponse | None``: the answer in place, or None when
+    the call must wait. It reports the same deltas as ``generate`` (a session delivers them after
+    the commit that records the step, see ``actors/session.py``), never fewer.
     """
 
     name: str
@@ -193,7 +198,7 @@ def chunks(text: str, size: int) -> list[str]:
 
 def stream_now(on_delta: DeltaCallback, kind: str, text: str, size: int) -> None:
     """Report ``text`` as deltas of ``size`` characters, synchronously, without yielding."""
-    if on_delta is ignore_delta:
+    if on_delta is ignore_delta or not text:
         return
     for piece in chunks(text, size):
         on_delta(kind, piece)

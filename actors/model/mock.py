@@ -31,8 +31,13 @@ older calls, numbers can repeat across turns; the session keys tool calls by tur
 Usage (SPEC §4): prompt tokens = characters of all message contents sent // 4; completion tokens
 = characters produced (text + reasoning + tool-call arguments as JSON) // 4.
 
+Streaming: every answer streams, whichever way it is taken. ``generate`` reports the deltas
+through ``on_delta`` (paced over ``!sleep``); ``answer_now``, for an answer with nothing to wait
+for, reports the very same deltas synchronously and returns the answer, and the session delivers
+them after the commit that records the step (see :meth:`MockProvider.answer_now`).
+
 Speed: with no ``!sleep`` and no ``latency_ms`` a call never yields to the event loop: deltas
-go out synchronously and the parse of a message is cached. It sits on the hot path of the
+are reported synchronously and the parse of a message is cached. It sits on the hot path of the
 throughput benchmark.
 """
 
@@ -210,12 +215,24 @@ class MockProvider:
         return self._response(request, script, text, calls)
 
     def answer_now(self, request: ModelRequest, on_delta: DeltaCallback) -> ModelResponse | None:
-        """The answer when there is nothing to wait for (no latency, no ``!sleep``), else None.
+        """The answer when there is nothing to wait for (no latency, no ``!sleep``), else None
+        (before reporting anything).
 
         The mock's answer is a pure function of the request, computed in microseconds; a session
         takes it in place instead of a round trip through the worker loop (two thread hand-offs
         that would dominate a benchmark of the actor system). Anything that waits still goes
-        through ``generate`` on the loop. Raises ModelError for ``!error``.
+        through ``generate`` on the loop. Raises ModelError for ``!error`` (after the reasoning's
+        deltas, as ``generate`` does).
+
+        Why this is honest: the answer still streams. ``on_delta`` gets exactly the deltas
+        ``generate`` would report (``DELTA_CHARS`` pieces, reasoning first), in order; the session
+        keeps them and, once the commit that records the step is durable, pushes them where a
+        streamed answer's would be: ``item/started`` and the ``item/delta`` pieces just before the
+        step's ``item/completed``, and ``assistant.delta`` before ``assistant.message``. So a
+        subscriber and a loop watcher see the frames of a streamed answer (same kinds, order and
+        text); only the pauses between them are gone, which is what "nothing to wait for" means.
+        What stays cheaper than a real model is the absence of waiting: no worker-loop round trip
+        and no commit of the step's start on its own.
         """
         if self.latency_ms:
             return None

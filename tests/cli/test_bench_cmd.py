@@ -10,14 +10,14 @@ from click.testing import CliRunner, Result
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cli import bench_cmd
+from cli import bench_cmd, bench_observers
 from cli.main import main
 from eventstore import RecordedEvent
 from eventstore import events as E
 
 FIELDS = {"turns": int, "tool_turns": int, "seconds": float, "turns_per_s": float, "events": int,
           "events_per_s": float, "events_per_turn": float, "p50_ms": float, "p95_ms": float, "p99_ms": float,
-          "max_ms": float, "cpu_ms_per_turn": float, "peak_rss_mib": float, "check": dict}
+          "max_ms": float, "cpu_ms_per_turn": float, "peak_rss_mib": float, "check": dict, "observers": dict}
 
 
 @pytest.fixture(autouse=True)
@@ -50,12 +50,17 @@ def check_report(report: dict, turns: int, tool_turns: int) -> None:
     assert report["turns_per_s"] > 0 and report["events_per_s"] > report["turns_per_s"]
     assert 0 < report["p50_ms"] <= report["p95_ms"] <= report["p99_ms"] <= report["max_ms"]
     assert report["peak_rss_mib"] > 10
+    seen = report["observers"]
+    if seen["mode"] != "none":  # every answer reached the observers as deltas that make its text
+        assert seen["ok"] and seen["problems"] == [] and seen["answers_streamed"] == turns, seen
+        assert seen["deltas"] >= turns
 
 
 def test_inprocess_small_run_reports_every_field_and_checks_the_log() -> None:
     report = report_of(bench("--sessions", "5", "--turns", "2", "--durability", "nosync", "--json"))
     check_report(report, turns=10, tool_turns=5)
     assert report["params"]["via"] == "inprocess" and report["params"]["durability"] == "nosync"
+    assert report["observers"]["mode"] == "subscriber" and report["params"]["observe"] == "subscriber"
     assert report["params"]["sessions"] == 5 and report["params"]["turns"] == 2
     # the process hosting the sessions ran with the server's GC settings, as `serve` does
     assert gc.get_threshold()[0] >= 10_000 and gc.get_freeze_count() > 0
@@ -66,6 +71,52 @@ def test_ws_small_run_over_real_websocket_connections() -> None:
                              "--concurrency", "3", "--json"))
     check_report(report, turns=10, tool_turns=5)
     assert report["connections"] == 3 and report["params"]["durability"] == "sync"
+    assert report["observers"]["mode"] == "subscriber (WebSocket)"
+
+
+@pytest.mark.parametrize("mode", ["watcher", "none"])
+def test_inprocess_runs_with_a_bot_watching_or_nobody_watching(mode: str) -> None:
+    report = report_of(bench("--sessions", "4", "--turns", "2", "--durability", "nosync", "--observe", mode,
+                             "--no-progress", "--json"))
+    check_report(report, turns=8, tool_turns=4)
+    assert report["observers"]["mode"] == mode
+
+
+def test_the_stream_check_names_a_lost_delta_a_stray_one_and_a_seq_that_went_back() -> None:
+    check = bench_observers.StreamCheck()
+    pushes = bench_observers.PushCheck(check)
+
+    def push(method: str, seq: int, **params: object) -> None:
+        pushes.push({"method": method, "params": {"sessionId": "s", "seq": seq, **params}})
+
+    item = {"kind": "agent-message", "itemId": "a", "text": ""}
+    push("item/started", 1, item=item)
+    push("item/delta", 2, itemId="a", text="echo: ")
+    push("item/completed", 3, item={**item, "text": "echo: hi"})  # the delta "hi" never came
+    push("item/delta", 4, itemId="b", text="x")  # no item/started for b
+    push("item/started", 4, item={**item, "itemId": "c"})  # seq 4 twice
+    push("item/completed", 5, item={**item, "itemId": "d", "text": "whole"})  # never streamed
+    report = check.report("subscriber", turns=2)
+    assert not report["ok"] and report["answers_streamed"] == 0
+    assert report["problems"] == [
+        "session s: deltas 'echo: ' != answer 'echo: hi'", "session s: a delta of b before its item/started",
+        "session s: seq 4 after 4", "session s: answer d completed without being streamed",
+        "0 answers seen streamed whole, 2 turns ended"]
+
+
+def test_an_answer_the_observers_did_not_get_whole_fails_with_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = bench_cmd.observer_report
+
+    def tampered(*args: object) -> dict:
+        report = real(*args)  # type: ignore[arg-type]
+        return {**report, "ok": False, "broken": 1, "problems": ["session s: deltas 'ech' != answer 'echo: hi'"]}
+
+    monkeypatch.setattr(bench_cmd, "observer_report", tampered)
+    result = bench("--sessions", "2", "--turns", "1", "--durability", "nosync", "--no-progress")
+    assert result.exit_code == 1
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert errors == ["Error: stream check FAILED: 1 problems seen by the observers "
+                      "(first: session s: deltas 'ech' != answer 'echo: hi')"], result.stderr
 
 
 def test_ws_honours_the_servers_rate_limit_and_loses_nothing() -> None:
@@ -139,6 +190,8 @@ def test_help_has_an_example_and_bad_options_fail_clearly() -> None:
     assert result.exit_code == 0 and "Example:" in result.output and "sessionloop bench --sessions" in result.output
     result = bench("--tool-ratio", "2")
     assert result.exit_code == 2 and "must be between 0 and 1" in result.output
+    result = bench("--via", "ws", "--observe", "none")
+    assert result.exit_code == 2 and "the WebSocket clients are the subscribers" in result.output
 
 
 def test_a_refused_send_ends_the_drivers_wait_with_not_accepted_at_once(tmp_path) -> None:

@@ -82,7 +82,8 @@ def test_a_turn_streams_items_with_increasing_seq_after_the_snapshot(server):
     assert seqs == sorted(seqs) and all(s > snap["seq"] for s in seqs)
     kinds = [(p["method"], p["params"]["item"]["kind"]) for p in pushes if "item" in p["params"]]
     assert ("item/completed", "user-message") in kinds and ("item/completed", "agent-message") in kinds
-    agent = [p["params"]["item"] for p in pushes if p["params"].get("item", {}).get("kind") == "agent-message"][0]
+    agent = [p["params"]["item"] for p in pushes if p["method"] == "item/completed"
+             and p["params"]["item"]["kind"] == "agent-message"][0]
     assert agent["text"] == "echo: hello"
     user = [p["params"]["item"] for p in pushes if p["params"].get("item", {}).get("kind") == "user-message"][0]
     assert user["text"] == "hello"  # trimmed (seed: 文字去掉首尾空白)

@@ -95,6 +95,15 @@ def noise(n: int) -> str:
     return base64.b64encode(os.urandom(n)).decode()
 
 
+def padded(marker: str, n: int) -> str:
+    """A turn's text: ``marker`` then ``n`` random bytes of incompressible padding on a line the
+    mock model ignores (an unknown ``!`` directive), so the user message item carries the padding
+    while the answer is the marker's short echo. Every mock answer streams as deltas of a few
+    characters (SPEC §4): echoing the padding would add 15,000 deltas to a 90,000-character turn,
+    all at once, which no model produces; these tests are about big pushes to slow readers."""
+    return f"{marker} \n!pad {noise(n)}"
+
+
 def within(base_p99: float, stall_p99: float) -> bool:
     """RELIABILITY: healthy p99 unchanged, <= 2x. With a 50 ms floor: this is a noisy 2-core box
     where the server, the 200 clients' process and other jobs share two cores; a baseline p99 of

@@ -36,7 +36,7 @@ from tests.reliability.harness import (
     rss_kib,
     start,
 )
-from tests.reliability.mux import Mux, mux, noise, p50, p99, within
+from tests.reliability.mux import Mux, mux, noise, p50, p99, padded, within
 
 pytestmark = pytest.mark.e2e
 
@@ -125,9 +125,9 @@ def test_a_client_that_never_reads_leaves_200_healthy_subscribers_p99_within_2x_
                 sid = healthy_sids[k % HEALTHY_SESSIONS]
                 sent[marker] = loop.time()
                 calls.append(asyncio.ensure_future(driver.call(
-                    "turn/send", {"sessionId": sid, "content": f"{marker} {noise(768)}"})))
+                    "turn/send", {"sessionId": sid, "content": padded(marker, 768)})))
                 calls.append(asyncio.ensure_future(driver.call(
-                    "turn/send", {"sessionId": flood, "content": f"mF{name}-{k} {noise(FLOOD_BYTES)}"})))
+                    "turn/send", {"sessionId": flood, "content": padded(f"mF{name}-{k}", FLOOD_BYTES)})))
             replies = await asyncio.gather(*calls)
             assert all("result" in r for r in replies), [r for r in replies if "result" not in r][:3]
             deadline = loop.time() + 30

@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.e2e.conftest import TOKEN, ServerProcess, initialized
 from tests.reliability.harness import rss_kib
-from tests.reliability.mux import HELLO, Mux, mux, noise, p50, p99, within
+from tests.reliability.mux import HELLO, Mux, mux, noise, p50, p99, padded, within
 from tests.reliability.raw_ws import TCP_CLOSE, RawWebSocket
 
 pytestmark = pytest.mark.e2e
@@ -144,9 +144,9 @@ def test_200_stalled_subscribers_are_closed_4008_and_reset_while_20_healthy_keep
                 sent[marker] = loop.time()
                 calls.append(asyncio.ensure_future(driver.call(
                     "turn/send", {"sessionId": healthy_sids[k % HEALTHY_SESSIONS],
-                                  "content": f"{marker} {noise(768)}"})))
+                                  "content": padded(marker, 768)})))
                 calls.append(asyncio.ensure_future(driver.call(
-                    "turn/send", {"sessionId": flood, "content": f"mF{name}-{k} {noise(FLOOD_BYTES)}"})))
+                    "turn/send", {"sessionId": flood, "content": padded(f"mF{name}-{k}", FLOOD_BYTES)})))
             replies = await asyncio.gather(*calls)
             assert all("result" in r for r in replies), [r for r in replies if "result" not in r][:3]
             expected = {i: set(sent) for i in range(HEALTHY)}

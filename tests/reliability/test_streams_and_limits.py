@@ -54,6 +54,7 @@ class Mirror:
         self.streamed: set[str] = set()  # items that got deltas in this subscription
         self.orphans: set[str] = set()  # streaming items the snapshot did not hold (see below)
         self.applied = self.stale = self.gaps = self.duplicates = self.reorders = self.unknown_deltas = 0
+        self.compared = 0  # items whose streamed text was compared with their completed text
         self.mid_stream = False  # the snapshot held an item that was still streaming
         self.problems: list[str] = []
         if previous is not None:  # resuming: same epoch (no restart here), seq never goes back
@@ -109,6 +110,7 @@ class Mirror:
                 streamed, full = self.items[iid].get("text"), item.get("text")
                 if streamed != full:
                     self.problems.append(f"streamed {streamed!r} != completed {full!r}")
+                self.compared += 1
                 self.streamed.discard(iid)
             self.items[iid] = dict(item)
         else:
@@ -364,7 +366,8 @@ def test_catchup_to_live_boundary_subscribing_at_random_moments_misses_and_doubl
         async def produce(sid: str) -> None:
             sender = await Live.open(server, [])
             for i in range(turns_per_session):  # back to back: the turns queue and run at full speed
-                # most answers complete at once (no deltas); every third streams for a few ms
+                # most answers complete at once (taken in place, their deltas pushed after the
+                # commit); every third streams for a few ms
                 sleep = "!sleep 15" if i % 3 == 0 else ""
                 text = f"{sleep}\nturn {i}: as fast as the server goes, a few characters at a time"
                 assert await sender.result("turn/send", {"sessionId": sid, "content": text}) == {}
@@ -405,6 +408,8 @@ def test_catchup_to_live_boundary_subscribing_at_random_moments_misses_and_doubl
             for sid in sids:
                 assert_equal_to_snapshot(live.mirror(sid), finals[sid], f"subscriber {k}, session {sid}")
         mid["mid_production"] = sum(1 for m in mirrors if 0 < m.snap_seq < finals[m.session_id]["seq"])
+        for sid in sids:  # every reply streamed, those taken at once too (SPEC §4), and added up
+            assert producer.mirror(sid).compared == turns_per_session, (sid, producer.mirror(sid).compared)
         for live in [producer, *lives]:
             await live.close()
         return mirrors, len(lives), mid
