@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "trace": "cli.trace_cmd:trace",
     "bench": "cli.bench_cmd:bench",
     "doctor": "cli.doctor:doctor",
+    "compact": "cli.compact_cmd:compact",
 }
 
 

@@ -53,6 +53,11 @@ class AppendOp(msgspec.Struct):
     flags: dict[str, bool] | None = None
 
 
+class CompactOp(msgspec.Struct):
+    """Rewrite the environment's file without its free pages (``LmdbRecorder.compact``); not a
+    write of the group's transaction: the leader runs it after the group's other requests."""
+
+
 class PurgeOp(msgspec.Struct):
     """Empty every stream of ``stream``'s partition in ``categories``, append ``events`` (the
     tombstone) to ``stream`` and seal the partition (see ``purge.py``)."""

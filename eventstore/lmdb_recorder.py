@@ -59,6 +59,7 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -72,6 +73,7 @@ from .audit import check as check_store
 from .batch import (
     AppendOp,
     BatchContext,
+    CompactOp,
     FlagsOp,
     MetaOp,
     PurgeOp,
@@ -363,9 +365,74 @@ class LmdbRecorder:
             f"one was written; it takes writes again after a restart (retry after {STOPPED_RETRY_AFTER_MS} ms)",
             reason="stopped", retry_after_ms=STOPPED_RETRY_AFTER_MS, path=self.path)
 
+    def compact(self) -> tuple[int, int]:
+        """Rewrite ``data.mdb`` without its free pages; returns its size in bytes before and after.
+
+        LMDB does not zero the pages a transaction frees (a purge's, a pruned feed's): their bytes
+        stay in the file until later commits reuse them. A compacting copy (``mdb_env_copy2`` with
+        ``MDB_CP_COMPACT``) holds only the pages in use, so swapping it in takes deleted content
+        off the disk. Runs on the group commit's leader, after the writes queued before it and
+        with no transaction open (readers wait at the gate), so nothing written meanwhile is
+        lost: the copy is fsynced, renamed over ``data.mdb`` (atomic: a crash leaves the old file
+        or the new, never half) and the environment reopened. It stalls reads and writes for as
+        long as the copy takes (about the time to write the live data once): maintenance, not a
+        per-delete step."""
+        self._check_writable()
+        return self._committer.submit(CompactOp())  # type: ignore[no-any-return]
+
+    def _compact_now(self) -> tuple[int, int]:
+        data = os.path.join(self.path, "data.mdb")
+        work = os.path.join(self.path, "compact.tmp")
+        shutil.rmtree(work, ignore_errors=True)  # left by a copy a crash interrupted: never in use
+        os.mkdir(work, 0o700)
+        before = os.path.getsize(data)
+
+        def swap() -> None:
+            self._env.copy(work, compact=True)
+            copied = os.path.join(work, "data.mdb")
+            os.chmod(copied, 0o600)
+            fd = os.open(copied, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._env_usable = False
+            self._map_size = max(self._map_size, int(self._env.info()["map_size"]))
+            self._env.close()
+            try:
+                os.replace(copied, data)
+                dir_fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
+            finally:  # the new file, or the old one if the rename failed
+                self._open_env()
+                self._env_usable = True
+
+        try:
+            self._gate.exclusive(swap)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return before, os.path.getsize(data)
+
     def _commit_batch(self, batch: list[Request]) -> None:
         """One group's write transaction; sets every request's result or error (see the module
-        docstring, "When a commit fails", for how each answer is made true)."""
+        docstring, "When a commit fails", for how each answer is made true). A compaction in the
+        group runs after the others' commit (``compact``)."""
+        compacting = [req for req in batch if type(req.payload) is CompactOp]
+        if compacting:
+            writes = [req for req in batch if type(req.payload) is not CompactOp]
+            if writes:
+                self._commit_batch(writes)
+            for req in compacting:
+                try:
+                    req.result, req.error = self._compact_now(), None
+                except (OSError, lmdb.Error) as e:
+                    req.result, req.error = None, StorageError(
+                        f"compacting the event store at {self.path} failed: {e}; the store is as it was",
+                        path=self.path)
+            return
         while True:
             if self._stopped is not None:
                 return _fail_all(batch, self._stopped_error())

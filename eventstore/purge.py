@@ -26,7 +26,8 @@ Why physical removal and not an erased payload kept in place, or crypto-shreddin
 found through the stream index in O(records of the partition), and a replicated log can do the
 same (NATS JetStream purges a subject and keeps its sequence numbers). What it does not do:
 LMDB does not zero the pages it frees; their bytes stay in the file until later commits reuse
-them (a compacting copy of the environment writes a file without them).
+them. ``EventStore.compact`` (``sessionloop compact``) swaps in a compacting copy of the
+environment, a file without them.
 """
 
 from __future__ import annotations

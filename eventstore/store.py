@@ -109,6 +109,11 @@ class EventStore:
     def close(self) -> None:
         self._rec.close()
 
+    def compact(self) -> tuple[int, int]:
+        """Rewrite the store's file without the pages LMDB freed (deleted sessions' bytes among
+        them); ``(bytes before, bytes after)``. See ``LmdbRecorder.compact``."""
+        return self._rec.compact()
+
     def __enter__(self) -> EventStore:
         return self
 
