@@ -1,0 +1,110 @@
+"""The import graph, read from the source: the layers only import downwards (eventstore <-
+protocol <- actors <- cli) and no module-level import closes a cycle.
+
+Imports inside functions are not part of the cycle check: they are how some modules still break
+their cycles (issue "One house plan" removes them); imports under ``if TYPE_CHECKING`` never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Iterator
+
+from tests.conftest import REPO
+
+LAYERS = ("eventstore", "protocol", "actors", "cli")
+
+
+def modules() -> dict[str, str]:
+    found = {}
+    for layer in LAYERS:
+        for root, _, files in os.walk(os.path.join(REPO, layer)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(root, name)
+                    mod = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                    found[mod.removesuffix(".__init__")] = path
+    return found
+
+
+def imports(mod: str, path: str, known: dict[str, str]) -> Iterator[tuple[str, bool]]:
+    """(our module imported, whether at module level) for every import statement of ``mod``."""
+    package = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
+
+    def walk(body: list[ast.stmt], top: bool) -> Iterator[tuple[str, bool]]:
+        for node in body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield alias.name, top
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known]
+                yield from ((s, top) for s in subs)
+                if len(subs) < len(node.names):  # names defined in the module itself
+                    yield target, top
+            inner = top and not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                sub = getattr(node, field, None)
+                if isinstance(sub, list):
+                    yield from walk(sub, inner)
+
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    yield from ((t, top) for t, top in walk(tree.body, True) if t.split(".")[0] in LAYERS)
+
+
+def test_every_layer_imports_only_the_layers_below_it() -> None:
+    known = modules()
+    upward = [f"{mod} imports {target}" for mod, path in known.items() for target, _ in imports(mod, path, known)
+              if LAYERS.index(target.split(".")[0]) > LAYERS.index(mod.split(".")[0])]
+    assert upward == []
+
+
+def test_no_module_level_import_closes_a_cycle() -> None:
+    known = modules()
+    graph = {mod: {t for t, top in imports(mod, path, known) if top and t in known and t != mod}
+             for mod, path in known.items()}
+    # a package's __init__ importing its own submodules is how a package exposes them, not a cycle
+    for mod in graph:
+        graph[mod] = {t for t in graph[mod] if not (mod in known and t.startswith(mod + ".")
+                                                     and known[mod].endswith("__init__.py"))}
+    assert find_cycles(graph) == []
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per back edge a depth-first walk finds (empty: the graph has none)."""
+    cycles: list[list[str]] = []
+    state: dict[str, str] = {}
+
+    def visit(mod: str, trail: list[str]) -> None:
+        state[mod] = "open"
+        for target in sorted(graph[mod]):
+            if state.get(target) == "open":
+                cycles.append(trail[trail.index(target):] + [target])
+            elif target not in state:
+                visit(target, trail + [target])
+        state[mod] = "done"
+
+    for mod in sorted(graph):
+        if mod not in state:
+            visit(mod, [mod])
+    return cycles
+
+
+def test_the_checker_sees_an_upward_import_and_a_cycle(tmp_path) -> None:
+    """The reader itself: a module importing a higher layer and two modules importing each other."""
+    (tmp_path / "eventstore").mkdir()
+    (tmp_path / "eventstore" / "a.py").write_text("from actors import host\nfrom . import b\n")
+    (tmp_path / "eventstore" / "b.py").write_text("from .a import thing\n")
+    known = {"eventstore.a": str(tmp_path / "eventstore" / "a.py"), "eventstore.b": str(tmp_path / "eventstore" / "b.py")}
+    assert sorted(imports("eventstore.a", known["eventstore.a"], known)) == [("actors", True), ("eventstore.b", True)]
+    assert list(imports("eventstore.b", known["eventstore.b"], known)) == [("eventstore.a", True)]
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert find_cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
