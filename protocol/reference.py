@@ -5,7 +5,8 @@ Pure: :func:`render` returns Markdown built from ``METHODS``, ``NOTIFICATIONS``,
 and the error codes, so the reference cannot drift from the decoder that enforces it (a test
 compares it with the file). Regenerate the file's generated part with::
 
-    python -c "import pathlib; from protocol.reference import spliced; p = pathlib.Path('docs/protocol.md'); p.write_text(spliced(p.read_text()))"
+    python -c "import pathlib; from protocol.reference import spliced; \\
+        p = pathlib.Path('docs/protocol.md'); p.write_text(spliced(p.read_text()))"
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def render() -> str:
     out = [BEGIN, "", f"## Reference (protocol version {SESSION_PROTOCOL_VERSION})", "",
            "### Methods", "", "| method | params | result |", "|---|---|---|"]
     for name, spec in METHODS.items():
-        out.append(f"| `{name}` | {_type(mi.type_info(spec.params), seen)} | {_type(mi.type_info(spec.result), seen)} |")
+        params, result = _type(mi.type_info(spec.params), seen), _type(mi.type_info(spec.result), seen)
+        out.append(f"| `{name}` | {params} | {result} |")
     out += ["", "### Notifications", "", "| method | params |", "|---|---|"]
     for name, cls in NOTIFICATIONS.items():
         out.append(f"| `{name}` | {_type(mi.type_info(cls), seen)} |")
