@@ -25,7 +25,8 @@ COMMANDS: dict[str, str] = {
     "trace": "cli.trace_cmd:trace",
     "bench": "cli.bench_cmd:bench",
     "doctor": "cli.doctor:doctor",
-    "compact": "cli.compact_cmd:compact",
+    "compact": "cli.maintenance:compact",
+    "backup": "cli.maintenance:backup",
 }
 
 

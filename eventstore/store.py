@@ -114,6 +114,11 @@ class EventStore:
         them); ``(bytes before, bytes after)``. See ``LmdbRecorder.compact``."""
         return self._rec.compact()
 
+    def backup(self, dest: str) -> int:
+        """A consistent, compacted copy of the store in the new directory ``dest`` while it
+        serves (read-only opens too); its size in bytes. See ``LmdbRecorder.backup``."""
+        return self._rec.backup(dest)
+
     def __enter__(self) -> EventStore:
         return self
 
