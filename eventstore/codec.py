@@ -55,7 +55,7 @@ def decode_event(data: bytes, stream: str = "?", version: int = 0) -> AnyEvent:
     """
     if not UPCASTERS:
         try:
-            return _decoder.decode(data)  # type: ignore[no-any-return]
+            return _decoder.decode(data)
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
             pass
     try:
@@ -68,7 +68,7 @@ def decode_event(data: bytes, stream: str = "?", version: int = 0) -> AnyEvent:
         upcast = UPCASTERS.get(tag)
         if upcast is not None:
             return msgspec.convert(upcast(_dict_decoder.decode(data)), EventUnion)  # type: ignore[no-any-return]
-        return _decoder.decode(data)  # type: ignore[no-any-return]
+        return _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as e:
         raise EventDecodeError(stream, version, str(e)) from e
 

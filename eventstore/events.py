@@ -165,7 +165,7 @@ class ToolCallRef(msgspec.Struct, frozen=True, gc=False, kw_only=True):
 # --- session lifecycle ------------------------------------------------------------------------
 
 
-class SessionCreated(Event, tag="session.created", kw_only=True):
+class SessionCreated(Event, tag="session.created", frozen=True, kw_only=True):
     session_id: str
     title: str = ""
     name: str = ""
@@ -189,27 +189,27 @@ class SessionCreated(Event, tag="session.created", kw_only=True):
     created_by: Speaker | None = None
 
 
-class SessionRenamed(Event, tag="session.renamed", kw_only=True):
+class SessionRenamed(Event, tag="session.renamed", frozen=True, kw_only=True):
     title: str
 
 
-class SessionArchived(Event, tag="session.archived", kw_only=True):
+class SessionArchived(Event, tag="session.archived", frozen=True, kw_only=True):
     pass
 
 
-class SessionUnarchived(Event, tag="session.unarchived", kw_only=True):
+class SessionUnarchived(Event, tag="session.unarchived", frozen=True, kw_only=True):
     pass
 
 
-class SessionDeleted(Event, tag="session.deleted", kw_only=True):
+class SessionDeleted(Event, tag="session.deleted", frozen=True, kw_only=True):
     """The session and its history are gone for every reader; the log keeps the fact."""
 
 
-class SessionSeen(Event, tag="session.seen", kw_only=True):
+class SessionSeen(Event, tag="session.seen", frozen=True, kw_only=True):
     """The owner looked at the session (seed 004 ``session/markSeen``)."""
 
 
-class MessagesImported(Event, tag="session.forked", kw_only=True):
+class MessagesImported(Event, tag="session.forked", frozen=True, kw_only=True):
     """A fork copied ``messages`` from ``source_session_id`` (seed 002 ``fork``: steps start empty)."""
 
     source_session_id: str
@@ -217,7 +217,7 @@ class MessagesImported(Event, tag="session.forked", kw_only=True):
     messages: list[Message] = []
 
 
-class SessionSettingChanged(Event, tag="session.setting.changed", kw_only=True):
+class SessionSettingChanged(Event, tag="session.setting.changed", frozen=True, kw_only=True):
     """The session layer of a setting; ``value`` None deletes it (seed 004 会话设置)."""
 
     plugin: str
@@ -226,20 +226,20 @@ class SessionSettingChanged(Event, tag="session.setting.changed", kw_only=True):
     deleted: bool = False
 
 
-class SessionParked(Event, tag="session.parked", kw_only=True):
+class SessionParked(Event, tag="session.parked", frozen=True, kw_only=True):
     """Supervision gave up re-activating the session after repeated failures."""
 
     reason: str
 
 
-class SessionUnparked(Event, tag="session.unparked", kw_only=True):
+class SessionUnparked(Event, tag="session.unparked", frozen=True, kw_only=True):
     pass
 
 
 # --- inputs and turns -------------------------------------------------------------------------
 
 
-class InputAccepted(Event, tag="input.accepted", kw_only=True):
+class InputAccepted(Event, tag="input.accepted", frozen=True, kw_only=True):
     """An input was accepted into the session's FIFO queue; it will open (or join) ``turn_id``."""
 
     input_id: str
@@ -254,7 +254,7 @@ class InputAccepted(Event, tag="input.accepted", kw_only=True):
     traceparent: str | None = None
 
 
-class InputDropped(Event, tag="input.dropped", kw_only=True):
+class InputDropped(Event, tag="input.dropped", frozen=True, kw_only=True):
     """A queued input was removed before it opened a turn (stopAll, delete, fork)."""
 
     input_id: str
@@ -262,7 +262,7 @@ class InputDropped(Event, tag="input.dropped", kw_only=True):
     reason: str
 
 
-class TurnStarted(Event, tag="turn.started", kw_only=True):
+class TurnStarted(Event, tag="turn.started", frozen=True, kw_only=True):
     feed: ClassVar[bool] = True
 
     turn_id: str
@@ -271,7 +271,7 @@ class TurnStarted(Event, tag="turn.started", kw_only=True):
     max_steps: int | None = None
 
 
-class TurnCompleted(Event, tag="turn.completed", kw_only=True):
+class TurnCompleted(Event, tag="turn.completed", frozen=True, kw_only=True):
     feed: ClassVar[bool] = True
 
     turn_id: str
@@ -279,7 +279,7 @@ class TurnCompleted(Event, tag="turn.completed", kw_only=True):
     output_text: str = ""
 
 
-class TurnFailed(Event, tag="turn.failed", kw_only=True):
+class TurnFailed(Event, tag="turn.failed", frozen=True, kw_only=True):
     feed: ClassVar[bool] = True
 
     turn_id: str
@@ -288,14 +288,14 @@ class TurnFailed(Event, tag="turn.failed", kw_only=True):
     step_id: str | None = None  # the step that failed (a model call), when one did
 
 
-class TurnAborted(Event, tag="turn.aborted", kw_only=True):
+class TurnAborted(Event, tag="turn.aborted", frozen=True, kw_only=True):
     feed: ClassVar[bool] = True
 
     turn_id: str
     reason: str = ""
 
 
-class TurnLimitReached(Event, tag="turn.limit-reached", kw_only=True):
+class TurnLimitReached(Event, tag="turn.limit-reached", frozen=True, kw_only=True):
     """``maxSteps`` model calls were made; the turn stopped and ``turn/continue`` can resume it."""
 
     feed: ClassVar[bool] = True
@@ -307,7 +307,7 @@ class TurnLimitReached(Event, tag="turn.limit-reached", kw_only=True):
 # --- steps ------------------------------------------------------------------------------------
 
 
-class LlmStarted(Event, tag="llm.started", kw_only=True):
+class LlmStarted(Event, tag="llm.started", frozen=True, kw_only=True):
     turn_id: str
     step_id: str
     attempt: int = 1
@@ -318,7 +318,7 @@ class LlmStarted(Event, tag="llm.started", kw_only=True):
     attachments: list[str] = []
 
 
-class LlmCompleted(Event, tag="llm.completed", kw_only=True):
+class LlmCompleted(Event, tag="llm.completed", frozen=True, kw_only=True):
     """A model call's whole answer: the recording that ``rerun --provider replay`` plays back."""
 
     feed: ClassVar[bool] = True
@@ -334,7 +334,7 @@ class LlmCompleted(Event, tag="llm.completed", kw_only=True):
     duration_ms: int = 0
 
 
-class LlmFailed(Event, tag="llm.failed", kw_only=True):
+class LlmFailed(Event, tag="llm.failed", frozen=True, kw_only=True):
     turn_id: str
     step_id: str
     error: str
@@ -342,7 +342,7 @@ class LlmFailed(Event, tag="llm.failed", kw_only=True):
     duration_ms: int = 0
 
 
-class LlmRetried(Event, tag="llm.retried", kw_only=True):
+class LlmRetried(Event, tag="llm.retried", frozen=True, kw_only=True):
     """An attempt of a model call failed and the call is tried again after ``wait_ms`` (a fact of
     the step: its retries are part of its story, ``replay`` and ``/metrics`` show them).
 
@@ -362,7 +362,7 @@ class LlmRetried(Event, tag="llm.retried", kw_only=True):
     next_item_id: str = ""
 
 
-class ToolStarted(Event, tag="tool.started", kw_only=True):
+class ToolStarted(Event, tag="tool.started", frozen=True, kw_only=True):
     feed: ClassVar[bool] = True
 
     turn_id: str
@@ -372,7 +372,7 @@ class ToolStarted(Event, tag="tool.started", kw_only=True):
     display: ToolDisplay | None = None
 
 
-class ToolFinished(Event, tag="tool.finished", kw_only=True):
+class ToolFinished(Event, tag="tool.finished", frozen=True, kw_only=True):
     """A tool call's result, or its repair: ``repair`` names why a result was written for a call
     that never returned one (``crash``, ``cancel``, ``not-executed``, ``fork``)."""
 
@@ -391,20 +391,20 @@ class ToolFinished(Event, tag="tool.finished", kw_only=True):
     settlement: Settlement | None = None
 
 
-class ToolApprovalRequested(Event, tag="tool.approval.requested", kw_only=True):
+class ToolApprovalRequested(Event, tag="tool.approval.requested", frozen=True, kw_only=True):
     turn_id: str
     call_id: str
     approval_id: str
 
 
-class ToolApprovalSettled(Event, tag="tool.approval.settled", kw_only=True):
+class ToolApprovalSettled(Event, tag="tool.approval.settled", frozen=True, kw_only=True):
     turn_id: str
     call_id: str
     approval_id: str
     settlement: Settlement
 
 
-class ApprovalGrantRevoked(Event, tag="approval.grant.revoked", kw_only=True):
+class ApprovalGrantRevoked(Event, tag="approval.grant.revoked", frozen=True, kw_only=True):
     """A grant (made by the answer to approval ``grant_id``) no longer settles calls."""
 
     grant_id: str
@@ -414,7 +414,7 @@ class ApprovalGrantRevoked(Event, tag="approval.grant.revoked", kw_only=True):
 # --- notices, plan, context -------------------------------------------------------------------
 
 
-class NoticePosted(Event, tag="notice.posted", kw_only=True):
+class NoticePosted(Event, tag="notice.posted", frozen=True, kw_only=True):
     notice_id: str
     topic: str
     text: str = ""  # in English; what shows of a notice without a ``text_key`` (an older one)
@@ -428,16 +428,16 @@ class NoticePosted(Event, tag="notice.posted", kw_only=True):
     text_values: dict[str, Any] = {}
 
 
-class PlanUpdated(Event, tag="plan.updated", kw_only=True):
+class PlanUpdated(Event, tag="plan.updated", frozen=True, kw_only=True):
     entries: list[PlanEntry] = []
     explanation: str = ""
 
 
-class PlanCleared(Event, tag="plan.cleared", kw_only=True):
+class PlanCleared(Event, tag="plan.cleared", frozen=True, kw_only=True):
     pass
 
 
-class ContextTrimmed(Event, tag="agent.context.trimmed", kw_only=True):
+class ContextTrimmed(Event, tag="agent.context.trimmed", frozen=True, kw_only=True):
     turn_id: str
     step_id: str
     chars_before: int
@@ -446,7 +446,7 @@ class ContextTrimmed(Event, tag="agent.context.trimmed", kw_only=True):
     dropped_turns: int = 0
 
 
-class ContextCompacted(Event, tag="agent.context.compacted", kw_only=True):
+class ContextCompacted(Event, tag="agent.context.compacted", frozen=True, kw_only=True):
     """A summary message was inserted: before the current turn (auto) or at the end (manual)."""
 
     summary: str
@@ -463,7 +463,7 @@ class ContextCompacted(Event, tag="agent.context.compacted", kw_only=True):
     usage: Usage | None = None
 
 
-class ContextCompactFailed(Event, tag="agent.context.compact-failed", kw_only=True):
+class ContextCompactFailed(Event, tag="agent.context.compact-failed", frozen=True, kw_only=True):
     error: str  # in English
     auto: bool = False
     turn_id: str | None = None
@@ -477,7 +477,7 @@ class ContextCompactFailed(Event, tag="agent.context.compact-failed", kw_only=Tr
 # --- checkpoints and artifacts -----------------------------------------------------------------
 
 
-class CheckpointRecorded(Event, tag="checkpoint.recorded", kw_only=True):
+class CheckpointRecorded(Event, tag="checkpoint.recorded", frozen=True, kw_only=True):
     """The before-image of a file a tool is about to change, once per file per turn."""
 
     turn_id: str
@@ -487,7 +487,7 @@ class CheckpointRecorded(Event, tag="checkpoint.recorded", kw_only=True):
     content: bytes | None = None
 
 
-class TurnRewound(Event, tag="turn.rewound", kw_only=True):
+class TurnRewound(Event, tag="turn.rewound", frozen=True, kw_only=True):
     turn_id: str
     scope: Literal["code", "code-and-chat"]
     restored: list[str] = []
@@ -497,7 +497,7 @@ class TurnRewound(Event, tag="turn.rewound", kw_only=True):
     deleted_messages: int = 0
 
 
-class ArtifactRecorded(Event, tag="artifact.recorded", kw_only=True):
+class ArtifactRecorded(Event, tag="artifact.recorded", frozen=True, kw_only=True):
     artifact_id: str
     turn_id: str
     call_id: str | None = None
@@ -510,7 +510,7 @@ class ArtifactRecorded(Event, tag="artifact.recorded", kw_only=True):
 # --- approvals (stream approval-<session>.<id>) -------------------------------------------------
 
 
-class ApprovalRequested(Event, tag="approval.requested", kw_only=True):
+class ApprovalRequested(Event, tag="approval.requested", frozen=True, kw_only=True):
     approval_id: str
     session_id: str
     turn_id: str | None = None
@@ -524,7 +524,7 @@ class ApprovalRequested(Event, tag="approval.requested", kw_only=True):
     chain: list[ChainLink] = []
 
 
-class ApprovalSettled(Event, tag="approval.settled", kw_only=True):
+class ApprovalSettled(Event, tag="approval.settled", frozen=True, kw_only=True):
     approval_id: str
     settlement: Settlement
 
@@ -532,7 +532,7 @@ class ApprovalSettled(Event, tag="approval.settled", kw_only=True):
 # --- background tasks (stream task-<session>.<id>) ----------------------------------------------
 
 
-class TaskStarted(Event, tag="task.started", kw_only=True):
+class TaskStarted(Event, tag="task.started", frozen=True, kw_only=True):
     task_id: str
     session_id: str
     kind: Literal["tool-call"] = "tool-call"
@@ -541,7 +541,7 @@ class TaskStarted(Event, tag="task.started", kw_only=True):
     display: ToolDisplay | None = None
 
 
-class TaskEnded(Event, tag="task.ended", kw_only=True):
+class TaskEnded(Event, tag="task.ended", frozen=True, kw_only=True):
     task_id: str
     status: Literal["completed", "failed", "stopped", "aborted"]
     exit_code: int | None = None
@@ -557,13 +557,13 @@ class TaskEnded(Event, tag="task.ended", kw_only=True):
 # --- places (stream place-<key>) ---------------------------------------------------------------
 
 
-class PlaceRegistered(Event, tag="place.registered", kw_only=True):
+class PlaceRegistered(Event, tag="place.registered", frozen=True, kw_only=True):
     key: str
     kind: Literal["window", "workspace"]
     name: str
 
 
-class PlaceSettingChanged(Event, tag="place.setting.changed", kw_only=True):
+class PlaceSettingChanged(Event, tag="place.setting.changed", frozen=True, kw_only=True):
     plugin: str
     key: str
     value: Any = None

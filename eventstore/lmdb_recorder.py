@@ -62,7 +62,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import lmdb
@@ -156,7 +156,7 @@ class _ReadGate:
                 self._cond.notify_all()
 
 
-def durability_mismatch(durability: str, flags: dict[str, Any]) -> str | None:
+def durability_mismatch(durability: str, flags: Mapping[str, Any]) -> str | None:
     """What is wrong when LMDB's own flags (``Environment.flags()``, read back after opening) do
     not give ``durability``: ``sync`` needs the data and the meta page flushed at every commit,
     ``nosync`` neither; ``None`` when they agree."""
@@ -282,7 +282,7 @@ class LmdbRecorder:
         with self._env.begin(db=self._db["meta"], write=not self.readonly) as txn:
             raw = txn.get(b"shards")
             if raw is not None:
-                fmt = _any_dec.decode(txn.get(b"format"))
+                fmt = _any_dec.decode(txn.get(b"format", b"null"))  # no format: not a store of ours
                 if fmt != FORMAT_VERSION:
                     raise StorageError(
                         f"event store at {self.path} has format {fmt}, this release reads {FORMAT_VERSION}"
@@ -667,7 +667,10 @@ class LmdbRecorder:
             for key, logkey in cur:
                 if key[:-9] != skey:
                     break
-                rec = _decode_record(txn.get(logkey, db=logdb), stream, K.index_version(key))
+                raw = txn.get(logkey, db=logdb)
+                if raw is None:  # an index entry whose record is gone: what audit() reports
+                    raise EventDecodeError(stream, K.index_version(key), "indexed, but its commit record is missing")
+                rec = _decode_record(raw, stream, K.index_version(key))
                 out.append((rec, K.from_u64(logkey)))
                 seen += K.index_version(key) - max(rec.first_version, from_version) + 1
                 if limit is not None and seen >= limit:

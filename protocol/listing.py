@@ -24,7 +24,7 @@ import heapq
 import re
 from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
-from typing import Final, Literal, Protocol, TypeVar
+from typing import Final, Literal, Protocol, TypeVar, cast
 
 import msgspec
 
@@ -426,9 +426,11 @@ def list_sessions(
     limit = params.limit or DEFAULT_LIMIT
     page = heapq.nsmallest(limit, keyed, key=itemgetter(0))
     more = len(keyed) > limit
-    build = materialize or (lambda row: row)  # type: ignore[assignment,return-value]
+    # without materialize the rows are the summaries themselves (a SessionSummary is a ListRow)
+    sessions = [materialize(s) for _, s in page] if materialize is not None else [cast(SessionSummary, s)
+                                                                                  for _, s in page]
     return SessionsListResult(
-        sessions=[build(s) for _, s in page],
+        sessions=sessions,
         groups=compute_room_groups(summaries, group_label, ids),
         next_cursor=encode_cursor(page[-1][0]) if more and page else None,
     )
