@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from types import SimpleNamespace
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from eventstore import events as E
 from protocol.errors import RpcError
-from protocol.listing import compute_room_groups, list_sessions
 from protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # seed 000: each, and all together
+from protocol.listing import compute_room_groups, list_sessions
 from protocol.schemas import (
     BackgroundListResult,
     BackgroundOutputResult,

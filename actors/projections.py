@@ -60,8 +60,8 @@ from protocol.schemas_types import (
 )
 
 from .context import is_summary, summary_text
-from .grants import Grant
 from .errors import NotFound, compact_error
+from .grants import Grant
 from .texts import Text, denial_reason
 
 __all__ = [

@@ -41,15 +41,13 @@ from protocol.schemas_types import AgentMessageItem, ReasoningItem
 
 from .caller import CURRENT_CALL, CallerContext
 from .context import estimated_context_tokens, model_view
+from .dispatch import PooledActor
+from .errors import ActorError, CompactionFailed, NotFound, SessionParked, compact_error
 from .model.attachments import has_attachments
 from .model.attachments import resolve as resolve_attachments
 from .model.base import RetryNotice
 from .model.storable import storable_response
-from .stream_sink import StreamSink, close_cards
-from .dispatch import PooledActor
-from .errors import ActorError, CompactionFailed, NotFound, SessionParked, compact_error
 from .pubsub import Reply, TurnOutcome
-from .texts import Text
 from .session_decide import (
     AgentConfig,
     decide_cancel,
@@ -67,7 +65,9 @@ from .session_decide import (
     system_messages,
 )
 from .session_model import SessionState, decode_state, encode_state, evolve, new_state
+from .stream_sink import StreamSink, close_cards
 from .summary_records import encode_summary_record, rewrites_listing, summary_record, tombstone_record
+from .texts import Text
 
 if TYPE_CHECKING:
     from .compaction import Flight

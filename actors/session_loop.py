@@ -525,7 +525,7 @@ class SessionLoop:
         reply = self._watch(session_id, turn_id)
         try:
             outcome = await asyncio.wait_for(reply.future(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return TurnResult(state="timeout", turn_id=turn_id)
         finally:
             self.rt.results.cancel_wait(turn_id, reply.set)
@@ -699,6 +699,6 @@ async def _await_outcome(host: Any, session_id: str, turn_id: str, timeout_ms: i
     Session(host, session_id).watch_turn(turn_id, reply)
     try:
         outcome = await asyncio.wait_for(reply.future(), SessionLoop.clamp_timeout_ms(timeout_ms))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return TurnResult(state="timeout", turn_id=turn_id)
     return _turn_result(outcome)

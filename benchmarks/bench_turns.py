@@ -77,7 +77,8 @@ from benchmarks.measure import (
     write_results,
 )
 from cli.bench_cmd import BenchConfig, inprocess_turn, is_tool_turn, sessions_per_connection
-from cli.bench_observers import OBSERVE_MODES, attach, create_sessions as create_observed_sessions
+from cli.bench_observers import OBSERVE_MODES, attach
+from cli.bench_observers import create_sessions as create_observed_sessions
 from eventstore import events as E
 
 CACHE = os.path.join(RESULTS, ".cache")

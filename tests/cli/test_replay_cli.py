@@ -20,8 +20,8 @@ from click.testing import CliRunner, Result
 
 from actors.host import Host
 from actors.model import ScriptedProvider
-from actors.summary_records import decode_summary_record, encode_summary_record
 from actors.session_model import encode_state
+from actors.summary_records import decode_summary_record, encode_summary_record
 from cli.main import main
 from eventstore import EventStore
 from eventstore import events as E
@@ -270,8 +270,8 @@ def test_verify_ignores_listing_fields_that_come_from_other_streams(recorded) ->
     with EventStore.open(os.path.join(data_dir, "store"), durability="nosync") as store:
         record = decode_summary_record(store.stream_meta(stream))
         events = store.read_stream(stream)
-        from actors.summary_records import summary_record
         from actors.replay import fold_events
+        from actors.summary_records import summary_record
 
         state = fold_events(session_id, events)
         state = fold_events(session_id, [E.SessionSeen(at=state.updated_at)], state)

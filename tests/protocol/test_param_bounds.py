@@ -23,7 +23,7 @@ from protocol_helpers import Peer, error_of, hello, make_connection
 from protocol.connection import Limits
 from protocol.errors import INVALID_PARAMS, RpcError
 from protocol.frames import decode_params
-from protocol.limits import MAX_INT, MIN_INT, MIN_WAIT_MS, MAX_WAIT_MS, TRACEPARENT_PATTERN
+from protocol.limits import MAX_INT, MAX_WAIT_MS, MIN_INT, MIN_WAIT_MS, TRACEPARENT_PATTERN
 from protocol.schemas import METHODS, LoopWaitForTurnParams
 from protocol.schemas_types import _DATA_URL_HEAD, JsonValue, Wire
 
