@@ -145,7 +145,7 @@ def _failed_call_seconds(actor: Any, event: E.LlmFailed) -> float:
 def _buckets(bounds: tuple[float, ...], counts: Any) -> list[tuple[str, int]]:
     """Prometheus' cumulative ``le`` buckets from per-bucket counts (the last one is +Inf)."""
     cumulative, buckets = 0, []
-    for bound, c in zip((*(repr(float(b)) for b in bounds), "+Inf"), counts):
+    for bound, c in zip((*(repr(float(b)) for b in bounds), "+Inf"), counts, strict=True):
         cumulative += c
         buckets.append((bound, cumulative))
     return buckets

@@ -265,7 +265,7 @@ def test_quota_rejection_and_recovery_for_200_unfinished_turns_of_an_app(loop_ho
     assert (refused.state, refused.retry_after_ms, refused.turn_id) == ("rejected", 1000, None)
     assert loop_host.store.head_position == head and loop_host.rt.app_unfinished["mybot"] == 200
     gate.opened.set()
-    for sid, receipts in zip(full, filled):
+    for sid, receipts in zip(full, filled, strict=True):
         assert bot.wait_for_turn(sid, receipts[-1].turn_id, timeout_ms=30_000).state == "completed"
     again = bot.send(idle, "hello", idempotency_key="idle-1")
     assert again.state == "accepted"
