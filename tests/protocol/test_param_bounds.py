@@ -312,7 +312,7 @@ def test_a_number_past_float_range_in_a_settings_value_is_invalid_params_naming_
     peer = Peer(make_connection())
     peer.feed(hello())
     frame = ('{"jsonrpc":"2.0","id":1,"method":"session/config/update","params":'
-             '{"sessionId":"s","plugin":"agent","key":"maxSteps","value":%s}}' % number)
+             '{"sessionId":"s","plugin":"agent","key":"maxSteps","value":' + number + '}}')
     (reply,) = peer.feed(frame)
     _, code, message = error_of(reply)
     assert code == INVALID_PARAMS and message.startswith("params"), message

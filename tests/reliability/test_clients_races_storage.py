@@ -44,7 +44,8 @@ def test_a_stalled_subscriber_and_vanished_clients_keep_memory_bounded_and_other
             good = await initialized(good_ws)
             await initialized(stalled)
             sid = (await good.result("session/create", {}))["session"]["id"]
-            await stalled.send('{"jsonrpc":"2.0","id":99,"method":"session/subscribe","params":{"sessionId":"%s"}}' % sid)
+            await stalled.send('{"jsonrpc":"2.0","id":99,"method":"session/subscribe","params":{"sessionId":"'
+                               + sid + '"}}')
             for _ in range(10):  # clients that vanish without closing (TCP reset)
                 s = socket.create_connection(("127.0.0.1", server.port))
                 s.sendall(b"GET /session HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -54,7 +55,7 @@ def test_a_stalled_subscriber_and_vanished_clients_keep_memory_bounded_and_other
                 s.close()
             before = rss_kib(pid)
             latencies = []
-            for i in range(80):
+            for _ in range(80):
                 text = base64.b64encode(os.urandom(20_000)).decode()
                 t = asyncio.get_running_loop().time()
                 await good.result("turn/send", {"sessionId": sid, "content": text})
@@ -365,7 +366,7 @@ def test_on_a_full_disk_an_input_answered_storage_unavailable_is_not_stored_and_
                 await asyncio.gather(*(bot(b) for b in range(bots)))
             asyncio.run(fill())
             assert len(refused) == 12, f"the disk never filled: {len(refused)} refusals"
-            for op, error in refused:
+            for _op, error in refused:
                 assert error["code"] == -32000 and error["data"]["code"] == "storage-unavailable", error
                 assert error["data"]["outcome"] == "not-written" and error["data"]["retryAfterMs"] > 0, error
                 assert mount not in error["message"], "the client's message names no server path"
