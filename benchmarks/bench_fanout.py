@@ -67,10 +67,10 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
+import msgspec
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-
-import msgspec
 
 from benchmarks.measure import now, percentile, proc_cpu_s, proc_rss_mib, run_job, write_results  # noqa: E402
 from benchmarks.server_proc import ServerProc
