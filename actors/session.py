@@ -846,7 +846,9 @@ class SessionBehaviour:
             out.append(("item/delta", delta(sid, item_id, text)))
         return out
 
-    def _loop_deltas_in_place(self, events: list[E.Event], inline: dict[str, Deltas]) -> dict[str, list[dict[str, Any]]] | None:
+    def _loop_deltas_in_place(
+        self, events: list[E.Event], inline: dict[str, Deltas]
+    ) -> dict[str, list[dict[str, Any]]] | None:
         """The ``assistant.delta`` data of the answers this commit took in place (what
         ``StreamSink`` hands a bot for each text delta), for the app's loop watchers; None when
         nobody watches (or no answer had text)."""

@@ -590,7 +590,9 @@ class AsyncSessionLoop:
     def on_did_receive_event(self, callback: Callable[[LoopEvent], None]) -> Callable[[], None]:
         return self._sync.on_did_receive_event(callback)
 
-    async def list_events(self, session_id: str | None = None, after: int | None = None, limit: int = 100) -> EventsPage:
+    async def list_events(
+        self, session_id: str | None = None, after: int | None = None, limit: int = 100
+    ) -> EventsPage:
         return await asyncio.get_running_loop().run_in_executor(
             None, lambda: self._sync.list_events(session_id, after, limit))
 

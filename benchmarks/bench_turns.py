@@ -272,7 +272,8 @@ async def measure(host: Host, spec: dict[str, Any], ids: list[str]) -> dict[str,
     info, turns = host.store.info(), len(rec.sent)
     checked = verify(host, head0, rec)
     if seen is not None and not seen["ok"]:
-        raise RuntimeError(f"stream check FAILED ({seen['mode']}): {seen['broken']} problems, e.g. {seen['problems'][:3]}")
+        raise RuntimeError(f"stream check FAILED ({seen['mode']}): {seen['broken']} problems, "
+                           f"e.g. {seen['problems'][:3]}")
     return {"turns": turns, "seconds": wall, "turns_per_s": turns / wall, **rec.summary(),
             "events_per_s": (host.store.head_position - head0) / wall,
             "events_per_turn": (host.store.head_position - head0) / turns,

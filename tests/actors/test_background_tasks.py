@@ -147,8 +147,8 @@ def test_output_older_than_the_kept_tail_is_reported_truncated(bg):
     host, svc, c = bg
     c.result("background/watch", {})
     sid = new_session(c)
-    c.result("turn/send", {"sessionId": sid, "content":
-                           '!tool exec {"command": "head -c 300000 /dev/zero | tr \\"\\\\\\\\0\\" a", "background": true}'})
+    command = '{"command": "head -c 300000 /dev/zero | tr \\"\\\\\\\\0\\" a", "background": true}'
+    c.result("turn/send", {"sessionId": sid, "content": "!tool exec " + command})
     done = wait_task(c, "completed")
     whole = c.result("background/output", {"taskId": done["id"]})
     assert whole["end"] == 300_000 and whole["truncated"] is True

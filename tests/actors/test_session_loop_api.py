@@ -114,10 +114,12 @@ def test_attachment_limits_are_ten_and_20_mb(bot):
     ref = E.AttachmentRef(name="a", kind="file", mime="application/octet-stream", size=10, sha256="0" * 64)
     with pytest.raises(InvalidCommand, match="at most 10"):
         bot.send(s.session_id, "x", idempotency_key="a", attachments=[ref] * 11)
-    big = E.AttachmentRef(name="b", kind="file", mime="application/octet-stream", size=21 * 1024 * 1024, sha256="0" * 64)
+    big = E.AttachmentRef(name="b", kind="file", mime="application/octet-stream", size=21 * 1024 * 1024,
+                          sha256="0" * 64)
     with pytest.raises(InvalidCommand, match="20 MB each"):
         bot.send(s.session_id, "x", idempotency_key="b", attachments=[big])
-    half = E.AttachmentRef(name="c", kind="file", mime="application/octet-stream", size=11 * 1024 * 1024, sha256="0" * 64)
+    half = E.AttachmentRef(name="c", kind="file", mime="application/octet-stream", size=11 * 1024 * 1024,
+                           sha256="0" * 64)
     with pytest.raises(InvalidCommand, match="together"):
         bot.send(s.session_id, "x", idempotency_key="c", attachments=[half, half])
 

@@ -103,7 +103,8 @@ def test_the_checker_sees_an_upward_import_and_a_cycle(tmp_path) -> None:
     (tmp_path / "eventstore").mkdir()
     (tmp_path / "eventstore" / "a.py").write_text("from actors import host\nfrom . import b\n")
     (tmp_path / "eventstore" / "b.py").write_text("from .a import thing\n")
-    known = {"eventstore.a": str(tmp_path / "eventstore" / "a.py"), "eventstore.b": str(tmp_path / "eventstore" / "b.py")}
+    known = {"eventstore.a": str(tmp_path / "eventstore" / "a.py"),
+             "eventstore.b": str(tmp_path / "eventstore" / "b.py")}
     assert sorted(imports("eventstore.a", known["eventstore.a"], known)) == [("actors", True), ("eventstore.b", True)]
     assert list(imports("eventstore.b", known["eventstore.b"], known)) == [("eventstore.a", True)]
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]

@@ -442,7 +442,8 @@ def test_rerun_refuses_an_unknown_model_step_or_a_bad_answer(recorded) -> None:
         (['llm:1={"txt": "a"}'], "not a model answer (Object contains unknown field `txt`)"),
         (["llm:1=[]"], "a model answer must be a JSON object"),
         (['llm:1={"text": "a'], "--override-tool llm:1: not valid JSON"),
-        (['llm:1={"text": "a"}', 'llm:1={"text": "b"}'], "--override-tool llm:1: the same step as --override-tool llm:1"),
+        (['llm:1={"text": "a"}', 'llm:1={"text": "b"}'],
+         "--override-tool llm:1: the same step as --override-tool llm:1"),
     ):
         args = [arg for value in overrides for arg in ("--override-tool", value)]
         result = cli("rerun", session_id, "--data", data_dir, "--from-turn", "1", *args)

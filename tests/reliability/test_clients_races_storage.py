@@ -62,7 +62,8 @@ def test_a_stalled_subscriber_and_vanished_clients_keep_memory_bounded_and_other
                 latencies.append(asyncio.get_running_loop().time() - t)
             return before, rss_kib(pid), sorted(latencies)[len(latencies) // 2]
     before, after, median = asyncio.run(go())
-    print(f"\nstalled subscriber: RSS {before // 1024} MiB -> {after // 1024} MiB, healthy median {median * 1000:.1f} ms")
+    print(f"\nstalled subscriber: RSS {before // 1024} MiB -> {after // 1024} MiB, "
+          f"healthy median {median * 1000:.1f} ms")
     assert after - before < 50 * 1024  # RELIABILITY: RSS growth <= 50 MB
     assert median < 0.5
 
@@ -138,7 +139,8 @@ def test_an_app_cannot_read_another_apps_sessions_events_or_files(tmp_path):
             await result(bot, "loop/waitForTurn", {"sessionId": sid, "turnId": r["turnId"]})
             snap = await result(bot, "session/subscribe", {"sessionId": sid})
             handle = next(i for i in snap["items"] if i["kind"] == "user-message")["attachments"][0]["src"]
-            spy_ws = await connect(server.url, additional_headers={"Authorization": "Bearer spy-token-for-the-reliability-tests"})
+            spy_ws = await connect(server.url,
+                                   additional_headers={"Authorization": "Bearer spy-token-for-the-reliability-tests"})
             from tests.e2e.conftest import Client
 
             spy = Client(spy_ws)
@@ -151,8 +153,9 @@ def test_an_app_cannot_read_another_apps_sessions_events_or_files(tmp_path):
             return sid, handle, events, feed, history
         sid, handle, events, feed, history = asyncio.run(go())
         base = f"http://127.0.0.1:{server.port}/api/session-file"
-        ok = httpx.get(base, params={"sessionId": sid, "handle": handle}, headers={"Authorization": f"Bearer {APP_TOKEN}"})
-        stolen = httpx.get(base, params={"sessionId": sid, "handle": handle}, headers={"Authorization": "Bearer spy-token-for-the-reliability-tests"})
+        where = {"sessionId": sid, "handle": handle}
+        ok = httpx.get(base, params=where, headers={"Authorization": f"Bearer {APP_TOKEN}"})
+        stolen = httpx.get(base, params=where, headers={"Authorization": "Bearer spy-token-for-the-reliability-tests"})
     finally:
         server.stop()
     assert events["error"]["data"]["code"] == "not-found" and feed["events"] == []

@@ -104,7 +104,8 @@ async def bot_turn(w: World, text: str, session_id: str | None = None) -> tuple[
     ws, c = await bot(w)
     try:
         if session_id is None:
-            session_id = (await c.result("loop/create", {"containerId": "inbox", "activity": "background"}))["sessionId"]
+            made = await c.result("loop/create", {"containerId": "inbox", "activity": "background"})
+            session_id = made["sessionId"]
         receipt = await c.result("loop/send", {"sessionId": session_id, "text": text,
                                                "idempotencyKey": uuid.uuid4().hex})
         done = await c.result("loop/waitForTurn", {"sessionId": session_id, "turnId": receipt["turnId"],
@@ -338,7 +339,8 @@ def test_a_file_beyond_the_size_limit_is_cut_off(world: World) -> None:
 def test_output_flooding_is_cut_at_the_output_limit(world: World) -> None:
     start = time.monotonic()
     out = sh(world, "yes flood")
-    assert out.get("outputLimited") is True and "output limit" in out["output"], {k: out[k] for k in out if k != "output"}
+    assert out.get("outputLimited") is True and "output limit" in out["output"], (
+        {k: out[k] for k in out if k != "output"})
     assert len(out["output"]) <= 16_100 and time.monotonic() - start < 30
     assert server_alive(world)
 

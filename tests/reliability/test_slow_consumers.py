@@ -173,7 +173,8 @@ def test_200_stalled_subscribers_are_closed_4008_and_reset_while_20_healthy_keep
             rss_after = rss_kib(pid)
             late, never = stalled[:STALLED // 2], stalled[STALLED // 2:]
             seen = await asyncio.gather(*(read_to_close(raw, CLOSE_TIMEOUT) for raw in late))
-            reset = await until(lambda never=never: all(raw.tcp_state() == TCP_CLOSE for raw in never), CLOSE_TIMEOUT + 3)
+            reset = await until(lambda never=never: all(raw.tcp_state() == TCP_CLOSE for raw in never),
+                                CLOSE_TIMEOUT + 3)
             released_after = time.monotonic() - ended
             states = [raw.tcp_state() for raw in never]
             freed = await until(lambda before=sockets_before: server_sockets(pid) <= before, 3)
