@@ -119,7 +119,7 @@ def turns_of(messages: Sequence[Message]) -> list[tuple[int, int]]:
     """``(start, end)`` index ranges of the turns; messages before the first turn are the preamble."""
     starts = turn_starts(messages)
     ends = starts[1:] + [len(messages)]
-    return list(zip(starts, ends))
+    return list(zip(starts, ends, strict=True))
 
 
 def keep_turns(messages: Sequence[Message], turns: int) -> list[Message]:

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from types import SimpleNamespace
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from eventstore import events as E
 from protocol.errors import RpcError
-from protocol.listing import compute_room_groups, list_sessions
 from protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # seed 000: each, and all together
+from protocol.listing import compute_room_groups, list_sessions
 from protocol.schemas import (
     BackgroundListResult,
     BackgroundOutputResult,
@@ -203,8 +203,8 @@ class _Handlers:
             # seed 004 摘要 place: an owner's session lives in the default workspace
             place=None if params.parent_id else DEFAULT_WORKSPACE,
         )
-        self.rt.tell(session_id, Create(created, None,
-                                        answer(conn, request_id, lambda _: SessionResult(session=self.summary(session_id)))))
+        reply = answer(conn, request_id, lambda _: SessionResult(session=self.summary(session_id)))
+        self.rt.tell(session_id, Create(created, None, reply))
 
     def session_rename(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
         self.apply(conn, request_id, params.session_id, lambda s, now: decide_rename(s, params.title, now))

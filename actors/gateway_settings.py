@@ -265,7 +265,8 @@ def layer_infos(settings: SettingsService) -> list[SettingLayerInfo]:
     platforms, types = settings.known_platforms()
     out = [SettingLayerInfo(layer=GlobalLayer())]
     out += [SettingLayerInfo(layer=PlatformLayer(platform=p)) for p in platforms]
-    out += [SettingLayerInfo(layer=PlatformTypeLayer(platform=p, type=t), label=label) for (p, t), label in types.items()]
+    out += [SettingLayerInfo(layer=PlatformTypeLayer(platform=p, type=t), label=label)
+            for (p, t), label in types.items()]
     for key in settings.ordered_places():
         place = settings.place(key)
         if place is None:

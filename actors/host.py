@@ -27,12 +27,11 @@ from .context import keep_turns
 from .errors import InvalidCommand, NotFound, SessionBusy
 from .pubsub import Reply, TurnOutcome
 from .runtime import HostOptions, Runtime
-from .tools.sandbox import DEFAULT_POLICY
 from .session import Apply, Cancel, Compact, Create, Query, Receipt, Send, SessionActor, now_ms
 from .session_decide import ensure_usable, steps_limit
 from .session_model import SessionState, Status, copy_state
 from .texts import Text
-
+from .tools.sandbox import DEFAULT_POLICY
 
 #: the random part of ids: seeded once from the OS, then drawn without a system call. An id names
 #: a session, turn or input and grants nothing (access is checked by app and token), so it needs
@@ -77,9 +76,7 @@ class Host:
     """
 
     def __init__(self, runtime: Runtime) -> None:
-        from .session_loop import Watchers
-
-        from .session_loop import spawn_session_spec
+        from .session_loop import Watchers, spawn_session_spec
 
         self.rt = runtime
         runtime.host = self

@@ -145,7 +145,7 @@ def _failed_call_seconds(actor: Any, event: E.LlmFailed) -> float:
 def _buckets(bounds: tuple[float, ...], counts: Any) -> list[tuple[str, int]]:
     """Prometheus' cumulative ``le`` buckets from per-bucket counts (the last one is +Inf)."""
     cumulative, buckets = 0, []
-    for bound, c in zip((*(repr(float(b)) for b in bounds), "+Inf"), counts):
+    for bound, c in zip((*(repr(float(b)) for b in bounds), "+Inf"), counts, strict=True):
         cumulative += c
         buckets.append((bound, cumulative))
     return buckets
@@ -227,7 +227,8 @@ class _Collector:
         yield from _model_families(rt.model_providers())
         info = rt.store.info()
         store = InfoMetricFamily("sessionloop_store", "Event store settings")
-        store.add_metric([], {"durability": info["durability"], "fsync_per_commit": str(info["fsync_per_commit"]).lower(),
+        store.add_metric([], {"durability": info["durability"],
+                              "fsync_per_commit": str(info["fsync_per_commit"]).lower(),
                               "shards": str(info["shards"])})
         yield store
         for name, help_text, value in (
@@ -238,7 +239,8 @@ class _Collector:
             ("sessionloop_store_last_batch_size", "Requests in the last group commit", info.get("last_batch_size", 0)),
             ("sessionloop_store_map_resizes", "LMDB map growths", info["map_resizes"]),
             ("sessionloop_actors_active", "Live session actors", rt.directory.live_count()),
-            ("sessionloop_mailbox_depth", "Messages waiting in all live session mailboxes", rt.directory.mailbox_depth()),
+            ("sessionloop_mailbox_depth", "Messages waiting in all live session mailboxes",
+             rt.directory.mailbox_depth()),
             ("sessionloop_approvals_pending", "Approvals pushed and not settled", len(rt.approvals.pending_all())),
             ("sessionloop_background_tasks_running", "Background tasks running", rt.tasks_service.running_total()),
             ("sessionloop_actors_activations", "Session activations", rt.directory.activations),

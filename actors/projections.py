@@ -60,8 +60,8 @@ from protocol.schemas_types import (
 )
 
 from .context import is_summary, summary_text
-from .grants import Grant
 from .errors import NotFound, compact_error
+from .grants import Grant
 from .texts import Text, denial_reason
 
 __all__ = [
@@ -384,7 +384,7 @@ class ItemsProjection:
         self._put(item)
 
     def _remove(self, gone: Callable[[SessionItem], bool]) -> None:
-        keep = [(key, item) for key, item in zip(self._keys, self._items) if not gone(item)]
+        keep = [(key, item) for key, item in zip(self._keys, self._items, strict=True) if not gone(item)]
         for item in self._items:
             if gone(item):
                 self._ordinal.pop(item.item_id, None)

@@ -41,15 +41,13 @@ from protocol.schemas_types import AgentMessageItem, ReasoningItem
 
 from .caller import CURRENT_CALL, CallerContext
 from .context import estimated_context_tokens, model_view
+from .dispatch import PooledActor
+from .errors import ActorError, CompactionFailed, NotFound, SessionParked, compact_error
 from .model.attachments import has_attachments
 from .model.attachments import resolve as resolve_attachments
 from .model.base import RetryNotice
 from .model.storable import storable_response
-from .stream_sink import StreamSink, close_cards
-from .dispatch import PooledActor
-from .errors import ActorError, CompactionFailed, NotFound, SessionParked, compact_error
 from .pubsub import Reply, TurnOutcome
-from .texts import Text
 from .session_decide import (
     AgentConfig,
     decide_cancel,
@@ -67,7 +65,9 @@ from .session_decide import (
     system_messages,
 )
 from .session_model import SessionState, decode_state, encode_state, evolve, new_state
+from .stream_sink import StreamSink, close_cards
 from .summary_records import encode_summary_record, rewrites_listing, summary_record, tombstone_record
+from .texts import Text
 
 if TYPE_CHECKING:
     from .compaction import Flight
@@ -846,7 +846,9 @@ class SessionBehaviour:
             out.append(("item/delta", delta(sid, item_id, text)))
         return out
 
-    def _loop_deltas_in_place(self, events: list[E.Event], inline: dict[str, Deltas]) -> dict[str, list[dict[str, Any]]] | None:
+    def _loop_deltas_in_place(
+        self, events: list[E.Event], inline: dict[str, Deltas]
+    ) -> dict[str, list[dict[str, Any]]] | None:
         """The ``assistant.delta`` data of the answers this commit took in place (what
         ``StreamSink`` hands a bot for each text delta), for the app's loop watchers; None when
         nobody watches (or no answer had text)."""

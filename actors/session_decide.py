@@ -21,7 +21,6 @@ from typing import Any
 import msgspec
 
 from eventstore import events as E
-
 from protocol.limits import MAX_TITLE
 
 from .context import SUMMARY_PREFIX, model_view

@@ -525,7 +525,7 @@ class SessionLoop:
         reply = self._watch(session_id, turn_id)
         try:
             outcome = await asyncio.wait_for(reply.future(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return TurnResult(state="timeout", turn_id=turn_id)
         finally:
             self.rt.results.cancel_wait(turn_id, reply.set)
@@ -590,7 +590,9 @@ class AsyncSessionLoop:
     def on_did_receive_event(self, callback: Callable[[LoopEvent], None]) -> Callable[[], None]:
         return self._sync.on_did_receive_event(callback)
 
-    async def list_events(self, session_id: str | None = None, after: int | None = None, limit: int = 100) -> EventsPage:
+    async def list_events(
+        self, session_id: str | None = None, after: int | None = None, limit: int = 100
+    ) -> EventsPage:
         return await asyncio.get_running_loop().run_in_executor(
             None, lambda: self._sync.list_events(session_id, after, limit))
 
@@ -699,6 +701,6 @@ async def _await_outcome(host: Any, session_id: str, turn_id: str, timeout_ms: i
     Session(host, session_id).watch_turn(turn_id, reply)
     try:
         outcome = await asyncio.wait_for(reply.future(), SessionLoop.clamp_timeout_ms(timeout_ms))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return TurnResult(state="timeout", turn_id=turn_id)
     return _turn_result(outcome)

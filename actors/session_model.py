@@ -31,7 +31,7 @@ STATE_FORMAT = 1  # bump when SessionState changes shape: old snapshots are then
 MAX_GRANTS = 100  # grants a session keeps (revoked and expired ones are dropped first)
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     IDLE = "idle"
     RUNNING = "running"
     WAITING_TOOL = "waiting_tool"

@@ -900,6 +900,6 @@ def _now() -> int:
 
 
 __all__ = [
-    "AGENT_VALUES", "MODEL_OPTIONS", "InvalidSetting", "SettingField", "SettingsService", "check_value", "default_fields",
-    "effective_prominence", "resolve", "session_setting_events", "sorted_fields",
+    "AGENT_VALUES", "MODEL_OPTIONS", "InvalidSetting", "SettingField", "SettingsService", "check_value",
+    "default_fields", "effective_prominence", "resolve", "session_setting_events", "sorted_fields",
 ]

@@ -17,8 +17,9 @@ handshake, ``serve``'s SIGHUP) and writes it whole and atomically (temp file, fs
 keeping every other key; a failed or refused save (no write bit on the file) is answered with
 the ``unsaved`` sentence, not raised. An edit that does not read as a configuration document
 (not TOML, a table that is not one, a value a field refuses: the caller's ``check``) is refused:
-logged once, naming the file and what is wrong, and the document read before stays in force. :func:`dump_toml` is the TOML
-writer (tomllib only reads); :func:`layer_path` says where a layer keeps a plugin's values.
+logged once, naming the file and what is wrong, and the document read before stays in force.
+:func:`dump_toml` is the TOML writer (tomllib only reads); :func:`layer_path` says where a layer
+keeps a plugin's values.
 """
 
 from __future__ import annotations

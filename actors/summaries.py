@@ -144,7 +144,9 @@ class SummaryIndex:
         return summary_from_record(cls._rooted(record, fields, records), fields.get(record.id))
 
     @staticmethod
-    def _rooted(record: SummaryRecord, fields: dict[str, TreeFields], records: dict[str, SummaryRecord]) -> SummaryRecord:
+    def _rooted(
+        record: SummaryRecord, fields: dict[str, TreeFields], records: dict[str, SummaryRecord]
+    ) -> SummaryRecord:
         """The record as its summary shows it: a child takes chat and place from its root."""
         tree = fields.get(record.id)
         if tree is not None and tree.root_id != record.id:

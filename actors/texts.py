@@ -120,8 +120,14 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
     },
     "compress.model-failed": {"en": "the summary model failed: {error}", "zh": "摘要模型出错：{error}"},
     "compress.model-empty": {"en": "the summary model returned nothing", "zh": "摘要模型没有返回任何内容"},
-    "compress.changed.input": {"en": _HISTORY_CHANGED_EN + "a new input arrived", "zh": _HISTORY_CHANGED_ZH + "来了新的输入"},
-    "compress.changed.turn": {"en": _HISTORY_CHANGED_EN + "a turn started", "zh": _HISTORY_CHANGED_ZH + "开始了新的一轮"},
+    "compress.changed.input": {
+        "en": _HISTORY_CHANGED_EN + "a new input arrived",
+        "zh": _HISTORY_CHANGED_ZH + "来了新的输入",
+    },
+    "compress.changed.turn": {
+        "en": _HISTORY_CHANGED_EN + "a turn started",
+        "zh": _HISTORY_CHANGED_ZH + "开始了新的一轮",
+    },
     "compress.changed.rewind": {
         "en": _HISTORY_CHANGED_EN + "the session was rewound",
         "zh": _HISTORY_CHANGED_ZH + "会话被回滚了",
@@ -192,8 +198,10 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "zh": "已生效，但没有保存：写入配置文件 {path} 失败（{error}），重启后这项改动会丢失。",
     },
     "field.llm.model.title": {"en": "Model", "zh": "模型"},
-    "field.llm.model.description": {"en": "The model this session talks to: one of the models the server is configured with.",
-                                    "zh": "这个会话使用的模型：服务器配置的模型之一。"},
+    "field.llm.model.description": {
+        "en": "The model this session talks to: one of the models the server is configured with.",
+        "zh": "这个会话使用的模型：服务器配置的模型之一。",
+    },
     "field.tools.permissionMode.title": {"en": "Tool permission", "zh": "工具权限"},
     "field.tools.permissionMode.description": {
         "en": "ask: approve risky calls; acceptCalls: run them; deny: refuse them.",
@@ -203,7 +211,8 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
     "field.agent.maxSteps.description": {
         "en": "After this many model calls a turn stops with a notice; continue resumes it. "
               "0: unlimited (turn/abort still stops a turn).",
-        "zh": "模型调用达到这个次数后，这一轮停下并发出通知，选择继续即可接着做。0 表示不限（turn/abort 照样能停下一轮）。",
+        "zh": "模型调用达到这个次数后，这一轮停下并发出通知，选择继续即可接着做。"
+              "0 表示不限（turn/abort 照样能停下一轮）。",
     },
     "field.agent.systemPrompt.title": {"en": "System prompt", "zh": "系统提示词"},
     "field.agent.systemPrompt.description": {
@@ -255,11 +264,20 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "en": "{field}: {name} does not apply to {kind} sessions",
         "zh": "{field}：{name} 不适用于 {kind} 会话",
     },
-    "setting.not-for-layer": {"en": "{field}: {name} does not apply to this layer", "zh": "{field}：{name} 不适用于这一层"},
+    "setting.not-for-layer": {
+        "en": "{field}: {name} does not apply to this layer",
+        "zh": "{field}：{name} 不适用于这一层",
+    },
     "setting.bad-platform": {"en": "{field}: not a platform name", "zh": "{field}：不是有效的平台名"},
     "setting.bad-type": {"en": "{field}: not a type name", "zh": "{field}：不是有效的类型名"},
-    "setting.no-place": {"en": "{field}: no place is recorded with key {key}", "zh": "{field}：没有记录键为 {key} 的场所"},
-    "setting.no-plugin": {"en": "{field}: {plugin} declares no session settings", "zh": "{field}：{plugin} 没有声明会话设置"},
+    "setting.no-place": {
+        "en": "{field}: no place is recorded with key {key}",
+        "zh": "{field}：没有记录键为 {key} 的场所",
+    },
+    "setting.no-plugin": {
+        "en": "{field}: {plugin} declares no session settings",
+        "zh": "{field}：{plugin} 没有声明会话设置",
+    },
     # --- errors an owner's client gets (ids, names and fields stay raw) ------------------------------
     "error.session-not-found": {"en": "session {session} not found", "zh": "会话 {session} 不存在"},
     "error.session-parked": {"en": "session {session} is parked: {reason}", "zh": "会话 {session} 已挂起：{reason}"},
@@ -270,7 +288,10 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "en": "turn {turn} is not the running turn ({current})",
         "zh": "回合 {turn} 不是正在进行的那一轮（{current}）",
     },
-    "error.turn-not-found": {"en": "turn {turn} not found in session {session}", "zh": "会话 {session} 里没有回合 {turn}"},
+    "error.turn-not-found": {
+        "en": "turn {turn} not found in session {session}",
+        "zh": "会话 {session} 里没有回合 {turn}",
+    },
     "error.title-empty": {"en": "title must not be empty", "zh": "标题不能为空"},
     "error.title-too-long": {
         "en": "{field}: at most {max} characters, got {got}",
@@ -286,8 +307,14 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
     },
     "error.compress-refused": {"en": "compression refused: {error}", "zh": "压缩被拒绝：{error}"},
     "error.compress-failed": {"en": "compression failed: {error}", "zh": "压缩失败：{error}"},
-    "error.rewind-scope": {"en": "scope must be 'code' or 'code-and-chat'", "zh": "scope 只能是 'code' 或 'code-and-chat'"},
-    "error.rewind-busy": {"en": "a turn is running; rewind needs an idle session", "zh": "有一轮正在进行；回滚需要会话空闲"},
+    "error.rewind-scope": {
+        "en": "scope must be 'code' or 'code-and-chat'",
+        "zh": "scope 只能是 'code' 或 'code-and-chat'",
+    },
+    "error.rewind-busy": {
+        "en": "a turn is running; rewind needs an idle session",
+        "zh": "有一轮正在进行；回滚需要会话空闲",
+    },
     "error.rewind-busy-meanwhile": {
         "en": "a turn started meanwhile; rewind needs an idle session",
         "zh": "期间开始了新的一轮；回滚需要会话空闲",
@@ -301,7 +328,10 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "zh": "历史游标 {cursor} 指向的消息已不在存档里",
     },
     "error.task-not-found": {"en": "background task {task} not found", "zh": "后台任务 {task} 不存在"},
-    "error.grant-not-found": {"en": "grant {grant} not found in session {session}", "zh": "会话 {session} 里没有授权 {grant}"},
+    "error.grant-not-found": {
+        "en": "grant {grant} not found in session {session}",
+        "zh": "会话 {session} 里没有授权 {grant}",
+    },
     "error.grants-forbidden": {
         "en": "this connection's identity may not revoke approval grants",
         "zh": "这条连接的身份不能撤销审批授权",
@@ -318,7 +348,10 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "zh": "内容哈希与审批 {approval} 不符",
     },
     "error.params": {"en": "params.{problem}", "zh": "params.{problem}"},
-    "error.grant-scope": {"en": "grant.scope must be 'turn' or 'session'", "zh": "grant.scope 只能是 'turn' 或 'session'"},
+    "error.grant-scope": {
+        "en": "grant.scope must be 'turn' or 'session'",
+        "zh": "grant.scope 只能是 'turn' 或 'session'",
+    },
     "error.grant-prefix-tool": {
         "en": "grant.commandPrefix applies to exec approvals, not {tool}",
         "zh": "grant.commandPrefix 只用于 exec 的审批，不能用于 {tool}",
@@ -331,7 +364,10 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "en": "grant.commandPrefix must be shell words (balanced quotes)",
         "zh": "grant.commandPrefix 须为 shell 词（引号成对）",
     },
-    "error.grant-expiry": {"en": "grant.expiresInMs must be from 1 to {max}", "zh": "grant.expiresInMs 须在 1 到 {max} 之间"},
+    "error.grant-expiry": {
+        "en": "grant.expiresInMs must be from 1 to {max}",
+        "zh": "grant.expiresInMs 须在 1 到 {max} 之间",
+    },
     "error.owner-only": {"en": "{method} is for the owner", "zh": "{method} 只供 owner 使用"},
     "error.app-mode-forbidden": {
         "en": "app {app} may not set permission mode {mode}: its manifest allows {allowed}",
@@ -350,7 +386,10 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
     "error.method-unavailable": {"en": "{method} is not available on this server", "zh": "这个服务器不提供 {method}"},
     "error.too-many-attachments": {"en": "{field}: at most {max} attachments", "zh": "{field}：最多 {max} 个附件"},
     "error.not-data-url": {"en": "{field}: not a base64 data URL", "zh": "{field}：不是 base64 的 data URL"},
-    "error.attachment-too-large": {"en": "{field}: {size} bytes, more than 20 MB", "zh": "{field}：{size} 字节，超过 20 MB"},
+    "error.attachment-too-large": {
+        "en": "{field}: {size} bytes, more than 20 MB",
+        "zh": "{field}：{size} 字节，超过 20 MB",
+    },
     "error.attachments-too-large": {"en": "{field}: more than 20 MB together", "zh": "{field}：合计超过 20 MB"},
 }
 

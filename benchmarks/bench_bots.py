@@ -28,8 +28,9 @@ ws: unpinned, and the server under ``taskset -c 0`` with the bots under ``taskse
 2. **overload** (``--overload-bots`` bots): ``--overload-one`` sends to one session at once (over
    the 20-unfinished-turns-per-session quota), then ``--overload-each`` to every session of the bot
    at once (over the 200-per-app quota); each session's first one is ``!sleep 2000`` (so no turn
-   ends while the others are sent, whatever the transport's speed), the rest ``!sleep 20``. Reported: the ``rejected`` receipt rate, whether
-   every rejection says ``retryAfterMs: 1000``, whether repeats of accepted keys sent while over
+   ends while the others are sent, whatever the transport's speed), the rest ``!sleep 20``.
+   Reported: the ``rejected`` receipt rate, whether every rejection says ``retryAfterMs: 1000``,
+   whether repeats of accepted keys sent while over
    quota still get ``duplicate``; then every accepted turn is waited for, and rejected keys sent
    again after the queue drained must be accepted (a rejection is not recorded).
 3. **event-log check**: every idempotency key appears once among ``input.accepted`` (with its
@@ -376,7 +377,8 @@ async def overload(api: Any, rec: Record, spec: dict[str, Any]) -> dict[str, Any
     sent = out["one_sent"] + out["app_sent"]
     rejected_n = out["one_rejected"] + out["app_rejected"]
     return {**out, "app_quota_held": out["peak_unfinished"] <= APP_QUOTA,
-            "quota_test_conclusive": out["send_window_ms"] < HEAD_SLEEP_MS, "sent": sent, "rejected": rejected_n, "rejected_rate": rejected_n / sent if sent else 0.0,
+            "quota_test_conclusive": out["send_window_ms"] < HEAD_SLEEP_MS, "sent": sent, "rejected": rejected_n,
+            "rejected_rate": rejected_n / sent if sent else 0.0,
             "all_rejections_retry_after_1000": out["retry_after_1000"] == rejected_n,
             "dups_over_quota_all_duplicate": out["dups_over_quota_ok"] == out["dups_over_quota"],
             "rejected_resent_all_accepted": out["rejected_resent_accepted"] == out["rejected_resent"]}

@@ -67,10 +67,10 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
+import msgspec
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-
-import msgspec
 
 from benchmarks.measure import now, percentile, proc_cpu_s, proc_rss_mib, run_job, write_results  # noqa: E402
 from benchmarks.server_proc import ServerProc
@@ -559,7 +559,8 @@ async def _fanout(spec: dict[str, Any], server: ServerProc, subscribers: list[Su
         await driver.close()
     server_exit = server.stop()
     check = check_and_measure(driver, read_log(data_dir), results, conn_session, per, subscribed_from)
-    lat, spreads, acks = sorted(check.pop("latencies")), sorted(check.pop("spreads")), sorted(v for k, v in driver.acks.items() if k in driver.measured)
+    lat, spreads = sorted(check.pop("latencies")), sorted(check.pop("spreads"))
+    acks = sorted(v for k, v in driver.acks.items() if k in driver.measured)
     w0, w1 = out.pop("window")
     span = w1 - w0
     lo, hi = int(w0 * 10), int(w1 * 10)
@@ -585,7 +586,8 @@ async def _fanout(spec: dict[str, Any], server: ServerProc, subscribers: list[Su
         "ack_p50_ms": percentile(acks, 0.50) * 1000, "ack_p99_ms": percentile(acks, 0.99) * 1000,
         "spread_p50_ms": percentile(spreads, 0.50) * 1000, "spread_p99_ms": percentile(spreads, 0.99) * 1000,
         "latency_samples": len(lat), "rate_limited_sends": driver.rate_limited,
-        "server_cpu_pct": out["server_cpu_s"] / span * 100, "subscribers_cpu_pct": out["subscribers_cpu_s"] / span * 100,
+        "server_cpu_pct": out["server_cpu_s"] / span * 100,
+        "subscribers_cpu_pct": out["subscribers_cpu_s"] / span * 100,
         "driver_cpu_pct": out["driver_cpu_s"] / span * 100,
         "stale_dropped": sum(sub["problems"].get("stale (seq <= snapshot), dropped", 0) for sub in results),
         "frames_by_method": dict(methods), "item_completed_by_kind": dict(kinds),
@@ -764,8 +766,8 @@ def main() -> None:
                 failed.append(k)
                 print(f"event log check ({k}): FAILED {[s['check']['problems'][:3] for s in res['samples']]}")
         if not failed:
-            print(f"event log check (turn runs): ok, {sum(s['check']['turns_verified'] for v in turn_samples.values() for s in v):,} "
-                  f"turns, none lost or duplicated")
+            verified = sum(s["check"]["turns_verified"] for v in turn_samples.values() for s in v)
+            print(f"event log check (turn runs): ok, {verified:,} turns, none lost or duplicated")
     write_results("fanout", results)
     if failed:
         raise SystemExit(f"event log check FAILED: {', '.join(failed)}")

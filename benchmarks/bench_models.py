@@ -16,8 +16,9 @@ One warm-up turn per session first (connections opened, code warm), then the mea
 Reported per run: turns/s; the host process's CPU ms per turn (user + system over the measured
 turns, the in-process driver included, the fake excluded); the time the server adds per turn:
 the turn's latency (send -> turn ended) minus the fake's own time for that answer (arrival ->
-last byte), p50/p95/p99, which includes the wait for a slot of the model's limit; and the fake's connection count (new TCP connections in the measured
-turns: the SDK keeps up to 100 idle connections per client). Pinned: the host on CPU 0, the fake
+last byte), p50/p95/p99, which includes the wait for a slot of the model's limit; and the fake's
+connection count (new TCP connections in the measured turns: the SDK keeps up to 100 idle
+connections per client). Pinned: the host on CPU 0, the fake
 on CPU 1 (``taskset``). Every turn's text is checked (50 chunks joined); anything else fails the
 run. Prints a table and writes ``benchmarks/results/models.json``.
 """
@@ -84,7 +85,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     data = tempfile.mkdtemp(prefix="bench-models-")
     host = Host.open(data, durability="nosync", permission_mode="acceptCalls")
     provider = OpenAIProvider(model="fake-model", base_url=f"http://127.0.0.1:{spec['port']}/v1", api_key="sk-bench",
-                              limits=ModelLimits(max_concurrency=spec["max_concurrency"]), retry=RetryPolicy(attempts=3))
+                              limits=ModelLimits(max_concurrency=spec["max_concurrency"]),
+                              retry=RetryPolicy(attempts=3))
     host.rt.set_provider(provider)
     expected = "".join(f"w{i} " for i in range(spec["chunks"]))
     try:
@@ -184,7 +186,8 @@ def main() -> None:
             fake.terminate()
             fake.wait(10)
     results["machine_reference_ms_after"] = round(machine_reference_ms(), 1)
-    print(f"\n{args.sessions} sessions x {args.turns} turns, model concurrency {args.max_concurrency or args.sessions}, "
+    print(f"\n{args.sessions} sessions x {args.turns} turns, "
+          f"model concurrency {args.max_concurrency or args.sessions}, "
           f"fake: {args.chunks} chunks over {args.latency_ms:g} ms")
     parse = results["chunk_parse_us"]
     print(f"one chunk from JSON: SDK typed {parse['typed']} us, plain dict {parse['json']} us")

@@ -77,7 +77,8 @@ from benchmarks.measure import (
     write_results,
 )
 from cli.bench_cmd import BenchConfig, inprocess_turn, is_tool_turn, sessions_per_connection
-from cli.bench_observers import OBSERVE_MODES, attach, create_sessions as create_observed_sessions
+from cli.bench_observers import OBSERVE_MODES, attach
+from cli.bench_observers import create_sessions as create_observed_sessions
 from eventstore import events as E
 
 CACHE = os.path.join(RESULTS, ".cache")
@@ -271,7 +272,8 @@ async def measure(host: Host, spec: dict[str, Any], ids: list[str]) -> dict[str,
     info, turns = host.store.info(), len(rec.sent)
     checked = verify(host, head0, rec)
     if seen is not None and not seen["ok"]:
-        raise RuntimeError(f"stream check FAILED ({seen['mode']}): {seen['broken']} problems, e.g. {seen['problems'][:3]}")
+        raise RuntimeError(f"stream check FAILED ({seen['mode']}): {seen['broken']} problems, "
+                           f"e.g. {seen['problems'][:3]}")
     return {"turns": turns, "seconds": wall, "turns_per_s": turns / wall, **rec.summary(),
             "events_per_s": (host.store.head_position - head0) / wall,
             "events_per_turn": (host.store.head_position - head0) / turns,

@@ -64,8 +64,6 @@ from cli.bench_cmd import (
 )
 from cli.bench_observers import OBSERVE_MODES
 
-
-
 # --- LangGraph side -------------------------------------------------------------------------------
 
 

@@ -8,7 +8,6 @@ import click
 
 from eventstore.errors import SessionloopError
 
-
 #: Commands are imported when used: ``serve`` does not load the client, and the client does not
 #: load the server (click's documented lazy-loading pattern).
 COMMANDS: dict[str, str] = {

@@ -371,7 +371,8 @@ def _turn_line(turn: Any, entry: Any) -> str:
     if turn.ended_at is None:
         return f"{head}, {_clock(turn.started_at)})  -> still running"
     outcome = f" ({turn.outcome})" if turn.outcome else ""
-    return f"{head}-v{turn.last_version}, {_clock(turn.started_at)})  -> {turn.status}{outcome} in {turn.duration_ms} ms"
+    return (f"{head}-v{turn.last_version}, {_clock(turn.started_at)})  "
+            f"-> {turn.status}{outcome} in {turn.duration_ms} ms")
 
 
 def _entry_text(e: Any) -> str:
@@ -925,7 +926,8 @@ def _open_rerun_host(data_dir: str, max_steps: int | None) -> Any:
     from actors.runtime import HostOptions
 
     try:
-        return Host.open(data_dir, durability="sync", max_steps=HostOptions().max_steps if max_steps is None else max_steps)  # 0: unlimited
+        steps = HostOptions().max_steps if max_steps is None else max_steps  # 0: unlimited
+        return Host.open(data_dir, durability="sync", max_steps=steps)
     except StoreLocked as e:
         raise click.ClickException(
             f"{data_dir} is in use by a running server ({e.holder}); rerun forks the session in the same data "
@@ -997,9 +999,9 @@ def rerun(session: str, from_turn: int, provider: str, tools_mode: str, override
     unfinished = _other_unfinished(data_dir, session_id)
     if unfinished:
         raise click.ClickException(
-            f"{len(unfinished)} other session(s) in {data_dir} have unfinished work (e.g. {unfinished[0]}) that opening "
-            "the directory would resume with the rerun's model; start the server once to let them finish, or rerun "
-            "on a copy of the directory")
+            f"{len(unfinished)} other session(s) in {data_dir} have unfinished work (e.g. {unfinished[0]}) "
+            "that opening the directory would resume with the rerun's model; start the server once to let them "
+            "finish, or rerun on a copy of the directory")
     host = _open_rerun_host(data_dir, plan.max_steps)
     try:
         events = _read_session(host.store, data_dir, session_id)
@@ -1227,7 +1229,8 @@ def import_events(file: Any, data_dir: str, as_id: str | None) -> None:
     stream = f"session-{session_id}"
     try:
         if store.stream_version(stream) > 0:
-            raise click.ClickException(f"session {session_id} already exists in {data_dir}; choose another id with --as")
+            raise click.ClickException(
+                f"session {session_id} already exists in {data_dir}; choose another id with --as")
         store.append(stream, [msgspec.Raw(p) for p in payloads], expected_version=0,  # type: ignore[misc]
                      meta=encode_summary_record(summary_record(state)),
                      flags={"active": bool(state.current_turn or state.queue)})

@@ -87,7 +87,8 @@ def _check_feed(txn: Any, dbs: dict[str, Any], records: dict[int, CommitRecordIn
         counts[prefix] = counts.get(prefix, 0) + 1
         rec = _covering(records, ends, position)
         if rec is None or rec.feed is None or K.feed_prefix(rec.feed) != prefix:
-            problems.append(f"feed entry {prefix[:-1].decode(errors='replace')}@{position} points at no event of that app")
+            app = prefix[:-1].decode(errors="replace")
+            problems.append(f"feed entry {app}@{position} points at no event of that app")
     for prefix, n in counts.items():
         stored = txn.get(b"feedcount\x00" + prefix, db=dbs["meta"])
         if stored is None or int(_any_dec.decode(stored)) != n:

@@ -18,7 +18,8 @@ import msgspec
 from .errors import EventDecodeError
 from .events import EVENT_TYPES, AnyEvent, Event, UnknownEvent
 
-EventUnion = Union[EVENT_TYPES]  # type: ignore[valid-type]
+# a union of a runtime tuple of types: `X | Y` has no spelling for it
+EventUnion = Union[EVENT_TYPES]  # type: ignore[valid-type]  # noqa: UP007
 
 KNOWN_TAGS: frozenset[str] = frozenset(
     t.__struct_config__.tag for t in EVENT_TYPES  # type: ignore[misc]

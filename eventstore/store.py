@@ -12,12 +12,13 @@ from typing import Any
 
 import msgspec
 
+from . import keys as K
 from .batch import ANY_VERSION, AppendOp, FlagsOp, MetaOp, PurgeOp, SnapshotOp
-from .errors import IdempotencyConflict, StreamDeleted
 from .codec import decode_event, encode_json, event_to_builtins
+from .errors import IdempotencyConflict, StreamDeleted
 from .events import Event
 from .groupcommit import HistogramSnapshot
-from .lmdb_recorder import DAY_MS, LmdbRecorder
+from .lmdb_recorder import LmdbRecorder
 from .records import (
     AppendResult,
     CommitRecordIn,
@@ -27,7 +28,6 @@ from .records import (
     Snapshot,
     StreamPage,
 )
-from . import keys as K
 
 __all__ = ["ANY_VERSION", "NO_STREAM", "EventStore", "request_hash"]
 

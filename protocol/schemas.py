@@ -61,11 +61,9 @@ from .schemas_types import (  # re-exported: one import site for every wire shap
     BackgroundCall,
     BackgroundTask,
     ChatInfo,
-    check_json_value,
     ClientInfo,
     CommandDisplay,
     DataUrl,
-    decode_data_url,
     Features,
     FileChangeDisplay,
     Forward,
@@ -74,7 +72,6 @@ from .schemas_types import (  # re-exported: one import site for every wire shap
     GrantTerms,
     Id,
     Identity,
-    is_unset,
     ItemAttachment,
     JsonValue,
     LastTurn,
@@ -113,6 +110,9 @@ from .schemas_types import (  # re-exported: one import site for every wire shap
     UsagePart,
     UserMessageItem,
     Wire,
+    check_json_value,
+    decode_data_url,
+    is_unset,
 )
 
 # --- shared --------------------------------------------------------------------------------------

@@ -34,8 +34,9 @@ Outgoing frames: every connection has a bounded outbox: pushes from actor thread
 without blocking them; a client that does not read lets its outbox grow to ``max_outbox_bytes``,
 then it is closed with code 4008 ("slow consumer") and unsubscribed at once. Writers are
 woken in bursts (:class:`Waker`) and write what they have queued in batches, a batch each in
-turn, of frame bytes made once per push for all its subscribers (:class:`WireFrames`). Every close the server starts — 4008, 1013,
-the protocol's own, 1001 at shutdown — gives the peer ``close_timeout`` seconds to take the
+turn, of frame bytes made once per push for all its subscribers (:class:`WireFrames`). Every
+close the server starts — 4008, 1013, the protocol's own, 1001 at shutdown — gives the peer
+``close_timeout`` seconds to take the
 close frame and answer it; a peer that does not (its socket buffer is full because it does not
 read) is then cut off with a TCP reset, so neither the process nor the kernel keeps its buffers.
 A connection whose socket has taken nothing for ``ping_interval + ping_timeout`` while frames

@@ -59,7 +59,8 @@ class FakeOpenAI:
             name = choice["function"]["name"]
             out = [chunk(tool_calls=[{"index": 0, "id": "call_fake", "type": "function",
                                       "function": {"name": name, "arguments": ""}}])]
-            out += [chunk(tool_calls=[{"index": 0, "function": {"arguments": piece}}]) for piece in ('{"text"', ': "ok"}')]
+            out += [chunk(tool_calls=[{"index": 0, "function": {"arguments": piece}}])
+                    for piece in ('{"text"', ': "ok"}')]
             out.append(chunk(finish="tool_calls"))
         else:
             out = [chunk(piece) for piece in ("reply ", "from ", model)]

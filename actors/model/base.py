@@ -246,8 +246,8 @@ def make_provider(name: str, **options: Any) -> Provider:
     ``mock`` takes ``latency_ms``; ``scripted`` takes ``responses``; ``replay`` takes
     ``recorded`` (``LlmCompleted`` events); ``openai`` takes ``model``, ``base_url``,
     ``api_key``, ``timeout``, ``limits`` (:class:`~actors.model.limits.ModelLimits`), ``retry``
-    (:class:`~actors.model.limits.RetryPolicy`) and ``vision``. Raises ModelError for an unknown name or bad options, so a
-    misspelt ``--provider`` becomes one clear line.
+    (:class:`~actors.model.limits.RetryPolicy`) and ``vision``. Raises ModelError for an unknown
+    name or bad options, so a misspelt ``--provider`` becomes one clear line.
     """
     # Imported here: each provider module imports this one.
     from .mock import MockProvider

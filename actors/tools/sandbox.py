@@ -167,7 +167,7 @@ class PidsCgroups:
         except OSError as e:
             return None, f"cannot read /proc/self/cgroup: {e.strerror}"
         reasons: list[str] = []
-        for hid, controllers, path in lines:
+        for _hid, controllers, path in lines:
             if "pids" in controllers.split(","):
                 found = cls._try(os.path.join("/sys/fs/cgroup/pids", path.lstrip("/")), v2=False, why=reasons)
                 if found is not None:

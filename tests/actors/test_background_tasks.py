@@ -96,7 +96,7 @@ def test_stop_waits_until_the_task_settles_and_sends_the_model_no_notice(bg):
 def test_stop_all_stops_the_tasks_of_a_session(bg):
     host, svc, c = bg
     sid = new_session(c)
-    for i in range(2):
+    for _ in range(2):
         c.result("turn/send", {"sessionId": sid, "content": '!tool exec {"command": "sleep 30", "background": true}'})
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and host.rt.tasks_service.running_count(sid) < 2:
@@ -147,8 +147,8 @@ def test_output_older_than_the_kept_tail_is_reported_truncated(bg):
     host, svc, c = bg
     c.result("background/watch", {})
     sid = new_session(c)
-    c.result("turn/send", {"sessionId": sid, "content":
-                           '!tool exec {"command": "head -c 300000 /dev/zero | tr \\"\\\\\\\\0\\" a", "background": true}'})
+    command = '{"command": "head -c 300000 /dev/zero | tr \\"\\\\\\\\0\\" a", "background": true}'
+    c.result("turn/send", {"sessionId": sid, "content": "!tool exec " + command})
     done = wait_task(c, "completed")
     whole = c.result("background/output", {"taskId": done["id"]})
     assert whole["end"] == 300_000 and whole["truncated"] is True

@@ -268,7 +268,7 @@ def test_trimming_always_keeps_the_current_turn_and_the_latest_tool_batch(
     current = history.messages[history.current_start :]
     tail = sent[len(sent) - len(current) :]
     assert [(m.role, m.tool_call_id) for m in tail] == [(m.role, m.tool_call_id) for m in current]
-    for kept, original in zip(tail, current):
+    for kept, original in zip(tail, current, strict=True):
         if original.role != "tool":
             assert kept == original
     for batch_message in history.latest_batch:

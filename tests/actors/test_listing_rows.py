@@ -91,9 +91,9 @@ def index_of(store: Any, recs: list[SummaryRecord]) -> SummaryIndex:
     return index
 
 
-def answer(fn: Any) -> Any:
+def answer(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
-        return fn()
+        return fn(*args, **kwargs)
     except RpcError as e:
         return ("error", e.code, e.message)
 
@@ -115,9 +115,9 @@ def test_every_page_over_rows_equals_the_page_over_full_summaries(store: Any, re
     cursor, pages = None, 0
     while True:
         params = SessionsListParams(**{k: v for k, v in raw.items() if v is not None}, cursor=cursor)
-        full = answer(lambda: list_sessions(index.summaries(visible), params, search_terms=terms))
-        light = answer(lambda: list_sessions(index.rows(visible), params, search_terms=terms,
-                                             materialize=summary_from_row, key=listing_key))
+        full = answer(list_sessions, index.summaries(visible), params, search_terms=terms)
+        light = answer(list_sessions, index.rows(visible), params, search_terms=terms,
+                       materialize=summary_from_row, key=listing_key)
         assert light == full
         if isinstance(full, tuple) or full.next_cursor is None:
             break

@@ -61,7 +61,8 @@ def test_turn_and_commit_counts_from_many_threads_add_up_exactly(open_host, thre
     assert m["sessionloop_session_commits_total"] >= 30 * 4
     # the store's histograms: one observation per write transaction, per request, per append
     info = host.store.info()
-    assert m["sessionloop_store_commit_duration_seconds_count"] == m["sessionloop_store_commit_batches"] == info["batches"]
+    assert (m["sessionloop_store_commit_duration_seconds_count"] == m["sessionloop_store_commit_batches"]
+            == info["batches"])
     assert m["sessionloop_store_commit_batch_size_count"] == info["batches"]
     assert m["sessionloop_store_commit_batch_size_sum"] == m["sessionloop_store_commit_requests"] == info["requests"]
     assert m['sessionloop_store_commit_batch_size_bucket{le="+Inf"}'] == info["batches"]

@@ -26,7 +26,7 @@ def ref(name: str, kind: str, mime: str, data: bytes, sha: str) -> E.AttachmentR
 
 
 def test_an_image_goes_as_an_attachment_a_text_file_is_inlined_and_the_rest_is_described() -> None:
-    blobs = {"a" * 64: PNG, "b" * 64: "line one\nline two".encode(), "c" * 64: b"\x00\x01binary", "e" * 64: b"x"}
+    blobs = {"a" * 64: PNG, "b" * 64: b"line one\nline two", "c" * 64: b"\x00\x01binary", "e" * 64: b"x"}
     refs = (ref("pic.png", "image", "image/png", PNG, "a" * 64),
             ref("notes.txt", "file", "application/octet-stream", blobs["b" * 64], "b" * 64),
             ref("data.bin", "file", "application/octet-stream", blobs["c" * 64], "c" * 64),

@@ -32,7 +32,9 @@ def write(tmp_path: Any, text: str) -> str:
     return path
 
 
-def load(tmp_path: Any, text: str, flags: ModelFlags | None = None, env: dict[str, str] | None = None) -> list[ModelConfig]:
+def load(
+    tmp_path: Any, text: str, flags: ModelFlags | None = None, env: dict[str, str] | None = None
+) -> list[ModelConfig]:
     return load_model_configs(write(tmp_path, text), flags, ENV if env is None else env)
 
 

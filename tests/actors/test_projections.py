@@ -18,7 +18,6 @@ from actors.projections import (
     Push,
 )
 from actors.session_model import SessionState, evolve, new_state
-from actors.texts import enc_hook
 from actors.summary_records import (
     SummaryRecord,
     decode_summary_record,
@@ -28,6 +27,7 @@ from actors.summary_records import (
     summary_of,
     summary_record,
 )
+from actors.texts import enc_hook
 from eventstore import events as E
 from protocol.listing import compute_tree_fields
 from protocol.schemas_types import (

@@ -248,7 +248,7 @@ def test_200_sessions_never_hold_more_requests_open_than_the_model_concurrency_l
     fake, provider = model(host, script, limits=ModelLimits(max_concurrency=8))
     sessions = [host.create() for _ in range(200)]
     receipts = [s.send(f"n{i}") for i, s in enumerate(sessions)]
-    results = [s.wait(r.turn_id, timeout=120) for s, r in zip(sessions, receipts)]
+    results = [s.wait(r.turn_id, timeout=120) for s, r in zip(sessions, receipts, strict=True)]
     assert [r.output_text for r in results] == [f"answer n{i}" for i in range(200)]
     assert fake.fake.max_open == 8  # reached, never passed
     assert provider.stats.delayed > 0 and provider.stats.waiting == 0

@@ -31,8 +31,8 @@ from actors.replay import (
     verify,
 )
 from actors.session import Apply
-from actors.summary_records import encode_summary_record, summary_record
 from actors.session_model import encode_state
+from actors.summary_records import encode_summary_record, summary_record
 from eventstore import events as E
 from eventstore.records import RecordedEvent, Snapshot
 

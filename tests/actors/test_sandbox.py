@@ -29,7 +29,8 @@ def test_the_data_directory_is_masked_before_the_workspace_inside_it_is_bound_ba
     ws.mkdir(parents=True)
     args = argv(Sandbox(hidden=[str(data), str(data / "workspaces")]), "workspace-write", ws)
     assert args.index(str(data)) < args.index(str(data / "workspaces")) < args.index("--bind")
-    assert pairs(args, "--bind") == [str(ws)] and pairs(args, "--tmpfs") == ["/tmp", str(data), str(data / "workspaces")]
+    assert pairs(args, "--bind") == [str(ws)]
+    assert pairs(args, "--tmpfs") == ["/tmp", str(data), str(data / "workspaces")]
 
 
 def test_a_hidden_path_inside_the_workspace_is_masked_after_the_bind(tmp_path: Path) -> None:
@@ -68,7 +69,8 @@ def test_the_environment_of_a_command_holds_nothing_of_the_servers_but_path(tmp_
 
 def test_policies_are_ordered_from_read_only_to_full_access() -> None:
     assert [policy_rank(p) for p in POLICIES] == [0, 1, 2, 3]
-    assert policy_at_most("read-only", "workspace-write") and not policy_at_most("danger-full-access", "workspace-write")
+    assert policy_at_most("read-only", "workspace-write")
+    assert not policy_at_most("danger-full-access", "workspace-write")
     with pytest.raises(ValueError, match="unknown sandbox policy 'root'"):
         policy_rank("root")
 

@@ -114,10 +114,12 @@ def test_attachment_limits_are_ten_and_20_mb(bot):
     ref = E.AttachmentRef(name="a", kind="file", mime="application/octet-stream", size=10, sha256="0" * 64)
     with pytest.raises(InvalidCommand, match="at most 10"):
         bot.send(s.session_id, "x", idempotency_key="a", attachments=[ref] * 11)
-    big = E.AttachmentRef(name="b", kind="file", mime="application/octet-stream", size=21 * 1024 * 1024, sha256="0" * 64)
+    big = E.AttachmentRef(name="b", kind="file", mime="application/octet-stream", size=21 * 1024 * 1024,
+                          sha256="0" * 64)
     with pytest.raises(InvalidCommand, match="20 MB each"):
         bot.send(s.session_id, "x", idempotency_key="b", attachments=[big])
-    half = E.AttachmentRef(name="c", kind="file", mime="application/octet-stream", size=11 * 1024 * 1024, sha256="0" * 64)
+    half = E.AttachmentRef(name="c", kind="file", mime="application/octet-stream", size=11 * 1024 * 1024,
+                           sha256="0" * 64)
     with pytest.raises(InvalidCommand, match="together"):
         bot.send(s.session_id, "x", idempotency_key="c", attachments=[half, half])
 
@@ -265,7 +267,7 @@ def test_quota_rejection_and_recovery_for_200_unfinished_turns_of_an_app(loop_ho
     assert (refused.state, refused.retry_after_ms, refused.turn_id) == ("rejected", 1000, None)
     assert loop_host.store.head_position == head and loop_host.rt.app_unfinished["mybot"] == 200
     gate.opened.set()
-    for sid, receipts in zip(full, filled):
+    for sid, receipts in zip(full, filled, strict=True):
         assert bot.wait_for_turn(sid, receipts[-1].turn_id, timeout_ms=30_000).state == "completed"
     again = bot.send(idle, "hello", idempotency_key="idle-1")
     assert again.state == "accepted"

@@ -319,7 +319,7 @@ def test_messages_to_a_missing_session_are_not_found(host):
     with pytest.raises(NotFound):
         host.session("missing").send("hi")
     with pytest.raises(NotFound):
-        host.session("missing").state
+        _ = host.session("missing").state
 
 
 def test_a_provider_answer_with_a_tool_call_and_text_keeps_both(open_host):

@@ -187,7 +187,8 @@ def test_a_card_answered_first_on_another_client_prints_that_settlement_and_stop
             await other.call("presence/update", {"active": True})  # pending cards are pushed again
             while True:
                 note = await other.next(timeout=WAIT_S)
-                if note.method == "approval/requested" and note.params.approval.facts.command == "echo decided-elsewhere":
+                if (note.method == "approval/requested"
+                        and note.params.approval.facts.command == "echo decided-elsewhere"):
                     break
             a = note.params.approval
             await other.call("approval/respond", {"approvalId": a.id, "decision": "approve",

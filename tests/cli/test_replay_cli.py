@@ -20,8 +20,8 @@ from click.testing import CliRunner, Result
 
 from actors.host import Host
 from actors.model import ScriptedProvider
-from actors.summary_records import decode_summary_record, encode_summary_record
 from actors.session_model import encode_state
+from actors.summary_records import decode_summary_record, encode_summary_record
 from cli.main import main
 from eventstore import EventStore
 from eventstore import events as E
@@ -270,8 +270,8 @@ def test_verify_ignores_listing_fields_that_come_from_other_streams(recorded) ->
     with EventStore.open(os.path.join(data_dir, "store"), durability="nosync") as store:
         record = decode_summary_record(store.stream_meta(stream))
         events = store.read_stream(stream)
-        from actors.summary_records import summary_record
         from actors.replay import fold_events
+        from actors.summary_records import summary_record
 
         state = fold_events(session_id, events)
         state = fold_events(session_id, [E.SessionSeen(at=state.updated_at)], state)
@@ -442,7 +442,8 @@ def test_rerun_refuses_an_unknown_model_step_or_a_bad_answer(recorded) -> None:
         (['llm:1={"txt": "a"}'], "not a model answer (Object contains unknown field `txt`)"),
         (["llm:1=[]"], "a model answer must be a JSON object"),
         (['llm:1={"text": "a'], "--override-tool llm:1: not valid JSON"),
-        (['llm:1={"text": "a"}', 'llm:1={"text": "b"}'], "--override-tool llm:1: the same step as --override-tool llm:1"),
+        (['llm:1={"text": "a"}', 'llm:1={"text": "b"}'],
+         "--override-tool llm:1: the same step as --override-tool llm:1"),
     ):
         args = [arg for value in overrides for arg in ("--override-tool", value)]
         result = cli("rerun", session_id, "--data", data_dir, "--from-turn", "1", *args)

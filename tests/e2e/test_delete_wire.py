@@ -187,7 +187,8 @@ def test_a_batch_delete_ends_the_work_of_every_session_in_it_and_names_only_the_
             child = await new_session(c, "child of a", parentId=a)
             for sid in (a, b):
                 await accept_calls(c, sid)
-            tasks = {await background_command(c, a, f"sleep {first}"), await background_command(c, b, f"sleep {second}")}
+            tasks = {await background_command(c, a, f"sleep {first}"),
+                     await background_command(c, b, f"sleep {second}")}
             await until_running(first, second)
             result = await c.result("session/batch", {"op": "delete", "ids": [a, child, b, "no-such-session"]})
             removed = await removals(c, "background/changed", tasks)
@@ -244,9 +245,10 @@ def deleted(tmp_path_factory) -> Deleted:
                 "text": f"{SECRET} first", "idempotencyKey": "create-1"}})
             sid = made["sessionId"]
             await bot.result("loop/waitForTurn", {"sessionId": sid, "turnId": made["turnId"]})
-            sent = await bot.result("loop/send", {"sessionId": sid, "text": f"{SECRET} with files", "idempotencyKey": "k1",
-                                                  "attachments": [{"data": _data_url(shared), "name": "s.bin"},
-                                                                  {"data": _data_url(own), "name": "o.bin"}]})
+            sent = await bot.result("loop/send", {
+                "sessionId": sid, "text": f"{SECRET} with files", "idempotencyKey": "k1",
+                "attachments": [{"data": _data_url(shared), "name": "s.bin"},
+                                {"data": _data_url(own), "name": "o.bin"}]})
             await bot.result("loop/waitForTurn", {"sessionId": sid, "turnId": sent["turnId"]})
             await c.result("session/subscribe", {"sessionId": sid})
             await c.result("presence/update", {"active": True})

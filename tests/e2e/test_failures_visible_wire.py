@@ -63,10 +63,10 @@ def test_a_failed_turn_shows_its_reason_on_the_item_the_list_wait_for_turn_and_t
     assert listed["error"] is True and listed["reason"] == f"upstream refused {TOKEN}"
     assert waited == {"state": "failed", "code": "model-error", "message": "the model is down"}
     lines = server_log(server)
-    failed = [l for l in lines if l["level"] == "WARNING" and l["message"].startswith("turn failed")]
-    assert any(sid in l["message"] and item["stepId"] in l["message"] and "upstream refused [redacted]"
-               in l["message"] for l in failed), failed
-    assert any(l["level"] == "INFO" and l["message"].startswith("serving ws://") for l in lines)
+    failed = [line for line in lines if line["level"] == "WARNING" and line["message"].startswith("turn failed")]
+    assert any(sid in line["message"] and item["stepId"] in line["message"] and "upstream refused [redacted]"
+               in line["message"] for line in failed), failed
+    assert any(line["level"] == "INFO" and line["message"].startswith("serving ws://") for line in lines)
     text = json.dumps(lines)
     assert TOKEN not in text and BOT_TOKEN not in text and API_KEY not in text  # no secret in any line
 

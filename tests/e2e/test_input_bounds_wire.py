@@ -37,9 +37,11 @@ async def listed(client: Any) -> tuple[dict[str, Any], int]:
 
 def test_a_20_mb_rename_is_invalid_params_for_an_app_and_the_owner_and_changes_nothing(app_server) -> None:
     async def go() -> tuple[list[dict[str, Any]], dict[str, Any], int, int]:
-        async with open_client(app_server, "bot-token-for-the-end-to-end-tests") as bot_ws, open_client(app_server) as owner_ws:
+        async with (open_client(app_server, "bot-token-for-the-end-to-end-tests") as bot_ws,
+                    open_client(app_server) as owner_ws):
             bot, owner = await initialized(bot_ws), await initialized(owner_ws)
-            theirs = (await bot.result("loop/create", {"containerId": "inbox", "title": "Chat with Alice"}))["sessionId"]
+            made = await bot.result("loop/create", {"containerId": "inbox", "title": "Chat with Alice"})
+            theirs = made["sessionId"]
             mine = (await owner.result("session/create", {"name": "Mine"}))["session"]["id"]
             await owner.result("session/rename", {"sessionId": mine, "title": "My notes"})
             before = store_head(os.path.join(app_server.data_dir, "store"))

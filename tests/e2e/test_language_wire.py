@@ -47,7 +47,8 @@ async def denied_turn(c: Client, sid: str) -> dict[str, dict[str, Any]]:
     await c.result("turn/send", {"sessionId": sid, "content": WRITE})
     card = await c.push(lambda m: m["method"] == "item/completed" and m["params"]["item"]["kind"] == "tool-call"
                         and m["params"]["item"]["status"] == "denied" and "result" in m["params"]["item"])
-    notice = await c.push(lambda m: m["method"] == "item/completed" and m["params"]["item"].get("topic") == "tool-limit")
+    notice = await c.push(lambda m: m["method"] == "item/completed"
+                          and m["params"]["item"].get("topic") == "tool-limit")
     await c.turn_done(sid)
     return {"card": card["params"]["item"], "notice": notice["params"]["item"]}
 

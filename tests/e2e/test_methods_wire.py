@@ -108,10 +108,12 @@ def test_session_batch_applies_each_op_with_children_and_reports_only_the_failed
             child = (await c.result("session/create", {"name": "batch-child", "parentId": a}))["session"]["id"]
             archived = await c.result("session/batch", {"op": "archive", "ids": [a, NO_SUCH_SESSION, b]})
             active = {s["id"] for s in (await c.result("sessions/list", {"limit": 200}))["sessions"]}
-            in_archive = {s["id"] for s in (await c.result("sessions/list", {"archived": True, "limit": 200}))["sessions"]}
+            archive_page = await c.result("sessions/list", {"archived": True, "limit": 200})
+            in_archive = {s["id"] for s in archive_page["sessions"]}
             archived_children = await c.result("sessions/list", {"parentId": a, "archived": True})
             deleted = await c.result("session/batch", {"op": "delete", "ids": [NO_SUCH_SESSION + "-2", a]})
-            after_delete = {s["id"] for s in (await c.result("sessions/list", {"archived": True, "limit": 200}))["sessions"]}
+            archive_page = await c.result("sessions/list", {"archived": True, "limit": 200})
+            after_delete = {s["id"] for s in archive_page["sessions"]}
             gone = await c.call("session/subscribe", {"sessionId": a})
             gone_child = await c.call("session/subscribe", {"sessionId": child})
             empty = await c.result("session/batch", {"op": "archive", "ids": []})
@@ -347,7 +349,8 @@ def test_plan_clear_empties_the_plan_an_update_plan_call_set(srv):
         async with open_client(srv) as ws:
             c = await initialized(ws)
             sid = await new_session(c, "plan")
-            await c.result("turn/send", {"sessionId": sid, "content": "!tool update_plan " + json.dumps({"entries": PLAN})})
+            await c.result("turn/send",
+                           {"sessionId": sid, "content": "!tool update_plan " + json.dumps({"entries": PLAN})})
             set_push = await c.push(item(sid, "plan"))
             await c.turn_done(sid)
             with_plan = await c.result("session/subscribe", {"sessionId": sid})

@@ -78,7 +78,8 @@ def log_of(server: ServerProcess) -> str:
 def refused(data: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cli.main", "serve", "--data", data, "--port", "0",
                            "--durability", "nosync", *extra],
-                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False, env=dict(os.environ, **(env or {})))
+                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False,
+                          env=dict(os.environ, **(env or {})))
 
 
 def run(coro: Any) -> Any:

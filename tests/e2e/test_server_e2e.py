@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import urllib.request
 
 import httpx
 import pytest
@@ -28,8 +27,10 @@ def test_health_and_metrics_answer_over_http(server):
     assert "sessionloop_store_info" in metrics and 'durability="nosync"' in metrics
 
 
-@pytest.mark.parametrize("headers, status", [({}, 401), ({"Authorization": "Bearer wrong"}, 401),
-                                              ({"Authorization": f"Bearer {TOKEN}", "Origin": "http://evil.test"}, 403)])
+@pytest.mark.parametrize("headers, status", [
+    ({}, 401), ({"Authorization": "Bearer wrong"}, 401),
+    ({"Authorization": f"Bearer {TOKEN}", "Origin": "http://evil.test"}, 403),
+])
 def test_a_missing_or_wrong_token_or_a_foreign_origin_is_refused_before_the_upgrade(server, headers, status):
     async def go():
         with pytest.raises(InvalidStatus) as info:
@@ -58,7 +59,8 @@ def test_an_incompatible_version_is_refused_with_unsupported_then_the_connection
     async def go():
         async with open_client(server) as ws:
             await ws.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                                      "params": {"protocolVersion": "1.0", "client": {"name": "old", "version": "0.20"}}}))
+                                      "params": {"protocolVersion": "1.0",
+                                                 "client": {"name": "old", "version": "0.20"}}}))
             reply = json.loads(await ws.recv())
             await ws.wait_closed()
             return reply, ws.close_code
@@ -114,7 +116,8 @@ def test_streaming_deltas_arrive_for_a_slow_model_and_abort_stops_the_turn(serve
             turn_started = await c.push(lambda m: m["method"] == "item/started"
                                         and m["params"]["item"]["kind"] == "turn")
             wrong = await c.call("turn/abort", {"sessionId": sid, "turnId": "not-this-one"})
-            assert await c.result("turn/abort", {"sessionId": sid, "turnId": turn_started["params"]["item"]["itemId"]}) == {}
+            turn_id = turn_started["params"]["item"]["itemId"]
+            assert await c.result("turn/abort", {"sessionId": sid, "turnId": turn_id}) == {}
             done = await c.turn_done(sid)
             return delta, wrong, done
     delta, wrong, done = run(go())
@@ -179,9 +182,12 @@ def test_attachments_are_sniffed_stored_and_downloadable_with_a_signed_handle(se
             sid = (await c.result("session/create", {}))["session"]["id"]
             other = (await c.result("session/create", {}))["session"]["id"]
             await c.result("session/subscribe", {"sessionId": sid})
-            await c.result("turn/send", {"sessionId": sid, "content": "look", "attachments": [{"data": data_url, "name": "pic.ts"}]})
-            user = await c.push(lambda m: m["method"] == "item/completed" and m["params"]["item"]["kind"] == "user-message")
-            bad = await c.call("turn/send", {"sessionId": sid, "content": "x", "attachments": [{"data": "https://x/y.png", "name": "y"}]})
+            await c.result("turn/send", {"sessionId": sid, "content": "look",
+                                         "attachments": [{"data": data_url, "name": "pic.ts"}]})
+            user = await c.push(lambda m: m["method"] == "item/completed"
+                                and m["params"]["item"]["kind"] == "user-message")
+            bad = await c.call("turn/send", {"sessionId": sid, "content": "x",
+                                             "attachments": [{"data": "https://x/y.png", "name": "y"}]})
             return sid, other, user["params"]["item"]["attachments"][0], bad
     sid, other, att, bad = run(go())
     assert att["kind"] == "image" and att["name"] == "pic.ts"
@@ -190,7 +196,8 @@ def test_attachments_are_sniffed_stored_and_downloadable_with_a_signed_handle(se
     auth = {"Authorization": f"Bearer {TOKEN}"}
     ok = httpx.get(base, params={"sessionId": sid, "handle": handle}, headers=auth)
     assert ok.status_code == 200 and ok.content == png
-    assert ok.headers["content-type"] == "application/octet-stream" and "attachment" in ok.headers["content-disposition"]
+    assert ok.headers["content-type"] == "application/octet-stream"
+    assert "attachment" in ok.headers["content-disposition"]
     assert httpx.get(base, params={"sessionId": other, "handle": handle}, headers=auth).status_code == 404
     forged = handle[:-2] + ("A" if handle[-2] != "A" else "B") + handle[-1]
     assert httpx.get(base, params={"sessionId": sid, "handle": forged}, headers=auth).status_code == 404

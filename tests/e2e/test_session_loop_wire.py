@@ -61,15 +61,17 @@ def test_loop_watch_pushes_the_apps_events(app_server):
             await c.result("loop/watch", {})
             sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
             await c.result("loop/send", {"sessionId": sid, "text": "hi", "idempotencyKey": "k"})
-            return await c.push(lambda m: m["method"] == "loop/event" and m["params"]["event"]["type"] == "turn.completed")
+            return await c.push(lambda m: m["method"] == "loop/event"
+                                and m["params"]["event"]["type"] == "turn.completed")
     event = run(go())["params"]["event"]
     assert event["data"]["outputText"] == "echo: hi"
 
 
 def test_apps_are_isolated_and_the_owner_cannot_use_loop_methods(app_server):
     async def go():
-        async with open_client(app_server, "bot-token-for-the-end-to-end-tests") as a, open_client(app_server, "other-token-for-the-end-to-end-tests") as b, \
-                open_client(app_server) as owner:
+        async with (open_client(app_server, "bot-token-for-the-end-to-end-tests") as a,
+                    open_client(app_server, "other-token-for-the-end-to-end-tests") as b,
+                    open_client(app_server) as owner):
             ca, cb, co = await initialized(a), await initialized(b), await initialized(owner)
             mine = (await ca.result("loop/create", {"containerId": "inbox"}))["sessionId"]
             theirs = await cb.call("loop/send", {"sessionId": mine, "text": "x", "idempotencyKey": "x"})

@@ -51,10 +51,12 @@ def initialize(client: SyncClient) -> None:
 # --- what a bot may get wrong ------------------------------------------------------------------
 
 # not JSON: Infinity would be a parse error (id null), a different rule (tests/reliability/test_bad_input.py)
-json_not_strings = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=False, allow_infinity=False),
+json_not_strings = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40),
+                             st.floats(allow_nan=False, allow_infinity=False),
                              st.lists(st.integers(), max_size=3),
                              st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
-json_not_ints = st.one_of(st.booleans(), st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not f.is_integer()),
+json_not_ints = st.one_of(st.booleans(),
+                          st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not f.is_integer()),
                           st.text(max_size=5), st.lists(st.integers(), max_size=2))
 huge = st.integers(0, 2).map(lambda n: "x" * (100_001 + n * 10_000))
 unknown_ids = st.one_of(st.text(max_size=40), huge, st.just("0" * 21), st.just("../x"))
@@ -140,7 +142,8 @@ def bad_calls(sid: str, theirs: str) -> st.SearchStrategy:
 
 
 def test_every_refused_loop_call_gets_a_json_rpc_error_naming_the_field_and_writes_nothing(app_server):
-    with app_client(app_server, "bot-token-for-the-end-to-end-tests") as bot_ws, app_client(app_server, "other-token-for-the-end-to-end-tests") as other_ws:
+    with (app_client(app_server, "bot-token-for-the-end-to-end-tests") as bot_ws,
+          app_client(app_server, "other-token-for-the-end-to-end-tests") as other_ws):
         bot, other = SyncClient(bot_ws), SyncClient(other_ws)
         initialize(bot)
         initialize(other)
@@ -163,7 +166,8 @@ def test_every_refused_loop_call_gets_a_json_rpc_error_naming_the_field_and_writ
             assert label.lower() in error["message"].lower(), (label, error)
             if error["code"] == -32000:
                 assert error["data"]["code"] == "not-found", error
-            assert store_head(os.path.join(app_server.data_dir, "store")) == before, f"{method} {params!r:.200} wrote to the store"
+            assert store_head(os.path.join(app_server.data_dir, "store")) == before, (
+                f"{method} {params!r:.200} wrote to the store")
 
         check()
         # the connection is still served normally after all of that

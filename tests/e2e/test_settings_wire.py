@@ -42,7 +42,9 @@ token = "late-token-for-the-end-to-end-tests"
 platform = "matrix"
 containers = ["inbox"]
 """
-BOT, OTHER, LATE = "bot-token-for-the-end-to-end-tests", "other-token-for-the-end-to-end-tests", "late-token-for-the-end-to-end-tests"
+BOT = "bot-token-for-the-end-to-end-tests"
+OTHER = "other-token-for-the-end-to-end-tests"
+LATE = "late-token-for-the-end-to-end-tests"
 GLOBAL = {"scope": "global"}
 CONSOLE = {"scope": "platform", "platform": "console"}
 TELEGRAM = {"scope": "platform", "platform": "telegram"}
@@ -745,7 +747,8 @@ def test_permission_mode_deny_set_on_a_session_refuses_its_tool_calls(shared):
             denying = await subscribed(c, tools__permissionMode="deny")
             asking = await subscribed(c)  # asks; with no owner present its call is denied as absent
             return [await turn(c, sid, '!tool exec {"command": "echo hi"}') for sid in (denying, asking)]
-    denying, asking = ([(i["status"], i["result"], i["settlement"]["source"]) for i in items if i["kind"] == "tool-call"]
+    denying, asking = ([(i["status"], i["result"], i["settlement"]["source"])
+                        for i in items if i["kind"] == "tool-call"]
                        for items in run(go()))
     assert denying == [("denied", {"error": "denied: the permission mode is deny"}, "ineligible")]
     assert asking == [("denied", {"error": "denied: nobody was present to approve it"}, "absent")]

@@ -87,7 +87,8 @@ def assert_streamed_before_completed(pushes: list[dict[str, Any]], kind: str, te
 def test_a_subscriber_of_a_plain_turn_gets_item_started_then_deltas_making_the_answer_then_item_completed(server):
     pushes = run(subscribed_turn(server, "hello"))
     assert_streamed_before_completed(pushes, "agent-message", "echo: hello")
-    started = next(p for p in pushes if p["method"] == "item/started" and p["params"]["item"]["kind"] == "agent-message")
+    started = next(p for p in pushes
+                   if p["method"] == "item/started" and p["params"]["item"]["kind"] == "agent-message")
     assert started["params"]["item"]["text"] == ""  # the whole text comes with the deltas, then item/completed
     seqs = [p["params"]["seq"] for p in pushes]
     assert seqs == sorted(set(seqs)), seqs  # increasing, none twice

@@ -65,7 +65,8 @@ def test_appending_nothing_is_refused(store):
 
 @pytest.mark.parametrize(
     "name, reason",
-    [("", "non-empty"), ("nocategory", "<category>-<id>"), ("session-a\x00b", "NUL"), ("session-" + "x" * 500, "longer")],
+    [("", "non-empty"), ("nocategory", "<category>-<id>"), ("session-a\x00b", "NUL"),
+     ("session-" + "x" * 500, "longer")],
 )
 def test_invalid_stream_names_are_refused_with_the_reason(store, name, reason):
     with pytest.raises(InvalidStreamName, match=reason):

@@ -9,8 +9,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from tests.conftest import REPO
 
 SCRIPT = textwrap.dedent(

@@ -69,7 +69,7 @@ def test_the_scanner_finds_every_frame_header_websockets_parses_however_the_stre
     assert [(h.opcode, h.fin, h.length) for _, h in found] == [
         (f.opcode.value, f.fin, len(f.data)) for f in parsed(b"".join(frames))]
     ends, pos = [], len(HEAD)
-    for frame, n in zip(frames, sizes):
+    for frame, n in zip(frames, sizes, strict=True):
         ends.append(pos + len(frame) - n)  # a header ends where its payload starts
         pos += len(frame)
     assert [end for end, _ in found] == ends

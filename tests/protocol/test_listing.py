@@ -15,8 +15,9 @@ from protocol.schemas_types import SessionSummary
 def s(session_id: str, updated: int = 0, **changes: Any) -> SessionSummary:
     kind = changes.pop("kind", "room" if changes.get("section") == "rooms" else "owner")
     base: dict[str, Any] = {
-        "id": session_id, "title": session_id.upper(), "child_count": 0, "kind": kind, "section": "owner", "created_at": 0,
-        "updated_at": updated, "running": False, "error": False, "unread": False, "attention": False, "archived": False, "background": 0,
+        "id": session_id, "title": session_id.upper(), "child_count": 0, "kind": kind, "section": "owner",
+        "created_at": 0, "updated_at": updated, "running": False, "error": False, "unread": False,
+        "attention": False, "archived": False, "background": 0,
     }  # fmt: skip
     return SessionSummary(**{**base, **changes})
 

@@ -23,7 +23,7 @@ from protocol_helpers import Peer, error_of, hello, make_connection
 from protocol.connection import Limits
 from protocol.errors import INVALID_PARAMS, RpcError
 from protocol.frames import decode_params
-from protocol.limits import MAX_INT, MIN_INT, MIN_WAIT_MS, MAX_WAIT_MS, TRACEPARENT_PATTERN
+from protocol.limits import MAX_INT, MAX_WAIT_MS, MIN_INT, MIN_WAIT_MS, TRACEPARENT_PATTERN
 from protocol.schemas import METHODS, LoopWaitForTurnParams
 from protocol.schemas_types import _DATA_URL_HEAD, JsonValue, Wire
 
@@ -312,7 +312,7 @@ def test_a_number_past_float_range_in_a_settings_value_is_invalid_params_naming_
     peer = Peer(make_connection())
     peer.feed(hello())
     frame = ('{"jsonrpc":"2.0","id":1,"method":"session/config/update","params":'
-             '{"sessionId":"s","plugin":"agent","key":"maxSteps","value":%s}}' % number)
+             '{"sessionId":"s","plugin":"agent","key":"maxSteps","value":' + number + '}}')
     (reply,) = peer.feed(frame)
     _, code, message = error_of(reply)
     assert code == INVALID_PARAMS and message.startswith("params"), message

@@ -113,8 +113,9 @@ def _invalid(method: str, params: dict[str, Any]) -> str:
 
 def _summary(**changes: Any) -> SessionSummary:
     base: dict[str, Any] = {
-        "id": "s1", "title": "Chat", "child_count": 0, "kind": "owner", "section": "owner", "created_at": 1, "updated_at": 2,
-        "running": False, "error": False, "unread": False, "attention": False, "archived": False, "background": 0,
+        "id": "s1", "title": "Chat", "child_count": 0, "kind": "owner", "section": "owner", "created_at": 1,
+        "updated_at": 2, "running": False, "error": False, "unread": False, "attention": False, "archived": False,
+        "background": 0,
     }  # fmt: skip
     return SessionSummary(**{**base, **changes})
 
@@ -265,7 +266,8 @@ def test_config_update_requires_value_and_accepts_null_to_delete() -> None:
 def test_approvals_and_background_tasks_round_trip() -> None:
     approval = msgspec.json.decode(
         json.dumps({
-            "id": "ap1", "sessionId": "s", "origin": {"kind": "hand", "participants": [{"platform": "console", "userId": "owner"}]},
+            "id": "ap1", "sessionId": "s",
+            "origin": {"kind": "hand", "participants": [{"platform": "console", "userId": "owner"}]},
             "target": "tool", "tool": "exec", "facts": {"command": "rm -rf x", "params": {"command": "rm -rf x"}},
             "options": ["approve", "deny"], "contentHash": "h", "expiresAt": 9, "state": "pending",
             "chain": [{"id": "root", "title": "Root"}],

@@ -164,7 +164,8 @@ class Subscriber:
             for item in snap["items"]:
                 self._put(sid, item)
             self.snapshot_ids[sid] = set(self.items[sid])
-            self.ended_in_snapshot[sid] = {i for i, it in self.items[sid].items() if it["kind"] == "turn" and it.get("outcome")}
+            self.ended_in_snapshot[sid] = {i for i, it in self.items[sid].items()
+                                           if it["kind"] == "turn" and it.get("outcome")}
             self.pushed_ids[sid] = set()
             self.ended_by_push[sid] = set()
         self.resubscribes += after_restart
@@ -359,7 +360,8 @@ async def settle(server: ServerProcess, rec: Recorder, since: int = 0, timeout: 
             assert done["state"] == "completed", f"turn of {op.key} ended {done}"
         # an acknowledged key sent again is a duplicate with the same turn
         for op in [o for o in rec.ops[since:] if o.receipt is not None and o.receipt.get("turnId")][:10]:
-            again = await result(c, "loop/send", {"sessionId": op.session_id, "text": op.text, "idempotencyKey": op.key})
+            again = await result(c, "loop/send",
+                                 {"sessionId": op.session_id, "text": op.text, "idempotencyKey": op.key})
             assert again["state"] == "duplicate" and again["turnId"] == op.receipt["turnId"], (op, again)
     finally:
         await ws.close()
@@ -442,12 +444,14 @@ async def settle_owner(server: ServerProcess, data_dir: str, rec: Recorder, subs
                                "push up to the fresh seq")
                 assert sub.seq[sid] == snap["seq"], f"{sid}: pushes after the fresh snapshot's seq {snap['seq']}"
                 built = sub.items[sid]
-                assert fresh.keys() <= built.keys(), f"{sid}: items missing from the built state: {fresh.keys() - built.keys()}"
+                assert fresh.keys() <= built.keys(), (
+                    f"{sid}: items missing from the built state: {fresh.keys() - built.keys()}")
                 differ = {k: (built[k], fresh[k]) for k in fresh if built[k] != fresh[k]}
                 assert not differ, f"{sid}: built items differ from a fresh snapshot: {differ}"
                 # items the fresh snapshot has not: only old ones of the first snapshot that left its newest page
                 extra = built.keys() - fresh.keys()
-                assert extra <= sub.snapshot_ids[sid] - sub.pushed_ids[sid], f"{sid}: built but not in a fresh snapshot: {extra}"
+                assert extra <= sub.snapshot_ids[sid] - sub.pushed_ids[sid], (
+                    f"{sid}: built but not in a fresh snapshot: {extra}")
         return {"probes": len(probes), "turn_pushes": pushed}
     finally:
         await ws.close()
@@ -500,7 +504,8 @@ def audit(data_dir: str, rec: Recorder) -> dict[str, int]:
                 ev = e.event
                 if isinstance(ev, E.InputAccepted):
                     send = sent.get(ev.text)
-                    assert send is not None and send.session_id == sid, f"session {sid}: an input nobody sent: {ev.text!r}"
+                    assert send is not None and send.session_id == sid, (
+                        f"session {sid}: an input nobody sent: {ev.text!r}")
                     assert ev.speaker is not None and ev.speaker.owner and ev.idempotency_key is None, ev
                     assert ev.turn_id in started, f"session {sid}: the turn of {ev.text!r} never started"
                     texts_seen[ev.text] = texts_seen.get(ev.text, 0) + 1

@@ -25,7 +25,8 @@ json_values = st.recursive(
 )
 methods = st.sampled_from(["initialize", "turn/send", "sessions/list", "session/rename", "loop/send", "nope",
                            "session/subscribe", "approval/respond", "background/output", ""]) | st.text(max_size=20)
-requests = st.fixed_dictionaries({"jsonrpc": st.sampled_from(["2.0", "1.0", 2]), "id": st.integers(0, 10**6) | st.text(max_size=8),
+requests = st.fixed_dictionaries({"jsonrpc": st.sampled_from(["2.0", "1.0", 2]),
+                                  "id": st.integers(0, 10**6) | st.text(max_size=8),
                                   "method": methods, "params": json_values})
 frames = st.one_of(
     requests.map(json.dumps),

@@ -44,7 +44,8 @@ def test_a_stalled_subscriber_and_vanished_clients_keep_memory_bounded_and_other
             good = await initialized(good_ws)
             await initialized(stalled)
             sid = (await good.result("session/create", {}))["session"]["id"]
-            await stalled.send('{"jsonrpc":"2.0","id":99,"method":"session/subscribe","params":{"sessionId":"%s"}}' % sid)
+            await stalled.send('{"jsonrpc":"2.0","id":99,"method":"session/subscribe","params":{"sessionId":"'
+                               + sid + '"}}')
             for _ in range(10):  # clients that vanish without closing (TCP reset)
                 s = socket.create_connection(("127.0.0.1", server.port))
                 s.sendall(b"GET /session HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -54,14 +55,15 @@ def test_a_stalled_subscriber_and_vanished_clients_keep_memory_bounded_and_other
                 s.close()
             before = rss_kib(pid)
             latencies = []
-            for i in range(80):
+            for _ in range(80):
                 text = base64.b64encode(os.urandom(20_000)).decode()
                 t = asyncio.get_running_loop().time()
                 await good.result("turn/send", {"sessionId": sid, "content": text})
                 latencies.append(asyncio.get_running_loop().time() - t)
             return before, rss_kib(pid), sorted(latencies)[len(latencies) // 2]
     before, after, median = asyncio.run(go())
-    print(f"\nstalled subscriber: RSS {before // 1024} MiB -> {after // 1024} MiB, healthy median {median * 1000:.1f} ms")
+    print(f"\nstalled subscriber: RSS {before // 1024} MiB -> {after // 1024} MiB, "
+          f"healthy median {median * 1000:.1f} ms")
     assert after - before < 50 * 1024  # RELIABILITY: RSS growth <= 50 MB
     assert median < 0.5
 
@@ -137,7 +139,8 @@ def test_an_app_cannot_read_another_apps_sessions_events_or_files(tmp_path):
             await result(bot, "loop/waitForTurn", {"sessionId": sid, "turnId": r["turnId"]})
             snap = await result(bot, "session/subscribe", {"sessionId": sid})
             handle = next(i for i in snap["items"] if i["kind"] == "user-message")["attachments"][0]["src"]
-            spy_ws = await connect(server.url, additional_headers={"Authorization": "Bearer spy-token-for-the-reliability-tests"})
+            spy_ws = await connect(server.url,
+                                   additional_headers={"Authorization": "Bearer spy-token-for-the-reliability-tests"})
             from tests.e2e.conftest import Client
 
             spy = Client(spy_ws)
@@ -150,8 +153,9 @@ def test_an_app_cannot_read_another_apps_sessions_events_or_files(tmp_path):
             return sid, handle, events, feed, history
         sid, handle, events, feed, history = asyncio.run(go())
         base = f"http://127.0.0.1:{server.port}/api/session-file"
-        ok = httpx.get(base, params={"sessionId": sid, "handle": handle}, headers={"Authorization": f"Bearer {APP_TOKEN}"})
-        stolen = httpx.get(base, params={"sessionId": sid, "handle": handle}, headers={"Authorization": "Bearer spy-token-for-the-reliability-tests"})
+        where = {"sessionId": sid, "handle": handle}
+        ok = httpx.get(base, params=where, headers={"Authorization": f"Bearer {APP_TOKEN}"})
+        stolen = httpx.get(base, params=where, headers={"Authorization": "Bearer spy-token-for-the-reliability-tests"})
     finally:
         server.stop()
     assert events["error"]["data"]["code"] == "not-found" and feed["events"] == []
@@ -365,7 +369,7 @@ def test_on_a_full_disk_an_input_answered_storage_unavailable_is_not_stored_and_
                 await asyncio.gather(*(bot(b) for b in range(bots)))
             asyncio.run(fill())
             assert len(refused) == 12, f"the disk never filled: {len(refused)} refusals"
-            for op, error in refused:
+            for _op, error in refused:
                 assert error["code"] == -32000 and error["data"]["code"] == "storage-unavailable", error
                 assert error["data"]["outcome"] == "not-written" and error["data"]["retryAfterMs"] > 0, error
                 assert mount not in error["message"], "the client's message names no server path"

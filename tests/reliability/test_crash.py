@@ -97,7 +97,8 @@ async def after_restart(server: ServerProcess, data: str, rec: Recorder, subscri
                         since: int, trial: int) -> tuple[dict[str, int], dict[str, int]]:
     """The app bots' unknown inputs resent and their turns waited for, while the subscribers
     resubscribe and the owner sessions' turns settle."""
-    resent, owner = await asyncio.gather(settle(server, rec, since), settle_owner(server, data, rec, subscribers, trial))
+    resent, owner = await asyncio.gather(settle(server, rec, since),
+                                         settle_owner(server, data, rec, subscribers, trial))
     return resent, owner
 
 

@@ -295,7 +295,7 @@ def test_ten_approvals_answered_by_eight_connections_at_once_settle_once_each_an
     r = asyncio.run(go())
     winners: dict[str, str] = {}
     refused: dict[str, int] = {"approval-settled": 0, "hash-mismatch": 0}
-    for (aid, k, good, decision, _), reply in zip(r["plan"], r["replies"]):
+    for (aid, _k, good, decision, _), reply in zip(r["plan"], r["replies"], strict=True):
         if "result" in reply:
             assert good, f"a wrong content hash was accepted for {aid}"
             assert aid not in winners, f"approval {aid} was decided twice"

@@ -104,7 +104,8 @@ async def bot_turn(w: World, text: str, session_id: str | None = None) -> tuple[
     ws, c = await bot(w)
     try:
         if session_id is None:
-            session_id = (await c.result("loop/create", {"containerId": "inbox", "activity": "background"}))["sessionId"]
+            made = await c.result("loop/create", {"containerId": "inbox", "activity": "background"})
+            session_id = made["sessionId"]
         receipt = await c.result("loop/send", {"sessionId": session_id, "text": text,
                                                "idempotencyKey": uuid.uuid4().hex})
         done = await c.result("loop/waitForTurn", {"sessionId": session_id, "turnId": receipt["turnId"],
@@ -283,8 +284,8 @@ def test_read_only_policy_leaves_even_the_workspace_unwritten(world: World) -> N
 
 
 def test_a_command_cannot_reach_the_servers_port(world: World) -> None:
-    out = sh(world, "python3 -c \"import socket; s=socket.create_connection(('127.0.0.1', %d), 2); "
-                    "print('CONNECTED')\" 2>&1" % world.srv.port)
+    out = sh(world, f"python3 -c \"import socket; s=socket.create_connection(('127.0.0.1', {world.srv.port}), 2); "
+                    "print('CONNECTED')\" 2>&1")
     assert "CONNECTED" not in out["output"] and "refused" in out["output"].lower(), out
 
 
@@ -338,7 +339,8 @@ def test_a_file_beyond_the_size_limit_is_cut_off(world: World) -> None:
 def test_output_flooding_is_cut_at_the_output_limit(world: World) -> None:
     start = time.monotonic()
     out = sh(world, "yes flood")
-    assert out.get("outputLimited") is True and "output limit" in out["output"], {k: out[k] for k in out if k != "output"}
+    assert out.get("outputLimited") is True and "output limit" in out["output"], (
+        {k: out[k] for k in out if k != "output"})
     assert len(out["output"]) <= 16_100 and time.monotonic() - start < 30
     assert server_alive(world)
 
@@ -378,8 +380,8 @@ def test_the_file_tools_never_follow_a_symlink_swapped_in_between_check_and_use(
             "os.makedirs('d', exist_ok=True); open('d/token', 'w').write('decoy')\n"
             "end = time.time() + 60\n"
             "while time.time() < end:\n"
-            "    os.rename('d', 'd.real'); os.symlink(%r, 'd'); time.sleep(0.001)\n"
-            "    os.unlink('d'); os.rename('d.real', 'd'); time.sleep(0.002)\n\"") % str(world.data)
+            f"    os.rename('d', 'd.real'); os.symlink({str(world.data)!r}, 'd'); time.sleep(0.001)\n"
+            "    os.unlink('d'); os.rename('d.real', 'd'); time.sleep(0.002)\n\"")
     sid, started = tool(world, "exec", {"command": flip, "background": True})
     assert started.get("status") == "running", started
     calls = []

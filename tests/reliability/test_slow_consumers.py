@@ -163,20 +163,21 @@ def test_200_stalled_subscribers_are_closed_4008_and_reset_while_20_healthy_keep
             sockets_before = server_sockets(pid)
             gate = asyncio.Semaphore(20)
 
-            async def one(i: int) -> RawWebSocket:
+            async def one(i: int, gate: asyncio.Semaphore, flood: str) -> RawWebSocket:
                 async with gate:
                     return await stalled_client(server, [flood, healthy_sids[i % HEALTHY_SESSIONS]])
-            stalled = await asyncio.gather(*(one(i) for i in range(STALLED)))
+            stalled = await asyncio.gather(*(one(i, gate, flood) for i in range(STALLED)))
             rss_before = rss_kib(pid)
             stall, stall_missing = await phase(f"s{n}", flood)
             ended = time.monotonic()
             rss_after = rss_kib(pid)
             late, never = stalled[:STALLED // 2], stalled[STALLED // 2:]
             seen = await asyncio.gather(*(read_to_close(raw, CLOSE_TIMEOUT) for raw in late))
-            reset = await until(lambda: all(raw.tcp_state() == TCP_CLOSE for raw in never), CLOSE_TIMEOUT + 3)
+            reset = await until(lambda never=never: all(raw.tcp_state() == TCP_CLOSE for raw in never),
+                                CLOSE_TIMEOUT + 3)
             released_after = time.monotonic() - ended
             states = [raw.tcp_state() for raw in never]
-            freed = await until(lambda: server_sockets(pid) <= sockets_before, 3)
+            freed = await until(lambda before=sockets_before: server_sockets(pid) <= before, 3)
             for raw in stalled:
                 raw.close()
             attempts.append({"base": base, "stall": stall, "missing": base_missing + stall_missing, "seen": seen,

@@ -293,7 +293,8 @@ def test_fanout_resume_gapless_subscribers_that_drop_and_resume_rebuild_every_se
             for i in range(turns_per_session):
                 await until(lambda i=i: done() >= i - 1, 15, "the turn before the last")  # <= 2 in flight
                 if i == turns_per_session - 2:  # the churn happens while turns stream, however slow the machine
-                    await until(lambda: all(churned_enough(s) for s in stats), 60, "every subscriber to drop and resume")
+                    await until(lambda: all(churned_enough(s) for s in stats), 60,
+                                "every subscriber to drop and resume")
                 text = f"!sleep 10\nturn {i} streams this reply to {sid} in small pieces"
                 assert await producer.result("turn/send", {"sessionId": sid, "content": text}) == {}
             await until(lambda: producer.mirror(sid).settled(turns_per_session), 20, "every turn to end")
