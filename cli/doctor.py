@@ -32,7 +32,7 @@ import click
 import httpx
 import msgspec
 
-from actors.model.base import ModelRequest, ignore_delta
+from actors.model.base import ModelRequest, error_message, ignore_delta
 from actors.model.mock import MockProvider
 from actors.model.registry import ModelConfig, ModelConfigError, check_model_configs
 from eventstore.events import Message
@@ -99,7 +99,7 @@ class _Stream:
             self.problem = "a data line is not a JSON object"
             return
         if "error" in chunk:
-            self.problem = f"error in the stream: {_message(chunk)}"
+            self.problem = f"error in the stream: {error_message(chunk)}"
             return
         self.chunks += 1
         if isinstance(chunk.get("usage"), dict):
@@ -135,16 +135,6 @@ def _is_json_object(text: str) -> bool:
         return isinstance(msgspec.json.decode(text), dict)
     except msgspec.DecodeError:
         return False
-
-
-def _message(body: Any) -> str:
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-    return str(body)[:300]
 
 
 def _usage_reported(usage: Any) -> bool:
@@ -226,7 +216,7 @@ def _read_some(reply: httpx.Response) -> bytes:
 
 def _refused(report: Report, status: int, url: str, body: bytes) -> None:
     try:
-        message = _message(msgspec.json.decode(body))
+        message = error_message(msgspec.json.decode(body))
     except msgspec.DecodeError:
         message = body.decode("utf-8", "replace").strip()[:300] or "(empty body)"
     if status in (400, 404, 422) and "model" in message.lower():

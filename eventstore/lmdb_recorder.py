@@ -387,7 +387,13 @@ class LmdbRecorder:
         read-only open, so another process can back up a running server's store."""
         os.makedirs(dest, mode=0o700)
         with self._read():
-            self._env.copy(dest, compact=True)
+            copied = self._compacted_copy(dest)
+        return os.path.getsize(copied)
+
+    def _compacted_copy(self, dest: str) -> str:
+        """``mdb_env_copy2`` with ``MDB_CP_COMPACT`` into the directory ``dest``: its ``data.mdb``,
+        owner-only and fsynced."""
+        self._env.copy(dest, compact=True)
         copied = os.path.join(dest, "data.mdb")
         os.chmod(copied, 0o600)
         fd = os.open(copied, os.O_RDONLY)
@@ -395,7 +401,7 @@ class LmdbRecorder:
             os.fsync(fd)
         finally:
             os.close(fd)
-        return os.path.getsize(copied)
+        return copied
 
     def _compact_now(self) -> tuple[int, int]:
         data = os.path.join(self.path, "data.mdb")
@@ -405,14 +411,7 @@ class LmdbRecorder:
         before = os.path.getsize(data)
 
         def swap() -> None:
-            self._env.copy(work, compact=True)
-            copied = os.path.join(work, "data.mdb")
-            os.chmod(copied, 0o600)
-            fd = os.open(copied, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            copied = self._compacted_copy(work)
             self._env_usable = False
             self._map_size = max(self._map_size, int(self._env.info()["map_size"]))
             self._env.close()

@@ -139,6 +139,21 @@ class Provider(Protocol):
     async def generate(self, request: ModelRequest, on_delta: DeltaCallback) -> ModelResponse: ...
 
 
+def error_message(body: Any) -> str:
+    """The human message of an OpenAI-style error body (``{"error": {"message": ...}}``)."""
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if body.get("message"):
+            return str(body["message"])
+    if isinstance(body, str):
+        return body.strip()[:500] or "(empty body)"
+    return str(body)[:500]
+
+
 def ignore_delta(kind: str, text: str) -> None:
     """An ``on_delta`` for callers that do not stream (summaries, tests)."""
 

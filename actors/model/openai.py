@@ -94,6 +94,7 @@ from .base import (
     announce_tool_call,
     args_json,
     content_chars,
+    error_message,
     estimated_usage,
 )
 from .limits import CallStats, Limiter, ModelLimits, RetryPolicy
@@ -378,24 +379,9 @@ def response_from_chunks(chunks: Sequence[Any], on_delta: DeltaCallback | None =
 # --- errors -------------------------------------------------------------------------------------
 
 
-def _error_message(body: Any) -> str:
-    """The human message of an OpenAI-style error body (``{"error": {"message": ...}}``)."""
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-        if body.get("message"):
-            return str(body["message"])
-    if isinstance(body, str):
-        return body.strip()[:500] or "(empty body)"
-    return str(body)[:500]
-
-
 def _stream_error(error: Any) -> ModelError:
     """An ``error`` object inside the stream: retried unless it names a client error."""
-    message = _error_message({"error": error})
+    message = error_message({"error": error})
     code = error.get("code") if type(error) is dict else None
     kind = error.get("type") if type(error) is dict else None
     status = code if type(code) is int else 0
@@ -569,7 +555,7 @@ class OpenAIProvider:
 
     def _status_error(self, e: openai.APIStatusError) -> ModelError:
         status = e.status_code
-        message = _error_message(e.body if e.body is not None else e.response.text)
+        message = error_message(e.body if e.body is not None else e.response.text)
         wait = retry_after_s(e.response.headers)
         retryable = status in _RETRY_STATUSES or status >= 500
         return ModelError(self._redact(f"HTTP {status} from {self.url}: {message}"), status=status, cause="http",
