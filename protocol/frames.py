@@ -14,7 +14,8 @@ input                                      reply                  id
 larger than the application limit          invalidRequest         cheaply found, else null
   ("request too large")
 not UTF-8 / not JSON / NaN / trailing junk parseError             null
-nested deeper than msgspec allows (~1000)  invalidRequest         cheaply found, else null
+nested deeper than MAX_NESTING (512)       invalidRequest         cheaply found, else null
+  levels, measured before parsing
 a JSON array (a batch: the seed has none)  invalidRequest         null
 any other non-object JSON value            invalidRequest         null
 no ``id`` (a client notification: the      invalidRequest         null
@@ -45,6 +46,8 @@ from typing import Any, Final
 import msgspec
 
 from .errors import ProtocolMisuse, RpcError
+from .limits import MAX_NESTING
+from .nesting import nests_deeper
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
@@ -176,7 +179,7 @@ def _not_an_object(data: str | bytes) -> BadFrame:
     except (msgspec.DecodeError, UnicodeError):
         return BadFrame(None, RpcError.parse_error())
     except RecursionError:
-        return BadFrame(None, RpcError.invalid_request("request is nested too deeply"))
+        return BadFrame(None, _too_deep())
     if memoryview(raw)[:1].tobytes() == b"[":
         return BadFrame(None, RpcError.invalid_request("batch requests are not supported"))
     return BadFrame(None, RpcError.invalid_request("request must be a JSON object"))
@@ -186,6 +189,8 @@ def decode_request(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) 
     """Decode and check a request envelope; never raises on any input."""
     if is_too_large(data, max_bytes):
         return BadFrame(peek_id(data), RpcError.invalid_request("request too large"))
+    if nests_deeper(data, MAX_NESTING):  # before msgspec, whose own limit depends on the Python
+        return BadFrame(peek_id(data), _too_deep())
     try:
         env = _ENVELOPE_DECODER.decode(data)
     except msgspec.ValidationError as e:  # before DecodeError: it is a subclass
@@ -197,9 +202,13 @@ def decode_request(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) 
         )
     except (msgspec.DecodeError, UnicodeError):
         return BadFrame(None, RpcError.parse_error())
-    except RecursionError:
-        return BadFrame(peek_id(data), RpcError.invalid_request("request is nested too deeply"))
+    except RecursionError:  # not after the check above; kept total
+        return BadFrame(peek_id(data), _too_deep())
     return _check_envelope(env)
+
+
+def _too_deep() -> RpcError:
+    return RpcError.invalid_request(f"request is nested too deeply: more than {MAX_NESTING} levels")
 
 
 def _check_envelope(env: _Envelope) -> Request | BadFrame:

@@ -37,6 +37,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_JSON_VALUE_BYTES",
     "MAX_NAME",
+    "MAX_NESTING",
     "MAX_PLACE_KEY",
     "MAX_QUERY",
     "MAX_REASON",
@@ -111,6 +112,11 @@ MAX_BATCH_IDS: Final = 1_000
 MAX_JSON_VALUE_BYTES: Final = 1024 * 1024
 #: Nesting of a setting's ``value``: settings are scalars or shallow objects.
 MAX_JSON_DEPTH: Final = 32
+#: Nesting of any JSON text a peer sends (a request frame; a model's tool-call arguments),
+#: measured before it is parsed (:mod:`protocol.nesting`), so it holds on every Python: the
+#: decoder's own limit is the interpreter's C recursion limit (~1,000 levels on 3.11, 1,500 on
+#: 3.12, 10,000 on 3.13). No request of ours nests past a dozen levels.
+MAX_NESTING: Final = 512
 
 # --- numbers --------------------------------------------------------------------------------------
 

@@ -51,6 +51,8 @@ from typing import Any
 import msgspec
 
 from eventstore.events import Message, ToolCallSpec, Usage
+from protocol.limits import MAX_NESTING
+from protocol.nesting import nests_deeper
 
 from .base import (
     DeltaCallback,
@@ -136,12 +138,15 @@ def _parse_tool(line: str, rest: str) -> tuple[str, Any]:
     raw = raw.strip()
     if not raw:
         return name, {}
+    too_deep = ModelError(f"mock: the JSON arguments of {name[:200]!r} nest too deeply (more than {MAX_NESTING} levels)")
+    if nests_deeper(raw, MAX_NESTING):  # msgspec's own limit depends on the Python (protocol/nesting.py)
+        raise too_deep
     try:
         return name, msgspec.json.decode(raw)
     except msgspec.DecodeError as e:
         raise ModelError(f"mock: invalid JSON arguments in {line[:200]!r}: {e}") from e
-    except RecursionError as e:  # msgspec gives up around 1,000 levels of nesting
-        raise ModelError(f"mock: the JSON arguments of {name[:200]!r} nest too deeply") from e
+    except RecursionError as e:  # not after the check above; kept total
+        raise too_deep from e
 
 
 def _parse_ms(line: str, rest: str) -> int:

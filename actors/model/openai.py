@@ -82,6 +82,8 @@ from tenacity import (
 from tenacity.wait import wait_random_exponential
 
 from eventstore.events import Message, ToolCallSpec, Usage
+from protocol.limits import MAX_NESTING
+from protocol.nesting import nests_deeper
 
 from .base import (
     DeltaCallback,
@@ -257,8 +259,9 @@ class _ToolCallBuffer:
         args: Any = {}
         if raw.strip():
             try:
-                args = msgspec.json.decode(raw)
-            except (msgspec.DecodeError, RecursionError):  # msgspec gives up around 1,000 levels
+                # too deep: kept as text, whatever msgspec's own limit on this Python (protocol/nesting.py)
+                args = raw if nests_deeper(raw, MAX_NESTING) else msgspec.json.decode(raw)
+            except (msgspec.DecodeError, RecursionError):
                 args = raw  # the registry reports invalid JSON arguments to the model
         return ToolCallSpec(call_id=self.call_id or f"call_{index}", name=self.name, args=args)
 

@@ -402,8 +402,9 @@ async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
     sink = _Sink(ctx.on_output)
     reader = asyncio.ensure_future(_pump(command, sink, tail, sandbox.limits.output_bytes))
     to_background = ctx.extras.get("background")
+    asked = bool(args.get("background"))
     try:
-        if to_background is not None and not args.get("background"):
+        if to_background is not None and not asked:
             try:
                 await asyncio.wait_for(asyncio.shield(command.protocol.exited.wait()),
                                        ctx.extras.get("exec_yield_s", DEFAULT_YIELD_S))
@@ -411,7 +412,10 @@ async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
                 pass
         elif to_background is None:
             await command.protocol.exited.wait()
-        if to_background is not None and not command.protocol.exited.is_set():
+        # Asked for: a task even if the command has exited already. On Python 3.12+ asyncio
+        # watches children with a pidfd in the event loop, so a quick command's exit is often
+        # seen before subprocess_exec returns (3.11's watcher thread reported it later).
+        if to_background is not None and (asked or not command.protocol.exited.is_set()):
             task_id = to_background(RunningCommand(command, reader, sink, tail, release))
             return ToolResult(output={"taskId": task_id, "status": "running", "output": tail[0],
                                       "note": "the command goes on as a background task"})

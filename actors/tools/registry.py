@@ -31,7 +31,8 @@ from typing import Any, Literal
 import msgspec
 
 from eventstore.events import ToolDisplay
-from protocol.limits import MAX_INT, MIN_INT
+from protocol.limits import MAX_INT, MAX_NESTING, MIN_INT
+from protocol.nesting import nests_deeper
 
 from ..model.storable import args_problem, refusal_of
 from .sandbox import DEFAULT_POLICY, Sandbox, default_sandbox
@@ -264,12 +265,15 @@ class ToolRegistry:
         if args is None:
             args = {}
         if isinstance(args, str):
+            too_deep = ToolError(f"the arguments of {name} nest too deeply (more than {MAX_NESTING} levels)")
+            if nests_deeper(args, MAX_NESTING):  # msgspec's own limit depends on the Python (protocol/nesting.py)
+                raise too_deep
             try:
                 args = msgspec.json.decode(args) if args.strip() else {}
             except msgspec.DecodeError as e:
                 raise ToolError(f"the arguments of {name} are not valid JSON: {e}") from e
-            except RecursionError as e:  # msgspec gives up around 1,000 levels
-                raise ToolError(f"the arguments of {name} nest too deeply") from e
+            except RecursionError as e:  # not after the check above; kept total
+                raise too_deep from e
             problem = args_problem(args)  # decoded here, so never checked on the way to the store
             if problem is not None:
                 raise ToolError(problem)

@@ -22,6 +22,7 @@ from protocol.frames import (
     render_validation_error,
     result_frame,
 )
+from protocol.limits import MAX_NESTING
 from protocol.schemas import METHODS, Empty, SessionIdParams
 
 # --- parse errors ---------------------------------------------------------------------------------
@@ -197,6 +198,34 @@ def test_nesting_just_below_the_limit_is_a_normal_request(peer: Peer) -> None:
     frame = '{"jsonrpc":"2.0","id":1,"method":"sessions/watch","params":{"x":%s}}' % ("[" * 500 + "]" * 500)
     peer.feed(frame)
     assert peer.dispatched[-1].id == 1
+
+
+def _nested(levels: int, request_id: int = 1) -> str:
+    """A sessions/watch request whose envelope and params are 2 of its ``levels``."""
+    inner = "[" * (levels - 2) + "]" * (levels - 2)
+    return f'{{"jsonrpc":"2.0","id":{request_id},"method":"sessions/watch","params":{{"x":{inner}}}}}'
+
+
+def test_a_request_nested_exactly_max_nesting_levels_is_a_normal_request(peer: Peer) -> None:
+    peer.feed(_nested(MAX_NESTING, 5))
+    assert peer.dispatched[-1].id == 5
+
+
+@pytest.mark.parametrize("levels", [MAX_NESTING + 1, 1_200, 2_000, 9_000])
+def test_a_request_nested_past_max_nesting_is_refused_naming_the_limit_on_every_python(
+    peer: Peer, levels: int
+) -> None:
+    # msgspec's own limit is the interpreter's: ~1,000 levels on 3.11, 1,500 on 3.12, 10,000 on
+    # 3.13; the bound is ours, the same on all of them.
+    (reply,) = peer.feed(_nested(levels, 6))
+    assert error_of(reply) == (6, INVALID_REQUEST, f"request is nested too deeply: more than {MAX_NESTING} levels")
+    assert peer.dispatched == []
+
+
+def test_brackets_inside_strings_are_not_nesting(peer: Peer) -> None:
+    text = json.dumps('["\\' * 2 * MAX_NESTING)
+    peer.feed(f'{{"jsonrpc":"2.0","id":7,"method":"sessions/watch","params":{{"x":{text}}}}}')
+    assert peer.dispatched[-1].id == 7
 
 
 def test_a_frame_over_the_limit_is_request_too_large_with_its_id() -> None:

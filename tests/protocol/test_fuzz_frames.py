@@ -18,6 +18,7 @@ from protocol_helpers import hello, make_connection
 
 from protocol.connection import Close, Connection, Dispatch, Send, State
 from protocol.errors import RPC_ERROR_CODES, RpcError
+from protocol.limits import MAX_NESTING
 from protocol.schemas import METHODS
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -78,7 +79,7 @@ def frames(draw: st.DrawFn) -> str | bytes:
         key = draw(st.sampled_from(["id", "method", "jsonrpc", "params"]))
         text = '{"' + key + '": ' + json.dumps(draw(json_values)) + ", " + text[1:]
     elif mutation == "nest":
-        depth = draw(st.sampled_from([10, 900, 1100, 5000]))
+        depth = draw(st.sampled_from([10, MAX_NESTING - 2, MAX_NESTING - 1, 900, 1100, 5000, 9000]))
         request_id = json.dumps(draw(st.integers() | st.text(max_size=5)))
         nested = "[" * depth + "]" * depth
         text = (
@@ -125,12 +126,32 @@ def _check_frame(text: str) -> dict[str, Any]:
     return frame
 
 
+def _depth(value: Any) -> int:
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, list | dict):
+            deepest = max(deepest, depth)
+            todo.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+class TooDeep:
+    """A well-formed envelope nested deeper than MAX_NESTING: not read, refused as invalidRequest
+    with its id when the id is cheaply found, else null (protocol/frames.py)."""
+
+    def __init__(self, request_id: Any) -> None:
+        self.id = request_id
+
+
 def _readable_id(data: str | bytes) -> Any:
     """The id a well-behaved reader sees in a well-formed envelope, else a sentinel."""
     try:
         obj = json.loads(data)
     except (ValueError, RecursionError):
         return ...
+    if _depth(obj) > MAX_NESTING:
+        return TooDeep(obj.get("id") if isinstance(obj, dict) else None)
     if not isinstance(obj, dict) or obj.get("jsonrpc") != "2.0" or not isinstance(obj.get("method"), str):
         return ...
     if "params" in obj and not isinstance(obj["params"], dict):
@@ -161,7 +182,10 @@ def exchange(conn: Connection, data: str | bytes) -> None:
     assert len(replies) == 1, outputs
     frame = _check_frame(replies[0])
     expected = _readable_id(data)
-    if expected is not ... and frame.get("error", {}).get("code") != RPC_ERROR_CODES["parseError"]:
+    if isinstance(expected, TooDeep):
+        assert frame["error"]["code"] == RPC_ERROR_CODES["invalidRequest"], (data, frame)
+        assert frame["id"] in (None, expected.id), (data, frame)
+    elif expected is not ... and frame.get("error", {}).get("code") != RPC_ERROR_CODES["parseError"]:
         assert frame["id"] == expected, (data, frame)
 
 
