@@ -138,7 +138,8 @@ def _parse_tool(line: str, rest: str) -> tuple[str, Any]:
     raw = raw.strip()
     if not raw:
         return name, {}
-    too_deep = ModelError(f"mock: the JSON arguments of {name[:200]!r} nest too deeply (more than {MAX_NESTING} levels)")
+    too_deep = ModelError(f"mock: the JSON arguments of {name[:200]!r} nest too deeply "
+                          f"(more than {MAX_NESTING} levels)")
     if nests_deeper(raw, MAX_NESTING):  # msgspec's own limit depends on the Python (protocol/nesting.py)
         raise too_deep
     try:
