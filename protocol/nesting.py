@@ -47,8 +47,8 @@ def nests_deeper(text: str | bytes, limit: int) -> bool:
     Exact on valid JSON; on any other input an estimate (that text is refused as a parse error
     if it is not refused as too deep). Never raises on ``str`` or ``bytes`` input.
     """
-    if text.count("[" if isinstance(text, str) else b"[") + \
-            text.count("{" if isinstance(text, str) else b"{") <= limit:
+    opening = text.count("[") + text.count("{") if isinstance(text, str) else text.count(b"[") + text.count(b"{")
+    if opening <= limit:
         return False
     return nesting_depth(text) > limit
 
@@ -68,4 +68,5 @@ def nesting_depth(text: str | bytes) -> int:
     if brackets.startswith(b"]"):  # not JSON: a closing bracket first
         runs.insert(0, 0)
     opening, closing = runs[0::2], chain((0,), runs[1::2])
-    return passes + max(0, max(accumulate(map(operator.sub, opening, closing))))
+    deepest: int = max(accumulate(map(operator.sub, opening, closing)))
+    return passes + max(0, deepest)
