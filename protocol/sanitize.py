@@ -44,8 +44,8 @@ def sanitize_for_card(value: Any) -> Any:
 
     Walks dicts (values; keys are left as they are so two keys can never collapse into one and
     hide an argument), lists and tuples; other values are returned unchanged. Iterative, so a
-    deeply nested argument (msgspec decodes up to ~1000 levels) cannot hit Python's recursion
-    limit.
+    deeply nested argument (tool-call arguments nest at most ``MAX_NESTING``, 512 levels:
+    ``protocol/nesting.py``) cannot hit Python's recursion limit.
     """
     if isinstance(value, str):
         return sanitize_text(value)
