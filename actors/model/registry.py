@@ -295,6 +295,12 @@ def builtin_model(provider_name: str, options: Mapping[str, Any]) -> tuple[Model
     """The host's built-in model (nothing configured): ``make_provider(name, **options)`` under the
     provider's name. Raises ModelError for an unknown provider or bad options."""
     provider = make_provider(provider_name, **options)
+    if provider_name == "openai" and not getattr(provider, "api_key", None) and \
+            getattr(provider, "base_url", None) == DEFAULT_BASE_URL:
+        # the OpenAI API answers every call without a key 401: refuse now, not every turn later
+        raise ModelError(f"openai: no API key for {DEFAULT_BASE_URL}: set OPENAI_API_KEY (or OPENAI_BASE_URL "
+                         "for a server that needs no key), or configure [models.NAME] with api_key_env "
+                         "in config.toml")
     model = getattr(provider, "model", None) or provider_name
     return ModelConfig(name=provider_name, provider=provider_name, model=str(model), builtin=True,
                        source="built in"), provider

@@ -126,6 +126,21 @@ def test_serve_refuses_a_flag_naming_an_unset_key_variable(tmp_path):
     assert "--model-* flags" in lines[0] and "api_key_env UNSET_FLAG_KEY is not set" in lines[0]
 
 
+def test_serve_model_openai_without_a_key_for_the_openai_api_refuses_and_with_a_local_url_starts(tmp_path):
+    # the older one-model path (OPENAI_* variables): the OpenAI API answers every keyless call 401
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    done = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--data", str(tmp_path / "a"), "--port", "0",
+                           "--model", "openai"], capture_output=True, text=True, timeout=120, cwd=REPO, check=False,
+                          env=env)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1, done.stderr
+    assert "no API key for https://api.openai.com/v1" in lines[0] and "OPENAI_API_KEY" in lines[0]
+    assert not os.path.exists(str(tmp_path / "a" / "store"))
+    local = ServerProcess(str(tmp_path / "b"), "--model", "openai",
+                          env={**env, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}).start()  # a local server: no key
+    assert local.stop() == 0
+
+
 # --- the startup log -------------------------------------------------------------------------------------
 
 
