@@ -52,6 +52,8 @@ import string
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, Self
 
+from protocol.frames import plain_str
+
 __all__ = [
     "CATALOGUE",
     "DEFAULT_LANGUAGE",
@@ -531,9 +533,7 @@ def enc_hook(language: Callable[[], str]) -> Callable[[Any], Any]:
     def hook(obj: Any) -> Any:
         if isinstance(obj, Text):
             return obj.render(language())
-        if isinstance(obj, str):
-            return str.__str__(obj)
-        raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+        return plain_str(obj)
 
     return hook
 

@@ -94,13 +94,14 @@ _RAW_DECODER: Final = msgspec.json.Decoder(msgspec.Raw)
 _ANY_DECODER: Final = msgspec.json.Decoder()
 
 
-def _plain_str(obj: Any) -> Any:
+def plain_str(obj: Any) -> Any:
+    """The msgspec ``enc_hook`` for ``str`` subclasses: their plain string; other types are refused."""
     if isinstance(obj, str):
         return str.__str__(obj)
     raise NotImplementedError(f"cannot encode {type(obj).__name__}")
 
 
-_ENCODER: Final = msgspec.json.Encoder(enc_hook=_plain_str)
+_ENCODER: Final = msgspec.json.Encoder(enc_hook=plain_str)
 
 # A cheap look for the id in the head of a frame we will not parse (too large or too deep): a key
 # "id" right after "{" or ",", with a string or integer value. It can be fooled by a string
