@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
-from eventstore import ANY_VERSION, request_hash
-from eventstore import events as E
-from protocol.errors import RpcError
-from protocol.schemas import ApprovalRequested as ApprovalRequestedParams
-from protocol.schemas import ApprovalSettled as ApprovalSettledParams
-from protocol.schemas_types import (
+from sessionloop.eventstore import ANY_VERSION, request_hash
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.schemas import ApprovalRequested as ApprovalRequestedParams
+from sessionloop.protocol.schemas import ApprovalSettled as ApprovalSettledParams
+from sessionloop.protocol.schemas_types import (
     AncestorRef,
     Approval,
     ApprovalDiff,

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from eventstore import StoreError
-from eventstore import events as E
+from sessionloop.eventstore import StoreError
+from sessionloop.eventstore import events as E
 
 from .context import build_summary_request, compaction_input, estimated_context_tokens
 from .errors import CompactionFailed, compact_error

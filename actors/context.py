@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from eventstore.events import Message, ToolCallSpec
+from sessionloop.eventstore.events import Message, ToolCallSpec
 
 from .model.attachments import estimated_chars
 from .model.base import args_json, content_chars

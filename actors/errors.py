@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eventstore.errors import SessionloopError
+from sessionloop.eventstore.errors import SessionloopError
 
 from .texts import Text
 

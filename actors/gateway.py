@@ -31,14 +31,14 @@ from typing import Any
 import msgspec
 import pykka
 
-from eventstore.errors import SessionloopError
-from protocol import file_handles
-from protocol.connection import Close, Connection, Dispatch, Limits, Send, ServerInfo
-from protocol.errors import RpcError
-from protocol.frames import notification_frame
-from protocol.schemas import FeaturesChanged, ItemDelta, ItemPush, SessionResync
-from protocol.schemas_types import Features, Identity, ItemAttachment, UserMessageItem
-from protocol.transport import Peer
+from sessionloop.eventstore.errors import SessionloopError
+from sessionloop.protocol import file_handles
+from sessionloop.protocol.connection import Close, Connection, Dispatch, Limits, Send, ServerInfo
+from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.frames import notification_frame
+from sessionloop.protocol.schemas import FeaturesChanged, ItemDelta, ItemPush, SessionResync
+from sessionloop.protocol.schemas_types import Features, Identity, ItemAttachment, UserMessageItem
+from sessionloop.protocol.transport import Peer
 
 from .runtime import DeltaPayload, Runtime
 from .summaries import SummaryIndex

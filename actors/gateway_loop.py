@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from protocol.errors import RpcError
-from protocol.schemas import Empty
-from protocol.schemas_loop import (
+from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.schemas import Empty
+from sessionloop.protocol.schemas_loop import (
     LoopCreateResult,
     LoopEvent,
     LoopEventParams,

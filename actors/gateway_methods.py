@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from eventstore import events as E
-from protocol.errors import RpcError
-from protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # seed 000: each, and all together
-from protocol.listing import compute_room_groups, list_sessions
-from protocol.schemas import (
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # seed 000: each, and all together
+from sessionloop.protocol.listing import compute_room_groups, list_sessions
+from sessionloop.protocol.schemas import (
     BackgroundListResult,
     BackgroundOutputResult,
     BatchFailure,
@@ -34,7 +34,7 @@ from protocol.schemas import (
     SessionsListResult,
     SubscribeResult,
 )
-from protocol.schemas_types import decode_data_url
+from sessionloop.protocol.schemas_types import decode_data_url
 
 from .blobs import kind_of, sniff_mime
 from .errors import InvalidCommand, NotFound, SessionBusy

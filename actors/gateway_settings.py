@@ -19,9 +19,9 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from eventstore.errors import SessionloopError
-from protocol.errors import RpcError
-from protocol.schemas import (
+from sessionloop.eventstore.errors import SessionloopError
+from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.schemas import (
     ConfigLayersResult,
     ConfigRows,
     Empty,
@@ -31,7 +31,7 @@ from protocol.schemas import (
     OverrideGroup,
     OverridesResult,
 )
-from protocol.schemas_types import (
+from sessionloop.protocol.schemas_types import (
     AncestorRef,
     GlobalLayer,
     PlaceLayer,

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from eventstore import events as E
+from sessionloop.eventstore import events as E
 
 from .texts import Text
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import msgspec
 
-from eventstore import IdempotencyClaim, RecordedEvent, request_hash
-from eventstore import events as E
-from protocol.limits import MAX_TITLE
+from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.limits import MAX_TITLE
 
 from .apps import MODES, AppManifest
 from .context import keep_turns

@@ -19,8 +19,8 @@ from prometheus_client.core import (
     InfoMetricFamily,
 )
 
-from eventstore import events as E
-from eventstore.groupcommit import Observations
+from sessionloop.eventstore import events as E
+from sessionloop.eventstore.groupcommit import Observations
 
 _TURN_END = {E.TurnCompleted: "completed", E.TurnFailed: "failed", E.TurnAborted: "aborted",
              E.TurnLimitReached: "tool-limit"}

@@ -30,9 +30,9 @@ from typing import Any, Final, Literal, cast
 import msgspec
 from msgspec import UNSET
 
-from eventstore import events as E
-from protocol.limits import one_line
-from protocol.schemas_types import (
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.limits import one_line
+from sessionloop.protocol.schemas_types import (
     AgentMessageItem,
     AgentModel,
     ApprovalGrant,

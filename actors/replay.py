@@ -41,9 +41,9 @@ from typing import Any, Final
 import msgspec
 from msgspec import UNSET
 
-from eventstore import events as E
-from eventstore.records import RecordedEvent, Snapshot
-from protocol.handshake import SESSION_PROTOCOL_VERSION
+from sessionloop.eventstore import events as E
+from sessionloop.eventstore.records import RecordedEvent, Snapshot
+from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 
 from .approvals import GateInputs
 from .context import turn_starts
@@ -854,7 +854,7 @@ HANDLE = "<download handle>"
 def remote_decorate(_session_id: str, item: Any) -> Any:
     """The rebuilt side of a remote comparison: a stored attachment (``blob:<sha256>``) is served
     as a download handle signed with the server's key, which only the server has."""
-    from protocol.schemas_types import ItemAttachment, UserMessageItem
+    from sessionloop.protocol.schemas_types import ItemAttachment, UserMessageItem
 
     if not isinstance(item, UserMessageItem) or not item.attachments:
         return item
@@ -866,7 +866,7 @@ def remote_decorate(_session_id: str, item: Any) -> Any:
 def served_handles_masked(items: list[Any]) -> list[Any]:
     """The served side of a remote comparison: each download handle (seed 004 handle shape) in a
     user message's attachments replaced by :data:`HANDLE`."""
-    from protocol.file_handles import HANDLE_SHAPE
+    from sessionloop.protocol.file_handles import HANDLE_SHAPE
 
     out = []
     for item in items:
@@ -888,7 +888,7 @@ class MemoryClient:
     settings and deletes a discarded fork)."""
 
     def __init__(self, service: Any, timeout: float) -> None:
-        from protocol.transport import Peer
+        from sessionloop.protocol.transport import Peer
 
         self.timeout = timeout
         self.answers: dict[int, dict[str, Any]] = {}

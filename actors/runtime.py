@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from eventstore import EventStore
-from eventstore import events as E
-from protocol.limits import one_line
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.limits import one_line
 
 from .apps import AppRegistry, clamp_mode, clamp_policy
 from .blobs import BlobStore
@@ -382,7 +382,7 @@ class Runtime:
     def chain_of(self, state: Any) -> list[Any]:
         """Seed 004 Approval.chain: for a session below its root, the sessions from just below the
         root down to this one."""
-        from protocol.schemas_types import AncestorRef
+        from sessionloop.protocol.schemas_types import AncestorRef
 
         from .summary_records import decode_summary_record
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
-from eventstore import (
+from sessionloop.eventstore import (
     IdempotencyClaim,
     SessionloopError,
     StorageUnavailable,
@@ -36,8 +36,8 @@ from eventstore import (
     StreamDeleted,
     WrongExpectedVersion,
 )
-from eventstore import events as E
-from protocol.schemas_types import AgentMessageItem, ReasoningItem
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.schemas_types import AgentMessageItem, ReasoningItem
 
 from .caller import CURRENT_CALL, CallerContext
 from .context import estimated_context_tokens, model_view

@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from eventstore import events as E
-from protocol.limits import MAX_TITLE
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.limits import MAX_TITLE
 
 from .context import SUMMARY_PREFIX, model_view
 from .errors import Conflict, ExpectedTurnMismatch, InvalidCommand, NotFound, SessionBusy, SessionParked

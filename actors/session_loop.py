@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from eventstore import IdempotencyClaim, RecordedEvent, request_hash
-from eventstore import events as E
-from protocol.limits import (
+from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.limits import (
     DEFAULT_WAIT_MS,
     LOOP_EVENTS_MAX_LIMIT,
     MAX_ATTACHMENT_BYTES,

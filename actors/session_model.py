@@ -21,8 +21,8 @@ from typing import Any
 
 import msgspec
 
-from eventstore import events as E
-from protocol.limits import MAX_TITLE, clip
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.limits import MAX_TITLE, clip
 
 from .context import summary_message
 from .grants import Grant, grant_of

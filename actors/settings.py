@@ -55,10 +55,10 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from eventstore import events as E
-from eventstore.errors import WrongExpectedVersion
-from protocol.limits import MAX_INT, MIN_INT
-from protocol.schemas_types import (
+from sessionloop.eventstore import events as E
+from sessionloop.eventstore.errors import WrongExpectedVersion
+from sessionloop.protocol.limits import MAX_INT, MIN_INT
+from sessionloop.protocol.schemas_types import (
     PlaceLayer,
     PlatformLayer,
     PlatformTypeLayer,

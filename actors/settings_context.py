@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 
-from eventstore import events as E
-from protocol.schemas_types import (
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.schemas_types import (
     GlobalLayer,
     PlaceLayer,
     PlatformLayer,

@@ -33,7 +33,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from protocol.schemas_types import PlatformLayer, PlatformTypeLayer
+from sessionloop.protocol.schemas_types import PlatformLayer, PlatformTypeLayer
 
 from .settings_context import Ident, Layer
 from .texts import LANGUAGES, Text

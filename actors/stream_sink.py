@@ -36,7 +36,7 @@ from typing import Any, Final
 
 import msgspec
 
-from protocol.schemas_types import (
+from sessionloop.protocol.schemas_types import (
     AgentMessageItem,
     ReasoningItem,
     ToolCallItem,

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from protocol.listing import TreeFields, compute_tree_fields
+from sessionloop.protocol.listing import TreeFields, compute_tree_fields
 
 from .summary_records import (
     ListingRow,

@@ -23,16 +23,16 @@ from typing import Final, Literal, cast
 
 import msgspec
 
-from eventstore import events as E
-from protocol.limits import MAX_REASON, MAX_TITLE, clip
-from protocol.listing import (
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.limits import MAX_REASON, MAX_TITLE, clip
+from sessionloop.protocol.listing import (
     SessionNode,
     SortKey,
     TreeFields,
     completed_unread,
     sort_key,
 )
-from protocol.schemas_types import (
+from sessionloop.protocol.schemas_types import (
     ChatInfo,
     LastTurn,
     PlaceInfo,

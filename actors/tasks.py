@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
-from eventstore import ANY_VERSION
-from eventstore import events as E
-from protocol.schemas import BackgroundChanged
-from protocol.schemas_types import BackgroundCall, BackgroundTask
+from sessionloop.eventstore import ANY_VERSION
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.schemas import BackgroundChanged
+from sessionloop.protocol.schemas_types import BackgroundCall, BackgroundTask
 
 from .pubsub import Reply
 from .texts import Text, stored_parts

@@ -52,7 +52,7 @@ import string
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, Self
 
-from protocol.frames import plain_str
+from sessionloop.protocol.frames import plain_str
 
 __all__ = [
     "CATALOGUE",

@@ -34,8 +34,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from eventstore import events as E
-from protocol.limits import MAX_REASON, TRACEPARENT_PATTERN, clip
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.limits import MAX_REASON, TRACEPARENT_PATTERN, clip
 
 __all__ = [
     "MissingHistory",

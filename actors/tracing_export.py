@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from eventstore import EventStore
+from sessionloop.eventstore import EventStore
 
 from .errors import ActorError
 from .tracing import SPAN_EVENTS, MissingHistory, SpanBuilder, SpanData

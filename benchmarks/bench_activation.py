@@ -48,9 +48,6 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from actors import gc_policy
-from actors.host import Host
-from actors.session_model import evolve, new_state
 from benchmarks.bench_turns import (
     CACHE,
     PLAIN_TEXT,
@@ -60,9 +57,12 @@ from benchmarks.bench_turns import (
 )
 from benchmarks.measure import fill_defaults, now, percentile, run_job, write_results
 from benchmarks.server_proc import ServerProc
-from cli.bench_cmd import inprocess_turn, is_tool_turn
-from cli.client import Endpoint, connect
-from protocol.schemas_types import TurnItem
+from sessionloop.actors import gc_policy
+from sessionloop.actors.host import Host
+from sessionloop.actors.session_model import evolve, new_state
+from sessionloop.cli.bench_cmd import inprocess_turn, is_tool_turn
+from sessionloop.cli.client import Endpoint, connect
+from sessionloop.protocol.schemas_types import TurnItem
 
 TOKEN = "bench-activation-token"
 TARGET_LIST_MS, TARGET_ACTIVATE_MS = 1000.0, 50.0

@@ -62,7 +62,6 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from actors.session_loop import APP_QUOTA  # noqa: E402  (seed 000: unfinished turns per app)
 from benchmarks.measure import (  # noqa: E402
     fill_defaults,
     now,
@@ -74,6 +73,7 @@ from benchmarks.measure import (  # noqa: E402
     write_results,
 )
 from benchmarks.server_proc import ServerProc
+from sessionloop.actors.session_loop import APP_QUOTA  # noqa: E402  (seed 000: unfinished turns per app)
 
 OWNER_TOKEN = "sessionloop-bots-owner"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
@@ -186,7 +186,7 @@ class WsApi:
     async def open(self, bot: int, n: int) -> None:
         from websockets.asyncio.client import connect
 
-        from cli.bench_cmd import WsClient
+        from sessionloop.cli.bench_cmd import WsClient
 
         self.conns[bot] = []
         for _ in range(n):
@@ -197,7 +197,7 @@ class WsApi:
             self.conns[bot].append(c)
 
     async def call(self, client: Any, method: str, params: dict[str, Any]) -> Any:
-        from cli.bench_cmd import Rejected
+        from sessionloop.cli.bench_cmd import Rejected
 
         while True:
             try:
@@ -451,7 +451,7 @@ async def overload_bot(api: Any, rec: Record, b: int, spec: dict[str, Any], out:
 
 
 def check_log(store: Any, rec: Record) -> dict[str, Any]:
-    from eventstore import events as E
+    from sessionloop.eventstore import events as E
 
     turn_end = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
     keys: dict[tuple[str, str], list[str]] = defaultdict(list)  # (session, key) -> turn ids
@@ -529,7 +529,7 @@ def summarize(rec: Record, wall: float, spec: dict[str, Any], cpu_s: float) -> d
 
 
 def job_inprocess(spec: dict[str, Any]) -> dict[str, Any]:
-    from actors.host import Host
+    from sessionloop.actors.host import Host
 
     data_dir = tempfile.mkdtemp(prefix="bench-bots-")
     try:
@@ -569,7 +569,7 @@ def job_inprocess(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
-    from eventstore import EventStore
+    from sessionloop.eventstore import EventStore
 
     pinned = spec["placement"] != "unpinned"
     if pinned:

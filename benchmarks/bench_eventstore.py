@@ -33,9 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import lmdb  # noqa: E402  (benchmark baseline: the raw driver, for comparison only)
 
 from benchmarks.measure import write_results  # noqa: E402
-from eventstore import EventStore  # noqa: E402
-from eventstore.codec import encode_event  # noqa: E402
-from eventstore.events import LlmCompleted, ToolCallSpec, Usage  # noqa: E402
+from sessionloop.eventstore import EventStore  # noqa: E402
+from sessionloop.eventstore.codec import encode_event  # noqa: E402
+from sessionloop.eventstore.events import LlmCompleted, ToolCallSpec, Usage  # noqa: E402
 
 
 def typical_event(i: int) -> LlmCompleted:

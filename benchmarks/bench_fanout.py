@@ -280,7 +280,7 @@ class Driver:
     async def open(self, port: int, n: int) -> None:
         from websockets.asyncio.client import connect
 
-        from cli.bench_cmd import WsClient
+        from sessionloop.cli.bench_cmd import WsClient
 
         for _ in range(n):
             ws = await connect(f"ws://127.0.0.1:{port}/session", max_size=None, compression=None, ping_interval=None,
@@ -301,7 +301,7 @@ class Driver:
         return str(made["session"]["id"])
 
     async def send(self, client: Any, session_id: str, text: str) -> None:
-        from cli.bench_cmd import NotAccepted, Rejected
+        from sessionloop.cli.bench_cmd import NotAccepted, Rejected
 
         t0 = now()
         self.sent[text] = t0
@@ -409,8 +409,8 @@ async def drive(spec: dict[str, Any], port: int, subscribers: list[SubscriberPro
 
 def read_log(data_dir: str) -> dict[str, Any]:
     """The server's event log, read back after it stopped: per input text its turn id; starts, ends."""
-    from eventstore import EventStore
-    from eventstore import events as E
+    from sessionloop.eventstore import EventStore
+    from sessionloop.eventstore import events as E
 
     turn_end = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
     store = EventStore.open(os.path.join(data_dir, "store"), readonly=True)
@@ -597,7 +597,7 @@ async def _fanout(spec: dict[str, Any], server: ServerProc, subscribers: list[Su
 
 def job_turns(spec: dict[str, Any]) -> dict[str, Any]:
     """``cli/bench_cmd.py``'s ``run_bench`` (via ws or in process), nosync."""
-    from cli.bench_cmd import BenchConfig, run_bench
+    from sessionloop.cli.bench_cmd import BenchConfig, run_bench
 
     cfg = BenchConfig(sessions=spec["sessions"], turns=spec["turns"], via=spec["via"], durability="nosync",
                       progress=False)

@@ -41,9 +41,6 @@ from openai.types.chat import ChatCompletionChunk
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from actors.host import Host
-from actors.model import OpenAIProvider
-from actors.model.limits import ModelLimits, RetryPolicy
 from benchmarks.measure import (
     fill_defaults,
     machine_reference_ms,
@@ -51,7 +48,10 @@ from benchmarks.measure import (
     run_job,
     write_results,
 )
-from cli.bench_cmd import inprocess_turn
+from sessionloop.actors.host import Host
+from sessionloop.actors.model import OpenAIProvider
+from sessionloop.actors.model.limits import ModelLimits, RetryPolicy
+from sessionloop.cli.bench_cmd import inprocess_turn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

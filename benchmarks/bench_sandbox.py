@@ -33,9 +33,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from actors.tools import ToolContext, Workspace, default_registry  # noqa: E402
-from actors.tools.sandbox import ExecLimits, Launch, Sandbox  # noqa: E402
 from benchmarks.measure import fill_defaults, machine_reference_ms, now, percentile, run_job, write_results  # noqa: E402
+from sessionloop.actors.tools import ToolContext, Workspace, default_registry  # noqa: E402
+from sessionloop.actors.tools.sandbox import ExecLimits, Launch, Sandbox  # noqa: E402
 
 VARIANTS = ["plain", "limits only", "bwrap", "bwrap+network"]
 

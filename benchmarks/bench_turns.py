@@ -64,8 +64,6 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from actors import gc_policy
-from actors.host import Host
 from benchmarks.measure import (
     RESULTS,
     fill_defaults,
@@ -76,10 +74,12 @@ from benchmarks.measure import (
     run_job,
     write_results,
 )
-from cli.bench_cmd import BenchConfig, inprocess_turn, is_tool_turn, sessions_per_connection
-from cli.bench_observers import OBSERVE_MODES, attach
-from cli.bench_observers import create_sessions as create_observed_sessions
-from eventstore import events as E
+from sessionloop.actors import gc_policy
+from sessionloop.actors.host import Host
+from sessionloop.cli.bench_cmd import BenchConfig, inprocess_turn, is_tool_turn, sessions_per_connection
+from sessionloop.cli.bench_observers import OBSERVE_MODES, attach
+from sessionloop.cli.bench_observers import create_sessions as create_observed_sessions
+from sessionloop.eventstore import events as E
 
 CACHE = os.path.join(RESULTS, ".cache")
 PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"

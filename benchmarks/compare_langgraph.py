@@ -53,7 +53,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchmarks.measure import fill_defaults, rss_peak_mib, run_job, write_results
-from cli.bench_cmd import (
+from sessionloop.cli.bench_cmd import (
     EXPECTED,
     PLAIN_TEXT,
     TOOL_TEXT,
@@ -62,7 +62,7 @@ from cli.bench_cmd import (
     percentile,
     run_bench,
 )
-from cli.bench_observers import OBSERVE_MODES
+from sessionloop.cli.bench_observers import OBSERVE_MODES
 
 # --- LangGraph side -------------------------------------------------------------------------------
 
@@ -390,7 +390,7 @@ def main() -> None:
     args = parse_args()
     if args.child:
         spec = json.loads(args.child)
-        from actors import gc_policy
+        from sessionloop.actors import gc_policy
 
         gc_policy.apply()  # both systems' children get the GC settings sessionloop's server uses
         print(json.dumps(JOBS[spec["system"]](spec)))

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class ServerProc:
     def __init__(self, data_dir: str, token: str, serve_args: list[str], cpus: str | None) -> None:
-        cmd = [sys.executable, "-m", "cli.main", "serve", "--data", data_dir, "--port", "0", "--token", token,
+        cmd = [sys.executable, "-m", "sessionloop", "serve", "--data", data_dir, "--port", "0", "--token", token,
                *serve_args]
         if cpus is not None:
             cmd = ["taskset", "-c", cpus, *cmd]

@@ -43,8 +43,8 @@ from typing import Any
 
 import click
 
-from eventstore import RecordedEvent
-from eventstore import events as E
+from sessionloop.eventstore import RecordedEvent
+from sessionloop.eventstore import events as E
 
 from .bench_observers import OBSERVE_MODES, PushCheck, StreamCheck, attach, create_sessions
 
@@ -248,7 +248,7 @@ async def show_progress(cfg: BenchConfig, rec: Record, stream: Any) -> None:
 
 
 def open_host(data_dir: str, cfg: BenchConfig) -> Any:
-    from actors.host import Host
+    from sessionloop.actors.host import Host
 
     return Host.open(data_dir, durability=cfg.durability, permission_mode="acceptCalls",
                      max_live=cfg.max_live or max(4000, 2 * cfg.sessions),
@@ -261,9 +261,9 @@ def inprocess_turn(host: Any) -> Callable[[str, str], Awaitable[Any]]:
     the send: one wake-up of the driver per turn (a :class:`LoopWaiter` the turn results complete
     directly); the receipt only matters when it is a refusal, which ends the wait with
     :class:`NotAccepted`."""
-    from actors.host import new_id
-    from actors.pubsub import LoopWaiter, Reply
-    from actors.session import Send, now_ms
+    from sessionloop.actors.host import new_id
+    from sessionloop.actors.pubsub import LoopWaiter, Reply
+    from sessionloop.actors.session import Send, now_ms
 
     results = host.rt.results
 
@@ -302,7 +302,7 @@ def inprocess_sender(host: Any, ids: list[str]) -> SendTurn:
 
 
 async def run_inprocess(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
-    from actors import gc_policy
+    from sessionloop.actors import gc_policy
 
     gc_policy.apply()  # this process hosts the sessions: the server's GC settings, as ``serve``
     host = open_host(data_dir, cfg)
@@ -415,7 +415,7 @@ class WsClient:
 async def run_ws(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
     from websockets.asyncio.client import connect
 
-    from protocol.handshake import SESSION_PROTOCOL_VERSION
+    from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 
     from .serve import Server
 

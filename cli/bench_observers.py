@@ -34,10 +34,10 @@ from typing import Any
 
 import msgspec
 
-from actors.gateway import SessionProtocolService
-from actors.worker import LoopBatch
-from protocol.handshake import SESSION_PROTOCOL_VERSION
-from protocol.transport import DEFAULT_MAX_OUTBOX, Outbox, Peer, Waker
+from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.worker import LoopBatch
+from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
+from sessionloop.protocol.transport import DEFAULT_MAX_OUTBOX, Outbox, Peer, Waker
 
 OBSERVE_MODES = ("subscriber", "watcher", "none")
 #: the bot app that owns the sessions of a ``watcher`` run, and its one container

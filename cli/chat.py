@@ -45,7 +45,7 @@ from typing import Any, Final
 
 import click
 
-from protocol.schemas import (
+from sessionloop.protocol.schemas import (
     AgentMessageItem,
     Approval,
     ApprovalRequested,

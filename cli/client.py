@@ -56,10 +56,10 @@ from websockets.exceptions import (
     InvalidURI,
 )
 
-from eventstore.errors import SessionloopError
-from protocol.handshake import SESSION_PROTOCOL_VERSION
-from protocol.sanitize import sanitize_text
-from protocol.schemas import (
+from sessionloop.eventstore.errors import SessionloopError
+from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
+from sessionloop.protocol.sanitize import sanitize_text
+from sessionloop.protocol.schemas import (
     METHODS,
     NOTIFICATIONS,
     InitializeResult,

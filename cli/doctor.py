@@ -32,10 +32,10 @@ import click
 import httpx
 import msgspec
 
-from actors.model.base import ModelRequest, error_message, ignore_delta
-from actors.model.mock import MockProvider
-from actors.model.registry import ModelConfig, ModelConfigError, check_model_configs
-from eventstore.events import Message
+from sessionloop.actors.model.base import ModelRequest, error_message, ignore_delta
+from sessionloop.actors.model.mock import MockProvider
+from sessionloop.actors.model.registry import ModelConfig, ModelConfigError, check_model_configs
+from sessionloop.eventstore.events import Message
 
 from .output import clean, echo_json, echo_table
 from .serve import CONFIG_FILE, DEFAULT_DATA, flags_from, model_flag_options

@@ -6,26 +6,26 @@ import importlib
 
 import click
 
-from eventstore.errors import SessionloopError
+from sessionloop.eventstore.errors import SessionloopError
 
 #: Commands are imported when used: ``serve`` does not load the client, and the client does not
 #: load the server (click's documented lazy-loading pattern).
 COMMANDS: dict[str, str] = {
-    "serve": "cli.serve:serve",
-    "chat": "cli.chat:chat",
-    "sessions": "cli.sessions_cmd:sessions",
-    "watch": "cli.sessions_cmd:watch",
-    "send": "cli.sessions_cmd:send",
-    "tasks": "cli.tasks_cmd:tasks",
-    "replay": "cli.replay_cmd:replay",
-    "rerun": "cli.replay_cmd:rerun",
-    "events": "cli.replay_cmd:events",
-    "import": "cli.replay_cmd:import_events",
-    "trace": "cli.trace_cmd:trace",
-    "bench": "cli.bench_cmd:bench",
-    "doctor": "cli.doctor:doctor",
-    "compact": "cli.maintenance:compact",
-    "backup": "cli.maintenance:backup",
+    "serve": "sessionloop.cli.serve:serve",
+    "chat": "sessionloop.cli.chat:chat",
+    "sessions": "sessionloop.cli.sessions_cmd:sessions",
+    "watch": "sessionloop.cli.sessions_cmd:watch",
+    "send": "sessionloop.cli.sessions_cmd:send",
+    "tasks": "sessionloop.cli.tasks_cmd:tasks",
+    "replay": "sessionloop.cli.replay_cmd:replay",
+    "rerun": "sessionloop.cli.replay_cmd:rerun",
+    "events": "sessionloop.cli.replay_cmd:events",
+    "import": "sessionloop.cli.replay_cmd:import_events",
+    "trace": "sessionloop.cli.trace_cmd:trace",
+    "bench": "sessionloop.cli.bench_cmd:bench",
+    "doctor": "sessionloop.cli.doctor:doctor",
+    "compact": "sessionloop.cli.maintenance:compact",
+    "backup": "sessionloop.cli.maintenance:backup",
 }
 
 

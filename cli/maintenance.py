@@ -20,8 +20,8 @@ import shutil
 
 import click
 
-from eventstore import EventStore
-from eventstore.errors import StorageError, StoreLocked
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore.errors import StorageError, StoreLocked
 
 from .serve import DEFAULT_DATA
 

@@ -21,8 +21,8 @@ from typing import Any, Final
 import click
 import msgspec
 
-from protocol.sanitize import REMOVED_CODEPOINTS, sanitize_for_card, sanitize_text
-from protocol.schemas import (
+from sessionloop.protocol.sanitize import REMOVED_CODEPOINTS, sanitize_for_card, sanitize_text
+from sessionloop.protocol.schemas import (
     AgentMessageItem,
     Approval,
     ApprovalSettled,

@@ -29,19 +29,19 @@ from typing import Any
 import click
 import msgspec
 
-from actors.approvals import ApprovalService, GateInputs
-from actors.gateway import SessionProtocolService
-from actors.replay import (
+from sessionloop.actors.approvals import ApprovalService, GateInputs
+from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.replay import (
     MemoryClient,
     override_settlement,
     replayed_settlement,
     rerun_gate,
 )
-from actors.session import Query
-from eventstore import EventStore, RecordedEvent
-from eventstore import events as E
-from eventstore.codec import encode_event, event_from_builtins
-from eventstore.errors import (
+from sessionloop.actors.session import Query
+from sessionloop.eventstore import EventStore, RecordedEvent
+from sessionloop.eventstore import events as E
+from sessionloop.eventstore.codec import encode_event, event_from_builtins
+from sessionloop.eventstore.errors import (
     EventDecodeError,
     SessionloopError,
     StorageError,
@@ -110,7 +110,7 @@ def _clock(at: int) -> str:
 
 
 def _short(value: Any, limit: int = 100) -> str:
-    from actors.replay import excerpt, summarize_args
+    from sessionloop.actors.replay import excerpt, summarize_args
 
     return excerpt(value, limit) if isinstance(value, str) else summarize_args(value, limit)
 
@@ -160,7 +160,7 @@ def replay(session: str, data_dir: str, until: str | None, verify: bool, offline
       sessionloop replay 18f3a2c0d41e5b7a90c1d --verify
       sessionloop replay 18f3a2c0d41e5b7a90c1d --verify --url ws://127.0.0.1:8765/session
     """
-    from actors.replay import build_timeline, until_version
+    from sessionloop.actors.replay import build_timeline, until_version
 
     session_id = _session_id(session)
     if offline and not verify:
@@ -206,7 +206,7 @@ def _no_live_host(store: EventStore, data_dir: str) -> str | None:
 
 def _verify(data_dir: str, session_id: str, stored: tuple[Any, Any, Any], why: str | None, as_json: bool,
             remote: Any = None) -> None:
-    from actors.replay import verify
+    from sessionloop.actors.replay import verify
 
     if remote is not None:  # the running server answered over the wire; the store was read beside it
         live_stored, live, reason = None, remote, None
@@ -257,7 +257,7 @@ def _remote_live_view(url: str, token: str | None, data_dir: str, session_id: st
     projection and state, which a server does not send; download handles masked."""
     import asyncio
 
-    from actors.replay import (
+    from sessionloop.actors.replay import (
         LiveUnavailable,
         LiveView,
         ask_served,
@@ -301,9 +301,9 @@ def _remote_live_view(url: str, token: str | None, data_dir: str, session_id: st
 def _live_view(data_dir: str, session_id: str) -> tuple[Any, Any, str | None]:
     """``(stored, live view, None)`` from a host opened on ``data_dir`` (the events, snapshot and
     listing record re-read under its writer lock), or ``(None, None, why not)``."""
-    from actors.gateway import SessionProtocolService
-    from actors.host import Host
-    from actors.replay import LiveUnavailable, serve_live_view
+    from sessionloop.actors.gateway import SessionProtocolService
+    from sessionloop.actors.host import Host
+    from sessionloop.actors.replay import LiveUnavailable, serve_live_view
 
     try:
         host = Host.open(data_dir)
@@ -327,7 +327,7 @@ def _live_view(data_dir: str, session_id: str) -> tuple[Any, Any, str | None]:
 
 
 def _render_timeline(tl: Any) -> Iterator[str]:
-    from actors.replay import Entry
+    from sessionloop.actors.replay import Entry
 
     title = f' "{tl.title}"' if tl.title else ""
     cut = f", until version {tl.until}" if tl.until is not None else ""
@@ -500,7 +500,7 @@ class _ReplayAnswers:
         self.summaries = list(summaries)
 
     async def generate(self, request: Any, on_delta: Any) -> Any:
-        from actors.model import ModelError, ModelResponse
+        from sessionloop.actors.model import ModelError, ModelResponse
 
         if not request.tools:
             return self._summary(ModelError, ModelResponse)
@@ -539,8 +539,8 @@ class _ModelOverrides:
         self.calls: dict[int, int] = {}  # re-run turn -> model calls made in it
 
     async def generate(self, request: Any, on_delta: Any) -> Any:
-        from actors.model import ModelError, ModelResponse
-        from actors.model.base import stream_now
+        from sessionloop.actors.model import ModelError, ModelResponse
+        from sessionloop.actors.model.base import stream_now
 
         if not request.tools:  # a summary request, not a step of the turn
             return await self.inner.generate(request, on_delta)
@@ -645,7 +645,7 @@ class _Rerun:
     # setup
 
     def prepare(self) -> None:
-        from actors.model import ReplayProvider, make_provider
+        from sessionloop.actors.model import ReplayProvider, make_provider
 
         original = self._original_state()
         self.shared_workspace = bool(original.created and original.created.cwd)
@@ -692,7 +692,7 @@ class _Rerun:
         return E.Settlement(state="denied", source="absent", at=now)
 
     def _original_state(self) -> Any:
-        from actors.replay import fold_events
+        from sessionloop.actors.replay import fold_events
 
         return fold_events(self.plan.session_id, self.events)
 
@@ -703,7 +703,7 @@ class _Rerun:
             registry.register(dataclasses.replace(spec, handler=self._handler(spec)), replace=True)
 
     def _handler(self, spec: Any) -> Any:
-        from actors.tools import ToolResult
+        from sessionloop.actors.tools import ToolResult
 
         async def handle(args: dict[str, Any], ctx: Any) -> Any:
             key = (self.current_turn, ctx.call_id)
@@ -721,7 +721,7 @@ class _Rerun:
         return handle
 
     async def _replayed(self, key: tuple[int, str], tool: str, ctx: Any) -> Any:
-        from actors.tools import ToolResult
+        from sessionloop.actors.tools import ToolResult
 
         recorded = self.plan.tool_results.get(key)
         if recorded is None:
@@ -756,7 +756,7 @@ class _Rerun:
     def _seed_workspace(self) -> None:
         """The fork starts with the files as they were before the first re-run turn: a copy of
         the original's workspace with that turn's and later turns' changes undone (checkpoints)."""
-        from actors.checkpoints import restore_before
+        from sessionloop.actors.checkpoints import restore_before
 
         original = self._original_state()
         self.original_workspace = self.rt.workspace(original)
@@ -772,7 +772,7 @@ class _Rerun:
     # run
 
     def run(self, show_progress: bool) -> dict[str, Any]:
-        from actors.replay import comparable, compare_logs
+        from sessionloop.actors.replay import comparable, compare_logs
 
         plan = self.plan
         title = f"rerun of {plan.session_id} from turn {plan.from_turn}"
@@ -857,7 +857,7 @@ class _Rerun:
 
 
 def _parse_overrides(plan: Any, values: tuple[str, ...]) -> list[_Override]:
-    from actors.replay import parse_model_answer
+    from sessionloop.actors.replay import parse_model_answer
 
     out: list[_Override] = []
     for value in values:
@@ -922,8 +922,8 @@ def _other_unfinished(data_dir: str, session_id: str) -> list[str]:
 
 
 def _open_rerun_host(data_dir: str, max_steps: int | None) -> Any:
-    from actors.host import Host
-    from actors.runtime import HostOptions
+    from sessionloop.actors.host import Host
+    from sessionloop.actors.runtime import HostOptions
 
     try:
         steps = HostOptions().max_steps if max_steps is None else max_steps  # 0: unlimited
@@ -986,7 +986,7 @@ def rerun(session: str, from_turn: int, provider: str, tools_mode: str, override
       sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 1 --override-tool llm:1='{"text": "no"}'
       sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 0 --override-approval 1=deny
     """
-    from actors.replay import plan_rerun
+    from sessionloop.actors.replay import plan_rerun
 
     session_id = _session_id(session)
     if not os.path.isdir(os.path.join(data_dir, "store")):
@@ -1132,7 +1132,7 @@ def events(session: str, data_dir: str, as_json: bool) -> None:
       sessionloop events 18f3a2c0d41e5b7a90c1d
       sessionloop events 18f3a2c0d41e5b7a90c1d --json > session.jsonl
     """
-    from eventstore.codec import event_to_builtins
+    from sessionloop.eventstore.codec import event_to_builtins
 
     session_id = _session_id(session)
     store = _open_store(data_dir, session_id)
@@ -1218,8 +1218,8 @@ def import_events(file: Any, data_dir: str, as_id: str | None) -> None:
       sessionloop events 18f3a2c0d41e5b7a90c1d --json > s.jsonl
       sessionloop import s.jsonl --data ./other --as copy-of-s
     """
-    from actors.replay import fold_events
-    from actors.summary_records import encode_summary_record, summary_record
+    from sessionloop.actors.replay import fold_events
+    from sessionloop.actors.summary_records import encode_summary_record, summary_record
 
     session_id, parsed = _parse_import(file.read(), as_id)
     state = fold_events(session_id, parsed)

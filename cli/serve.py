@@ -25,26 +25,26 @@ from typing import Any
 
 import click
 
-from actors import gc_policy
-from actors.apps import MODES, AppManifest, check_manifest
-from actors.errors import InvalidCommand
-from actors.model.registry import (
+from sessionloop.actors import gc_policy
+from sessionloop.actors.apps import MODES, AppManifest, check_manifest
+from sessionloop.actors.errors import InvalidCommand
+from sessionloop.actors.model.registry import (
     CONFIG_PROVIDERS,
     ModelConfigError,
     ModelFlags,
     load_model_configs,
 )
-from actors.session_decide import steps_limit
-from actors.texts import DEFAULT_LANGUAGE, LANGUAGES
-from actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
-from actors.tracing_export import (
+from sessionloop.actors.session_decide import steps_limit
+from sessionloop.actors.texts import DEFAULT_LANGUAGE, LANGUAGES
+from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
+from sessionloop.actors.tracing_export import (
     LiveTraces,
     TracingUnavailable,
     batch_processor,
     otlp_exporter,
 )
-from eventstore.errors import SessionloopError
-from protocol.transport import AppCredential
+from sessionloop.eventstore.errors import SessionloopError
+from sessionloop.protocol.transport import AppCredential
 
 from .logs import FORMATS as LOG_FORMATS
 from .logs import LEVELS as LOG_LEVELS
@@ -150,7 +150,7 @@ def request_limit(socket_limit: int) -> int:
     id, the connection kept): below the socket's hard frame limit, above which a frame only gets a
     1009 close. The default pair is 24 of 64 MiB; a smaller ``--max-frame-mb`` keeps that ratio,
     so the reply still comes before the hard limit."""
-    from protocol.connection import DEFAULT_MAX_FRAME_BYTES
+    from sessionloop.protocol.connection import DEFAULT_MAX_FRAME_BYTES
 
     return max(1024, min(DEFAULT_MAX_FRAME_BYTES, socket_limit * 3 // 8))
 
@@ -166,8 +166,8 @@ class Server:
                  inflight_wait: float = 30.0, metrics_public: bool = False, auth_failures: int = 20,
                  auth_window: float = 60.0, span_exporter: Any = None, model_flags: ModelFlags | None = None,
                  **host_options: Any) -> None:
-        from actors.host import Host
-        from protocol.transport import TransportConfig
+        from sessionloop.actors.host import Host
+        from sessionloop.protocol.transport import TransportConfig
 
         if max_inflight_mb < max_frame_mb:
             raise ValueError(f"--max-inflight-mb {max_inflight_mb} is below --max-frame-mb {max_frame_mb}: "
@@ -253,8 +253,8 @@ class Server:
                 f"(default {models.default.entry_id})")
 
     def _service(self, apps: dict[str, Any], max_request_bytes: int) -> Any:
-        from actors.gateway import SessionProtocolService
-        from protocol.connection import Limits
+        from sessionloop.actors.gateway import SessionProtocolService
+        from sessionloop.protocol.connection import Limits
 
         service = SessionProtocolService(self.host.rt, host=self.host, limits=Limits(max_frame_bytes=max_request_bytes))
         for hook in service_hooks:
@@ -336,7 +336,7 @@ class Server:
         return closed
 
     async def start(self) -> int:
-        from protocol.transport import SessionServer
+        from sessionloop.protocol.transport import SessionServer
 
         from .metrics import render_metrics
 

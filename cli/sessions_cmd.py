@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from protocol.schemas import (
+from sessionloop.protocol.schemas import (
     HistoryResult,
     LoopSendResult,
     LoopWaitForTurnResult,

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import click
 
-from protocol.schemas import (
+from sessionloop.protocol.schemas import (
     BackgroundChanged,
     BackgroundListResult,
     BackgroundOutputResult,

@@ -13,8 +13,8 @@ import json
 
 import click
 
-from actors.tracing import build_spans
-from actors.tracing_export import otlp_json
+from sessionloop.actors.tracing import build_spans
+from sessionloop.actors.tracing_export import otlp_json
 
 from .replay_cmd import _data_option, _open_store, _read_session, _session_id
 

@@ -20,8 +20,8 @@ import sys
 import tempfile
 from typing import Any
 
-from actors.host import Host
-from actors.tools import ToolSpec
+from sessionloop.actors.host import Host
+from sessionloop.actors.tools import ToolSpec
 
 JOB_TASKS = ["list the risks", "estimate the cost", "draft the timeline"]
 

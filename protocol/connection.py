@@ -49,7 +49,7 @@ from typing import Final
 
 import msgspec
 
-from eventstore.errors import SessionloopError
+from sessionloop.eventstore.errors import SessionloopError
 
 from .errors import INVALID_PARAMS, ProtocolMisuse, RpcError, from_domain_error
 from .frames import (

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from eventstore.errors import SessionloopError
+from sessionloop.eventstore.errors import SessionloopError
 
 __all__ = [
     "APPLICATION_ERROR",

@@ -5,7 +5,7 @@ Pure: :func:`render` returns Markdown built from ``METHODS``, ``NOTIFICATIONS``,
 and the error codes, so the reference cannot drift from the decoder that enforces it (a test
 compares it with the file). Regenerate the file's generated part with::
 
-    python -c "import pathlib; from protocol.reference import spliced; \\
+    python -c "import pathlib; from sessionloop.protocol.reference import spliced; \\
         p = pathlib.Path('docs/protocol.md'); p.write_text(spliced(p.read_text()))"
 """
 

@@ -19,7 +19,7 @@ if REPO not in sys.path:
 
 def store_head(path: str) -> int:
     """The head position of the store at ``path``, read as a second process may: a read-only open."""
-    from eventstore import EventStore
+    from sessionloop.eventstore import EventStore
 
     store = EventStore.open(path, readonly=True)
     try:
@@ -35,7 +35,7 @@ def store_path(tmp_path):
 
 @pytest.fixture
 def store(store_path):
-    from eventstore import EventStore
+    from sessionloop.eventstore import EventStore
 
     s = EventStore.open(store_path, durability="nosync")
     yield s

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
-from eventstore.events import AttachmentRef, Message
+from sessionloop.eventstore.events import AttachmentRef, Message
 
 from .base import ModelAttachment, ModelRequest
 

@@ -34,7 +34,7 @@ from typing import Final
 
 import msgspec
 
-from eventstore.groupcommit import Observations
+from sessionloop.eventstore.groupcommit import Observations
 
 __all__ = ["WAIT_BUCKETS", "CallStats", "Limiter", "ModelLimits", "RetryPolicy", "Slot"]
 

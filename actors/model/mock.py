@@ -50,9 +50,9 @@ from typing import Any
 
 import msgspec
 
-from eventstore.events import Message, ToolCallSpec, Usage
-from protocol.limits import MAX_NESTING
-from protocol.nesting import nests_deeper
+from sessionloop.eventstore.events import Message, ToolCallSpec, Usage
+from sessionloop.protocol.limits import MAX_NESTING
+from sessionloop.protocol.nesting import nests_deeper
 
 from .base import (
     DeltaCallback,

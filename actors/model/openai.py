@@ -81,9 +81,9 @@ from tenacity import (
 )
 from tenacity.wait import wait_random_exponential
 
-from eventstore.events import Message, ToolCallSpec, Usage
-from protocol.limits import MAX_NESTING
-from protocol.nesting import nests_deeper
+from sessionloop.eventstore.events import Message, ToolCallSpec, Usage
+from sessionloop.protocol.limits import MAX_NESTING
+from sessionloop.protocol.nesting import nests_deeper
 
 from .base import (
     DeltaCallback,

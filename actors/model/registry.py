@@ -50,7 +50,7 @@ from typing import Any
 
 import msgspec
 
-from eventstore.errors import SessionloopError
+from sessionloop.eventstore.errors import SessionloopError
 
 from .base import ModelError, Provider, make_provider
 from .limits import ModelLimits

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from eventstore.events import LlmCompleted, Message
+from sessionloop.eventstore.events import LlmCompleted, Message
 
 from .base import DeltaCallback, ModelError, ModelRequest, ModelResponse, stream_now
 

@@ -37,8 +37,8 @@ from typing import Any, Final
 
 import msgspec
 
-from eventstore.events import ToolCallSpec, Usage
-from protocol.limits import MAX_INT, MIN_INT
+from sessionloop.eventstore.events import ToolCallSpec, Usage
+from sessionloop.protocol.limits import MAX_INT, MIN_INT
 
 from .base import ModelResponse
 

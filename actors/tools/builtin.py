@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from eventstore.events import PlanEntry, ToolDisplay
+from sessionloop.eventstore.events import PlanEntry, ToolDisplay
 
 from .registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 from .sandbox import Launch, Sandbox

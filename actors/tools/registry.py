@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from eventstore.events import ToolDisplay
-from protocol.limits import MAX_INT, MAX_NESTING, MIN_INT
-from protocol.nesting import nests_deeper
+from sessionloop.eventstore.events import ToolDisplay
+from sessionloop.protocol.limits import MAX_INT, MAX_NESTING, MIN_INT
+from sessionloop.protocol.nesting import nests_deeper
 
 from ..model.storable import args_problem, refusal_of
 from .sandbox import DEFAULT_POLICY, Sandbox, default_sandbox

@@ -33,7 +33,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from eventstore.errors import SessionloopError
+from sessionloop.eventstore.errors import SessionloopError
 
 
 class ToolError(SessionloopError):

@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from actors.host import Host
+from sessionloop.actors.host import Host
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def host(open_host):
 def service(open_host):
     """``make(**host options) -> (host, its SessionProtocolService)``: the gateway without sockets,
     for tests that talk to it through ``gateway_harness.MemoryClient``."""
-    from actors.gateway import SessionProtocolService
+    from sessionloop.actors.gateway import SessionProtocolService
 
     def make(**options):
         host = open_host(**options)

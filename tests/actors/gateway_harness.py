@@ -9,8 +9,8 @@ import threading
 import time
 from typing import Any
 
-from actors.gateway import SessionProtocolService
-from protocol.transport import Peer
+from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.protocol.transport import Peer
 
 
 class MemoryClient:

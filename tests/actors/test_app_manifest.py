@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from actors.apps import AppManifest, clamp_mode, clamp_policy
-from actors.errors import Forbidden, InvalidCommand
-from actors.gateway import SessionProtocolService
-from actors.session import Query
+from sessionloop.actors.apps import AppManifest, clamp_mode, clamp_policy
+from sessionloop.actors.errors import Forbidden, InvalidCommand
+from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.session import Query
 from tests.actors.gateway_harness import MemoryClient
 
 ASK_ONLY = AppManifest(id="a", permission_modes=["ask"], sandbox="read-only")

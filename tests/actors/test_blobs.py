@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from actors.blobs import LEGACY, BlobStore
-from actors.errors import NotFound
+from sessionloop.actors.blobs import LEGACY, BlobStore
+from sessionloop.actors.errors import NotFound
 
 
 def test_releasing_a_session_deletes_the_blobs_only_it_refers_to_and_keeps_the_shared_ones(tmp_path):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.context import (
+from sessionloop.actors.context import (
     SUMMARY_INPUT_LIMIT,
     SUMMARY_PREFIX,
     apply_summary,
@@ -25,7 +25,7 @@ from actors.context import (
     turns_of,
     unanswered_tool_calls,
 )
-from eventstore.events import Message, ToolCallSpec
+from sessionloop.eventstore.events import Message, ToolCallSpec
 
 SYSTEM = Message(role="system", content="You are helpful.")
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from actors.errors import ActorError, NotFound
-from actors.pubsub import Reply
-from actors.session import Freeze, Thaw
-from eventstore import StorageFull
-from eventstore import events as E
+from sessionloop.actors.errors import ActorError, NotFound
+from sessionloop.actors.pubsub import Reply
+from sessionloop.actors.session import Freeze, Thaw
+from sessionloop.eventstore import StorageFull
+from sessionloop.eventstore import events as E
 
 
 def no_children(_: str) -> list[str]:

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from actors import gc_policy
+from sessionloop.actors import gc_policy
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from actors.grants import Grant, matches, settling, terms_for
-from actors.replay import build_timeline
-from eventstore import events as E
+from sessionloop.actors.grants import Grant, matches, settling, terms_for
+from sessionloop.actors.replay import build_timeline
+from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 from tests.actors.test_approvals import finished, requested, tool_card
 

@@ -7,19 +7,19 @@ from typing import Any
 
 import pytest
 
-from actors.errors import InvalidCommand
-from actors.replay import fold_events
-from actors.summaries import SummaryIndex
-from actors.summary_records import (
+from sessionloop.actors.errors import InvalidCommand
+from sessionloop.actors.replay import fold_events
+from sessionloop.actors.summaries import SummaryIndex
+from sessionloop.actors.summary_records import (
     SummaryRecord,
     decode_summary_record,
     encode_summary_record,
     summary_from_record,
     summary_record,
 )
-from eventstore import EventStore
-from eventstore import events as E
-from protocol.limits import MAX_REASON, MAX_TITLE
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.limits import MAX_REASON, MAX_TITLE
 
 HUGE = 20 * 1000 * 1000
 

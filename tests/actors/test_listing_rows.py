@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.summaries import SummaryIndex
-from actors.summary_records import (
+from sessionloop.actors.summaries import SummaryIndex
+from sessionloop.actors.summary_records import (
     ListingRow,
     SummaryRecord,
     listing_key,
@@ -19,12 +19,12 @@ from actors.summary_records import (
     summary_from_record,
     summary_from_row,
 )
-from eventstore import EventStore
-from eventstore import events as E
-from protocol.errors import RpcError
-from protocol.listing import TreeFields, list_sessions, sort_key
-from protocol.schemas import SessionsListParams
-from protocol.schemas_types import AncestorRef, TokenCount
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.listing import TreeFields, list_sessions, sort_key
+from sessionloop.protocol.schemas import SessionsListParams
+from sessionloop.protocol.schemas_types import AncestorRef, TokenCount
 
 IDS = [f"s{i}" for i in range(10)]
 

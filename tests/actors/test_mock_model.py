@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from actors.model import (
+from sessionloop.actors.model import (
     MockProvider,
     ModelError,
     ModelRequest,
@@ -17,8 +17,8 @@ from actors.model import (
     Provider,
     make_provider,
 )
-from actors.model.mock import DELTA_CHARS, parse_script
-from eventstore.events import Message, ToolCallSpec
+from sessionloop.actors.model.mock import DELTA_CHARS, parse_script
+from sessionloop.eventstore.events import Message, ToolCallSpec
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:

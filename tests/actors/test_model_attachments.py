@@ -8,12 +8,12 @@ import base64
 
 import pytest
 
-from actors.context import message_chars
-from actors.model import OpenAIProvider
-from actors.model.attachments import IMAGE_CHARS, INLINE_CHARS, estimated_chars, resolve
-from actors.model.base import ModelRequest
-from actors.replay import build_timeline
-from eventstore import events as E
+from sessionloop.actors.context import message_chars
+from sessionloop.actors.model import OpenAIProvider
+from sessionloop.actors.model.attachments import IMAGE_CHARS, INLINE_CHARS, estimated_chars, resolve
+from sessionloop.actors.model.base import ModelRequest
+from sessionloop.actors.replay import build_timeline
+from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 from tests.actors.test_approvals import turn_done
 from tests.fake_openai import Exchange, ThreadedFakeServer

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from actors.model.limits import Limiter, ModelLimits, RetryPolicy
+from sessionloop.actors.model.limits import Limiter, ModelLimits, RetryPolicy
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:

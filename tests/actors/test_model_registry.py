@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from actors.gateway import SessionProtocolService
-from actors.model import MockProvider, OpenAIProvider
-from actors.model.registry import (
+from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.model import MockProvider, OpenAIProvider
+from sessionloop.actors.model.registry import (
     ModelConfig,
     ModelConfigError,
     ModelFlags,
     ModelRegistry,
     load_model_configs,
 )
-from eventstore import events as E
+from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 
 ENV = {"FAST_KEY": "sk-fast-secret-value"}

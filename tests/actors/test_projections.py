@@ -10,15 +10,15 @@ import msgspec
 import pytest
 from msgspec import UNSET
 
-from actors.errors import NotFound
-from actors.projections import (
+from sessionloop.actors.errors import NotFound
+from sessionloop.actors.projections import (
     HISTORY_DEFAULT_LIMIT,
     HISTORY_MAX_LIMIT,
     ItemsProjection,
     Push,
 )
-from actors.session_model import SessionState, evolve, new_state
-from actors.summary_records import (
+from sessionloop.actors.session_model import SessionState, evolve, new_state
+from sessionloop.actors.summary_records import (
     SummaryRecord,
     decode_summary_record,
     encode_summary_record,
@@ -27,10 +27,10 @@ from actors.summary_records import (
     summary_of,
     summary_record,
 )
-from actors.texts import enc_hook
-from eventstore import events as E
-from protocol.listing import compute_tree_fields
-from protocol.schemas_types import (
+from sessionloop.actors.texts import enc_hook
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.listing import compute_tree_fields
+from sessionloop.protocol.schemas_types import (
     AgentMessageItem,
     CommandDisplay,
     ItemAttachment,
@@ -585,7 +585,7 @@ def test_outside_rooms_nothing_is_marked_undelivered() -> None:
 
 
 def test_a_fork_imports_its_messages_as_archived_items() -> None:
-    from actors.context import summary_message
+    from sessionloop.actors.context import summary_message
 
     messages = [
         E.Message(role="system", content="You are helpful."),

@@ -12,8 +12,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors.gateway import SessionProtocolService
-from actors.replay import (
+from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.replay import (
     ABSENT,
     RERUN_OWNER,
     RecordedApproval,
@@ -30,11 +30,11 @@ from actors.replay import (
     until_version,
     verify,
 )
-from actors.session import Apply
-from actors.session_model import encode_state
-from actors.summary_records import encode_summary_record, summary_record
-from eventstore import events as E
-from eventstore.records import RecordedEvent, Snapshot
+from sessionloop.actors.session import Apply
+from sessionloop.actors.session_model import encode_state
+from sessionloop.actors.summary_records import encode_summary_record, summary_record
+from sessionloop.eventstore import events as E
+from sessionloop.eventstore.records import RecordedEvent, Snapshot
 
 
 def recorded(*events: E.Event | E.UnknownEvent, start: int = 1) -> list[RecordedEvent]:

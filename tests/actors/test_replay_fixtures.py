@@ -20,12 +20,12 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from actors.gateway import SessionProtocolService
-from actors.host import Host
-from actors.projections import ItemsProjection
-from actors.replay import build_timeline, fold_events, plain, serve_live_view, verify
-from actors.texts import enc_hook
-from cli.main import main
+from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.host import Host
+from sessionloop.actors.projections import ItemsProjection
+from sessionloop.actors.replay import build_timeline, fold_events, plain, serve_live_view, verify
+from sessionloop.actors.texts import enc_hook
+from sessionloop.cli.main import main
 from tests.actors.gateway_harness import MemoryClient
 from tests.fixtures.sessions.regenerate import FIXTURES
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from actors.model import (
+from sessionloop.actors.model import (
     ModelError,
     ModelRequest,
     ModelResponse,
@@ -17,7 +17,7 @@ from actors.model import (
     ScriptedProvider,
     make_provider,
 )
-from eventstore.events import LlmCompleted, Message, ToolCallSpec, TurnStarted, Usage
+from sessionloop.eventstore.events import LlmCompleted, Message, ToolCallSpec, TurnStarted, Usage
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from actors.errors import Forbidden, InvalidCommand, NotFound
-from actors.gateway import SessionProtocolService
-from actors.tools import ToolSpec
-from eventstore import IdempotencyConflict
-from eventstore import events as E
+from sessionloop.actors.errors import Forbidden, InvalidCommand, NotFound
+from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.tools import ToolSpec
+from sessionloop.eventstore import IdempotencyConflict
+from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 
 

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from actors.host import Host
-from actors.tools import ToolSpec
-from eventstore import events as E
+from sessionloop.actors.host import Host
+from sessionloop.actors.tools import ToolSpec
+from sessionloop.eventstore import events as E
 from tests.conftest import REPO
 
 

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from actors.errors import InvalidCommand, NotFound, SessionBusy
-from actors.model import ModelResponse
-from actors.model.scripted import ScriptedProvider
-from eventstore import events as E
+from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
+from sessionloop.actors.model import ModelResponse
+from sessionloop.actors.model.scripted import ScriptedProvider
+from sessionloop.eventstore import events as E
 
 
 def tags(session) -> list[str]:
@@ -379,7 +379,7 @@ def test_ids_are_time_ordered_hex_and_unique_without_a_system_call_each():
     import re
     import time
 
-    from actors.host import new_id
+    from sessionloop.actors.host import new_id
 
     before = int(time.time() * 1000)
     ids = [new_id() for _ in range(100_000)]

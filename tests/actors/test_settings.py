@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from actors.gateway import SessionProtocolService
-from actors.model import MockProvider
-from actors.session import Create
-from actors.settings import SettingField, check_value
-from actors.settings_document import dump_toml
-from eventstore import events as E
+from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.model import MockProvider
+from sessionloop.actors.session import Create
+from sessionloop.actors.settings import SettingField, check_value
+from sessionloop.actors.settings_document import dump_toml
+from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 
 INVALID_PARAMS = -32602

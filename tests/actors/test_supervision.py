@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from actors.errors import ActorError, RequestTimeout, SessionParked
-from actors.pubsub import Reply
-from eventstore import StorageFull
-from eventstore import events as E
+from sessionloop.actors.errors import ActorError, RequestTimeout, SessionParked
+from sessionloop.actors.pubsub import Reply
+from sessionloop.eventstore import StorageFull
+from sessionloop.eventstore import events as E
 
 
 def test_a_failing_handler_fails_that_request_clearly_and_the_session_recovers(host):
@@ -89,7 +89,7 @@ def test_an_append_refused_at_commit_time_fails_the_input_and_the_session_goes_o
     suspended (here another writer took the stream's next version, as an overlapping actor
     instance would). The input fails with the store's error, nothing of it is written, the actor
     reloads from the log, and its next input runs."""
-    from eventstore import WrongExpectedVersion
+    from sessionloop.eventstore import WrongExpectedVersion
 
     s = host.create()
     stream = f"session-{s.id}"

@@ -12,13 +12,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors.gateway import SessionProtocolService
-from actors.model import ModelError, ScriptedProvider
-from actors.projections import ItemsProjection
-from actors.replay import serve_live_view, verify
-from actors.session_decide import compact_failed
-from actors.tasks import task_ended
-from actors.texts import (
+from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.model import ModelError, ScriptedProvider
+from sessionloop.actors.projections import ItemsProjection
+from sessionloop.actors.replay import serve_live_view, verify
+from sessionloop.actors.session_decide import compact_failed
+from sessionloop.actors.tasks import task_ended
+from sessionloop.actors.texts import (
     CATALOGUE,
     LANGUAGES,
     STRICT_ENV,
@@ -29,8 +29,8 @@ from actors.texts import (
     stored_parts,
     text,
 )
-from eventstore import events as E
-from eventstore.codec import decode_event, encode_event
+from sessionloop.eventstore import events as E
+from sessionloop.eventstore.codec import decode_event, encode_event
 from tests.actors.gateway_harness import MemoryClient, wait_until
 
 CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from actors.tools import (
+from sessionloop.actors.tools import (
     ToolContext,
     ToolError,
     ToolRegistry,
@@ -23,7 +23,7 @@ from actors.tools import (
     default_registry,
     plan_from_output,
 )
-from eventstore.events import PlanEntry, ToolDisplay
+from sessionloop.eventstore.events import PlanEntry, ToolDisplay
 from tests.conftest import wait_no_process_with_arg
 
 

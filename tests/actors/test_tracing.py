@@ -14,13 +14,13 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from actors.errors import InvalidCommand
-from actors.host import Host
-from actors.tracing import build_spans
-from actors.tracing_export import LiveTraces, batch_processor
-from cli.main import main
-from eventstore import events as E
-from eventstore.codec import decode_event
+from sessionloop.actors.errors import InvalidCommand
+from sessionloop.actors.host import Host
+from sessionloop.actors.tracing import build_spans
+from sessionloop.actors.tracing_export import LiveTraces, batch_processor
+from sessionloop.cli.main import main
+from sessionloop.eventstore import events as E
+from sessionloop.eventstore.codec import decode_event
 from tests.actors.test_crash_recovery import run_and_kill
 
 PARENT_TRACE = "0af7651916cd43dd8448eb211c80319c"

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from actors.context import SUMMARY_PROMPT
-from actors.errors import CompactionFailed, SessionBusy
-from actors.model import MockProvider, ModelResponse
-from actors.session import Query
-from eventstore import events as E
+from sessionloop.actors.context import SUMMARY_PROMPT
+from sessionloop.actors.errors import CompactionFailed, SessionBusy
+from sessionloop.actors.model import MockProvider, ModelResponse
+from sessionloop.actors.session import Query
+from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient, wait_until
 
 

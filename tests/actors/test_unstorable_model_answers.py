@@ -14,18 +14,18 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors.model import ModelResponse, OpenAIProvider
-from actors.model.openai import response_from_chunks
-from actors.model.scripted import ScriptedProvider
-from actors.model.storable import (
+from sessionloop.actors.model import ModelResponse, OpenAIProvider
+from sessionloop.actors.model.openai import response_from_chunks
+from sessionloop.actors.model.scripted import ScriptedProvider
+from sessionloop.actors.model.storable import (
     MAX_ARGS_BYTES,
     MAX_ARGS_DEPTH,
     UNSTORABLE_KEY,
     storable_response,
 )
-from actors.tools.registry import ToolError, ToolRegistry, ToolSpec
-from eventstore import events as E
-from protocol.limits import MAX_INT, MAX_NESTING
+from sessionloop.actors.tools.registry import ToolError, ToolRegistry, ToolSpec
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.limits import MAX_INT, MAX_NESTING
 from tests.actors.gateway_harness import MemoryClient
 
 HUGE = int("9" * 310)

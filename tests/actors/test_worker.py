@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from actors.worker import WorkerLoop
+from sessionloop.actors.worker import WorkerLoop
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The import graph, read from the source: the layers only import downwards (eventstore <-
-protocol <- actors <- cli) and no module-level import closes a cycle.
+protocol <- actors <- the package root <- cli), no module-level import closes a cycle, and every
+import of our code names the one installed top-level package, ``sessionloop``.
 
 Imports inside functions are not part of the cycle check: they are how some modules still break
 their cycles (issue "One house plan" removes them); imports under ``if TYPE_CHECKING`` never run.
@@ -8,23 +9,38 @@ their cycles (issue "One house plan" removes them); imports under ``if TYPE_CHEC
 from __future__ import annotations
 
 import ast
+import configparser
 import os
 from collections.abc import Iterator
 
 from tests.conftest import REPO
 
-LAYERS = ("eventstore", "protocol", "actors", "cli")
+FOLDERS = ("eventstore", "protocol", "actors", "cli")  # the design card's folders, sessionloop.<folder>
+ROOT = os.path.join("actors", "public")  # the root module of sessionloop (setup.cfg's package_dir)
+LAYERS = ("eventstore", "protocol", "actors", "", "cli")  # "": the package root, sessionloop itself
+
+
+def module_name(rel: str) -> str:
+    """The installed name of the source file at ``rel`` (a path under the repository)."""
+    if rel == ROOT or rel.startswith(ROOT + os.sep):
+        rel = rel[len(ROOT):].lstrip(os.sep)
+    return ".".join(["sessionloop", *[p for p in rel.split(os.sep) if p]]).removesuffix(".__init__")
+
+
+def layer(mod: str) -> str:
+    if mod == "sessionloop.__main__":  # ``python -m sessionloop``: the command line
+        return "cli"
+    return mod.split(".")[1] if mod.count(".") else ""
 
 
 def modules() -> dict[str, str]:
     found = {}
-    for layer in LAYERS:
-        for root, _, files in os.walk(os.path.join(REPO, layer)):
+    for folder in FOLDERS:
+        for root, _, files in os.walk(os.path.join(REPO, folder)):
             for name in files:
                 if name.endswith(".py"):
                     path = os.path.join(root, name)
-                    mod = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
-                    found[mod.removesuffix(".__init__")] = path
+                    found[module_name(os.path.relpath(path, REPO)[:-3])] = path
     return found
 
 
@@ -57,13 +73,21 @@ def imports(mod: str, path: str, known: dict[str, str]) -> Iterator[tuple[str, b
 
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), path)
-    yield from ((t, top) for t, top in walk(tree.body, True) if t.split(".")[0] in LAYERS)
+    yield from ((t, top) for t, top in walk(tree.body, True) if t.split(".")[0] in ("sessionloop", *FOLDERS))
+
+
+def test_every_import_of_our_code_goes_through_the_sessionloop_package() -> None:
+    """A bare ``import actors`` works only from a checkout: installed, it is a stranger's package."""
+    known = modules()
+    bare = [f"{mod} imports {target}" for mod, path in known.items() for target, _ in imports(mod, path, known)
+            if target.split(".")[0] != "sessionloop"]
+    assert bare == []
 
 
 def test_every_layer_imports_only_the_layers_below_it() -> None:
     known = modules()
     upward = [f"{mod} imports {target}" for mod, path in known.items() for target, _ in imports(mod, path, known)
-              if LAYERS.index(target.split(".")[0]) > LAYERS.index(mod.split(".")[0])]
+              if LAYERS.index(layer(target)) > LAYERS.index(layer(mod))]
     assert upward == []
 
 
@@ -101,10 +125,26 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_checker_sees_an_upward_import_and_a_cycle(tmp_path) -> None:
     """The reader itself: a module importing a higher layer and two modules importing each other."""
     (tmp_path / "eventstore").mkdir()
-    (tmp_path / "eventstore" / "a.py").write_text("from actors import host\nfrom . import b\n")
+    (tmp_path / "eventstore" / "a.py").write_text("from sessionloop.actors import host\nfrom . import b\n"
+                                                  "import cli.main\n")
     (tmp_path / "eventstore" / "b.py").write_text("from .a import thing\n")
-    known = {f"eventstore.{m}": str(tmp_path / "eventstore" / f"{m}.py") for m in ("a", "b")}
-    assert sorted(imports("eventstore.a", known["eventstore.a"], known)) == [("actors", True), ("eventstore.b", True)]
-    assert list(imports("eventstore.b", known["eventstore.b"], known)) == [("eventstore.a", True)]
+    known = {f"sessionloop.eventstore.{m}": str(tmp_path / "eventstore" / f"{m}.py") for m in ("a", "b")}
+    assert sorted(imports("sessionloop.eventstore.a", known["sessionloop.eventstore.a"], known)) == [
+        ("cli.main", True), ("sessionloop.actors", True), ("sessionloop.eventstore.b", True)]
+    assert list(imports("sessionloop.eventstore.b", known["sessionloop.eventstore.b"], known)) == [
+        ("sessionloop.eventstore.a", True)]
+    assert [layer(m) for m in ("sessionloop", "sessionloop.cli.main", "sessionloop.actors")] == ["", "cli", "actors"]
+    assert module_name(os.path.join("actors", "public", "__init__")) == "sessionloop"
+    assert module_name(os.path.join("actors", "model", "mock")) == "sessionloop.actors.model.mock"
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert find_cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_setup_cfg_lists_every_package_under_its_installed_name() -> None:
+    """setup.cfg names the packages one by one (it cannot prefix ``find:``): a new folder with an
+    ``__init__.py`` that the list lacks would be missing from the installed distribution."""
+    parser = configparser.ConfigParser()
+    parser.read(os.path.join(REPO, "setup.cfg"))
+    listed = set(parser["options"]["packages"].split())
+    packages = {mod for mod, path in modules().items() if path.endswith("__init__.py")}
+    assert listed == packages

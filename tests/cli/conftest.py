@@ -62,7 +62,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         f.write(f'[apps.{APP_ID}]\ntoken = "{APP_TOKEN}"\nplatform = "{APP_ID}"\n')
     with open(out_path, "wb") as out, open(str(base / "serve.err"), "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "serve", "--data", data_dir, "--port", "0", "--durability", "nosync"],
+            [sys.executable, "-m", "sessionloop", "serve", "--data", data_dir, "--port", "0", "--durability", "nosync"],
             stdout=out, stderr=err, cwd=REPO,
         )
     try:
@@ -88,7 +88,7 @@ class Cli:
         self.env = env
 
     def __call__(self, *args: str, input: str | None = None, env: dict[str, str] | None = None) -> Result:
-        from cli.main import main
+        from sessionloop.cli.main import main
 
         runner = CliRunner()
         return runner.invoke(main, list(args), input=input, env={**self.env, **(env or {})}, catch_exceptions=False)
@@ -115,7 +115,7 @@ def run_cli_process(server: RunningServer, tmp_path):
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONLOOP_")}
         full_env.update(env if env is not None else server.env)
         full_env["PYTHONPATH"] = REPO
-        return subprocess.run([sys.executable, "-m", "cli.main", *args], input=input, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "sessionloop", *args], input=input, capture_output=True,
                               text=True, env=full_env, cwd=str(tmp_path), timeout=timeout, check=False)
 
     return run

@@ -10,10 +10,10 @@ from click.testing import CliRunner, Result
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cli import bench_cmd, bench_observers
-from cli.main import main
-from eventstore import RecordedEvent
-from eventstore import events as E
+from sessionloop.cli import bench_cmd, bench_observers
+from sessionloop.cli.main import main
+from sessionloop.eventstore import RecordedEvent
+from sessionloop.eventstore import events as E
 
 FIELDS = {"turns": int, "tool_turns": int, "seconds": float, "turns_per_s": float, "events": int,
           "events_per_s": float, "events_per_turn": float, "p50_ms": float, "p95_ms": float, "p99_ms": float,
@@ -200,7 +200,7 @@ def test_a_refused_send_ends_the_drivers_wait_with_not_accepted_at_once(tmp_path
     import asyncio
     import time
 
-    from actors.host import Host
+    from sessionloop.actors.host import Host
 
     host = Host.open(str(tmp_path / "data"), durability="nosync")
     try:

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from cli.chat import Presence
-from cli.client import Endpoint, connect
-from cli.output import approval_card
-from protocol.sanitize import REMOVED_CODEPOINTS
-from protocol.schemas import Approval, ApprovalDiff, ApprovalFacts, ApprovalOrigin, ToolCallItem, TurnItem
+from sessionloop.cli.chat import Presence
+from sessionloop.cli.client import Endpoint, connect
+from sessionloop.cli.output import approval_card
+from sessionloop.protocol.sanitize import REMOVED_CODEPOINTS
+from sessionloop.protocol.schemas import Approval, ApprovalDiff, ApprovalFacts, ApprovalOrigin, ToolCallItem, TurnItem
 
 WAIT_S = 15.0
 
@@ -47,7 +47,7 @@ class ChatProcess:
     """``sessionloop chat`` as a subprocess whose stdin the test writes, with its stdout collected."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "cli.main", "chat"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "sessionloop", "chat"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self._out: list[str] = []
         self._reader = threading.Thread(

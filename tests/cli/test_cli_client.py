@@ -71,7 +71,7 @@ def test_chat_output_has_no_control_or_bidi_characters(cli):
 
 
 def test_ctrl_c_during_a_turn_aborts_it_and_the_chat_goes_on(process_env):
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "chat"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "sessionloop", "chat"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=process_env)
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.extend(iter(lambda: proc.stdout.read(1), "")), daemon=True)
@@ -264,7 +264,7 @@ def test_send_with_an_app_token_requires_a_key_and_sends_nothing_without_one(cli
 
 
 def test_watch_prints_a_change_when_a_session_is_created(cli, process_env):
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "watch", "--json", "--count", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "sessionloop", "watch", "--json", "--count", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=process_env)
     try:
         assert proc.stderr.readline().startswith("watching sessions on ")
@@ -327,8 +327,8 @@ def test_every_client_command_has_help_with_an_example(cli, command):
 
 
 def _view(seq: int = 5, epoch: int = 1):
-    from cli.chat import SessionView
-    from protocol.schemas import SessionSummary, SubscribeResult
+    from sessionloop.cli.chat import SessionView
+    from sessionloop.protocol.schemas import SessionSummary, SubscribeResult
 
     summary = SessionSummary(id="s1", title="t", child_count=0, kind="owner", section="owner", created_at=0,
                              updated_at=0, running=False, error=False, unread=False, attention=False,
@@ -340,8 +340,8 @@ def _view(seq: int = 5, epoch: int = 1):
 
 
 def _delta(seq: int, text: str, epoch: int = 1, session_id: str = "s1"):
-    from cli.client import Notification
-    from protocol.schemas import ItemDelta
+    from sessionloop.cli.client import Notification
+    from sessionloop.protocol.schemas import ItemDelta
 
     return Notification("item/delta", ItemDelta(session_id=session_id, epoch=epoch, seq=seq, item_id="m1", text=text))
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cli.output import turn_line
-from protocol.schemas import TurnItem
+from sessionloop.cli.output import turn_line
+from sessionloop.protocol.schemas import TurnItem
 
 
 def test_a_failed_turn_ends_the_transcript_with_a_marked_line_naming_the_reason_and_the_step() -> None:

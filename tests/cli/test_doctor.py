@@ -19,7 +19,7 @@ CHECKS = ("reachable", "modelAccepted", "streaming", "toolCalls", "usage")
 
 
 def doctor(data: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli.main", "doctor", "--data", data, "--timeout", "10", *args],
+    return subprocess.run([sys.executable, "-m", "sessionloop", "doctor", "--data", data, "--timeout", "10", *args],
                           capture_output=True, text=True, timeout=120, cwd=REPO, check=False,
                           env=dict(os.environ, DOCTOR_KEY=SECRET, **(env or {})))
 

@@ -18,14 +18,14 @@ import msgspec
 import pytest
 from click.testing import CliRunner, Result
 
-from actors.host import Host
-from actors.model import ScriptedProvider
-from actors.session_model import encode_state
-from actors.summary_records import decode_summary_record, encode_summary_record
-from cli.main import main
-from eventstore import EventStore
-from eventstore import events as E
-from eventstore.codec import event_to_builtins
+from sessionloop.actors.host import Host
+from sessionloop.actors.model import ScriptedProvider
+from sessionloop.actors.session_model import encode_state
+from sessionloop.actors.summary_records import decode_summary_record, encode_summary_record
+from sessionloop.cli.main import main
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import events as E
+from sessionloop.eventstore.codec import event_to_builtins
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONTINUE = object()  # in a script of turns: ``continue_turn()`` instead of a message
@@ -93,7 +93,7 @@ def recorded(golden: tuple[str, str, list[str]], tmp_path: Any) -> tuple[str, st
 def writer_process(recorded: tuple[str, str, list[str]]) -> Iterator[None]:
     """Another process holding the data directory's writer lock, as a running server does."""
     data_dir = recorded[0]
-    code = ("import sys; from eventstore import EventStore; "
+    code = ("import sys; from sessionloop.eventstore import EventStore; "
             f"s = EventStore.open({os.path.join(data_dir, 'store')!r}); print('ready', flush=True); sys.stdin.read()")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
@@ -252,7 +252,7 @@ def test_verify_reports_a_snapshot_that_disagrees_with_the_events(recorded) -> N
     data_dir, session_id, _ = recorded
     stream = f"session-{session_id}"
     events = stream_events(data_dir, session_id)
-    from actors.replay import fold_events
+    from sessionloop.actors.replay import fold_events
 
     state = fold_events(session_id, events[:7])
     state.title = "tampered"
@@ -270,8 +270,8 @@ def test_verify_ignores_listing_fields_that_come_from_other_streams(recorded) ->
     with EventStore.open(os.path.join(data_dir, "store"), durability="nosync") as store:
         record = decode_summary_record(store.stream_meta(stream))
         events = store.read_stream(stream)
-        from actors.replay import fold_events
-        from actors.summary_records import summary_record
+        from sessionloop.actors.replay import fold_events
+        from sessionloop.actors.summary_records import summary_record
 
         state = fold_events(session_id, events)
         state = fold_events(session_id, [E.SessionSeen(at=state.updated_at)], state)

@@ -11,12 +11,12 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from actors.host import Host
-from cli.main import main
+from sessionloop.actors.host import Host
+from sessionloop.cli.main import main
 from tests.conftest import REPO
 
 #: ``python -c`` a CLI whose interpreter cannot import opentelemetry (as without the extra)
-WITHOUT_OTEL = "import sys; sys.modules['opentelemetry'] = None; from cli.main import main; main()"
+WITHOUT_OTEL = "import sys; sys.modules['opentelemetry'] = None; from sessionloop.cli.main import main; main()"
 
 
 def stored_session(data_dir: str, text: str = "hello") -> str:

@@ -35,7 +35,7 @@ class ServerProcess:
         log_path = os.path.join(os.path.dirname(os.path.abspath(self.data_dir)), f"server-{os.getpid()}.log")
         self.log = open(log_path, "a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "serve", "--data", self.data_dir, "--port", "0",
+            [sys.executable, "-m", "sessionloop", "serve", "--data", self.data_dir, "--port", "0",
              *(("--token", self.token) if self.token is not None else ("--quiet",)), "--durability", "nosync",
              *self.extra],
             stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
-from eventstore import EventStore
+from sessionloop.cli.main import main
+from sessionloop.eventstore import EventStore
 from tests.e2e.conftest import ServerProcess, initialized, open_client
 
 pytestmark = pytest.mark.e2e

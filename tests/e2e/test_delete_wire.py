@@ -22,11 +22,11 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from actors.summary_records import decode_summary_record
-from cli.main import main as cli_main
-from eventstore import EventStore
-from eventstore import events as E
-from eventstore.codec import event_to_builtins
+from sessionloop.actors.summary_records import decode_summary_record
+from sessionloop.cli.main import main as cli_main
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import events as E
+from sessionloop.eventstore.codec import event_to_builtins
 from tests.conftest import processes_with_arg, wait_no_process_with_arg
 from tests.e2e.conftest import APPS, Client, ServerProcess, initialized, open_client
 

@@ -31,7 +31,7 @@ def server(server_factory, tmp_path):
 
 def cli(server, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, SESSIONLOOP_URL=server.url, SESSIONLOOP_TOKEN=TOKEN)
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "sessionloop", *args], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=60)
 
 

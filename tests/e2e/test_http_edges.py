@@ -146,7 +146,7 @@ def serve_with_apps(tmp_path, apps: str) -> subprocess.CompletedProcess[str]:
     data = tmp_path / "data"
     os.makedirs(data, exist_ok=True)
     (data / "apps.toml").write_text(apps)
-    return subprocess.run([sys.executable, "-m", "cli.main", "serve", "--data", str(data), "--port", "0",
+    return subprocess.run([sys.executable, "-m", "sessionloop", "serve", "--data", str(data), "--port", "0",
                            "--token", TOKEN], capture_output=True, text=True, timeout=60, cwd=REPO)
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from actors.summary_records import SummaryRecord, encode_summary_record
-from eventstore import EventStore
-from eventstore import events as E
-from protocol.limits import MAX_TITLE
+from sessionloop.actors.summary_records import SummaryRecord, encode_summary_record
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.limits import MAX_TITLE
 from tests.conftest import REPO, store_head
 from tests.e2e.conftest import TOKEN, initialized, open_client
 
@@ -93,7 +93,7 @@ def test_a_stored_20_mb_title_from_an_older_version_lists_cut_and_sessions_ls_wo
     assert snapshot["session"]["title"] == cut  # the activated session's own summary too
     env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONLOOP_")}
     env.update(SESSIONLOOP_URL=server.url, SESSIONLOOP_TOKEN=TOKEN, PYTHONPATH=REPO)
-    ls = subprocess.run([sys.executable, "-m", "cli.main", "sessions", "ls", "--json"], capture_output=True,
+    ls = subprocess.run([sys.executable, "-m", "sessionloop", "sessions", "ls", "--json"], capture_output=True,
                         text=True, env=env, cwd=str(tmp_path), timeout=60, check=False)
     assert ls.returncode == 0, ls.stderr
     assert [(s["id"], s["title"]) for s in json.loads(ls.stdout)] == [(session_id, cut)]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from sessionloop.cli.main import main
 from tests.e2e.conftest import TOKEN, Client, ServerProcess, initialized, open_client
 from tests.e2e.test_reload_on_sighup import reload, write_config
 

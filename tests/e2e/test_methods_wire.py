@@ -625,7 +625,7 @@ class TokenlessServer(ServerProcess):
         # kept open for the server's lifetime (closed in rest_of_stdout), as in conftest's ServerProcess
         self.log = open(os.path.join(os.path.dirname(os.path.abspath(self.data_dir)), "tokenless.log"), "a")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "serve", "--data", self.data_dir, "--port", "0",
+            [sys.executable, "-m", "sessionloop", "serve", "--data", self.data_dir, "--port", "0",
              "--durability", "nosync"],
             stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=root,
         )

@@ -76,7 +76,7 @@ def log_of(server: ServerProcess) -> str:
 
 
 def refused(data: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli.main", "serve", "--data", data, "--port", "0",
+    return subprocess.run([sys.executable, "-m", "sessionloop", "serve", "--data", data, "--port", "0",
                            "--durability", "nosync", *extra],
                           capture_output=True, text=True, timeout=120, cwd=REPO, check=False,
                           env=dict(os.environ, **(env or {})))
@@ -129,7 +129,7 @@ def test_serve_refuses_a_flag_naming_an_unset_key_variable(tmp_path):
 def test_serve_model_openai_without_a_key_for_the_openai_api_refuses_and_with_a_local_url_starts(tmp_path):
     # the older one-model path (OPENAI_* variables): the OpenAI API answers every keyless call 401
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    done = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--data", str(tmp_path / "a"), "--port", "0",
+    done = subprocess.run([sys.executable, "-m", "sessionloop", "serve", "--data", str(tmp_path / "a"), "--port", "0",
                            "--model", "openai"], capture_output=True, text=True, timeout=120, cwd=REPO, check=False,
                           env=env)
     lines = done.stderr.strip().splitlines()

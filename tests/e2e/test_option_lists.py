@@ -13,8 +13,8 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from actors.settings import SettingField
-from cli.serve import Server
+from sessionloop.actors.settings import SettingField
+from sessionloop.cli.serve import Server
 from tests.e2e.conftest import TOKEN, initialized
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from sessionloop.cli.main import main
 from tests.e2e.conftest import TOKEN, initialized, open_client
 
 pytestmark = pytest.mark.e2e

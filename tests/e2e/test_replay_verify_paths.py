@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from actors.host import Host
-from cli.main import main
+from sessionloop.actors.host import Host
+from sessionloop.cli.main import main
 from tests.e2e.conftest import TOKEN, Client, initialized, open_client
 
 pytestmark = pytest.mark.e2e

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from actors.host import Host
-from cli.main import main
-from eventstore import EventStore
-from eventstore import events as E
+from sessionloop.actors.host import Host
+from sessionloop.cli.main import main
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import events as E
 from tests.e2e.conftest import Client, initialized, open_client
 
 pytestmark = pytest.mark.e2e

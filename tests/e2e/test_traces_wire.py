@@ -157,7 +157,7 @@ def test_serve_exports_spans_over_otlp_that_sessionloop_trace_rebuilds_from_the_
     owners = next(s for s in spans if s.name == "invoke_agent" and attribute(s, "sessionloop.session.id") == owner_sid)
     assert owners.parent_span_id.hex() == "1" * 16  # turn/send's traceparent
     assert server.stop() == 0
-    trace = subprocess.run([sys.executable, "-m", "cli.main", "trace", room, "--data", server.data_dir], cwd=REPO,
+    trace = subprocess.run([sys.executable, "-m", "sessionloop", "trace", room, "--data", server.data_dir], cwd=REPO,
                            capture_output=True, text=True, timeout=60, check=False)
     assert trace.returncode == 0, trace.stderr
     rebuilt = [s for rs in json.loads(trace.stdout)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from eventstore import (
+from sessionloop.eventstore import (
     ANY_VERSION,
     NO_STREAM,
     EventStore,
@@ -10,7 +10,7 @@ from eventstore import (
     StoreClosed,
     WrongExpectedVersion,
 )
-from eventstore.events import SessionCreated, SessionRenamed, TurnStarted
+from sessionloop.eventstore.events import SessionCreated, SessionRenamed, TurnStarted
 
 
 def turn(i: int) -> TurnStarted:
@@ -182,7 +182,7 @@ def test_durability_is_reported(store_path):
 def test_durability_is_checked_against_the_flags_lmdb_reads_back(store_path):
     """The store reports what LMDB says it does, and refuses to open when that is not what the
     durability needs (``durability_mismatch`` over the flags ``Environment.flags()`` returns)."""
-    from eventstore.lmdb_recorder import durability_mismatch
+    from sessionloop.eventstore.lmdb_recorder import durability_mismatch
 
     with EventStore.open(store_path, durability="sync") as s:
         flags = s._rec.env_flags

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventstore.codec import decode_event, encode_event, event_from_builtins, event_to_builtins
-from eventstore.events import (
+from sessionloop.eventstore.codec import decode_event, encode_event, event_from_builtins, event_to_builtins
+from sessionloop.eventstore.events import (
     CheckpointRecorded,
     InputAccepted,
     LlmCompleted,

@@ -18,8 +18,8 @@ import sys
 import textwrap
 import threading
 
-from eventstore import EventStore, IdempotencyClaim, StorageFull, StorageUnavailable
-from eventstore.events import TurnStarted
+from sessionloop.eventstore import EventStore, IdempotencyClaim, StorageFull, StorageUnavailable
+from sessionloop.eventstore.events import TurnStarted
 from tests.conftest import REPO
 
 SCOPE = "app:test:a"
@@ -29,8 +29,8 @@ SCOPE = "app:test:a"
 CHILD = textwrap.dedent(
     """
     import json, os, sys
-    from eventstore import EventStore, IdempotencyClaim, StorageUnavailable
-    from eventstore.events import TurnStarted
+    from sessionloop.eventstore import EventStore, IdempotencyClaim, StorageUnavailable
+    from sessionloop.eventstore.events import TurnStarted
     store = EventStore.open(sys.argv[1], durability="sync", prune_interval_s=3600)
     marker = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT, 0o600)
 

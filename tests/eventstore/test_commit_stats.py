@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from eventstore import EventStore, StorageFull, WrongExpectedVersion
-from eventstore.events import NoticePosted, TurnStarted
-from eventstore.groupcommit import BATCH_SIZE_BOUNDS, Observations
+from sessionloop.eventstore import EventStore, StorageFull, WrongExpectedVersion
+from sessionloop.eventstore.events import NoticePosted, TurnStarted
+from sessionloop.eventstore.groupcommit import BATCH_SIZE_BOUNDS, Observations
 
 
 def agree_with_counters(store: EventStore) -> dict:

@@ -11,9 +11,9 @@ import threading
 
 from click.testing import CliRunner
 
-from cli.main import main
-from eventstore import ANY_VERSION, EventStore
-from eventstore import events as E
+from sessionloop.cli.main import main
+from sessionloop.eventstore import ANY_VERSION, EventStore
+from sessionloop.eventstore import events as E
 from tests.eventstore.test_purge import SECRET, fill, purge
 
 

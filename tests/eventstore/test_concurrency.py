@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from eventstore import StoreClosed, WrongExpectedVersion
-from eventstore.events import TurnStarted
+from sessionloop.eventstore import StoreClosed, WrongExpectedVersion
+from sessionloop.eventstore.events import TurnStarted
 
 
 def test_many_threads_on_many_streams_lose_and_duplicate_nothing(store):

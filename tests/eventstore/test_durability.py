@@ -14,8 +14,8 @@ from tests.conftest import REPO
 SCRIPT = textwrap.dedent(
     """
     import os, sys
-    from eventstore import EventStore
-    from eventstore.events import TurnStarted
+    from sessionloop.eventstore import EventStore
+    from sessionloop.eventstore.events import TurnStarted
     store = EventStore.open(sys.argv[1], durability=sys.argv[2])
     os.write(1, b"OPENED\\n")
     for i in range(5):

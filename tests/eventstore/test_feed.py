@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from eventstore import EventStore
-from eventstore.events import InputAccepted, LlmStarted, TurnCompleted, TurnStarted
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore.events import InputAccepted, LlmStarted, TurnCompleted, TurnStarted
 
 assert not InputAccepted.feed  # inputs are not in the bots' feed; their turn events are
 

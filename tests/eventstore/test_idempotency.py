@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from eventstore import ANY_VERSION, EventStore, IdempotencyClaim, IdempotencyConflict, request_hash
-from eventstore.events import InputAccepted
+from sessionloop.eventstore import ANY_VERSION, EventStore, IdempotencyClaim, IdempotencyConflict, request_hash
+from sessionloop.eventstore.events import InputAccepted
 
 
 def claim(key: str, body: dict, receipt: bytes = b"r") -> IdempotencyClaim:

@@ -17,7 +17,7 @@ import time
 import lmdb
 import pytest
 
-from eventstore import (
+from sessionloop.eventstore import (
     ANY_VERSION,
     EventStore,
     IdempotencyClaim,
@@ -25,8 +25,8 @@ from eventstore import (
     WrongExpectedVersion,
     request_hash,
 )
-from eventstore import events as E
-from eventstore.codec import encode_event
+from sessionloop.eventstore import events as E
+from sessionloop.eventstore.codec import encode_event
 from tests.conftest import REPO
 
 SECRET = "the secret of the purged session"
@@ -219,8 +219,8 @@ def test_the_audit_names_an_index_entry_whose_record_is_gone(store_path):
 
 CHILD = """
 import os, signal, sys
-from eventstore import EventStore, ANY_VERSION
-from eventstore import events as E
+from sessionloop.eventstore import EventStore, ANY_VERSION
+from sessionloop.eventstore import events as E
 inside = sys.argv[2] == "inside"
 store = EventStore.open(sys.argv[1], durability="sync",
                         on_purge=(lambda: os.kill(os.getpid(), signal.SIGKILL)) if inside else None)

@@ -12,14 +12,14 @@ import threading
 import msgspec
 import pytest
 
-from eventstore import (
+from sessionloop.eventstore import (
     EventDecodeError,
     EventStore,
     StorageError,
     StorageFull,
     StoreLocked,
 )
-from eventstore.events import NoticePosted, TurnStarted, UnknownEvent
+from sessionloop.eventstore.events import NoticePosted, TurnStarted, UnknownEvent
 from tests.conftest import REPO
 
 
@@ -85,7 +85,7 @@ def test_a_second_writer_process_is_refused_with_a_clear_error(store_path):
         proc = run_python(
             """
             import sys
-            from eventstore import EventStore, StoreLocked
+            from sessionloop.eventstore import EventStore, StoreLocked
             try:
                 EventStore.open(sys.argv[1])
             except StoreLocked as e:
@@ -110,8 +110,8 @@ def test_a_read_only_open_in_another_process_works_while_a_writer_runs(store_pat
         proc = run_python(
             """
             import sys
-            from eventstore import EventStore, ReadOnlyStore
-            from eventstore.events import TurnStarted
+            from sessionloop.eventstore import EventStore, ReadOnlyStore
+            from sessionloop.eventstore.events import TurnStarted
             with EventStore.open(sys.argv[1], readonly=True) as ro:
                 print("READ", ro.read_stream("session-a")[0].event.turn_id)
                 try:

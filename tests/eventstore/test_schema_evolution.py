@@ -7,8 +7,8 @@ import os
 
 import msgspec
 
-from eventstore.codec import KNOWN_TAGS, decode_event, event_to_builtins
-from eventstore.events import EVENT_TYPES, UnknownEvent
+from sessionloop.eventstore.codec import KNOWN_TAGS, decode_event, event_to_builtins
+from sessionloop.eventstore.events import EVENT_TYPES, UnknownEvent
 from tests.fixtures.sample_events import samples
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")

@@ -9,8 +9,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from eventstore import EventStore, WrongExpectedVersion
-from eventstore.events import TurnStarted
+from sessionloop.eventstore import EventStore, WrongExpectedVersion
+from sessionloop.eventstore.events import TurnStarted
 
 STREAMS = [f"session-{n}" for n in ("a", "b", "ab", "c")]
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import msgspec
 
-from protocol.connection import Close, Connection, Dispatch, Limits, Output, Send, ServerInfo
-from protocol.errors import RpcError
-from protocol.schemas_types import Features, Identity
+from sessionloop.protocol.connection import Close, Connection, Dispatch, Limits, Output, Send, ServerInfo
+from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.schemas_types import Features, Identity
 
 OWNER = Identity(platform="console", user_id="owner")
 ALL_FEATURES = Features(send=True, rewind=True, compress=True, settings=True)

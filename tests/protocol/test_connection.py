@@ -8,8 +8,8 @@ import msgspec
 import pytest
 from protocol_helpers import Peer, error_of, hello, make_connection, request
 
-from eventstore.errors import StorageFull, WrongExpectedVersion
-from protocol.connection import (
+from sessionloop.eventstore.errors import StorageFull, WrongExpectedVersion
+from sessionloop.protocol.connection import (
     CLOSE_GOING_AWAY,
     TRANSITIONS,
     Close,
@@ -21,14 +21,14 @@ from protocol.connection import (
     TokenBucket,
     truncate_close_reason,
 )
-from protocol.errors import (
+from sessionloop.protocol.errors import (
     APPLICATION_ERROR,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     ProtocolMisuse,
     RpcError,
 )
-from protocol.schemas import (
+from sessionloop.protocol.schemas import (
     Empty,
     FeaturesChanged,
     SessionIdParams,
@@ -36,7 +36,7 @@ from protocol.schemas import (
     SessionsListParams,
     SessionsListResult,
 )
-from protocol.schemas_types import Features
+from sessionloop.protocol.schemas_types import Features
 
 # --- before the handshake -------------------------------------------------------------------------
 

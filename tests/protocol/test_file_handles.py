@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import ProtocolMisuse
-from protocol.file_handles import HANDLE_SHAPE, derive_epoch_key, issue, new_epoch_key, resolve
+from sessionloop.protocol.errors import ProtocolMisuse
+from sessionloop.protocol.file_handles import HANDLE_SHAPE, derive_epoch_key, issue, new_epoch_key, resolve
 
 KEY = b"k" * 32
 OTHER_KEY = b"o" * 32

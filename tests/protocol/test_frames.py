@@ -8,9 +8,9 @@ import msgspec
 import pytest
 from protocol_helpers import Peer, error_of, make_connection, request
 
-from protocol.connection import Limits
-from protocol.errors import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, RpcError
-from protocol.frames import (
+from sessionloop.protocol.connection import Limits
+from sessionloop.protocol.errors import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, RpcError
+from sessionloop.protocol.frames import (
     BadFrame,
     Request,
     decode_params,
@@ -22,8 +22,8 @@ from protocol.frames import (
     render_validation_error,
     result_frame,
 )
-from protocol.limits import MAX_NESTING
-from protocol.schemas import METHODS, Empty, SessionIdParams
+from sessionloop.protocol.limits import MAX_NESTING
+from sessionloop.protocol.schemas import METHODS, Empty, SessionIdParams
 
 # --- parse errors ---------------------------------------------------------------------------------
 

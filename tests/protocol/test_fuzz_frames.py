@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from protocol_helpers import hello, make_connection
 
-from protocol.connection import Close, Connection, Dispatch, Send, State
-from protocol.errors import RPC_ERROR_CODES, RpcError
-from protocol.limits import MAX_NESTING
-from protocol.schemas import METHODS
+from sessionloop.protocol.connection import Close, Connection, Dispatch, Send, State
+from sessionloop.protocol.errors import RPC_ERROR_CODES, RpcError
+from sessionloop.protocol.limits import MAX_NESTING
+from sessionloop.protocol.schemas import METHODS
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KNOWN_CODES = set(RPC_ERROR_CODES.values())

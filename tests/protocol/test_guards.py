@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
-from protocol.guards import AuthThrottle, FrameHeader, FrameScanner, origin_key, own_origins
+from sessionloop.protocol.guards import AuthThrottle, FrameHeader, FrameScanner, origin_key, own_origins
 from tests.reliability.raw_ws import client_frame
 
 HEAD = (b"GET /session HTTP/1.1\r\nHost: 127.0.0.1:1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"

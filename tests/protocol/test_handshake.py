@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from protocol_helpers import ALL_FEATURES, OWNER, Peer, error_of, hello, make_connection, request
 
-from protocol.connection import CLOSE_UNSUPPORTED_VERSION, State
-from protocol.errors import APPLICATION_ERROR, INVALID_PARAMS, INVALID_REQUEST, RpcError
-from protocol.handshake import SESSION_PROTOCOL_VERSION, compatibility_key, negotiate, parse_version
-from protocol.schemas_types import Features
+from sessionloop.protocol.connection import CLOSE_UNSUPPORTED_VERSION, State
+from sessionloop.protocol.errors import APPLICATION_ERROR, INVALID_PARAMS, INVALID_REQUEST, RpcError
+from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION, compatibility_key, negotiate, parse_version
+from sessionloop.protocol.schemas_types import Features
 
 # --- the pure rule --------------------------------------------------------------------------------
 

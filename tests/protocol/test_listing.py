@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from protocol.errors import INVALID_PARAMS, RpcError
-from protocol.listing import DEFAULT_LIMIT, completed_unread, compute_room_groups, list_sessions
-from protocol.schemas import SessionsListParams
-from protocol.schemas_types import SessionSummary
+from sessionloop.protocol.errors import INVALID_PARAMS, RpcError
+from sessionloop.protocol.listing import DEFAULT_LIMIT, completed_unread, compute_room_groups, list_sessions
+from sessionloop.protocol.schemas import SessionsListParams
+from sessionloop.protocol.schemas_types import SessionSummary
 
 
 def s(session_id: str, updated: int = 0, **changes: Any) -> SessionSummary:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.nesting import nesting_depth, nests_deeper
+from sessionloop.protocol.nesting import nesting_depth, nests_deeper
 
 # Strings full of what could fool a scan: brackets, quotes, runs of backslashes.
 tricky = st.text(alphabet='[]{}"\\\\ aé\u2028', max_size=12)

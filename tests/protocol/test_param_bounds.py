@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from protocol_helpers import Peer, error_of, hello, make_connection
 
-from protocol.connection import Limits
-from protocol.errors import INVALID_PARAMS, RpcError
-from protocol.frames import decode_params
-from protocol.limits import MAX_INT, MAX_WAIT_MS, MIN_INT, MIN_WAIT_MS, TRACEPARENT_PATTERN
-from protocol.schemas import METHODS, LoopWaitForTurnParams
-from protocol.schemas_types import _DATA_URL_HEAD, JsonValue, Wire
+from sessionloop.protocol.connection import Limits
+from sessionloop.protocol.errors import INVALID_PARAMS, RpcError
+from sessionloop.protocol.frames import decode_params
+from sessionloop.protocol.limits import MAX_INT, MAX_WAIT_MS, MIN_INT, MIN_WAIT_MS, TRACEPARENT_PATTERN
+from sessionloop.protocol.schemas import METHODS, LoopWaitForTurnParams
+from sessionloop.protocol.schemas_types import _DATA_URL_HEAD, JsonValue, Wire
 
 #: A valid value for each string pattern the schemas use (a new pattern needs one here): a
 #: prefix, which any characters may follow...

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from eventstore.errors import IdempotencyConflict, SessionloopError, StoreClosed, WrongExpectedVersion
-from protocol.errors import (
+from sessionloop.eventstore.errors import IdempotencyConflict, SessionloopError, StoreClosed, WrongExpectedVersion
+from sessionloop.protocol.errors import (
     APPLICATION_ERROR,
     BUSINESS_CODES,
     INTERNAL_ERROR,

@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from protocol.errors import INVALID_PARAMS, RpcError
-from protocol.frames import decode_params
-from protocol.schemas import (
+from sessionloop.protocol.errors import INVALID_PARAMS, RpcError
+from sessionloop.protocol.frames import decode_params
+from sessionloop.protocol.schemas import (
     METHODS,
     NOTIFICATIONS,
     ApprovalSettled,
@@ -23,7 +23,7 @@ from protocol.schemas import (
     SubscribeResult,
     TurnSendParams,
 )
-from protocol.schemas_types import (
+from sessionloop.protocol.schemas_types import (
     AgentMessageItem,
     Approval,
     ApprovalSettlement,

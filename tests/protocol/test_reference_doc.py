@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 import typing
 
-from protocol.errors import BUSINESS_CODES, RPC_ERROR_CODES
-from protocol.reference import BEGIN, END, render, spliced
-from protocol.schemas import METHODS, NOTIFICATIONS
-from protocol.schemas_types import SessionItem
+from sessionloop.protocol.errors import BUSINESS_CODES, RPC_ERROR_CODES
+from sessionloop.protocol.reference import BEGIN, END, render, spliced
+from sessionloop.protocol.schemas import METHODS, NOTIFICATIONS
+from sessionloop.protocol.schemas_types import SessionItem
 from tests.conftest import REPO
 
 DOC = os.path.join(REPO, "docs", "protocol.md")
-REGENERATE = ("python -c \"import pathlib; from protocol.reference import spliced; "
+REGENERATE = ("python -c \"import pathlib; from sessionloop.protocol.reference import spliced; "
               "p = pathlib.Path('docs/protocol.md'); p.write_text(spliced(p.read_text()))\"")
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.sanitize import REMOVED_CODEPOINTS, sanitize_for_card, sanitize_text
+from sessionloop.protocol.sanitize import REMOVED_CODEPOINTS, sanitize_for_card, sanitize_text
 
 BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
 ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
-from protocol.transport import WireFrames
+from sessionloop.protocol.transport import WireFrames
 
 
 def parse_server_frame(data: bytes) -> Frame:

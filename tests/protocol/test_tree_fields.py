@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.listing import SessionNode, apply_tree_fields, compute_tree_fields, with_ancestors
-from protocol.schemas_types import AncestorRef, SessionSummary, TokenCount
+from sessionloop.protocol.listing import SessionNode, apply_tree_fields, compute_tree_fields, with_ancestors
+from sessionloop.protocol.schemas_types import AncestorRef, SessionSummary, TokenCount
 
 
 def node(session_id: str, parent: str | None = None, **kw: Any) -> SessionNode:

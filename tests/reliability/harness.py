@@ -28,8 +28,8 @@ from typing import Any
 
 from websockets.exceptions import WebSocketException
 
-from eventstore import EventStore
-from eventstore import events as E
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import events as E
 from tests.e2e.conftest import Client, ServerProcess, initialized, open_client
 
 APP_TOKEN = "reliability-bot-token-of-the-harness"

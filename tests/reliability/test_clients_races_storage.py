@@ -15,8 +15,8 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from eventstore import EventStore
-from eventstore import events as E
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import events as E
 from tests.conftest import REPO
 from tests.e2e.conftest import TOKEN, ServerProcess, initialized, open_client
 from tests.reliability.harness import (
@@ -117,7 +117,7 @@ def test_abort_racing_turn_completion_ends_the_turn_exactly_once(server):
 
 
 def test_a_second_server_on_the_same_data_directory_is_refused_with_a_clear_message(server):
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--data", server.data_dir, "--port", "0",
+    proc = subprocess.run([sys.executable, "-m", "sessionloop", "serve", "--data", server.data_dir, "--port", "0",
                            "--token", TOKEN], cwd=REPO, capture_output=True, text=True, timeout=30)
     assert proc.returncode != 0
     assert "already open for writing by another process" in proc.stderr and proc.stderr.count("\n") <= 2

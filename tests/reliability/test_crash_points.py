@@ -28,9 +28,9 @@ import pytest
 from click.testing import CliRunner
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from cli.main import main as cli_main
-from eventstore import EventStore
-from eventstore import events as E
+from sessionloop.cli.main import main as cli_main
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import events as E
 from tests.conftest import REPO
 from tests.e2e.conftest import ServerProcess, initialized, open_client
 from tests.reliability.harness import (
@@ -92,7 +92,7 @@ async def subscribe_all(server: ServerProcess, rec: Recorder) -> dict[str, list[
 
 def folded_items(data: str, rec: Recorder) -> dict[str, list[str]]:
     """The item ids a subscription snapshot holds, projected from all the events."""
-    from actors.projections import ItemsProjection
+    from sessionloop.actors.projections import ItemsProjection
 
     store = store_of(data)
     try:
@@ -109,7 +109,7 @@ def folded_items(data: str, rec: Recorder) -> dict[str, list[str]]:
 def verify_offline(data: str, rec: Recorder) -> dict[str, int | None]:
     """actors.replay.verify: the stored snapshot is the fold of the events up to its version, and
     the listing record and history follow from the events."""
-    from actors.replay import verify
+    from sessionloop.actors.replay import verify
 
     store = store_of(data)
     try:
@@ -175,7 +175,7 @@ def test_the_server_killing_itself_before_a_snapshot_is_written_loses_nothing_an
     # from its snapshot and tail, and compares its actor's state, history and subscribe snapshot
     # with the fold of the events
     for sid in rec.sessions[:2]:
-        out = subprocess.run([sys.executable, "-m", "cli.main", "replay", sid, "--data", data, "--verify", "--json"],
+        out = subprocess.run([sys.executable, "-m", "sessionloop", "replay", sid, "--data", data, "--verify", "--json"],
                              check=False, capture_output=True, text=True, cwd=REPO, timeout=60)
         assert out.returncode == 0, out.stdout + out.stderr
         report = json.loads(out.stdout)

@@ -23,8 +23,8 @@ import msgspec
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from eventstore import EventStore
-from eventstore import events as E
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import events as E
 from tests.e2e.conftest import Client, ServerProcess, initialized, open_client
 from tests.reliability.harness import SERVE_ARGS, _check_stream
 

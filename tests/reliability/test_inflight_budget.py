@@ -18,7 +18,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from cli.serve import DEFAULT_MAX_INFLIGHT_MB
+from sessionloop.cli.serve import DEFAULT_MAX_INFLIGHT_MB
 from tests.conftest import REPO
 from tests.e2e.conftest import TOKEN, initialized
 from tests.reliability.harness import rss_kib
@@ -130,7 +130,7 @@ def test_a_frame_that_finds_no_room_waits_then_is_closed_1013_while_small_reques
 
 
 def test_an_inflight_budget_below_the_frame_limit_stops_serve_with_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--data", str(tmp_path / "d"), "--port", "0",
+    done = subprocess.run([sys.executable, "-m", "sessionloop", "serve", "--data", str(tmp_path / "d"), "--port", "0",
                            "--token", TOKEN, "--max-frame-mb", "64", "--max-inflight-mb", "32"],
                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr

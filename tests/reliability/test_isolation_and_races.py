@@ -24,8 +24,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from eventstore import EventStore
-from eventstore import events as E
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import events as E
 from tests.e2e.conftest import TOKEN, initialized
 from tests.reliability.harness import (
     APP_TOKEN,

@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from eventstore import EventStore
-from eventstore import events as E
+from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import events as E
 from tests.conftest import processes_with_arg, wait_no_process_with_arg
 from tests.e2e.conftest import Client, ServerProcess, initialized, open_client
 
@@ -296,7 +296,7 @@ def test_a_command_has_no_network_but_its_own_loopback(world: World) -> None:
     assert interfaces[0] == "lo" and "unreachable" in out["output"].lower(), out
 
 
-@pytest.mark.parametrize("command", ["kill -9 {pid}", "kill -9 -1", "pkill -9 -f cli.main; killall -9 python3"])
+@pytest.mark.parametrize("command", ["kill -9 {pid}", "kill -9 -1", "pkill -9 -f sessionloop; killall -9 python3"])
 def test_a_command_cannot_signal_the_server(world: World, command: str) -> None:
     sh(world, command.format(pid=world.srv.proc.pid) + " 2>&1; true")
     time.sleep(0.2)

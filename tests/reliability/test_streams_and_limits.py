@@ -26,8 +26,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from cli.serve import request_limit
-from protocol.frames import DEFAULT_MAX_FRAME_BYTES
+from sessionloop.cli.serve import request_limit
+from sessionloop.protocol.frames import DEFAULT_MAX_FRAME_BYTES
 from tests.e2e.conftest import TOKEN, initialized, open_client
 from tests.reliability.harness import rss_kib
 from tests.reliability.raw_ws import RawWebSocket

@@ -1,0 +1,1 @@
+../../../actors/public/__init__.py
