@@ -33,6 +33,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
+from sessionloop.actors.grants import terms_for
+from sessionloop.actors.projections import wire_settlement
+from sessionloop.actors.pubsub import Reply
+from sessionloop.actors.texts import Text, message_of
 from sessionloop.eventstore import ANY_VERSION, request_hash
 from sessionloop.eventstore import events as E
 from sessionloop.protocol.errors import RpcError
@@ -47,13 +51,8 @@ from sessionloop.protocol.schemas_types import (
     Participant,
 )
 
-from .grants import terms_for
-from .projections import wire_settlement
-from .pubsub import Reply
-from .texts import Text, message_of
-
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from sessionloop.actors.runtime import Runtime
 
 log = logging.getLogger("sessionloop.approvals")
 

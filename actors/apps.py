@@ -23,8 +23,8 @@ import threading
 
 import msgspec
 
-from .errors import InvalidCommand, NotFound
-from .tools.sandbox import DEFAULT_POLICY, POLICIES, policy_at_most
+from sessionloop.actors.errors import InvalidCommand, NotFound
+from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, POLICIES, policy_at_most
 
 #: Permission modes from the most restrictive to the most permissive.
 MODES: tuple[str, ...] = ("deny", "ask", "acceptCalls")

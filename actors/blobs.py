@@ -28,8 +28,8 @@ import threading
 
 import filetype
 
-from .errors import NotFound
-from .texts import Text
+from sessionloop.actors.errors import NotFound
+from sessionloop.actors.texts import Text
 
 #: Media kinds the protocol names (seed 004 ItemAttachment.kind); every other type is a "file".
 MEDIA = ("image", "audio", "video")

@@ -9,8 +9,8 @@ rewinding goes on with the others.
 
 from __future__ import annotations
 
-from .session_model import SessionState
-from .tools import ToolError, Workspace
+from sessionloop.actors.session_model import SessionState
+from sessionloop.actors.tools import ToolError, Workspace
 
 
 def images_before(state: SessionState, turn_id: str) -> dict[str, tuple[bool, bytes | None]]:

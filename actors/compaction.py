@@ -25,22 +25,21 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
+from sessionloop.actors.context import build_summary_request, compaction_input, estimated_context_tokens
+from sessionloop.actors.errors import CompactionFailed, compact_error
+from sessionloop.actors.model import ModelRequest
+from sessionloop.actors.model.base import ignore_delta
+from sessionloop.actors.pubsub import Reply
+from sessionloop.actors.session import SummaryDone, now_ms
+from sessionloop.actors.session_decide import decide_compact_allowed, decide_compaction_done, system_messages
+from sessionloop.actors.session_model import copy_state, evolve
+from sessionloop.actors.texts import Text
 from sessionloop.eventstore import StoreError
 from sessionloop.eventstore import events as E
 
-from .context import build_summary_request, compaction_input, estimated_context_tokens
-from .errors import CompactionFailed, compact_error
-from .model import ModelRequest
-from .model.base import ignore_delta
-from .pubsub import Reply
-from .session import SummaryDone, now_ms
-from .session_decide import decide_compact_allowed, decide_compaction_done, system_messages
-from .session_model import copy_state, evolve
-from .texts import Text
-
 if TYPE_CHECKING:
-    from .runtime import Runtime
-    from .session import SessionBehaviour
+    from sessionloop.actors.runtime import Runtime
+    from sessionloop.actors.session import SessionBehaviour
 
 
 class Flight:

@@ -45,12 +45,12 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from .errors import NotFound
-from .pubsub import Reply
-from .session import FILES_PENDING, Freeze, Purge, Thaw
+from sessionloop.actors.errors import NotFound
+from sessionloop.actors.pubsub import Reply
+from sessionloop.actors.session import FILES_PENDING, Freeze, Purge, Thaw
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from sessionloop.actors.runtime import Runtime
 
 log = logging.getLogger("sessionloop.deletion")
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pykka
 
-from .errors import HostClosed
+from sessionloop.actors.errors import HostClosed
 
 log = logging.getLogger("sessionloop.directory")
 

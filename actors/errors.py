@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sessionloop.actors.texts import Text
 from sessionloop.eventstore.errors import SessionloopError
-
-from .texts import Text
 
 
 class ActorError(SessionloopError):

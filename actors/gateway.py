@@ -31,6 +31,9 @@ from typing import Any
 import msgspec
 import pykka
 
+from sessionloop.actors.runtime import DeltaPayload, Runtime
+from sessionloop.actors.summaries import SummaryIndex
+from sessionloop.actors.texts import Text, enc_hook
 from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.protocol import file_handles
 from sessionloop.protocol.connection import Close, Connection, Dispatch, Limits, Send, ServerInfo
@@ -39,10 +42,6 @@ from sessionloop.protocol.frames import notification_frame
 from sessionloop.protocol.schemas import FeaturesChanged, ItemDelta, ItemPush, SessionResync
 from sessionloop.protocol.schemas_types import Features, Identity, ItemAttachment, UserMessageItem
 from sessionloop.protocol.transport import Peer
-
-from .runtime import DeltaPayload, Runtime
-from .summaries import SummaryIndex
-from .texts import Text, enc_hook
 
 log = logging.getLogger("sessionloop.gateway")
 
@@ -184,8 +183,8 @@ class SessionProtocolService:
     ``resolve_file``. Owns the gateway actor, the listing index and the file-handle key."""
 
     def __init__(self, runtime: Runtime, *, limits: Limits | None = None, host: Any = None) -> None:
-        from .gateway_loop import loop_handlers
-        from .gateway_methods import build_handlers
+        from sessionloop.actors.gateway_loop import loop_handlers
+        from sessionloop.actors.gateway_methods import build_handlers
 
         self.rt = runtime
         #: every frame of this service: text objects rendered in the language of the moment
@@ -203,7 +202,7 @@ class SessionProtocolService:
             self.handlers.update(loop_handlers(self, host))
         runtime.listeners.append(self._on_commit)
         self.gateway = GatewayActor.start(self)
-        from .gateway_settings import install_settings
+        from sessionloop.actors.gateway_settings import install_settings
 
         install_settings(self)
 

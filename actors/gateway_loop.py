@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from sessionloop.actors.errors import InvalidCommand
+from sessionloop.actors.gateway_methods import answer, in_background, store_attachments
+from sessionloop.actors.pubsub import Reply
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.schemas import Empty
 from sessionloop.protocol.schemas_loop import (
@@ -23,12 +26,8 @@ from sessionloop.protocol.schemas_loop import (
     LoopWaitForTurnResult,
 )
 
-from .errors import InvalidCommand
-from .gateway_methods import answer, in_background, store_attachments
-from .pubsub import Reply
-
 if TYPE_CHECKING:
-    from .gateway import ClientConnection, SessionProtocolService
+    from sessionloop.actors.gateway import ClientConnection, SessionProtocolService
 
 log = logging.getLogger("sessionloop.gateway")
 
@@ -152,6 +151,6 @@ class _LoopHandlers:
 
 
 def _result(outcome: Any) -> Any:
-    from .session_loop import _turn_result
+    from sessionloop.actors.session_loop import _turn_result
 
     return _turn_result(outcome)

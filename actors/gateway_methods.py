@@ -16,6 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from sessionloop.actors.blobs import kind_of, sniff_mime
+from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
+from sessionloop.actors.projections import wire_grant
+from sessionloop.actors.pubsub import Reply
+from sessionloop.actors.session import Apply, Cancel, Compact, Create, Query, Send, now_ms
+from sessionloop.actors.session_decide import decide_rename, ensure_usable
+from sessionloop.actors.settings_context import DEFAULT_WORKSPACE as DEFAULT_WORKSPACE_KEY
+from sessionloop.actors.settings_context import DEFAULT_WORKSPACE_NAME
+from sessionloop.actors.summary_records import ListingRow, listing_key, summary_from_row
+from sessionloop.actors.texts import Text, message_of
 from sessionloop.eventstore import events as E
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # seed 000: each, and all together
@@ -36,19 +46,8 @@ from sessionloop.protocol.schemas import (
 )
 from sessionloop.protocol.schemas_types import decode_data_url
 
-from .blobs import kind_of, sniff_mime
-from .errors import InvalidCommand, NotFound, SessionBusy
-from .projections import wire_grant
-from .pubsub import Reply
-from .session import Apply, Cancel, Compact, Create, Query, Send, now_ms
-from .session_decide import decide_rename, ensure_usable
-from .settings_context import DEFAULT_WORKSPACE as DEFAULT_WORKSPACE_KEY
-from .settings_context import DEFAULT_WORKSPACE_NAME
-from .summary_records import ListingRow, listing_key, summary_from_row
-from .texts import Text, message_of
-
 if TYPE_CHECKING:
-    from .gateway import ClientConnection, SessionProtocolService
+    from sessionloop.actors.gateway import ClientConnection, SessionProtocolService
 
 log = logging.getLogger("sessionloop.gateway")
 
@@ -192,7 +191,7 @@ class _Handlers:
             raise RpcError.unsupported(Text("error.child-needs-settings"))
         if params.parent_id is not None:
             self.check(conn, params.parent_id)
-        from .host import new_id
+        from sessionloop.actors.host import new_id
 
         session_id = new_id()
         speaker = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
@@ -359,7 +358,7 @@ class _Handlers:
 
     def _send_message(self, conn: ClientConnection, session_id: str, text: str, refs: list[E.AttachmentRef],
                       reply: Reply, source: str | None = None, traceparent: str | None = None) -> Send:
-        from .host import new_id
+        from sessionloop.actors.host import new_id
 
         speaker = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner,
                             app_id=conn.peer.app_id)
@@ -398,7 +397,7 @@ class _Handlers:
 
     def rewind(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
         self.check(conn, params.session_id)
-        from .host import Session
+        from sessionloop.actors.host import Session
 
         def work() -> RewindResult:
             result = Session(SimpleNamespace(rt=self.rt), params.session_id).rewind(  # type: ignore[arg-type]

@@ -19,6 +19,17 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from sessionloop.actors.apps import MODES
+from sessionloop.actors.errors import NotFound
+from sessionloop.actors.gateway_methods import _as_rpc, answer, in_background
+from sessionloop.actors.pubsub import Reply
+from sessionloop.actors.session import Apply, Query
+from sessionloop.actors.session_decide import ensure_usable
+from sessionloop.actors.settings import SettingsService
+from sessionloop.actors.settings_context import DEFAULT_WORKSPACE
+from sessionloop.actors.summary_records import summary_from_record
+from sessionloop.actors.texts import Text
+from sessionloop.actors.tools.sandbox import POLICIES
 from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.schemas import (
@@ -41,20 +52,8 @@ from sessionloop.protocol.schemas_types import (
     SettingLayerInfo,
 )
 
-from .apps import MODES
-from .errors import NotFound
-from .gateway_methods import _as_rpc, answer, in_background
-from .pubsub import Reply
-from .session import Apply, Query
-from .session_decide import ensure_usable
-from .settings import SettingsService
-from .settings_context import DEFAULT_WORKSPACE
-from .summary_records import summary_from_record
-from .texts import Text
-from .tools.sandbox import POLICIES
-
 if TYPE_CHECKING:
-    from .gateway import ClientConnection, SessionProtocolService
+    from sessionloop.actors.gateway import ClientConnection, SessionProtocolService
 
 log = logging.getLogger("sessionloop.gateway")
 

@@ -18,20 +18,19 @@ from typing import Any
 
 import msgspec
 
+from sessionloop.actors.apps import MODES, AppManifest
+from sessionloop.actors.context import keep_turns
+from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
+from sessionloop.actors.pubsub import Reply, TurnOutcome
+from sessionloop.actors.runtime import HostOptions, Runtime
+from sessionloop.actors.session import Apply, Cancel, Compact, Create, Query, Receipt, Send, SessionActor, now_ms
+from sessionloop.actors.session_decide import ensure_usable, steps_limit
+from sessionloop.actors.session_model import SessionState, Status, copy_state
+from sessionloop.actors.texts import Text
+from sessionloop.actors.tools.sandbox import DEFAULT_POLICY
 from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
 from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import MAX_TITLE
-
-from .apps import MODES, AppManifest
-from .context import keep_turns
-from .errors import InvalidCommand, NotFound, SessionBusy
-from .pubsub import Reply, TurnOutcome
-from .runtime import HostOptions, Runtime
-from .session import Apply, Cancel, Compact, Create, Query, Receipt, Send, SessionActor, now_ms
-from .session_decide import ensure_usable, steps_limit
-from .session_model import SessionState, Status, copy_state
-from .texts import Text
-from .tools.sandbox import DEFAULT_POLICY
 
 #: the random part of ids: seeded once from the OS, then drawn without a system call. An id names
 #: a session, turn or input and grants nothing (access is checked by app and token), so it needs
@@ -76,7 +75,7 @@ class Host:
     """
 
     def __init__(self, runtime: Runtime) -> None:
-        from .session_loop import Watchers, spawn_session_spec
+        from sessionloop.actors.session_loop import Watchers, spawn_session_spec
 
         self.rt = runtime
         runtime.host = self
@@ -141,13 +140,13 @@ class Host:
 
     def sessions(self, app: str) -> Any:
         """The Session Loop API handle of a registered app (sync)."""
-        from .session_loop import SessionLoop
+        from sessionloop.actors.session_loop import SessionLoop
 
         return SessionLoop(self, self.apps.get(app))
 
     def async_sessions(self, app: str) -> Any:
         """The same API with coroutines, for asyncio bots."""
-        from .session_loop import AsyncSessionLoop, SessionLoop
+        from sessionloop.actors.session_loop import AsyncSessionLoop, SessionLoop
 
         return AsyncSessionLoop(SessionLoop(self, self.apps.get(app)))
 
@@ -155,7 +154,7 @@ class Host:
         app = actor.state.created.app_id if actor.state.created is not None else None
         if app is None or not self.loop_watchers.any(app):
             return
-        from .session_loop import LoopEvent, feed_event
+        from sessionloop.actors.session_loop import LoopEvent, feed_event
 
         live = actor.loop_deltas  # an answer taken in place: its assistant.delta just before its outcome
         for i, event in enumerate(events):
@@ -215,7 +214,7 @@ class Host:
     def list(self) -> list[SessionInfo]:
         """Every stored session, newest activity first, read from the listing records (no actor
         is activated)."""
-        from .summary_records import decode_summary_record
+        from sessionloop.actors.summary_records import decode_summary_record
 
         out = []
         for stream, meta in self.rt.store.scan_stream_meta():
@@ -329,7 +328,7 @@ class Session:
         try:
             return reply.result(timeout)  # type: ignore[no-any-return]
         except Exception as e:
-            from .errors import RequestTimeout
+            from sessionloop.actors.errors import RequestTimeout
 
             if isinstance(e, RequestTimeout):
                 return None
@@ -374,14 +373,14 @@ class Session:
         return self.rt.ask(self.id, Compact, timeout)  # type: ignore[no-any-return]
 
     def rename(self, title: str) -> None:
-        from .session_decide import decide_rename
+        from sessionloop.actors.session_decide import decide_rename
 
         self.rt.ask(self.id, lambda r: Apply(lambda s, now: decide_rename(s, title, now), r))
 
     def rewind(self, turn_id: str, scope: str = "code") -> dict[str, Any]:
         """Restore files to their state before ``turn_id`` (SPEC §6 checkpoints); with
         ``code-and-chat`` the turn and later ones leave the conversation too."""
-        from .checkpoints import restore_before
+        from sessionloop.actors.checkpoints import restore_before
 
         if scope not in ("code", "code-and-chat"):
             raise InvalidCommand(Text("error.rewind-scope"))
@@ -411,7 +410,7 @@ def _refuse_busy() -> list[E.Event]:
 
 
 def _known_turn(state: SessionState, turn_id: str, rt: Runtime, reply: Reply) -> None:
-    from .session import turn_outcome
+    from sessionloop.actors.session import turn_outcome
 
     if state.created is None or state.deleted:
         reply.fail(NotFound(Text("error.session-not-found", session=state.session_id)))

@@ -30,6 +30,10 @@ from typing import Any, Final, Literal, cast
 import msgspec
 from msgspec import UNSET
 
+from sessionloop.actors.context import is_summary, summary_text
+from sessionloop.actors.errors import NotFound, compact_error
+from sessionloop.actors.grants import Grant
+from sessionloop.actors.texts import Text, denial_reason
 from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import one_line
 from sessionloop.protocol.schemas_types import (
@@ -58,11 +62,6 @@ from sessionloop.protocol.schemas_types import (
     UsagePart,
     UserMessageItem,
 )
-
-from .context import is_summary, summary_text
-from .errors import NotFound, compact_error
-from .grants import Grant
-from .texts import Text, denial_reason
 
 __all__ = [
     "attempt_item_id",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from .tools.sandbox import UNSANDBOXED
+from sessionloop.actors.tools.sandbox import UNSANDBOXED
 
 #: what a command may do under each sandbox policy (actors.tools.sandbox)
 SANDBOX_SENTENCES: dict[str, str] = {

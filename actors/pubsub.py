@@ -21,9 +21,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from .errors import RequestTimeout
-from .texts import Text
-from .worker import LoopBatch
+from sessionloop.actors.errors import RequestTimeout
+from sessionloop.actors.texts import Text
+from sessionloop.actors.worker import LoopBatch
 
 
 class Reply:

@@ -41,21 +41,20 @@ from typing import Any, Final
 import msgspec
 from msgspec import UNSET
 
-from sessionloop.eventstore import events as E
-from sessionloop.eventstore.records import RecordedEvent, Snapshot
-from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
-
-from .approvals import GateInputs
-from .context import turn_starts
-from .projections import HISTORY_MAX_LIMIT, ItemsProjection
-from .session_model import SessionState, decode_state, evolve, new_state
-from .summary_records import (
+from sessionloop.actors.approvals import GateInputs
+from sessionloop.actors.context import turn_starts
+from sessionloop.actors.projections import HISTORY_MAX_LIMIT, ItemsProjection
+from sessionloop.actors.session_model import SessionState, decode_state, evolve, new_state
+from sessionloop.actors.summary_records import (
     SummaryRecord,
     decode_summary_record,
     rewrites_listing,
     summary_record,
 )
-from .texts import DEFAULT_LANGUAGE, LANGUAGES, enc_hook
+from sessionloop.actors.texts import DEFAULT_LANGUAGE, LANGUAGES, enc_hook
+from sessionloop.eventstore import events as E
+from sessionloop.eventstore.records import RecordedEvent, Snapshot
+from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 
 __all__ = [
     "ABSENT",
@@ -934,7 +933,7 @@ def serve_live_view(service: Any, session_id: str, *, timeout: float = 30.0) -> 
     Meant for a session at rest: a turn that commits meanwhile makes the answers disagree.
     Raises :class:`LiveUnavailable` when the host does not answer in ``timeout`` seconds.
     """
-    from .session import Query
+    from sessionloop.actors.session import Query
 
     view = LiveView(session_id=session_id, epoch=service.rt.epoch, decorate=service.decorate,
                     language=service.rt.language)

@@ -15,30 +15,29 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from sessionloop.actors.apps import AppRegistry, clamp_mode, clamp_policy
+from sessionloop.actors.blobs import BlobStore
+from sessionloop.actors.compaction import Compaction
+from sessionloop.actors.context import summary_text
+from sessionloop.actors.deletion import Deletions
+from sessionloop.actors.directory import Directory
+from sessionloop.actors.faults import FaultInjector
+from sessionloop.actors.model import ModelRequest, Provider
+from sessionloop.actors.model.registry import ModelConfig, ModelRegistry, builtin_model
+from sessionloop.actors.prompts import ToolLine, default_system_prompt
+from sessionloop.actors.pubsub import Reply, SessionChannel, TurnResults
+from sessionloop.actors.session import Effect, turn_outcome
+from sessionloop.actors.session_decide import AgentConfig, ToolPolicy, steps_limit, system_messages
+from sessionloop.actors.texts import Language, Text, language_of, stored_parts
+from sessionloop.actors.tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
+from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
+from sessionloop.actors.worker import WorkerLoop
 from sessionloop.eventstore import EventStore
 from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import one_line
 
-from .apps import AppRegistry, clamp_mode, clamp_policy
-from .blobs import BlobStore
-from .compaction import Compaction
-from .context import summary_text
-from .deletion import Deletions
-from .directory import Directory
-from .faults import FaultInjector
-from .model import ModelRequest, Provider
-from .model.registry import ModelConfig, ModelRegistry, builtin_model
-from .prompts import ToolLine, default_system_prompt
-from .pubsub import Reply, SessionChannel, TurnResults
-from .session import Effect, turn_outcome
-from .session_decide import AgentConfig, ToolPolicy, steps_limit, system_messages
-from .texts import Language, Text, language_of, stored_parts
-from .tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
-from .tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
-from .worker import WorkerLoop
-
 if TYPE_CHECKING:
-    from .session import SessionActor
+    from sessionloop.actors.session import SessionActor
 
 log = logging.getLogger("sessionloop.runtime")
 
@@ -99,7 +98,7 @@ class DeltaPayload(msgspec.Struct, frozen=True):
 
 class Runtime:
     def __init__(self, data_dir: str, options: HostOptions, *, store: EventStore | None = None) -> None:
-        from .session import Passivate, PooledSessionActor, SessionActor
+        from sessionloop.actors.session import Passivate, PooledSessionActor, SessionActor
 
         self.data_dir = os.path.abspath(data_dir)
         if type(options.max_steps) is not int:  # a Struct built in Python is not type-checked
@@ -148,16 +147,16 @@ class Runtime:
         self._app_lock = threading.Lock()
         self.app_unfinished: dict[str, int] = {}
         self.compaction = Compaction(self)
-        from .metrics import HostMetrics
+        from sessionloop.actors.metrics import HostMetrics
 
         self.metrics = HostMetrics(self)
         self.listeners.append(self.metrics.committed)
-        from .approvals import ApprovalService, ApprovalTiming
+        from sessionloop.actors.approvals import ApprovalService, ApprovalTiming
 
         self.approvals = ApprovalService(self, ApprovalTiming(
             wait_s=options.approval_wait_s, grace_s=options.approval_grace_s,
             presence_s=options.presence_window_s, rate_limit=options.approval_rate_limit))
-        from .tasks import TaskService
+        from sessionloop.actors.tasks import TaskService
 
         self.tasks_service = TaskService(self)
         self.deletions = Deletions(self)
@@ -165,7 +164,7 @@ class Runtime:
         actor_class: Any = SessionActor
         self.dispatcher = None
         if options.dispatcher_threads > 0:
-            from .dispatch import Dispatcher
+            from sessionloop.actors.dispatch import Dispatcher
 
             self.dispatcher = Dispatcher(options.dispatcher_threads)
             actor_class = type("PooledSessionActor", (PooledSessionActor,), {"dispatcher": self.dispatcher})
@@ -382,9 +381,8 @@ class Runtime:
     def chain_of(self, state: Any) -> list[Any]:
         """Seed 004 Approval.chain: for a session below its root, the sessions from just below the
         root down to this one."""
+        from sessionloop.actors.summary_records import decode_summary_record
         from sessionloop.protocol.schemas_types import AncestorRef
-
-        from .summary_records import decode_summary_record
 
         chain: list[Any] = []
         created = state.created
@@ -406,7 +404,7 @@ class Runtime:
         return list(reversed(chain))
 
     def can_see(self, conn: Any, session_id: str) -> bool:
-        from .summary_records import decode_summary_record
+        from sessionloop.actors.summary_records import decode_summary_record
 
         meta = self.store.stream_meta(f"session-{session_id}")
         if meta is None:
@@ -417,8 +415,8 @@ class Runtime:
     def task_notice(self, task: Any) -> None:
         """A finished background task tells its session (seed 004: the background-task notice,
         notice id = task id), which opens a turn so the agent hears of it."""
-        from .host import new_id
-        from .session import Apply
+        from sessionloop.actors.host import new_id
+        from sessionloop.actors.session import Apply
 
         # the owner's notice is rendered when sent (its key and values are kept); the agent
         # reads the English one as its input, text for the model (actors.texts)
@@ -437,7 +435,7 @@ class Runtime:
 
     def approval_settled(self, approval: Any, settlement: E.Settlement) -> None:
         """Tell the session how its approval ended; it runs or denies the call."""
-        from .session import Apply
+        from sessionloop.actors.session import Apply
 
         def decide(state: Any, now: int) -> list[E.Event]:
             rec = state.tool_calls.get(approval.call_id)
@@ -470,7 +468,7 @@ class Runtime:
         return sum(probe(session_id) for probe in self.background_probes)
 
     def build_items(self, actor: SessionActor) -> Any:
-        from .projections import ItemsProjection
+        from sessionloop.actors.projections import ItemsProjection
 
         items = ItemsProjection()
         for recorded in self.store.read_stream(actor.stream):
@@ -484,7 +482,7 @@ class Runtime:
                         event.step_id or "-", event.code, one_line(event.reason or event.code))
 
     def results_fail_pending(self, state: Any, code: str) -> None:
-        from .pubsub import TurnOutcome
+        from sessionloop.actors.pubsub import TurnOutcome
 
         pending = [q.turn_id for q in state.queue] + ([state.current_turn] if state.current_turn else [])
         for turn_id in pending:

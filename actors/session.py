@@ -28,27 +28,16 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
-from sessionloop.eventstore import (
-    IdempotencyClaim,
-    SessionloopError,
-    StorageUnavailable,
-    StoreError,
-    StreamDeleted,
-    WrongExpectedVersion,
-)
-from sessionloop.eventstore import events as E
-from sessionloop.protocol.schemas_types import AgentMessageItem, ReasoningItem
-
-from .caller import CURRENT_CALL, CallerContext
-from .context import estimated_context_tokens, model_view
-from .dispatch import PooledActor
-from .errors import ActorError, CompactionFailed, NotFound, SessionParked, compact_error
-from .model.attachments import has_attachments
-from .model.attachments import resolve as resolve_attachments
-from .model.base import RetryNotice
-from .model.storable import storable_response
-from .pubsub import Reply, TurnOutcome
-from .session_decide import (
+from sessionloop.actors.caller import CURRENT_CALL, CallerContext
+from sessionloop.actors.context import estimated_context_tokens, model_view
+from sessionloop.actors.dispatch import PooledActor
+from sessionloop.actors.errors import ActorError, CompactionFailed, NotFound, SessionParked, compact_error
+from sessionloop.actors.model.attachments import has_attachments
+from sessionloop.actors.model.attachments import resolve as resolve_attachments
+from sessionloop.actors.model.base import RetryNotice
+from sessionloop.actors.model.storable import storable_response
+from sessionloop.actors.pubsub import Reply, TurnOutcome
+from sessionloop.actors.session_decide import (
     AgentConfig,
     decide_cancel,
     decide_compaction_cancelled,
@@ -64,14 +53,24 @@ from .session_decide import (
     repairs_after_restart,
     system_messages,
 )
-from .session_model import SessionState, decode_state, encode_state, evolve, new_state
-from .stream_sink import StreamSink, close_cards
-from .summary_records import encode_summary_record, rewrites_listing, summary_record, tombstone_record
-from .texts import Text
+from sessionloop.actors.session_model import SessionState, decode_state, encode_state, evolve, new_state
+from sessionloop.actors.stream_sink import StreamSink, close_cards
+from sessionloop.actors.summary_records import encode_summary_record, rewrites_listing, summary_record, tombstone_record
+from sessionloop.actors.texts import Text
+from sessionloop.eventstore import (
+    IdempotencyClaim,
+    SessionloopError,
+    StorageUnavailable,
+    StoreError,
+    StreamDeleted,
+    WrongExpectedVersion,
+)
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.schemas_types import AgentMessageItem, ReasoningItem
 
 if TYPE_CHECKING:
-    from .compaction import Flight
-    from .runtime import Runtime
+    from sessionloop.actors.compaction import Flight
+    from sessionloop.actors.runtime import Runtime
 
 log = logging.getLogger("sessionloop.session")
 
@@ -453,7 +452,7 @@ class SessionBehaviour:
         """The settlements the approval streams recorded for this session's open approvals (an
         answer committed just before a crash, before the session heard of it). Read once, at
         activation, like the session's own events."""
-        from .approvals import approval_stream as _approval_stream
+        from sessionloop.actors.approvals import approval_stream as _approval_stream
 
         out: dict[str, E.Settlement] = {}
         for call_id in self.state.batch:
@@ -694,7 +693,7 @@ class SessionBehaviour:
 
         def emit(data: dict[str, Any]) -> None:
             if watchers.any(app):
-                from .session_loop import LoopEvent  # seed 000: assistant.delta is live only
+                from sessionloop.actors.session_loop import LoopEvent  # seed 000: assistant.delta is live only
 
                 watchers.emit(app, LoopEvent(cursor=0, session_id=sid, type="assistant.delta", at=now_ms(),
                                              turn_id=turn_id, data=data))
@@ -1129,7 +1128,7 @@ class SessionBehaviour:
         events = decide_tool_done(self.state, finished)
         rec = self.state.tool_calls.get(msg.call_id)
         if events and rec is not None and rec.tool == "update_plan" and not failed and isinstance(r.output, dict):
-            from .tools.builtin import plan_from_output  # seed 004: the plan item, replaced whole
+            from sessionloop.actors.tools.builtin import plan_from_output  # seed 004: the plan item, replaced whole
 
             entries, explanation = plan_from_output(r.output)
             events.append(E.PlanUpdated(at=finished.at, entries=entries, explanation=explanation))

@@ -20,14 +20,20 @@ from typing import Any
 
 import msgspec
 
+from sessionloop.actors.context import SUMMARY_PREFIX, model_view
+from sessionloop.actors.errors import (
+    Conflict,
+    ExpectedTurnMismatch,
+    InvalidCommand,
+    NotFound,
+    SessionBusy,
+    SessionParked,
+)
+from sessionloop.actors.grants import settlement_by, settling
+from sessionloop.actors.session_model import SessionState
+from sessionloop.actors.texts import Text, denial_reason, stored_parts
 from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import MAX_TITLE
-
-from .context import SUMMARY_PREFIX, model_view
-from .errors import Conflict, ExpectedTurnMismatch, InvalidCommand, NotFound, SessionBusy, SessionParked
-from .grants import settlement_by, settling
-from .session_model import SessionState
-from .texts import Text, denial_reason, stored_parts
 
 NOT_EXECUTED = "not executed: the turn ended before this tool call ran"
 

@@ -23,6 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from sessionloop.actors.apps import AppManifest, clamp_mode
+from sessionloop.actors.caller import CURRENT_CALL
+from sessionloop.actors.errors import Forbidden, InvalidCommand, NotFound, RequestTimeout
+from sessionloop.actors.pubsub import Reply, TurnOutcome
+from sessionloop.actors.session import Create, Query, Receipt, Send, now_ms
+from sessionloop.actors.tracing import parse_traceparent
 from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
 from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import (
@@ -44,15 +50,8 @@ from sessionloop.protocol.limits import (
     one_line,
 )
 
-from .apps import AppManifest, clamp_mode
-from .caller import CURRENT_CALL
-from .errors import Forbidden, InvalidCommand, NotFound, RequestTimeout
-from .pubsub import Reply, TurnOutcome
-from .session import Create, Query, Receipt, Send, now_ms
-from .tracing import parse_traceparent
-
 if TYPE_CHECKING:
-    from .host import Host
+    from sessionloop.actors.host import Host
 
 # the input bounds (MAX_*) are protocol.limits': one table for this API and the wire, where
 # loop/* params are decoded with the same numbers before they get here
@@ -125,7 +124,7 @@ class CallerFacts(msgspec.Struct, frozen=True, kw_only=True):
 
 def caller_facts(actor: Any) -> CallerFacts:
     """Read on the calling session's own thread (a ``Query``)."""
-    from .session_decide import ensure_usable
+    from sessionloop.actors.session_decide import ensure_usable
 
     state = actor.state
     ensure_usable(state)
@@ -315,7 +314,7 @@ class SessionLoop:
                      permission_mode: str | None, message: tuple[str, str] | None,
                      caller: CallerFacts | None, room: Room) -> tuple[E.SessionCreated, E.InputAccepted | None,
                                                                       IdempotencyClaim | None]:
-        from .host import new_id
+        from sessionloop.actors.host import new_id
 
         if permission_mode is not None and not self.app.allows_mode(permission_mode):
             raise Forbidden(f"app {self.app.id!r} may not create sessions in permission mode {permission_mode!r}: "
@@ -425,7 +424,7 @@ class SessionLoop:
             raise NotFound(f"session {session_id} not found")
 
     def _record(self, session_id: str) -> Any:
-        from .summary_records import decode_summary_record
+        from sessionloop.actors.summary_records import decode_summary_record
 
         try:
             meta = self.rt.store.stream_meta(f"session-{session_id}")
@@ -435,7 +434,7 @@ class SessionLoop:
 
     def _send_message(self, session_id: str, text: str, idempotency_key: str, attachments: list[Any] | None,
                       reply: Reply, traceparent: str | None = None) -> Send:
-        from .host import new_id
+        from sessionloop.actors.host import new_id
 
         if attachments is not None and not isinstance(attachments, (list, tuple)):
             raise InvalidCommand(f"attachments must be a list, not {type(attachments).__name__}")
@@ -498,7 +497,7 @@ class SessionLoop:
         return ms / 1000
 
     def _watch(self, session_id: str, turn_id: str) -> Reply:
-        from .host import Session
+        from sessionloop.actors.host import Session
 
         self._owned(session_id)
         _string("turn_id", turn_id)
@@ -613,7 +612,7 @@ MAX_SPAWN_DEPTH = 5
 def spawn_session_spec() -> Any:
     """``spawn_session {task, title?, timeoutMs?}``: run ``task`` in a new background child session
     that inherits the caller's cwd, model and permission policy, and answer with its result."""
-    from .tools import ToolSpec
+    from sessionloop.actors.tools import ToolSpec
 
     return ToolSpec(
         name="spawn_session",
@@ -626,7 +625,7 @@ def spawn_session_spec() -> Any:
 
 
 async def _spawn(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
-    from .tools import ToolError
+    from sessionloop.actors.tools import ToolError
 
     rt = ctx.extras["runtime"]
     host = rt.host
@@ -670,7 +669,7 @@ def _depth(rt: Any, created: E.SessionCreated) -> int:
         meta = rt.store.stream_meta(f"session-{parent_id}")
         if meta is None:
             break
-        from .summary_records import decode_summary_record
+        from sessionloop.actors.summary_records import decode_summary_record
 
         parent_id = decode_summary_record(meta).parent_id
     return depth
@@ -678,7 +677,7 @@ def _depth(rt: Any, created: E.SessionCreated) -> int:
 
 async def _owner_child(rt: Any, parent: CallerFacts, args: dict[str, Any], key: str) -> Any:
     """A child of an owner session: in the parent's directory, with its model and policy."""
-    from .host import new_id
+    from sessionloop.actors.host import new_id
 
     parent_id = parent.created.session_id
     now = now_ms()
@@ -695,7 +694,7 @@ async def _owner_child(rt: Any, parent: CallerFacts, args: dict[str, Any], key: 
 
 
 async def _await_outcome(host: Any, session_id: str, turn_id: str, timeout_ms: int) -> TurnResult:
-    from .host import Session
+    from sessionloop.actors.host import Session
 
     reply = Reply()
     Session(host, session_id).watch_turn(turn_id, reply)

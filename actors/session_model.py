@@ -21,11 +21,10 @@ from typing import Any
 
 import msgspec
 
+from sessionloop.actors.context import summary_message
+from sessionloop.actors.grants import Grant, grant_of
 from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import MAX_TITLE, clip
-
-from .context import summary_message
-from .grants import Grant, grant_of
 
 STATE_FORMAT = 1  # bump when SessionState changes shape: old snapshots are then ignored
 MAX_GRANTS = 100  # grants a session keeps (revoked and expired ones are dropped first)

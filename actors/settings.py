@@ -55,19 +55,8 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from sessionloop.eventstore import events as E
-from sessionloop.eventstore.errors import WrongExpectedVersion
-from sessionloop.protocol.limits import MAX_INT, MIN_INT
-from sessionloop.protocol.schemas_types import (
-    PlaceLayer,
-    PlatformLayer,
-    PlatformTypeLayer,
-    SettingActual,
-    SettingRow,
-)
-
-from .errors import InvalidCommand
-from .settings_context import (
+from sessionloop.actors.errors import InvalidCommand
+from sessionloop.actors.settings_context import (
     DEFAULT_WORKSPACE,
     DEFAULT_WORKSPACE_NAME,
     Chain,
@@ -81,9 +70,19 @@ from .settings_context import (
     session_chain,
     settings_of,
 )
-from .settings_document import ConfigDocument, dump_toml, layer_path, setting_values
-from .texts import Text, language_of
-from .tools.sandbox import POLICIES
+from sessionloop.actors.settings_document import ConfigDocument, dump_toml, layer_path, setting_values
+from sessionloop.actors.texts import Text, language_of
+from sessionloop.actors.tools.sandbox import POLICIES
+from sessionloop.eventstore import events as E
+from sessionloop.eventstore.errors import WrongExpectedVersion
+from sessionloop.protocol.limits import MAX_INT, MIN_INT
+from sessionloop.protocol.schemas_types import (
+    PlaceLayer,
+    PlatformLayer,
+    PlatformTypeLayer,
+    SettingActual,
+    SettingRow,
+)
 
 log = logging.getLogger("sessionloop.settings")
 
@@ -690,7 +689,7 @@ class SettingsService:
 
     def session_events(self, state: Any, plugin: str, key: str, value: Any, now: int) -> list[E.Event]:
         """The events of a write to one session's layer (run as the session's ``Apply``)."""
-        from .session_decide import ensure_usable
+        from sessionloop.actors.session_decide import ensure_usable
 
         ensure_usable(state)
         current = state.settings.get(f"{plugin}/{key}", _MISSING)

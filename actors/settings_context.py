@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from sessionloop.actors.texts import DEFAULT_LANGUAGE, text
 from sessionloop.eventstore import events as E
 from sessionloop.protocol.schemas_types import (
     GlobalLayer,
@@ -26,8 +27,6 @@ from sessionloop.protocol.schemas_types import (
     PlatformLayer,
     PlatformTypeLayer,
 )
-
-from .texts import DEFAULT_LANGUAGE, text
 
 Ident = tuple[str, str]  # (plugin, key)
 Chain = list[tuple[str, Mapping[Ident, Any]]]  # (source, values), lowest first

@@ -33,10 +33,9 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from sessionloop.actors.settings_context import Ident, Layer
+from sessionloop.actors.texts import LANGUAGES, Text
 from sessionloop.protocol.schemas_types import PlatformLayer, PlatformTypeLayer
-
-from .settings_context import Ident, Layer
-from .texts import LANGUAGES, Text
 
 log = logging.getLogger("sessionloop.settings")
 

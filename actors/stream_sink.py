@@ -36,17 +36,16 @@ from typing import Any, Final
 
 import msgspec
 
+from sessionloop.actors.model.base import RetryNotice
+from sessionloop.actors.model.storable import usable_call_id
+from sessionloop.actors.projections import attempt_item_id, retry_discarded
+from sessionloop.actors.texts import Text
 from sessionloop.protocol.schemas_types import (
     AgentMessageItem,
     ReasoningItem,
     ToolCallItem,
     Undelivered,
 )
-
-from .model.base import RetryNotice
-from .model.storable import usable_call_id
-from .projections import attempt_item_id, retry_discarded
-from .texts import Text
 
 __all__ = ["StreamSink", "close_cards"]
 

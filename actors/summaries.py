@@ -17,9 +17,7 @@ from typing import Any
 
 import msgspec
 
-from sessionloop.protocol.listing import TreeFields, compute_tree_fields
-
-from .summary_records import (
+from sessionloop.actors.summary_records import (
     ListingRow,
     SummaryRecord,
     decode_summary_record,
@@ -27,6 +25,7 @@ from .summary_records import (
     node_from_record,
     summary_from_record,
 )
+from sessionloop.protocol.listing import TreeFields, compute_tree_fields
 
 log = logging.getLogger("sessionloop.summaries")
 

@@ -23,6 +23,9 @@ from typing import Final, Literal, cast
 
 import msgspec
 
+from sessionloop.actors.session_model import SessionState
+from sessionloop.actors.settings_context import DEFAULT_WORKSPACE
+from sessionloop.actors.texts import Text
 from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import MAX_REASON, MAX_TITLE, clip
 from sessionloop.protocol.listing import (
@@ -41,10 +44,6 @@ from sessionloop.protocol.schemas_types import (
     TokenCount,
     TurnOutcome,
 )
-
-from .session_model import SessionState
-from .settings_context import DEFAULT_WORKSPACE
-from .texts import Text
 
 __all__ = [
     "ListingRow",

@@ -26,16 +26,15 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
+from sessionloop.actors.pubsub import Reply
+from sessionloop.actors.texts import Text, stored_parts
 from sessionloop.eventstore import ANY_VERSION
 from sessionloop.eventstore import events as E
 from sessionloop.protocol.schemas import BackgroundChanged
 from sessionloop.protocol.schemas_types import BackgroundCall, BackgroundTask
 
-from .pubsub import Reply
-from .texts import Text, stored_parts
-
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from sessionloop.actors.runtime import Runtime
 
 _STOPPED = Text("task.reason.stopped")  # background/stop, stopAll: the reason of a stopped task
 
@@ -140,7 +139,7 @@ class TaskService:
         A listing record is only written with an append to the session's stream, so the record goes
         with a copy of the task's end (the session's state and timeline ignore it); no session
         actor exists yet, so nobody else appends to the stream meanwhile."""
-        from .summary_records import decode_summary_record, encode_summary_record
+        from sessionloop.actors.summary_records import decode_summary_record, encode_summary_record
 
         for session_id in sorted(session_ids):
             stream = f"session-{session_id}"
@@ -262,8 +261,8 @@ class TaskService:
         reaches ``sessions/list`` and the ``sessions/changed`` pushes; its state and timeline
         ignore the event, the model never hears of it. ``then`` (the stop's reply) completes once
         that commit is done, so a listing read after ``background/stop`` answered is current."""
-        from .errors import HostClosed
-        from .session import Apply
+        from sessionloop.actors.errors import HostClosed
+        from sessionloop.actors.session import Apply
 
         def decide(state: Any, now: int) -> list[E.Event]:
             if state.created is None or state.deleted:
@@ -287,7 +286,7 @@ class TaskService:
             ref = self.actors.get(task_id)
         task = self.get(task_id)
         if task is None:
-            from .errors import NotFound
+            from sessionloop.actors.errors import NotFound
 
             reply.fail(NotFound(Text("error.task-not-found", task=task_id)))
             return
@@ -412,7 +411,7 @@ class TaskActor(pykka.ThreadingActor):
 
 
 def _task_of(e: E.TaskStarted) -> BackgroundTask:
-    from .projections import _display
+    from sessionloop.actors.projections import _display
 
     call = BackgroundCall(tool=e.call.tool, turn_id=e.call.turn_id, call_id=e.call.call_id) if e.call else None
     return BackgroundTask(id=e.task_id, session_id=e.session_id, kind="tool-call", label=e.label, call=call,

@@ -41,10 +41,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from sessionloop.actors.errors import ActorError
+from sessionloop.actors.tracing import SPAN_EVENTS, MissingHistory, SpanBuilder, SpanData
 from sessionloop.eventstore import EventStore
-
-from .errors import ActorError
-from .tracing import SPAN_EVENTS, MissingHistory, SpanBuilder, SpanData
 
 __all__ = ["LiveTraces", "TracingUnavailable", "batch_processor", "otlp_exporter", "otlp_json", "sdk_spans"]
 

@@ -43,10 +43,9 @@ from typing import Any
 
 import click
 
+from sessionloop.cli.bench_observers import OBSERVE_MODES, PushCheck, StreamCheck, attach, create_sessions
 from sessionloop.eventstore import RecordedEvent
 from sessionloop.eventstore import events as E
-
-from .bench_observers import OBSERVE_MODES, PushCheck, StreamCheck, attach, create_sessions
 
 PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
@@ -415,9 +414,8 @@ class WsClient:
 async def run_ws(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
     from websockets.asyncio.client import connect
 
+    from sessionloop.cli.serve import Server
     from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
-
-    from .serve import Server
 
     server = Server(data_dir, port=0, token=BENCH_TOKEN, durability=cfg.durability, permission_mode="acceptCalls",
                     max_live=cfg.max_live or max(4000, 2 * cfg.sessions),

@@ -45,6 +45,28 @@ from typing import Any, Final
 
 import click
 
+from sessionloop.cli.client import (
+    Client,
+    ClientError,
+    Endpoint,
+    Notification,
+    RpcFailed,
+    connect,
+    connection_options,
+    resolve_session,
+    run,
+)
+from sessionloop.cli.output import (
+    approval_card,
+    approval_line,
+    clean,
+    notice_line,
+    settlement_text,
+    speaker_name,
+    timeline,
+    tool_card,
+    turn_line,
+)
 from sessionloop.protocol.schemas import (
     AgentMessageItem,
     Approval,
@@ -59,29 +81,6 @@ from sessionloop.protocol.schemas import (
     TurnItem,
     UserMessageItem,
     is_unset,
-)
-
-from .client import (
-    Client,
-    ClientError,
-    Endpoint,
-    Notification,
-    RpcFailed,
-    connect,
-    connection_options,
-    resolve_session,
-    run,
-)
-from .output import (
-    approval_card,
-    approval_line,
-    clean,
-    notice_line,
-    settlement_text,
-    speaker_name,
-    timeline,
-    tool_card,
-    turn_line,
 )
 
 __all__ = ["Presence", "SessionView", "chat", "pump", "subscribe", "wait_for_turn"]

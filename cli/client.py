@@ -56,6 +56,7 @@ from websockets.exceptions import (
     InvalidURI,
 )
 
+from sessionloop.cli.serve import DEFAULT_DATA, DEFAULT_PORT, TOKEN_FILE
 from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 from sessionloop.protocol.sanitize import sanitize_text
@@ -66,8 +67,6 @@ from sessionloop.protocol.schemas import (
     SessionsListResult,
     SessionSummary,
 )
-
-from .serve import DEFAULT_DATA, DEFAULT_PORT, TOKEN_FILE
 
 __all__ = [
     "DEFAULT_URL",

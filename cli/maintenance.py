@@ -20,10 +20,9 @@ import shutil
 
 import click
 
+from sessionloop.cli.serve import DEFAULT_DATA
 from sessionloop.eventstore import EventStore
 from sessionloop.eventstore.errors import StorageError, StoreLocked
-
-from .serve import DEFAULT_DATA
 
 
 def _mib(n: int) -> str:

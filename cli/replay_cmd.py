@@ -38,6 +38,7 @@ from sessionloop.actors.replay import (
     rerun_gate,
 )
 from sessionloop.actors.session import Query
+from sessionloop.cli.serve import DEFAULT_DATA
 from sessionloop.eventstore import EventStore, RecordedEvent
 from sessionloop.eventstore import events as E
 from sessionloop.eventstore.codec import encode_event, event_from_builtins
@@ -48,8 +49,6 @@ from sessionloop.eventstore.errors import (
     StoreLocked,
     WrongExpectedVersion,
 )
-
-from .serve import DEFAULT_DATA
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -91,14 +90,14 @@ def _read_session(store: EventStore, data_dir: str, session_id: str) -> list[Rec
 
 
 def _print_json(value: Any) -> None:
-    from .output import echo_json
+    from sessionloop.cli.output import echo_json
 
     echo_json(value)
 
 
 def _say(line: str) -> None:
     """One line of text output, cleaned of characters that would make it read differently."""
-    from .output import clean
+    from sessionloop.cli.output import clean
 
     click.echo(clean(line))
 
@@ -264,9 +263,8 @@ def _remote_live_view(url: str, token: str | None, data_dir: str, session_id: st
         remote_decorate,
         served_handles_masked,
     )
-
-    from .client import ClientError, Endpoint, RpcFailed, connect
-    from .serve import TOKEN_FILE
+    from sessionloop.cli.client import ClientError, Endpoint, RpcFailed, connect
+    from sessionloop.cli.serve import TOKEN_FILE
 
     if token is None:
         path = os.path.join(data_dir, TOKEN_FILE)
@@ -1139,7 +1137,7 @@ def events(session: str, data_dir: str, as_json: bool) -> None:
     try:
         recorded = _read_session(store, data_dir, session_id)
         if as_json:
-            from .output import echo_json_line
+            from sessionloop.cli.output import echo_json_line
 
             for line in store.export_jsonl(f"session-{session_id}"):
                 echo_json_line(msgspec.json.decode(line))

@@ -43,12 +43,11 @@ from sessionloop.actors.tracing_export import (
     batch_processor,
     otlp_exporter,
 )
+from sessionloop.cli.logs import FORMATS as LOG_FORMATS
+from sessionloop.cli.logs import LEVELS as LOG_LEVELS
+from sessionloop.cli.logs import configure as configure_logging
 from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.protocol.transport import AppCredential
-
-from .logs import FORMATS as LOG_FORMATS
-from .logs import LEVELS as LOG_LEVELS
-from .logs import configure as configure_logging
 
 DEFAULT_DATA = ".sessionloop"
 DEFAULT_PORT = 8765
@@ -336,9 +335,8 @@ class Server:
         return closed
 
     async def start(self) -> int:
+        from sessionloop.cli.metrics import render_metrics
         from sessionloop.protocol.transport import SessionServer
-
-        from .metrics import render_metrics
 
         self.transport = SessionServer(self.service, self.config, metrics=lambda: render_metrics(self.host),
                                        health=self.health)

@@ -17,18 +17,8 @@ from typing import Any
 
 import click
 
-from sessionloop.protocol.schemas import (
-    HistoryResult,
-    LoopSendResult,
-    LoopWaitForTurnResult,
-    SessionsChanged,
-    SessionsListResult,
-    SessionSummary,
-    SubscribeResult,
-)
-
-from .chat import SessionView, subscribe, wait_for_turn
-from .client import (
+from sessionloop.cli.chat import SessionView, subscribe, wait_for_turn
+from sessionloop.cli.client import (
     Client,
     ClientError,
     Endpoint,
@@ -37,7 +27,7 @@ from .client import (
     resolve_session,
     run,
 )
-from .output import (
+from sessionloop.cli.output import (
     SESSION_HEADERS,
     approval_line,
     clean,
@@ -49,6 +39,15 @@ from .output import (
     session_status,
     summary_lines,
     timeline,
+)
+from sessionloop.protocol.schemas import (
+    HistoryResult,
+    LoopSendResult,
+    LoopWaitForTurnResult,
+    SessionsChanged,
+    SessionsListResult,
+    SessionSummary,
+    SubscribeResult,
 )
 
 __all__ = ["send", "sessions", "watch"]

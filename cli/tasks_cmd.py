@@ -26,14 +26,7 @@ from typing import Any, Final
 
 import click
 
-from sessionloop.protocol.schemas import (
-    BackgroundChanged,
-    BackgroundListResult,
-    BackgroundOutputResult,
-    BackgroundTask,
-)
-
-from .client import (
+from sessionloop.cli.client import (
     Client,
     ClientError,
     Endpoint,
@@ -42,7 +35,7 @@ from .client import (
     resolve_session,
     run,
 )
-from .output import (
+from sessionloop.cli.output import (
     TASK_HEADERS,
     clean,
     echo_json,
@@ -50,6 +43,12 @@ from .output import (
     echo_table,
     task_row,
     task_status,
+)
+from sessionloop.protocol.schemas import (
+    BackgroundChanged,
+    BackgroundListResult,
+    BackgroundOutputResult,
+    BackgroundTask,
 )
 
 __all__ = ["tasks"]

@@ -15,8 +15,7 @@ import click
 
 from sessionloop.actors.tracing import build_spans
 from sessionloop.actors.tracing_export import otlp_json
-
-from .replay_cmd import _data_option, _open_store, _read_session, _session_id
+from sessionloop.cli.replay_cmd import _data_option, _open_store, _read_session, _session_id
 
 
 @click.command("trace")

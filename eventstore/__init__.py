@@ -1,7 +1,7 @@
 """The LMDB event store (SPEC §3): the only package that touches LMDB."""
 
-from .codec import decode_event, encode_event, event_from_builtins, event_to_builtins
-from .errors import (
+from sessionloop.eventstore.codec import decode_event, encode_event, event_from_builtins, event_to_builtins
+from sessionloop.eventstore.errors import (
     EventDecodeError,
     IdempotencyConflict,
     InvalidStreamName,
@@ -16,7 +16,7 @@ from .errors import (
     StreamDeleted,
     WrongExpectedVersion,
 )
-from .records import (
+from sessionloop.eventstore.records import (
     AppendResult,
     IdempotencyClaim,
     PurgeResult,
@@ -24,7 +24,7 @@ from .records import (
     Snapshot,
     StreamPage,
 )
-from .store import ANY_VERSION, NO_STREAM, EventStore, request_hash
+from sessionloop.eventstore.store import ANY_VERSION, NO_STREAM, EventStore, request_hash
 
 __all__ = [
     "ANY_VERSION",

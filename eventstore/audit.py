@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
-from . import keys as K
-from .records import CommitRecordIn, IdemValue
+from sessionloop.eventstore import keys as K
+from sessionloop.eventstore.records import CommitRecordIn, IdemValue
 
 _rec_dec = msgspec.msgpack.Decoder(CommitRecordIn)
 _idem_dec = msgspec.msgpack.Decoder(IdemValue)

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from . import keys as K
-from . import purge as P
-from .errors import IdempotencyConflict, StreamDeleted, WrongExpectedVersion
-from .records import (
+from sessionloop.eventstore import keys as K
+from sessionloop.eventstore import purge as P
+from sessionloop.eventstore.errors import IdempotencyConflict, StreamDeleted, WrongExpectedVersion
+from sessionloop.eventstore.records import (
     AppendResult,
     CommitRecordIn,
     CommitRecordOut,
@@ -29,7 +29,7 @@ from .records import (
 )
 
 if TYPE_CHECKING:
-    from .lmdb_recorder import LmdbRecorder
+    from sessionloop.eventstore.lmdb_recorder import LmdbRecorder
 
 ANY_VERSION = -1
 

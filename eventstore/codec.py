@@ -15,8 +15,8 @@ from typing import Any, Union
 
 import msgspec
 
-from .errors import EventDecodeError
-from .events import EVENT_TYPES, AnyEvent, Event, UnknownEvent
+from sessionloop.eventstore.errors import EventDecodeError
+from sessionloop.eventstore.events import EVENT_TYPES, AnyEvent, Event, UnknownEvent
 
 # a union of a runtime tuple of types: `X | Y` has no spelling for it
 EventUnion = Union[EVENT_TYPES]  # type: ignore[valid-type]  # noqa: UP007

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import StoreClosed
+from sessionloop.eventstore.errors import StoreClosed
 
 log = logging.getLogger("sessionloop.eventstore")
 

@@ -27,7 +27,7 @@ import hashlib
 import struct
 import zlib
 
-from .errors import InvalidStreamName
+from sessionloop.eventstore.errors import InvalidStreamName
 
 _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")

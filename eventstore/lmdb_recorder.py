@@ -68,9 +68,9 @@ from typing import Any
 import lmdb
 import msgspec
 
-from . import keys as K
-from .audit import check as check_store
-from .batch import (
+from sessionloop.eventstore import keys as K
+from sessionloop.eventstore.audit import check as check_store
+from sessionloop.eventstore.batch import (
     AppendOp,
     BatchContext,
     CompactOp,
@@ -83,7 +83,7 @@ from .batch import (
     prune_idem,
     rebuilt_claims,
 )
-from .errors import (
+from sessionloop.eventstore.errors import (
     RETRY_AFTER_MS,
     STOPPED_RETRY_AFTER_MS,
     UNKNOWN,
@@ -99,8 +99,8 @@ from .errors import (
     StreamDeleted,
     WrongExpectedVersion,
 )
-from .groupcommit import GroupCommitter, HistogramSnapshot, Request
-from .records import (
+from sessionloop.eventstore.groupcommit import GroupCommitter, HistogramSnapshot, Request
+from sessionloop.eventstore.records import (
     CommitRecordIn,
     IdemValue,
     SnapshotRecord,

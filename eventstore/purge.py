@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from . import keys as K
-from .records import CommitRecordIn, IdempotencyClaim, IdemValue
+from sessionloop.eventstore import keys as K
+from sessionloop.eventstore.records import CommitRecordIn, IdempotencyClaim, IdemValue
 
 if TYPE_CHECKING:
-    from .batch import BatchContext, PurgeOp
+    from sessionloop.eventstore.batch import BatchContext, PurgeOp
 
 _enc = msgspec.msgpack.Encoder()
 _rec_dec = msgspec.msgpack.Decoder(CommitRecordIn)

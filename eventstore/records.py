@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from .events import AnyEvent
+from sessionloop.eventstore.events import AnyEvent
 
 
 class IdempotencyClaim(msgspec.Struct, frozen=True, array_like=True):

@@ -12,14 +12,14 @@ from typing import Any
 
 import msgspec
 
-from . import keys as K
-from .batch import ANY_VERSION, AppendOp, FlagsOp, MetaOp, PurgeOp, SnapshotOp
-from .codec import decode_event, encode_json, event_to_builtins
-from .errors import IdempotencyConflict, StreamDeleted
-from .events import Event
-from .groupcommit import HistogramSnapshot
-from .lmdb_recorder import LmdbRecorder
-from .records import (
+from sessionloop.eventstore import keys as K
+from sessionloop.eventstore.batch import ANY_VERSION, AppendOp, FlagsOp, MetaOp, PurgeOp, SnapshotOp
+from sessionloop.eventstore.codec import decode_event, encode_json, event_to_builtins
+from sessionloop.eventstore.errors import IdempotencyConflict, StreamDeleted
+from sessionloop.eventstore.events import Event
+from sessionloop.eventstore.groupcommit import HistogramSnapshot
+from sessionloop.eventstore.lmdb_recorder import LmdbRecorder
+from sessionloop.eventstore.records import (
     AppendResult,
     CommitRecordIn,
     IdempotencyClaim,

@@ -15,7 +15,7 @@ params/result/notification Struct and the ``METHODS`` / ``NOTIFICATIONS`` regist
 
 from __future__ import annotations
 
-from .connection import (
+from sessionloop.protocol.connection import (
     CLOSE_GOING_AWAY,
     CLOSE_UNSUPPORTED_VERSION,
     Close,
@@ -29,9 +29,9 @@ from .connection import (
     TokenBucket,
     truncate_close_reason,
 )
-from .errors import ProtocolMisuse, RpcError, from_domain_error
-from .file_handles import derive_epoch_key, issue, new_epoch_key, resolve
-from .frames import (
+from sessionloop.protocol.errors import ProtocolMisuse, RpcError, from_domain_error
+from sessionloop.protocol.file_handles import derive_epoch_key, issue, new_epoch_key, resolve
+from sessionloop.protocol.frames import (
     DEFAULT_MAX_FRAME_BYTES,
     decode_params,
     decode_request,
@@ -39,8 +39,8 @@ from .frames import (
     notification_frame,
     result_frame,
 )
-from .handshake import SESSION_PROTOCOL_VERSION, negotiate
-from .listing import (
+from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION, negotiate
+from sessionloop.protocol.listing import (
     SessionNode,
     TreeFields,
     apply_tree_fields,
@@ -50,8 +50,8 @@ from .listing import (
     list_sessions,
     with_ancestors,
 )
-from .sanitize import sanitize_for_card
-from .schemas import METHODS, NOTIFICATIONS, MethodSpec
+from sessionloop.protocol.sanitize import sanitize_for_card
+from sessionloop.protocol.schemas import METHODS, NOTIFICATIONS, MethodSpec
 
 __all__ = [
     "CLOSE_GOING_AWAY",

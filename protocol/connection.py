@@ -50,9 +50,8 @@ from typing import Final
 import msgspec
 
 from sessionloop.eventstore.errors import SessionloopError
-
-from .errors import INVALID_PARAMS, ProtocolMisuse, RpcError, from_domain_error
-from .frames import (
+from sessionloop.protocol.errors import INVALID_PARAMS, ProtocolMisuse, RpcError, from_domain_error
+from sessionloop.protocol.frames import (
     DEFAULT_MAX_FRAME_BYTES,
     BadFrame,
     Request,
@@ -63,8 +62,8 @@ from .frames import (
     notification_frame,
     result_frame,
 )
-from .handshake import SESSION_PROTOCOL_VERSION, negotiate
-from .schemas import (
+from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION, negotiate
+from sessionloop.protocol.schemas import (
     METHODS,
     NOTIFICATIONS,
     InitializeParams,
@@ -72,7 +71,7 @@ from .schemas import (
     MethodSpec,
     ServerName,
 )
-from .schemas_types import ClientInfo, Features, Identity
+from sessionloop.protocol.schemas_types import ClientInfo, Features, Identity
 
 __all__ = [
     "CLOSE_GOING_AWAY",

@@ -27,7 +27,7 @@ import re
 import secrets
 from typing import Final
 
-from .errors import ProtocolMisuse
+from sessionloop.protocol.errors import ProtocolMisuse
 
 __all__ = [
     "HANDLE_SHAPE",

@@ -45,9 +45,9 @@ from typing import Any, Final
 
 import msgspec
 
-from .errors import ProtocolMisuse, RpcError
-from .limits import MAX_NESTING
-from .nesting import nests_deeper
+from sessionloop.protocol.errors import ProtocolMisuse, RpcError
+from sessionloop.protocol.limits import MAX_NESTING
+from sessionloop.protocol.nesting import nests_deeper
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",

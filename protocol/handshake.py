@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from .errors import RpcError
+from sessionloop.protocol.errors import RpcError
 
 __all__ = [
     "SESSION_PROTOCOL_VERSION",

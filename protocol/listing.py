@@ -28,10 +28,10 @@ from typing import Final, Literal, Protocol, TypeVar, cast
 
 import msgspec
 
-from .errors import RpcError
-from .limits import LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT
-from .schemas import SessionsListParams, SessionsListResult
-from .schemas_types import (
+from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.limits import LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT
+from sessionloop.protocol.schemas import SessionsListParams, SessionsListResult
+from sessionloop.protocol.schemas_types import (
     AncestorRef,
     RoomGroup,
     Section,

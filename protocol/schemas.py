@@ -22,7 +22,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
-from .limits import (
+from sessionloop.protocol.limits import (
     HISTORY_DEFAULT_LIMIT,
     HISTORY_MAX_LIMIT,
     LIST_MAX_LIMIT,
@@ -35,7 +35,7 @@ from .limits import (
     MAX_QUERY,
     MAX_VERSION,
 )
-from .schemas_loop import (
+from sessionloop.protocol.schemas_loop import (
     LoopCreateParams,
     LoopCreateResult,
     LoopEvent,
@@ -48,7 +48,7 @@ from .schemas_loop import (
     LoopWaitForTurnResult,
     Traceparent,
 )
-from .schemas_types import (  # re-exported: one import site for every wire shape
+from sessionloop.protocol.schemas_types import (  # re-exported: one import site for every wire shape
     AgentMessageItem,
     AgentModel,
     AncestorRef,

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from .limits import (
+from sessionloop.protocol.limits import (
     DEFAULT_WAIT_MS,
     LOOP_EVENTS_MAX_LIMIT,
     MAX_ATTACHMENTS,
@@ -31,7 +31,7 @@ from .limits import (
     MIN_WAIT_MS,
     TRACEPARENT_PATTERN,
 )
-from .schemas_types import Id, OutgoingAttachment, ShortName, Text, Title, Wire
+from sessionloop.protocol.schemas_types import Id, OutgoingAttachment, ShortName, Text, Title, Wire
 
 __all__ = [
     "DEFAULT_WAIT_MS",

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from .limits import (
+from sessionloop.protocol.limits import (
     MAX_DATA_URL_CHARS,
     MAX_FILE_NAME,
     MAX_ID,

@@ -72,7 +72,7 @@ from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
 from websockets.protocol import State
 
-from .guards import AuthThrottle, FrameHeader, FrameScanner, origin_key, own_origins
+from sessionloop.protocol.guards import AuthThrottle, FrameHeader, FrameScanner, origin_key, own_origins
 
 log = logging.getLogger("sessionloop.transport")
 

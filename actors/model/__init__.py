@@ -8,7 +8,7 @@ Named models (``[models.NAME]`` in config.toml, ``serve --model-*``) and the pro
 uses are in :mod:`.registry` (``ModelRegistry``, ``load_model_configs``).
 """
 
-from .base import (
+from sessionloop.actors.model.base import (
     PROVIDER_NAMES,
     DeltaCallback,
     ModelError,
@@ -18,23 +18,23 @@ from .base import (
     ignore_delta,
     make_provider,
 )
-from .mock import MockProvider
-from .registry import (
+from sessionloop.actors.model.mock import MockProvider
+from sessionloop.actors.model.registry import (
     ModelConfig,
     ModelConfigError,
     ModelFlags,
     ModelRegistry,
     load_model_configs,
 )
-from .replay import ReplayDivergence, ReplayProvider
-from .scripted import ScriptedProvider
+from sessionloop.actors.model.replay import ReplayDivergence, ReplayProvider
+from sessionloop.actors.model.scripted import ScriptedProvider
 
 
 def __getattr__(name: str) -> object:
     """``OpenAIProvider`` on first use: the ``openai`` SDK takes about a second to import, which
     every server start (and restart after a crash) paid even on the mock model."""
     if name == "OpenAIProvider":
-        from .openai import OpenAIProvider
+        from sessionloop.actors.model.openai import OpenAIProvider
 
         return OpenAIProvider
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

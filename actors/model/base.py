@@ -265,10 +265,10 @@ def make_provider(name: str, **options: Any) -> Provider:
     name or bad options, so a misspelt ``--provider`` becomes one clear line.
     """
     # Imported here: each provider module imports this one.
-    from .mock import MockProvider
-    from .openai import OpenAIProvider
-    from .replay import ReplayProvider
-    from .scripted import ScriptedProvider
+    from sessionloop.actors.model.mock import MockProvider
+    from sessionloop.actors.model.openai import OpenAIProvider
+    from sessionloop.actors.model.replay import ReplayProvider
+    from sessionloop.actors.model.scripted import ScriptedProvider
 
     factories: dict[str, Callable[..., Provider]] = {
         "mock": MockProvider,

@@ -50,11 +50,7 @@ from typing import Any
 
 import msgspec
 
-from sessionloop.eventstore.events import Message, ToolCallSpec, Usage
-from sessionloop.protocol.limits import MAX_NESTING
-from sessionloop.protocol.nesting import nests_deeper
-
-from .base import (
+from sessionloop.actors.model.base import (
     DeltaCallback,
     ModelError,
     ModelRequest,
@@ -64,6 +60,9 @@ from .base import (
     content_chars,
     stream_now,
 )
+from sessionloop.eventstore.events import Message, ToolCallSpec, Usage
+from sessionloop.protocol.limits import MAX_NESTING
+from sessionloop.protocol.nesting import nests_deeper
 
 #: Characters per streamed delta ("a few characters", SPEC §4).
 DELTA_CHARS = 6

@@ -81,11 +81,7 @@ from tenacity import (
 )
 from tenacity.wait import wait_random_exponential
 
-from sessionloop.eventstore.events import Message, ToolCallSpec, Usage
-from sessionloop.protocol.limits import MAX_NESTING
-from sessionloop.protocol.nesting import nests_deeper
-
-from .base import (
+from sessionloop.actors.model.base import (
     DeltaCallback,
     ModelAttachment,
     ModelError,
@@ -99,7 +95,10 @@ from .base import (
     error_message,
     estimated_usage,
 )
-from .limits import CallStats, Limiter, ModelLimits, RetryPolicy
+from sessionloop.actors.model.limits import CallStats, Limiter, ModelLimits, RetryPolicy
+from sessionloop.eventstore.events import Message, ToolCallSpec, Usage
+from sessionloop.protocol.limits import MAX_NESTING
+from sessionloop.protocol.nesting import nests_deeper
 
 __all__ = [
     "DEFAULT_BASE_URL",

@@ -50,11 +50,10 @@ from typing import Any
 
 import msgspec
 
+from sessionloop.actors.model.base import ModelError, Provider, make_provider
+from sessionloop.actors.model.limits import ModelLimits
+from sessionloop.actors.model.mock import MockProvider
 from sessionloop.eventstore.errors import SessionloopError
-
-from .base import ModelError, Provider, make_provider
-from .limits import ModelLimits
-from .mock import MockProvider
 
 log = logging.getLogger("sessionloop.models")
 
@@ -282,7 +281,7 @@ def build_provider(cfg: ModelConfig, env: Mapping[str, str] | None = None) -> Pr
     if cfg.provider == "openai":
         # imported here, when an OpenAI-compatible model is configured: the openai SDK takes about
         # a second to import, which a server on the mock must not pay (as actors.model.__getattr__)
-        from .openai import openai_provider
+        from sessionloop.actors.model.openai import openai_provider
 
         environ = os.environ if env is None else env
         key = environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""

@@ -22,9 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from sessionloop.actors.model.base import DeltaCallback, ModelError, ModelRequest, ModelResponse, stream_now
 from sessionloop.eventstore.events import LlmCompleted, Message
-
-from .base import DeltaCallback, ModelError, ModelRequest, ModelResponse, stream_now
 
 DELTA_CHARS = 8
 

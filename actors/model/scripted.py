@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .base import (
+from sessionloop.actors.model.base import (
     DeltaCallback,
     ModelError,
     ModelRequest,

@@ -37,10 +37,9 @@ from typing import Any, Final
 
 import msgspec
 
+from sessionloop.actors.model.base import ModelResponse
 from sessionloop.eventstore.events import ToolCallSpec, Usage
 from sessionloop.protocol.limits import MAX_INT, MIN_INT
-
-from .base import ModelResponse
 
 __all__ = [
     "MAX_ARGS_BYTES",

@@ -4,9 +4,9 @@
 Loop API through ``default_registry(extra=[...])`` or ``ToolRegistry.register``.
 """
 
-from .builtin import builtin_tools, default_registry, plan_from_output
-from .registry import ToolContext, ToolRegistry, ToolResult, ToolSpec
-from .workspace import ToolError, Workspace
+from sessionloop.actors.tools.builtin import builtin_tools, default_registry, plan_from_output
+from sessionloop.actors.tools.registry import ToolContext, ToolRegistry, ToolResult, ToolSpec
+from sessionloop.actors.tools.workspace import ToolError, Workspace
 
 __all__ = [
     "ToolContext",

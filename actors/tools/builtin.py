@@ -35,11 +35,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from sessionloop.actors.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
+from sessionloop.actors.tools.sandbox import Launch, Sandbox
+from sessionloop.actors.tools.workspace import Workspace
 from sessionloop.eventstore.events import PlanEntry, ToolDisplay
-
-from .registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
-from .sandbox import Launch, Sandbox
-from .workspace import Workspace
 
 log = logging.getLogger("sessionloop.tools")
 

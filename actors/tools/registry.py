@@ -30,13 +30,12 @@ from typing import Any, Literal
 
 import msgspec
 
+from sessionloop.actors.model.storable import args_problem, refusal_of
+from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, Sandbox, default_sandbox
+from sessionloop.actors.tools.workspace import ToolError, Workspace
 from sessionloop.eventstore.events import ToolDisplay
 from sessionloop.protocol.limits import MAX_INT, MAX_NESTING, MIN_INT
 from sessionloop.protocol.nesting import nests_deeper
-
-from ..model.storable import args_problem, refusal_of
-from .sandbox import DEFAULT_POLICY, Sandbox, default_sandbox
-from .workspace import ToolError, Workspace
 
 __all__ = ["ToolContext", "ToolError", "ToolRegistry", "ToolResult", "ToolSpec"]
 

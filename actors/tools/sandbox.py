@@ -52,7 +52,7 @@ from typing import Literal, get_args
 
 import msgspec
 
-from .workspace import ToolError
+from sessionloop.actors.tools.workspace import ToolError
 
 Policy = Literal["read-only", "workspace-write", "workspace-write+network", "danger-full-access"]
 POLICIES: tuple[str, ...] = get_args(Policy)
