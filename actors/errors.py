@@ -1,7 +1,7 @@
 """Errors of the actor layer (the ``ActorError`` branch of the tree in ``eventstore/errors.py``).
 
 Each leaf's ``code`` is the business code the protocol layer puts in ``error.data.code``. A
-message may be a text object (``actors.texts.Text``): ``str(error)`` is its English, and the
+message may be a text object (``actors.settings.texts.Text``): ``str(error)`` is its English, and the
 gateway renders it in the server's language when the error reaches a client.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sessionloop.actors.texts import Text
+from sessionloop.actors.settings.texts import Text
 from sessionloop.eventstore.errors import SessionloopError
 
 

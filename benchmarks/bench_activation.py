@@ -57,9 +57,9 @@ from benchmarks.bench_turns import (
 )
 from benchmarks.measure import fill_defaults, now, percentile, run_job, write_results
 from benchmarks.server_proc import ServerProc
-from sessionloop.actors import gc_policy
-from sessionloop.actors.host import Host
-from sessionloop.actors.session_model import evolve, new_state
+from sessionloop.actors.api.host import Host
+from sessionloop.actors.session.state import evolve, new_state
+from sessionloop.actors.system import gc_policy
 from sessionloop.cli.bench_cmd import inprocess_turn, is_tool_turn
 from sessionloop.cli.client import Endpoint, connect
 from sessionloop.protocol.schemas_types import TurnItem
@@ -351,7 +351,7 @@ def main() -> None:
     args = parse_args()
     if args.child:
         spec = json.loads(args.child)
-        gc_policy.apply()  # the server's GC settings (actors/gc_policy.py)
+        gc_policy.apply()  # the server's GC settings (actors/system/gc_policy.py)
         print(json.dumps(JOBS[spec["job"]](spec)))
         return
     path = os.path.join(CACHE, f"activation-{args.stored}-{args.events}-{args.long}x{args.long_events}")

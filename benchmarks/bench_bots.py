@@ -73,7 +73,7 @@ from benchmarks.measure import (  # noqa: E402
     write_results,
 )
 from benchmarks.server_proc import ServerProc
-from sessionloop.actors.session_loop import APP_QUOTA  # noqa: E402  (seed 000: unfinished turns per app)
+from sessionloop.actors.api.loop import APP_QUOTA  # noqa: E402  (seed 000: unfinished turns per app)
 
 OWNER_TOKEN = "sessionloop-bots-owner"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
@@ -529,7 +529,7 @@ def summarize(rec: Record, wall: float, spec: dict[str, Any], cpu_s: float) -> d
 
 
 def job_inprocess(spec: dict[str, Any]) -> dict[str, Any]:
-    from sessionloop.actors.host import Host
+    from sessionloop.actors.api.host import Host
 
     data_dir = tempfile.mkdtemp(prefix="bench-bots-")
     try:

@@ -48,7 +48,7 @@ from benchmarks.measure import (
     run_job,
     write_results,
 )
-from sessionloop.actors.host import Host
+from sessionloop.actors.api.host import Host
 from sessionloop.actors.model import OpenAIProvider
 from sessionloop.actors.model.limits import ModelLimits, RetryPolicy
 from sessionloop.cli.bench_cmd import inprocess_turn

@@ -74,8 +74,8 @@ from benchmarks.measure import (
     run_job,
     write_results,
 )
-from sessionloop.actors import gc_policy
-from sessionloop.actors.host import Host
+from sessionloop.actors.api.host import Host
+from sessionloop.actors.system import gc_policy
 from sessionloop.cli.bench_cmd import BenchConfig, inprocess_turn, is_tool_turn, sessions_per_connection
 from sessionloop.cli.bench_observers import OBSERVE_MODES, attach
 from sessionloop.cli.bench_observers import create_sessions as create_observed_sessions
@@ -453,7 +453,7 @@ def main() -> None:
     args = parse_args()
     if args.child:
         spec = json.loads(args.child)
-        gc_policy.apply()  # the child hosts the sessions: the server's GC settings (actors/gc_policy.py)
+        gc_policy.apply()  # the child hosts the sessions: the server's GC settings (actors/system/gc_policy.py)
         print(json.dumps(JOBS[spec["job"]](spec)))
         return
     base = {"sessions": args.sessions, "turns": args.turns, "llm_latency_ms": args.llm_latency,

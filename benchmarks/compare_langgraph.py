@@ -390,7 +390,7 @@ def main() -> None:
     args = parse_args()
     if args.child:
         spec = json.loads(args.child)
-        from sessionloop.actors import gc_policy
+        from sessionloop.actors.system import gc_policy
 
         gc_policy.apply()  # both systems' children get the GC settings sessionloop's server uses
         print(json.dumps(JOBS[spec["system"]](spec)))

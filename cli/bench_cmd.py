@@ -247,7 +247,7 @@ async def show_progress(cfg: BenchConfig, rec: Record, stream: Any) -> None:
 
 
 def open_host(data_dir: str, cfg: BenchConfig) -> Any:
-    from sessionloop.actors.host import Host
+    from sessionloop.actors.api.host import Host
 
     return Host.open(data_dir, durability=cfg.durability, permission_mode="acceptCalls",
                      max_live=cfg.max_live or max(4000, 2 * cfg.sessions),
@@ -260,9 +260,9 @@ def inprocess_turn(host: Any) -> Callable[[str, str], Awaitable[Any]]:
     the send: one wake-up of the driver per turn (a :class:`LoopWaiter` the turn results complete
     directly); the receipt only matters when it is a refusal, which ends the wait with
     :class:`NotAccepted`."""
-    from sessionloop.actors.host import new_id
-    from sessionloop.actors.pubsub import LoopWaiter, Reply
-    from sessionloop.actors.session import Send, now_ms
+    from sessionloop.actors.api.host import new_id
+    from sessionloop.actors.session.actor import Send, now_ms
+    from sessionloop.actors.system.pubsub import LoopWaiter, Reply
 
     results = host.rt.results
 
@@ -301,7 +301,7 @@ def inprocess_sender(host: Any, ids: list[str]) -> SendTurn:
 
 
 async def run_inprocess(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
-    from sessionloop.actors import gc_policy
+    from sessionloop.actors.system import gc_policy
 
     gc_policy.apply()  # this process hosts the sessions: the server's GC settings, as ``serve``
     host = open_host(data_dir, cfg)

@@ -3,7 +3,7 @@ benchmarks that drive turns the same way): the observers a real deployment has, 
 measures the streaming it pays for (every mock answer streams, SPEC §4).
 
 * ``subscriber``: per session a subscribed protocol connection, as an owner's client has one.
-  Each connection is a real :class:`actors.gateway.ClientConnection` (``SessionProtocolService.
+  Each connection is a real :class:`actors.gateway.service.ClientConnection` (``SessionProtocolService.
   connect``, the call the WebSocket transport makes), subscribed with ``session/subscribe``, whose
   frames go to the transport's own bounded :class:`protocol.transport.Outbox`. A writer task per
   connection takes them as the transport's does; where that one writes them to a socket, this one
@@ -13,7 +13,7 @@ measures the streaming it pays for (every mock answer streams, SPEC §4).
   clients in the same process. Sessions per connection as for ``--via ws``.
 * ``watcher``: the sessions belong to a bot app and the bot watches them with
   ``on_did_receive_event`` (seed 000), handing every event to its asyncio loop in batches
-  (:class:`actors.worker.LoopBatch`), where it is checked.
+  (:class:`actors.system.worker.LoopBatch`), where it is checked.
 * ``none``: nobody watches; the turns still stream inside (the mock produces its deltas), but no
   frame is built for nobody.
 
@@ -34,8 +34,8 @@ from typing import Any
 
 import msgspec
 
-from sessionloop.actors.gateway import SessionProtocolService
-from sessionloop.actors.worker import LoopBatch
+from sessionloop.actors.gateway.service import SessionProtocolService
+from sessionloop.actors.system.worker import LoopBatch
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 from sessionloop.protocol.transport import DEFAULT_MAX_OUTBOX, Outbox, Peer, Waker
 

@@ -1,7 +1,7 @@
 """``sessionloop replay / rerun / events / import``: replay-based debugging (SPEC §9).
 
 The pure work (timeline, verification, the re-run plan and the log comparison) is in
-``actors/replay.py``; this module reads the store, runs a host for ``rerun``, and prints.
+``actors/replay/timeline.py``; this module reads the store, runs a host for ``rerun``, and prints.
 
 * ``replay`` and ``events`` open the store read-only, so they work while a server runs.
   ``replay --verify`` then also opens a live host (and its gateway) on the data directory when
@@ -29,15 +29,15 @@ from typing import Any
 import click
 import msgspec
 
-from sessionloop.actors.approvals import ApprovalService, GateInputs
-from sessionloop.actors.gateway import SessionProtocolService
-from sessionloop.actors.replay import (
+from sessionloop.actors.approvals.actor import ApprovalService, GateInputs
+from sessionloop.actors.gateway.service import SessionProtocolService
+from sessionloop.actors.replay.timeline import (
     MemoryClient,
     override_settlement,
     replayed_settlement,
     rerun_gate,
 )
-from sessionloop.actors.session import Query
+from sessionloop.actors.session.actor import Query
 from sessionloop.cli.serve import DEFAULT_DATA
 from sessionloop.eventstore import EventStore, RecordedEvent
 from sessionloop.eventstore import events as E
@@ -109,7 +109,7 @@ def _clock(at: int) -> str:
 
 
 def _short(value: Any, limit: int = 100) -> str:
-    from sessionloop.actors.replay import excerpt, summarize_args
+    from sessionloop.actors.replay.timeline import excerpt, summarize_args
 
     return excerpt(value, limit) if isinstance(value, str) else summarize_args(value, limit)
 
@@ -159,7 +159,7 @@ def replay(session: str, data_dir: str, until: str | None, verify: bool, offline
       sessionloop replay 18f3a2c0d41e5b7a90c1d --verify
       sessionloop replay 18f3a2c0d41e5b7a90c1d --verify --url ws://127.0.0.1:8765/session
     """
-    from sessionloop.actors.replay import build_timeline, until_version
+    from sessionloop.actors.replay.timeline import build_timeline, until_version
 
     session_id = _session_id(session)
     if offline and not verify:
@@ -205,7 +205,7 @@ def _no_live_host(store: EventStore, data_dir: str) -> str | None:
 
 def _verify(data_dir: str, session_id: str, stored: tuple[Any, Any, Any], why: str | None, as_json: bool,
             remote: Any = None) -> None:
-    from sessionloop.actors.replay import verify
+    from sessionloop.actors.replay.timeline import verify
 
     if remote is not None:  # the running server answered over the wire; the store was read beside it
         live_stored, live, reason = None, remote, None
@@ -250,13 +250,13 @@ def _compared_line(report: Any, data_dir: str) -> str:
 
 
 def _remote_live_view(url: str, token: str | None, data_dir: str, session_id: str, timeout: float = 30.0) -> Any:
-    """What the server at ``url`` serves for ``session_id`` (:func:`actors.replay.ask_served` over
+    """What the server at ``url`` serves for ``session_id`` (:func:`actors.replay.timeline.ask_served` over
     a WebSocket as the owner, through :class:`cli.client.Client` with results kept as sent): its
     ``session/subscribe`` snapshot and every ``session/history`` page, without the actor's own
     projection and state, which a server does not send; download handles masked."""
     import asyncio
 
-    from sessionloop.actors.replay import (
+    from sessionloop.actors.replay.timeline import (
         LiveUnavailable,
         LiveView,
         ask_served,
@@ -299,9 +299,9 @@ def _remote_live_view(url: str, token: str | None, data_dir: str, session_id: st
 def _live_view(data_dir: str, session_id: str) -> tuple[Any, Any, str | None]:
     """``(stored, live view, None)`` from a host opened on ``data_dir`` (the events, snapshot and
     listing record re-read under its writer lock), or ``(None, None, why not)``."""
-    from sessionloop.actors.gateway import SessionProtocolService
-    from sessionloop.actors.host import Host
-    from sessionloop.actors.replay import LiveUnavailable, serve_live_view
+    from sessionloop.actors.api.host import Host
+    from sessionloop.actors.gateway.service import SessionProtocolService
+    from sessionloop.actors.replay.timeline import LiveUnavailable, serve_live_view
 
     try:
         host = Host.open(data_dir)
@@ -325,7 +325,7 @@ def _live_view(data_dir: str, session_id: str) -> tuple[Any, Any, str | None]:
 
 
 def _render_timeline(tl: Any) -> Iterator[str]:
-    from sessionloop.actors.replay import Entry
+    from sessionloop.actors.replay.timeline import Entry
 
     title = f' "{tl.title}"' if tl.title else ""
     cut = f", until version {tl.until}" if tl.until is not None else ""
@@ -594,7 +594,7 @@ class _RecordedApprovals(ApprovalService):
     """The approvals of a rerun's fork, answered from the recording (SPEC §9), as the model's
     answers and the tools' results are: each call that needs one meets the gate the recording
     says it met (asked; or settled at once by a grant, ``absent``, ``rate-limit``:
-    :func:`actors.replay.rerun_gate`), and an approval the fork asks for is answered at once
+    :func:`actors.replay.timeline.rerun_gate`), and an approval the fork asks for is answered at once
     with the recorded settlement (a grant it made lasting as long as it did) or with the
     ``--override-approval`` answer, which wins over a recorded grant. Nobody is asked: no
     approval actor, push or approval stream. Sessions other than the fork keep the real rules."""
@@ -690,7 +690,7 @@ class _Rerun:
         return E.Settlement(state="denied", source="absent", at=now)
 
     def _original_state(self) -> Any:
-        from sessionloop.actors.replay import fold_events
+        from sessionloop.actors.replay.timeline import fold_events
 
         return fold_events(self.plan.session_id, self.events)
 
@@ -754,7 +754,7 @@ class _Rerun:
     def _seed_workspace(self) -> None:
         """The fork starts with the files as they were before the first re-run turn: a copy of
         the original's workspace with that turn's and later turns' changes undone (checkpoints)."""
-        from sessionloop.actors.checkpoints import restore_before
+        from sessionloop.actors.session.checkpoints import restore_before
 
         original = self._original_state()
         self.original_workspace = self.rt.workspace(original)
@@ -770,7 +770,7 @@ class _Rerun:
     # run
 
     def run(self, show_progress: bool) -> dict[str, Any]:
-        from sessionloop.actors.replay import comparable, compare_logs
+        from sessionloop.actors.replay.timeline import comparable, compare_logs
 
         plan = self.plan
         title = f"rerun of {plan.session_id} from turn {plan.from_turn}"
@@ -855,7 +855,7 @@ class _Rerun:
 
 
 def _parse_overrides(plan: Any, values: tuple[str, ...]) -> list[_Override]:
-    from sessionloop.actors.replay import parse_model_answer
+    from sessionloop.actors.replay.timeline import parse_model_answer
 
     out: list[_Override] = []
     for value in values:
@@ -920,8 +920,8 @@ def _other_unfinished(data_dir: str, session_id: str) -> list[str]:
 
 
 def _open_rerun_host(data_dir: str, max_steps: int | None) -> Any:
-    from sessionloop.actors.host import Host
-    from sessionloop.actors.runtime import HostOptions
+    from sessionloop.actors.api.host import Host
+    from sessionloop.actors.system.runtime import HostOptions
 
     try:
         steps = HostOptions().max_steps if max_steps is None else max_steps  # 0: unlimited
@@ -984,7 +984,7 @@ def rerun(session: str, from_turn: int, provider: str, tools_mode: str, override
       sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 1 --override-tool llm:1='{"text": "no"}'
       sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 0 --override-approval 1=deny
     """
-    from sessionloop.actors.replay import plan_rerun
+    from sessionloop.actors.replay.timeline import plan_rerun
 
     session_id = _session_id(session)
     if not os.path.isdir(os.path.join(data_dir, "store")):
@@ -1216,8 +1216,8 @@ def import_events(file: Any, data_dir: str, as_id: str | None) -> None:
       sessionloop events 18f3a2c0d41e5b7a90c1d --json > s.jsonl
       sessionloop import s.jsonl --data ./other --as copy-of-s
     """
-    from sessionloop.actors.replay import fold_events
-    from sessionloop.actors.summary_records import encode_summary_record, summary_record
+    from sessionloop.actors.replay.timeline import fold_events
+    from sessionloop.actors.views.summary import encode_summary_record, summary_record
 
     session_id, parsed = _parse_import(file.read(), as_id)
     state = fold_events(session_id, parsed)

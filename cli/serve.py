@@ -25,8 +25,6 @@ from typing import Any
 
 import click
 
-from sessionloop.actors import gc_policy
-from sessionloop.actors.apps import MODES, AppManifest, check_manifest
 from sessionloop.actors.errors import InvalidCommand
 from sessionloop.actors.model.registry import (
     CONFIG_PROVIDERS,
@@ -34,15 +32,17 @@ from sessionloop.actors.model.registry import (
     ModelFlags,
     load_model_configs,
 )
-from sessionloop.actors.session_decide import steps_limit
-from sessionloop.actors.texts import DEFAULT_LANGUAGE, LANGUAGES
-from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
-from sessionloop.actors.tracing_export import (
+from sessionloop.actors.session.decide import steps_limit
+from sessionloop.actors.settings.apps import MODES, AppManifest, check_manifest
+from sessionloop.actors.settings.texts import DEFAULT_LANGUAGE, LANGUAGES
+from sessionloop.actors.system import gc_policy
+from sessionloop.actors.system.trace_export import (
     LiveTraces,
     TracingUnavailable,
     batch_processor,
     otlp_exporter,
 )
+from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
 from sessionloop.cli.logs import FORMATS as LOG_FORMATS
 from sessionloop.cli.logs import LEVELS as LOG_LEVELS
 from sessionloop.cli.logs import configure as configure_logging
@@ -165,7 +165,7 @@ class Server:
                  inflight_wait: float = 30.0, metrics_public: bool = False, auth_failures: int = 20,
                  auth_window: float = 60.0, span_exporter: Any = None, model_flags: ModelFlags | None = None,
                  **host_options: Any) -> None:
-        from sessionloop.actors.host import Host
+        from sessionloop.actors.api.host import Host
         from sessionloop.protocol.transport import TransportConfig
 
         if max_inflight_mb < max_frame_mb:
@@ -184,7 +184,7 @@ class Server:
         self.token = token
         self.apps_path = apps_file or os.path.join(self.data_dir, "apps.toml")
         # the apps file holds every app's token: no command may see it, wherever it lives
-        # spans of turns, model and tool calls (actors/tracing.py), when an exporter is given
+        # spans of turns, model and tool calls (actors/views/traces.py), when an exporter is given
         self.traces = LiveTraces(batch_processor(span_exporter)) if span_exporter is not None else None
         try:
             self.host = Host.open(self.data_dir, durability=durability,
@@ -252,7 +252,7 @@ class Server:
                 f"(default {models.default.entry_id})")
 
     def _service(self, apps: dict[str, Any], max_request_bytes: int) -> Any:
-        from sessionloop.actors.gateway import SessionProtocolService
+        from sessionloop.actors.gateway.service import SessionProtocolService
         from sessionloop.protocol.connection import Limits
 
         service = SessionProtocolService(self.host.rt, host=self.host, limits=Limits(max_frame_bytes=max_request_bytes))

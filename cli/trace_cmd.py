@@ -1,7 +1,7 @@
 """``sessionloop trace SESSION``: the OpenTelemetry spans of a past session, rebuilt from its log.
 
 The spans are the ones ``serve --otlp-endpoint`` exports live, ids and times included: both come
-from one fold of the session's events (``actors/tracing.py``). The output is OTLP/JSON, one
+from one fold of the session's events (``actors/views/traces.py``). The output is OTLP/JSON, one
 ``ExportTraceServiceRequest`` on one line: the body a collector's ``/v1/traces`` takes with
 ``Content-Type: application/json``, and a line of the files its ``otlpjsonfile`` receiver reads.
 The store is opened read-only, so this works while a server runs on the data directory.
@@ -13,8 +13,8 @@ import json
 
 import click
 
-from sessionloop.actors.tracing import build_spans
-from sessionloop.actors.tracing_export import otlp_json
+from sessionloop.actors.system.trace_export import otlp_json
+from sessionloop.actors.views.traces import build_spans
 from sessionloop.cli.replay_cmd import _data_option, _open_store, _read_session, _session_id
 
 

@@ -422,7 +422,7 @@ class NoticePosted(Event, tag="notice.posted", frozen=True, kw_only=True):
     can_continue: bool = False
     turn_id: str | None = None
     starts_turn: bool = False
-    #: the catalogue key and values of ``text`` (``actors.texts``): the owner sees the notice in
+    #: the catalogue key and values of ``text`` (``actors.settings.texts``): the owner sees the notice in
     #: the server's language when it is sent; "" in logs written before
     text_key: str = ""
     text_values: dict[str, Any] = {}
@@ -468,7 +468,7 @@ class ContextCompactFailed(Event, tag="agent.context.compact-failed", frozen=Tru
     auto: bool = False
     turn_id: str | None = None
     usage: Usage | None = None  # a summary call that answered (with nothing usable) still cost tokens
-    #: the catalogue key and values of ``error`` (``actors.texts``), rendered when sent; "" for a
+    #: the catalogue key and values of ``error`` (``actors.settings.texts``), rendered when sent; "" for a
     #: log written before, or an error that is raw text (a provider's own message)
     error_key: str = ""
     error_values: dict[str, Any] = {}
@@ -548,7 +548,7 @@ class TaskEnded(Event, tag="task.ended", frozen=True, kw_only=True):
     reason: str | None = None  # in English, or the tool's own error
     last_line: str | None = None
     last_output_at: int | None = None
-    #: the catalogue key and values of ``reason`` (``actors.texts``), rendered when sent; "" for a
+    #: the catalogue key and values of ``reason`` (``actors.settings.texts``), rendered when sent; "" for a
     #: log written before, or a reason that is raw text (the tool's own error)
     reason_key: str = ""
     reason_values: dict[str, Any] = {}

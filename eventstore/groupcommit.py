@@ -56,7 +56,7 @@ class HistogramSnapshot:
 
 class Observations:
     """Bucket counts (the last one +Inf) and the sum of one measured quantity, written by one
-    thread at a time (the group leader here; each thread's own tally in ``actors.metrics``)."""
+    thread at a time (the group leader here; each thread's own tally in ``actors.system.metrics``)."""
 
     __slots__ = ("bounds", "counts", "sum")
 

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from typing import Any
 
-from sessionloop.actors.host import Host
+from sessionloop.actors.api.host import Host
 from sessionloop.actors.tools import ToolSpec
 
 JOB_TASKS = ["list the risks", "estimate the cost", "draft the timeline"]

@@ -3,8 +3,8 @@
 The wire schemas (:mod:`protocol.schemas`, :mod:`protocol.schemas_types`,
 :mod:`protocol.schemas_loop`) put these into ``msgspec.Meta`` constraints, so an over-bound value
 is refused while decoding, as ``invalidParams`` naming the field; the in-process Session Loop API
-(``actors/session_loop.py``) checks the same numbers, and the listing records read back from the
-store are cut to them (``actors/summary_records.py``), so a store written before a bound existed
+(``actors/api/loop.py``) checks the same numbers, and the listing records read back from the
+store are cut to them (``actors/views/summary.py``), so a store written before a bound existed
 still lists small. Where a seed gives a number, it is the seed's; every other number is chosen
 so that no real client reaches it while any reply built from such values stays small.
 

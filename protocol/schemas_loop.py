@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 IdempotencyKey = Annotated[str, Meta(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)]
-#: A W3C ``traceparent``: the caller's span, which the turn's span continues (actors/tracing.py).
+#: A W3C ``traceparent``: the caller's span, which the turn's span continues (actors/views/traces.py).
 Traceparent = Annotated[str, Meta(pattern=TRACEPARENT_PATTERN, max_length=MAX_TRACEPARENT)]
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 # A human text with a key the catalogue lacks, a language a key lacks or a placeholder without a
-# value raises instead of falling back (actors.texts), here and in every server a test starts.
+# value raises instead of falling back (actors.settings.texts), here and in every server a test starts.
 os.environ.setdefault("SESSIONLOOP_STRICT_TEXTS", "1")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -51,7 +51,7 @@ class ModelAttachment(msgspec.Struct, frozen=True, kw_only=True):
     """A file that goes to the model with a message: its bytes, already read from the blob store.
 
     ``kind`` is the item kind (``image``, ``audio``, ``video``, ``file``), ``mime`` the sniffed
-    type (``actors/blobs.py``). A vision model gets an image as an ``image_url`` content part (a
+    type (``actors/system/blobs.py``). A vision model gets an image as an ``image_url`` content part (a
     ``data:`` URL); anything else is named in the text, so the model knows it is there.
     """
 
@@ -131,7 +131,7 @@ class Provider(Protocol):
     A provider whose answer can be complete at once (the mock) may also offer
     ``answer_now(request, on_delta) -> ModelResponse | None``: the answer in place, or None when
     the call must wait. It reports the same deltas as ``generate`` (a session delivers them after
-    the commit that records the step, see ``actors/session.py``), never fewer.
+    the commit that records the step, see ``actors/session/actor.py``), never fewer.
     """
 
     name: str

@@ -15,6 +15,16 @@ repository keeps the design card's folders, so setup.cfg maps this folder to ``s
 The names below are the public API; everything else is internal and may change between versions.
 """
 
+from sessionloop.actors.api.host import Host, RunResult, Session, SessionInfo
+from sessionloop.actors.api.loop import (
+    AsyncSessionLoop,
+    CreateResult,
+    EventsPage,
+    LoopEvent,
+    LoopReceipt,
+    SessionLoop,
+    TurnResult,
+)
 from sessionloop.actors.errors import (
     ActorError,
     CompactionFailed,
@@ -29,17 +39,7 @@ from sessionloop.actors.errors import (
     SessionParked,
     Unsupported,
 )
-from sessionloop.actors.host import Host, RunResult, Session, SessionInfo
-from sessionloop.actors.runtime import HostOptions
-from sessionloop.actors.session_loop import (
-    AsyncSessionLoop,
-    CreateResult,
-    EventsPage,
-    LoopEvent,
-    LoopReceipt,
-    SessionLoop,
-    TurnResult,
-)
+from sessionloop.actors.system.runtime import HostOptions
 from sessionloop.eventstore.errors import (
     IdempotencyConflict,
     SessionloopError,

@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from sessionloop.actors.host import Host
+from sessionloop.actors.api.host import Host
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def host(open_host):
 def service(open_host):
     """``make(**host options) -> (host, its SessionProtocolService)``: the gateway without sockets,
     for tests that talk to it through ``gateway_harness.MemoryClient``."""
-    from sessionloop.actors.gateway import SessionProtocolService
+    from sessionloop.actors.gateway.service import SessionProtocolService
 
     def make(**options):
         host = open_host(**options)
@@ -57,7 +57,7 @@ def paused_gc():
     process holds ~140k objects from earlier tests, and a full pass of the cyclic collector over
     them takes 70-135 ms (measured with ``gc.callbacks``), which is the test process's pause, not
     the actor's. A server freezes its startup objects and raises the young threshold
-    (``actors/gc_policy.py``); here the collector is simply held off while the test runs."""
+    (``actors/system/gc_policy.py``); here the collector is simply held off while the test runs."""
     gc.collect()
     gc.disable()
     try:

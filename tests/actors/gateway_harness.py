@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.protocol.transport import Peer
 
 

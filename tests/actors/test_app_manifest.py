@@ -1,13 +1,13 @@
-"""An app's manifest bounds what its sessions may do (actors/apps.py; SPEC §7 who may change what)."""
+"""An app's manifest bounds what its sessions may do (actors/settings/apps.py; SPEC §7 who may change what)."""
 
 from __future__ import annotations
 
 import pytest
 
-from sessionloop.actors.apps import AppManifest, clamp_mode, clamp_policy
 from sessionloop.actors.errors import Forbidden, InvalidCommand
-from sessionloop.actors.gateway import SessionProtocolService
-from sessionloop.actors.session import Query
+from sessionloop.actors.gateway.service import SessionProtocolService
+from sessionloop.actors.session.actor import Query
+from sessionloop.actors.settings.apps import AppManifest, clamp_mode, clamp_policy
 from tests.actors.gateway_harness import MemoryClient
 
 ASK_ONLY = AppManifest(id="a", permission_modes=["ask"], sandbox="read-only")

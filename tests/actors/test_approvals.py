@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 

@@ -7,7 +7,7 @@ import base64
 
 import pytest
 
-from sessionloop.actors.blobs import kind_of, sniff_mime
+from sessionloop.actors.system.blobs import kind_of, sniff_mime
 from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient, wait_until
 
@@ -172,7 +172,7 @@ class TimedClient(MemoryClient):
 
 
 def stored_background(host, sid: str) -> int:
-    from sessionloop.actors.summary_records import decode_summary_record
+    from sessionloop.actors.views.summary import decode_summary_record
 
     return decode_summary_record(host.store.stream_meta(f"session-{sid}")).background
 

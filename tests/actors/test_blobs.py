@@ -1,5 +1,5 @@
 """Attachment blobs and the sessions that refer to them: a deleted session's attachments go with
-it, unless another session refers to them too (actors/blobs.py). Real files in a temp dir."""
+it, unless another session refers to them too (actors/system/blobs.py). Real files in a temp dir."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from sessionloop.actors.blobs import LEGACY, BlobStore
 from sessionloop.actors.errors import NotFound
+from sessionloop.actors.system.blobs import LEGACY, BlobStore
 
 
 def test_releasing_a_session_deletes_the_blobs_only_it_refers_to_and_keeps_the_shared_ones(tmp_path):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionloop.actors.context import (
+from sessionloop.actors.session.context import (
     SUMMARY_INPUT_LIMIT,
     SUMMARY_PREFIX,
     apply_summary,

@@ -7,14 +7,14 @@ import subprocess
 import sys
 import textwrap
 
-from sessionloop.actors.host import Host
+from sessionloop.actors.api.host import Host
 from sessionloop.eventstore import events as E
 from tests.conftest import REPO
 
 CHILD = textwrap.dedent(
     """
     import sys, time
-    from sessionloop.actors.host import Host
+    from sessionloop.actors.api.host import Host
     host = Host.open(sys.argv[1], durability="sync", permission_mode="acceptCalls")
     s = host.create()
     receipts = [s.send(text) for text in sys.argv[2:]]

@@ -1,4 +1,4 @@
-"""The delete cascade in process (actors/deletion.py): the cases the wire tests do not reach: a
+"""The delete cascade in process (actors/session/deletion.py): the cases the wire tests do not reach: a
 parked session, a purge the store refuses, inputs that arrive while a session is frozen for its
 delete, a turn waiter of a dropped input. A real Host on real LMDB."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from sessionloop.actors.errors import ActorError, NotFound
-from sessionloop.actors.pubsub import Reply
-from sessionloop.actors.session import Freeze, Thaw
+from sessionloop.actors.session.actor import Freeze, Thaw
+from sessionloop.actors.system.pubsub import Reply
 from sessionloop.eventstore import StorageFull
 from sessionloop.eventstore import events as E
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pykka
 import pytest
 
-from sessionloop.actors.dispatch import Dispatcher, PooledActor
+from sessionloop.actors.system.pool import Dispatcher, PooledActor
 
 
 @pytest.fixture

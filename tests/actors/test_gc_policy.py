@@ -1,4 +1,4 @@
-"""The server's GC settings (actors/gc_policy.py): applied by the process owner, never lowered."""
+"""The server's GC settings (actors/system/gc_policy.py): applied by the process owner, never lowered."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from sessionloop.actors import gc_policy
+from sessionloop.actors.system import gc_policy
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Approval grants (actors/grants.py): an answer that settles later calls, through the gateway
+"""Approval grants (actors/approvals/grants.py): an answer that settles later calls, through the gateway
 with in-memory clients; the pure matching rules first."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from sessionloop.actors.grants import Grant, matches, settling, terms_for
-from sessionloop.actors.replay import build_timeline
+from sessionloop.actors.approvals.grants import Grant, matches, settling, terms_for
+from sessionloop.actors.replay.timeline import build_timeline
 from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 from tests.actors.test_approvals import finished, requested, tool_card

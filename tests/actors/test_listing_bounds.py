@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from sessionloop.actors.errors import InvalidCommand
-from sessionloop.actors.replay import fold_events
-from sessionloop.actors.summaries import SummaryIndex
-from sessionloop.actors.summary_records import (
+from sessionloop.actors.replay.timeline import fold_events
+from sessionloop.actors.views.index import SummaryIndex
+from sessionloop.actors.views.summary import (
     SummaryRecord,
     decode_summary_record,
     encode_summary_record,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sessionloop.actors.summaries import SummaryIndex
-from sessionloop.actors.summary_records import (
+from sessionloop.actors.views.index import SummaryIndex
+from sessionloop.actors.views.summary import (
     ListingRow,
     SummaryRecord,
     listing_key,

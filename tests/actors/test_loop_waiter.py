@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from sessionloop.actors.pubsub import LoopWaiter, Reply
+from sessionloop.actors.system.pubsub import LoopWaiter, Reply
 
 
 def _in_thread(fn) -> None:  # type: ignore[no-untyped-def]

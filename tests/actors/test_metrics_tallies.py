@@ -95,7 +95,7 @@ def test_failed_and_aborted_model_calls_are_counted_with_their_duration(open_hos
 
 
 def test_ended_threads_tallies_are_folded_not_kept(open_host):
-    from sessionloop.actors.metrics import _TallyBoard
+    from sessionloop.actors.system.metrics import _TallyBoard
 
     board = _TallyBoard()
 

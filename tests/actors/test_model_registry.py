@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import MockProvider, OpenAIProvider
 from sessionloop.actors.model.registry import (
     ModelConfig,

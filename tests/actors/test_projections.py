@@ -11,14 +11,15 @@ import pytest
 from msgspec import UNSET
 
 from sessionloop.actors.errors import NotFound
-from sessionloop.actors.projections import (
+from sessionloop.actors.session.state import SessionState, evolve, new_state
+from sessionloop.actors.settings.texts import enc_hook
+from sessionloop.actors.views.items import (
     HISTORY_DEFAULT_LIMIT,
     HISTORY_MAX_LIMIT,
     ItemsProjection,
     Push,
 )
-from sessionloop.actors.session_model import SessionState, evolve, new_state
-from sessionloop.actors.summary_records import (
+from sessionloop.actors.views.summary import (
     SummaryRecord,
     decode_summary_record,
     encode_summary_record,
@@ -27,7 +28,6 @@ from sessionloop.actors.summary_records import (
     summary_of,
     summary_record,
 )
-from sessionloop.actors.texts import enc_hook
 from sessionloop.eventstore import events as E
 from sessionloop.protocol.listing import compute_tree_fields
 from sessionloop.protocol.schemas_types import (
@@ -585,7 +585,7 @@ def test_outside_rooms_nothing_is_marked_undelivered() -> None:
 
 
 def test_a_fork_imports_its_messages_as_archived_items() -> None:
-    from sessionloop.actors.context import summary_message
+    from sessionloop.actors.session.context import summary_message
 
     messages = [
         E.Message(role="system", content="You are helpful."),

@@ -1,4 +1,4 @@
-"""The built-in system prompt (actors.prompts): what the model receives when no layer sets
+"""The built-in system prompt (actors.model.prompts): what the model receives when no layer sets
 ``agent/systemPrompt`` — the tools, the workspace named relatively, the sandbox policy and the
 permission mode — and that the setting replaces it."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import MockProvider
 from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient

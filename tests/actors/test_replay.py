@@ -12,8 +12,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from sessionloop.actors.gateway import SessionProtocolService
-from sessionloop.actors.replay import (
+from sessionloop.actors.gateway.service import SessionProtocolService
+from sessionloop.actors.replay.timeline import (
     ABSENT,
     RERUN_OWNER,
     RecordedApproval,
@@ -30,9 +30,9 @@ from sessionloop.actors.replay import (
     until_version,
     verify,
 )
-from sessionloop.actors.session import Apply
-from sessionloop.actors.session_model import encode_state
-from sessionloop.actors.summary_records import encode_summary_record, summary_record
+from sessionloop.actors.session.actor import Apply
+from sessionloop.actors.session.state import encode_state
+from sessionloop.actors.views.summary import encode_summary_record, summary_record
 from sessionloop.eventstore import events as E
 from sessionloop.eventstore.records import RecordedEvent, Snapshot
 

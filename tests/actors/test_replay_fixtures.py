@@ -20,11 +20,11 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from sessionloop.actors.gateway import SessionProtocolService
-from sessionloop.actors.host import Host
-from sessionloop.actors.projections import ItemsProjection
-from sessionloop.actors.replay import build_timeline, fold_events, plain, serve_live_view, verify
-from sessionloop.actors.texts import enc_hook
+from sessionloop.actors.api.host import Host
+from sessionloop.actors.gateway.service import SessionProtocolService
+from sessionloop.actors.replay.timeline import build_timeline, fold_events, plain, serve_live_view, verify
+from sessionloop.actors.settings.texts import enc_hook
+from sessionloop.actors.views.items import ItemsProjection
 from sessionloop.cli.main import main
 from tests.actors.gateway_harness import MemoryClient
 from tests.fixtures.sessions.regenerate import FIXTURES

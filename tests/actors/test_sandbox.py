@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sessionloop.actors.replay import build_timeline
+from sessionloop.actors.replay.timeline import build_timeline
 from sessionloop.actors.tools import ToolContext, ToolError, Workspace, default_registry
 from sessionloop.actors.tools.sandbox import POLICIES, Sandbox, SandboxUnavailable, policy_at_most, policy_rank
 from sessionloop.eventstore import events as E

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from sessionloop.actors.errors import Forbidden, InvalidCommand, NotFound
-from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.tools import ToolSpec
 from sessionloop.eventstore import IdempotencyConflict
 from sessionloop.eventstore import events as E

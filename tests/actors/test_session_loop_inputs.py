@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sessionloop.actors.session_loop import MAX_TITLE
+from sessionloop.actors.api.loop import MAX_TITLE
 from sessionloop.eventstore import SessionloopError
 from sessionloop.eventstore import events as E
 

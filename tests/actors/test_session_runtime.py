@@ -379,7 +379,7 @@ def test_ids_are_time_ordered_hex_and_unique_without_a_system_call_each():
     import re
     import time
 
-    from sessionloop.actors.host import new_id
+    from sessionloop.actors.api.host import new_id
 
     before = int(time.time() * 1000)
     ids = [new_id() for _ in range(100_000)]

@@ -167,7 +167,7 @@ def test_a_new_run_first_closes_unanswered_calls_with_not_executed(open_host):
     source.wait(receipt.turn_id, 5)
     broken = E.Message(role="assistant", content="", tool_calls=[E.ToolCallSpec(call_id="orphan", name="exec")])
     fork = host.fork(source.id)
-    fork.host.rt.ask(fork.id, lambda r: __import__("sessionloop.actors.session", fromlist=["Apply"]).Apply(
+    fork.host.rt.ask(fork.id, lambda r: __import__("sessionloop.actors.session.actor", fromlist=["Apply"]).Apply(
         lambda st, now: [E.MessagesImported(at=now, source_session_id=source.id, messages=[broken])], r))
     scripted.extend(["after repair"])
     assert fork.run("continue").output_text == "after repair"

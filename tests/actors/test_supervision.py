@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from sessionloop.actors.errors import ActorError, RequestTimeout, SessionParked
-from sessionloop.actors.pubsub import Reply
+from sessionloop.actors.system.pubsub import Reply
 from sessionloop.eventstore import StorageFull
 from sessionloop.eventstore import events as E
 

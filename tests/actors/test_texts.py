@@ -12,13 +12,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from sessionloop.actors.gateway import SessionProtocolService
+from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import ModelError, ScriptedProvider
-from sessionloop.actors.projections import ItemsProjection
-from sessionloop.actors.replay import serve_live_view, verify
-from sessionloop.actors.session_decide import compact_failed
-from sessionloop.actors.tasks import task_ended
-from sessionloop.actors.texts import (
+from sessionloop.actors.replay.timeline import serve_live_view, verify
+from sessionloop.actors.session.decide import compact_failed
+from sessionloop.actors.settings.texts import (
     CATALOGUE,
     LANGUAGES,
     STRICT_ENV,
@@ -29,6 +27,8 @@ from sessionloop.actors.texts import (
     stored_parts,
     text,
 )
+from sessionloop.actors.tasks.actor import task_ended
+from sessionloop.actors.views.items import ItemsProjection
 from sessionloop.eventstore import events as E
 from sessionloop.eventstore.codec import decode_event, encode_event
 from tests.actors.gateway_harness import MemoryClient, wait_until

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans of turns, model calls and tool calls (actors/tracing.py, actors/tracing_export.py):
+"""OpenTelemetry spans of turns, model calls and tool calls (actors/views/traces.py, actors/system/trace_export.py):
 a real host on real LMDB, the SDK's BatchSpanProcessor and InMemorySpanExporter, no collector."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from sessionloop.actors.api.host import Host
 from sessionloop.actors.errors import InvalidCommand
-from sessionloop.actors.host import Host
-from sessionloop.actors.tracing import build_spans
-from sessionloop.actors.tracing_export import LiveTraces, batch_processor
+from sessionloop.actors.system.trace_export import LiveTraces, batch_processor
+from sessionloop.actors.views.traces import build_spans
 from sessionloop.cli.main import main
 from sessionloop.eventstore import events as E
 from sessionloop.eventstore.codec import decode_event

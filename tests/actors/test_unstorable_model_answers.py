@@ -1,6 +1,6 @@
 """A model's answer the store cannot hold (issue "Safe to put in front of strangers": a real model
 can be talked into any tool call). Every provider's answer becomes the ``llm.completed`` event in
-one place (``actors/session.py`` ``_llm_completed``, through ``actors/model/storable.py``): a call
+one place (``actors/session/actor.py`` ``_llm_completed``, through ``actors/model/storable.py``): a call
 whose arguments cannot be stored fails with a sentence for the model, the turn goes on, and what
 is stored is storable. Real hosts on real LMDB, reopened where the issue asks."""
 

@@ -6,7 +6,7 @@ import random
 import threading
 import time
 
-from sessionloop.actors.session_model import decode_state, evolve, new_state
+from sessionloop.actors.session.state import decode_state, evolve, new_state
 
 
 def wait_until(predicate, timeout: float = 10.0) -> bool:

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from sessionloop.actors.worker import WorkerLoop
+from sessionloop.actors.system.worker import WorkerLoop
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ FIELDS = {"turns": int, "tool_turns": int, "seconds": float, "turns_per_s": floa
 
 @pytest.fixture(autouse=True)
 def own_gc_settings():
-    """An in-process bench applies the server's GC settings to its process (actors/gc_policy.py);
+    """An in-process bench applies the server's GC settings to its process (actors/system/gc_policy.py);
     here that process is pytest's, so they are put back after each test."""
     thresholds = gc.get_threshold()
     yield
@@ -200,7 +200,7 @@ def test_a_refused_send_ends_the_drivers_wait_with_not_accepted_at_once(tmp_path
     import asyncio
     import time
 
-    from sessionloop.actors.host import Host
+    from sessionloop.actors.api.host import Host
 
     host = Host.open(str(tmp_path / "data"), durability="nosync")
     try:

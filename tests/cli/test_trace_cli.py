@@ -11,7 +11,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from sessionloop.actors.host import Host
+from sessionloop.actors.api.host import Host
 from sessionloop.cli.main import main
 from tests.conftest import REPO
 

@@ -22,7 +22,7 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from sessionloop.actors.summary_records import decode_summary_record
+from sessionloop.actors.views.summary import decode_summary_record
 from sessionloop.cli.main import main as cli_main
 from sessionloop.eventstore import EventStore
 from sessionloop.eventstore import events as E

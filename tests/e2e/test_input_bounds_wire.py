@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sessionloop.actors.summary_records import SummaryRecord, encode_summary_record
+from sessionloop.actors.views.summary import SummaryRecord, encode_summary_record
 from sessionloop.eventstore import EventStore
 from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import MAX_TITLE

@@ -53,7 +53,7 @@ def test_the_distribution_installs_exactly_one_top_level_name(installed) -> None
     _, _, show, _ = installed
     files = show.split("Files:", 1)[1].split()
     assert any(f == "sessionloop/__init__.py" for f in files)
-    assert any(f == "sessionloop/actors/host.py" for f in files) and any(f.startswith("sessionloop/cli/")
+    assert any(f == "sessionloop/actors/api/host.py" for f in files) and any(f.startswith("sessionloop/cli/")
                                                                           for f in files)
     assert not any(f.startswith("sessionloop/actors/public/") for f in files)  # the root, not a subpackage
     assert [f for f in files if not OURS.match(f)] == []
@@ -71,7 +71,7 @@ def test_import_sessionloop_beside_a_users_own_protocol_and_cli(installed) -> No
     assert out["file"].startswith(os.path.dirname(os.path.dirname(python)))  # the venv's copy, not the checkout
     assert {"Host", "HostOptions", "SessionLoop", "AsyncSessionLoop", "NotFound", "StoreLocked"} <= set(out["all"])
     assert out["missing"] == []
-    assert out["host"] == "sessionloop.actors.host"
+    assert out["host"] == "sessionloop.actors.api.host"
 
 
 def test_sessionloop_serve_from_there_answers_a_real_client(installed, tmp_path) -> None:

@@ -97,7 +97,7 @@ def test_counters_move_by_the_turns_events_and_frames_of_a_few_turns(server):
     assert bad["error"]["data"]["code"] == "not-found"
     # the server froze its startup objects out of the collector's full passes (cli/serve.py)
     assert after["sessionloop_gc_frozen_objects"] > 10_000
-    assert after["sessionloop_gc_young_threshold"] == 10_000  # actors/gc_policy.py, applied by serve
+    assert after["sessionloop_gc_young_threshold"] == 10_000  # actors/system/gc_policy.py, applied by serve
     # model calls by outcome: "one" and "two" answered, "!error boom" failed
     assert moved(after, before, 'sessionloop_model_call_duration_seconds_count{outcome="completed"}') == 2
     assert moved(after, before, 'sessionloop_model_call_duration_seconds_count{outcome="failed"}') == 1

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from sessionloop.actors.host import Host
+from sessionloop.actors.api.host import Host
 from sessionloop.cli.main import main
 from tests.e2e.conftest import TOKEN, Client, initialized, open_client
 

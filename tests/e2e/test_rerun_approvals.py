@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from sessionloop.actors.host import Host
+from sessionloop.actors.api.host import Host
 from sessionloop.cli.main import main
 from sessionloop.eventstore import EventStore
 from sessionloop.eventstore import events as E

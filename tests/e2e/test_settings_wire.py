@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sessionloop.actors.settings_document import dump_toml
+from sessionloop.actors.settings.document import dump_toml
 from tests.e2e.conftest import Client, ServerProcess, initialized, open_client
 
 pytestmark = pytest.mark.e2e

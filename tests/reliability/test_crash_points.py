@@ -92,7 +92,7 @@ async def subscribe_all(server: ServerProcess, rec: Recorder) -> dict[str, list[
 
 def folded_items(data: str, rec: Recorder) -> dict[str, list[str]]:
     """The item ids a subscription snapshot holds, projected from all the events."""
-    from sessionloop.actors.projections import ItemsProjection
+    from sessionloop.actors.views.items import ItemsProjection
 
     store = store_of(data)
     try:
@@ -107,9 +107,9 @@ def folded_items(data: str, rec: Recorder) -> dict[str, list[str]]:
 
 
 def verify_offline(data: str, rec: Recorder) -> dict[str, int | None]:
-    """actors.replay.verify: the stored snapshot is the fold of the events up to its version, and
+    """actors.replay.timeline.verify: the stored snapshot is the fold of the events up to its version, and
     the listing record and history follow from the events."""
-    from sessionloop.actors.replay import verify
+    from sessionloop.actors.replay.timeline import verify
 
     store = store_of(data)
     try:

@@ -1,5 +1,5 @@
 """A delete killed by SIGKILL leaves each session either whole or gone (seed 004 session/delete,
-actors/deletion.py "Crash safety"): the crash points ``purge`` (inside a session's purge
+actors/session/deletion.py "Crash safety"): the crash points ``purge`` (inside a session's purge
 transaction, its records deleted, nothing committed) and ``after-purge`` (the purge committed,
 its attachments and workspace not yet deleted).
 

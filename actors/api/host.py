@@ -1,0 +1,438 @@
+"""The public face of the actor system: ``Host`` (one per data directory) and ``Session`` handles.
+
+    with Host.open("./.sessionloop", durability="nosync") as host:
+        session = host.create(title="demo")
+        result = session.run("hello")          # RunResult(state="completed", output_text="echo: hello")
+
+The API follows seed 002's session service (``create / get / list / fork``, ``run / resume /
+cancel / compact``); every call that waits on an actor has a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
+from sessionloop.actors.session.actor import Apply, Cancel, Compact, Create, Query, Receipt, Send, SessionActor, now_ms
+from sessionloop.actors.session.context import keep_turns
+from sessionloop.actors.session.decide import ensure_usable, steps_limit
+from sessionloop.actors.session.state import SessionState, Status, copy_state
+from sessionloop.actors.settings.apps import MODES, AppManifest
+from sessionloop.actors.settings.texts import Text
+from sessionloop.actors.system.pubsub import Reply, TurnOutcome
+from sessionloop.actors.system.runtime import HostOptions, Runtime
+from sessionloop.actors.tools.sandbox import DEFAULT_POLICY
+from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.limits import MAX_TITLE
+
+#: the random part of ids: seeded once from the OS, then drawn without a system call. An id names
+#: a session, turn or input and grants nothing (access is checked by app and token), so it needs
+#: to be unique, not unguessable; ``os.urandom`` per id released the GIL twice per turn and every
+#: release handed it to another thread (measured: half of the in-process driver's time per turn).
+_id_random = random.Random(os.urandom(32))
+
+
+def new_id() -> str:
+    """A time-ordered id: 11 hex digits of milliseconds, then 10 random hex digits."""
+    return f"{int(time.time() * 1000):011x}{_id_random.getrandbits(40):010x}"
+
+
+#: a commit listener: (session actor, the committed events, the append's result)
+Listener = Callable[[SessionActor, list[E.Event], Any], None]
+
+
+class RunResult(msgspec.Struct, frozen=True, kw_only=True):
+    turn_id: str
+    state: str  # completed | failed | timeout
+    output_text: str = ""
+    code: str | None = None
+    reason: str | None = None
+
+
+class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    title: str
+    kind: str
+    parent_id: str | None
+    status: str
+    created_at: int
+    updated_at: int
+    archived: bool
+
+
+class Host:
+    """Opens the store, starts the directory and the shared worker loop (one per data directory).
+
+    Sessions with unfinished work (queued inputs or an interrupted turn) are activated at open
+    and resume by themselves; every other session stays on disk until it is used.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        from sessionloop.actors.api.loop import Watchers, spawn_session_spec
+
+        self.rt = runtime
+        runtime.host = self
+        if "spawn_session" not in runtime.tools:
+            runtime.tools.register(spawn_session_spec())
+        self.apps = runtime.apps
+        self.loop_watchers = Watchers()
+        runtime.loop_watchers = self.loop_watchers
+        runtime.listeners.append(self._emit_loop_events)
+        runtime.approvals.settle_leftovers()
+        for session_id in runtime.store.flagged("active"):
+            if session_id.startswith("session-"):
+                runtime.tell(session_id[len("session-"):], Query(lambda a: None, Reply()))
+
+    @classmethod
+    def open(cls, data_dir: str = ".sessionloop", *, listeners: Sequence[Listener] = (), **options: Any) -> Host:
+        """Open the host on ``data_dir``; ``options`` are the fields of :class:`HostOptions`;
+        ``listeners`` hear every commit (``Runtime.listeners``) from the first, before the
+        sessions with unfinished work resume (a tracer sees their repairs too).
+
+        Raises StoreLocked if another process serves this directory, ValueError for an unknown
+        option.
+        """
+        try:
+            if "max_steps" in options:  # seed 002: maxSteps Infinity 不限 (math.inf, "unlimited" or 0)
+                options = {**options, "max_steps": steps_limit(options["max_steps"])}
+            opts = msgspec.convert(options, HostOptions)
+        except ValueError as e:
+            raise ValueError(f"invalid host option: {e}") from e
+        runtime = Runtime(data_dir, opts)
+        runtime.listeners.extend(listeners)
+        return cls(runtime)
+
+    def close(self) -> None:
+        self.rt.close()
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def epoch(self) -> int:
+        return self.rt.epoch
+
+    @property
+    def store(self) -> Any:
+        return self.rt.store
+
+    # --- the Session Loop API (seeds 000/001) ------------------------------------------------------
+
+    def register_app(self, app_id: str, *, platform: str = "", sessions: bool = True,
+                     containers: list[str] | tuple[str, ...] = (), token: str | None = None,
+                     permission_modes: list[str] | tuple[str, ...] = MODES, sandbox: str = DEFAULT_POLICY,
+                     name: str = "") -> None:
+        """Register an app (the seeds' minitool) with its manifest; ``permission_modes`` and
+        ``sandbox`` bound what its sessions may do (:mod:`actors.settings.apps`). Raises InvalidCommand."""
+        self.apps.register(AppManifest(id=app_id, platform=platform or app_id, sessions=sessions,
+                                       containers=list(containers), token=token, name=name,
+                                       permission_modes=list(permission_modes), sandbox=sandbox))
+
+    def sessions(self, app: str) -> Any:
+        """The Session Loop API handle of a registered app (sync)."""
+        from sessionloop.actors.api.loop import SessionLoop
+
+        return SessionLoop(self, self.apps.get(app))
+
+    def async_sessions(self, app: str) -> Any:
+        """The same API with coroutines, for asyncio bots."""
+        from sessionloop.actors.api.loop import AsyncSessionLoop, SessionLoop
+
+        return AsyncSessionLoop(SessionLoop(self, self.apps.get(app)))
+
+    def _emit_loop_events(self, actor: Any, events: list[E.Event], result: Any) -> None:
+        app = actor.state.created.app_id if actor.state.created is not None else None
+        if app is None or not self.loop_watchers.any(app):
+            return
+        from sessionloop.actors.api.loop import LoopEvent, feed_event
+
+        live = actor.loop_deltas  # an answer taken in place: its assistant.delta just before its outcome
+        for i, event in enumerate(events):
+            if live is not None and type(event) in (E.LlmCompleted, E.LlmFailed):
+                for data in live.get(event.step_id, ()):  # type: ignore[attr-defined]
+                    self.loop_watchers.emit(app, LoopEvent(cursor=0, session_id=actor.sid, type="assistant.delta",
+                                                           at=now_ms(), turn_id=event.turn_id, data=data))  # type: ignore[attr-defined]
+            recorded = RecordedEvent(actor.stream, result.first_version + i, result.first_position + i, result.at,
+                                     event)
+            loop_event = feed_event(recorded)
+            if loop_event is not None:
+                self.loop_watchers.emit(app, loop_event)
+
+    # --- the session service (seed 002) -----------------------------------------------------------
+
+    def create(self, *, title: str = "", name: str = "", permission_mode: str | None = None,
+               activity: str = "interactive", cwd: str = "", model: str | None = None,
+               parent_id: str | None = None, kind: str = "owner", initial_input: str | None = None,
+               idempotency_key: str | None = None, **created: Any) -> Session:
+        """Create a session (``session.created``); with ``initial_input`` its first input is
+        accepted in the same commit, so a failure leaves no session behind."""
+        for field, value in (("title", title), ("name", name)):
+            if len(value) > MAX_TITLE:
+                raise InvalidCommand(f"{field}: at most {MAX_TITLE} characters, got {len(value)}")
+        session_id = new_id()
+        now = now_ms()
+        try:
+            event = E.SessionCreated(at=now, session_id=session_id, title=title, name=name, kind=kind,
+                                     parent_id=parent_id, activity=activity, cwd=cwd, model=model,
+                                     permission_mode=permission_mode or self.rt.options.permission_mode
+                                     or _default_mode(activity),
+                                     **created)
+        except (TypeError, msgspec.ValidationError) as e:
+            raise InvalidCommand(f"invalid session: {e}") from e
+        initial = None
+        if initial_input is not None:
+            initial = E.InputAccepted(at=now, input_id=new_id(), turn_id=new_id(), text=initial_input,
+                                      idempotency_key=idempotency_key)
+        created_now = self.rt.ask(session_id, lambda r: Create(event, initial, r))
+        session = Session(self, created_now.session_id)
+        session.initial_turn_id = initial.turn_id if initial is not None else None
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        """The session, or None if it does not exist (or was deleted)."""
+        try:
+            exists = self.rt.ask(session_id, lambda r: Query(lambda a: a.state.created is not None
+                                                             and not a.state.deleted, r))
+        except NotFound:
+            return None
+        return Session(self, session_id) if exists else None
+
+    def session(self, session_id: str) -> Session:
+        """A handle without an existence check (its calls raise NotFound if it does not exist)."""
+        return Session(self, session_id)
+
+    def list(self) -> list[SessionInfo]:
+        """Every stored session, newest activity first, read from the listing records (no actor
+        is activated)."""
+        from sessionloop.actors.views.summary import decode_summary_record
+
+        out = []
+        for stream, meta in self.rt.store.scan_stream_meta():
+            if not stream.startswith("session-"):
+                continue
+            rec = decode_summary_record(meta)
+            if rec.deleted:
+                continue
+            out.append(SessionInfo(id=rec.id, title=rec.title, kind=rec.kind, parent_id=rec.parent_id,
+                                   status=rec.status, created_at=rec.created_at, updated_at=rec.updated_at,
+                                   archived=rec.archived))
+        out.sort(key=lambda s: s.updated_at, reverse=True)
+        return out
+
+    def fork(self, session_id: str, turns: int | None = None, *, title: str | None = None) -> Session:
+        """A new session with a copy of the source's messages (seed 002 ``fork``): new id, steps
+        and events start empty, the source is unchanged; ``turns=N`` keeps the first N turns
+        (counted by user messages; 0 keeps only the system part)."""
+        if turns is not None and turns < 0:
+            raise InvalidCommand("turns must be >= 0")
+        source = self.rt.ask(session_id, lambda r: Query(lambda a: _fork_source(a.state), r))
+        messages = source.messages if turns is None else keep_turns(source.messages, turns)
+        created = source.created
+        new = new_id()
+        now = now_ms()
+        event = msgspec.structs.replace(created, at=now, session_id=new, forked_from=session_id, fork_turns=turns,
+                                        title=title if title is not None else (source.title or created.name))
+        imported = E.MessagesImported(at=now, source_session_id=session_id, turns=turns, messages=messages)
+        self.rt.ask(new, lambda r: Apply(lambda s, t: [event, imported] if s.version == 0 else
+                                         _refuse_exists(new), r))
+        return Session(self, new)
+
+
+def _default_mode(activity: str) -> str:
+    return "acceptCalls" if activity == "background" else "ask"
+
+
+def _refuse_exists(session_id: str) -> list[E.Event]:
+    raise InvalidCommand(f"session {session_id} already exists")
+
+
+def _fork_source(state: SessionState) -> SessionState:
+    ensure_usable(state)
+    if state.current_turn is not None:
+        # copy only what ended turns produced: the running turn is not a stable prefix
+        copied = copy_state(state)
+        start = state.turns[state.current_turn].message_start
+        copied.messages = copied.messages[:start]
+        return copied
+    return copy_state(state)
+
+
+class Session:
+    """A handle on one session; cheap to create, safe to share between threads."""
+
+    def __init__(self, host: Host, session_id: str) -> None:
+        self.host = host
+        self.rt = host.rt
+        self.id = session_id
+        self.initial_turn_id: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Session({self.id!r})"
+
+    def _query(self, fn: Any, timeout: float | None = None) -> Any:
+        return self.rt.ask(self.id, lambda r: Query(fn, r), timeout)
+
+    @property
+    def state(self) -> str:
+        """``idle | running | waiting_tool | completed | failed | cancelled`` (seed 002)."""
+        return str(self._query(lambda a: (ensure_usable(a.state), a.state.status.value)[1]))
+
+    def snapshot(self) -> SessionState:
+        """A copy of the folded state: messages, steps, tool calls, artifacts, checkpoints."""
+        return self._query(lambda a: (ensure_usable(a.state), copy_state(a.state))[1])  # type: ignore[no-any-return]
+
+    def events(self) -> list[RecordedEvent]:
+        return self.rt.store.read_stream(f"session-{self.id}")  # type: ignore[no-any-return]
+
+    def send(self, text: str, *, idempotency_key: str | None = None, scope: str = "session",
+             speaker: E.Speaker | None = None, source: str | None = None,
+             attachments: list[E.AttachmentRef] | None = None, check: Any = None) -> Receipt:
+        """Queue an input (strict FIFO); with ``idempotency_key`` a repeat returns the original
+        receipt (``state='duplicate'``) and starts nothing, and a different body is refused."""
+        accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=new_id(), text=text,
+                                   attachments=attachments or [], speaker=speaker, source=source,
+                                   idempotency_key=idempotency_key)
+        claim = None
+        if idempotency_key is not None:
+            body = {"text": text, "attachments": [a.sha256 for a in attachments or []]}
+            claim = IdempotencyClaim(f"{scope}:{self.id}", idempotency_key, request_hash(body))
+        return self.rt.ask(self.id, lambda r: Send(accepted, claim, r, check))  # type: ignore[no-any-return]
+
+    def run(self, text: str, timeout: float = 600.0) -> RunResult:
+        """Send ``text`` and wait for its turn to end."""
+        receipt = self.send(text)
+        assert receipt.turn_id is not None
+        return self.wait(receipt.turn_id, timeout)
+
+    def wait(self, turn_id: str, timeout: float = 60.0) -> RunResult:
+        """Wait for ``turn_id`` to end: woken by the turn's end event, never by polling."""
+        outcome = self.wait_outcome(turn_id, timeout)
+        if outcome is None:
+            return RunResult(turn_id=turn_id, state="timeout")
+        return RunResult(turn_id=turn_id, state=outcome.state, output_text=outcome.output_text,
+                         code=outcome.code, reason=outcome.reason)
+
+    def wait_outcome(self, turn_id: str, timeout: float) -> TurnOutcome | None:
+        reply = Reply()
+        self.watch_turn(turn_id, reply)
+        try:
+            return reply.result(timeout)  # type: ignore[no-any-return]
+        except Exception as e:
+            from sessionloop.actors.errors import RequestTimeout
+
+            if isinstance(e, RequestTimeout):
+                return None
+            raise
+        finally:
+            self.rt.results.cancel_wait(turn_id, reply.set)
+
+    def watch_turn(self, turn_id: str, reply: Reply) -> None:
+        """Complete ``reply`` with the turn's outcome when it ends (at once if it has ended)."""
+        found = self.rt.results.wait(turn_id, reply.set)
+        if found is not None:
+            reply.set(found)
+            return
+        if self.rt.results.is_expected(turn_id):
+            return  # a live session will end it: the waiter is registered, no message needed
+        # not among recent outcomes: the session knows whether the turn ended long ago
+        self.rt.tell(self.id, Query(lambda a: _known_turn(a.state, turn_id, self.rt, reply), Reply()))
+
+    def resume(self, timeout: float = 600.0) -> RunResult | None:
+        """Activate the session so interrupted work goes on, and wait for the last turn it has
+        (running or queued); None when there is nothing to resume."""
+        last = self._query(lambda a: (a.state.queue[-1].turn_id if a.state.queue else a.state.current_turn))
+        if last is None:
+            return None
+        return self.wait(last, timeout)
+
+    def continue_turn(self) -> Receipt:
+        """Let the agent go on after a ``tool-limit`` stop (seed 004 ``turn/continue``): a new
+        turn with no user message, queued like any input."""
+        return self.send("", source="continue")
+
+    def cancel(self, turn_id: str | None = None, reason: str = "cancelled by the user") -> bool:
+        """Stop the running turn (model and tools get the abort), or the running manual compaction
+        (seed 002: cancel() 可以中止; its ``compact()`` raises CompactionFailed); True if one was."""
+        return bool(self.rt.ask(self.id, lambda r: Cancel(turn_id, reason, r)))
+
+    def compact(self, timeout: float = 600.0) -> dict[str, int] | None:
+        """Summarise all turns so far into one summary message (seed 002 manual compact):
+        ``{turns, chars}``, or None when there is nothing to compact. Raises SessionBusy while a
+        turn or another compaction runs, CompactionFailed when the summary model is not available
+        or fails, the history changes meanwhile (an input, a rewind...) or ``cancel()`` stops it."""
+        return self.rt.ask(self.id, Compact, timeout)  # type: ignore[no-any-return]
+
+    def rename(self, title: str) -> None:
+        from sessionloop.actors.session.decide import decide_rename
+
+        self.rt.ask(self.id, lambda r: Apply(lambda s, now: decide_rename(s, title, now), r))
+
+    def rewind(self, turn_id: str, scope: str = "code") -> dict[str, Any]:
+        """Restore files to their state before ``turn_id`` (SPEC §6 checkpoints); with
+        ``code-and-chat`` the turn and later ones leave the conversation too."""
+        from sessionloop.actors.session.checkpoints import restore_before
+
+        if scope not in ("code", "code-and-chat"):
+            raise InvalidCommand(Text("error.rewind-scope"))
+        state = self.snapshot()
+        if state.current_turn is not None:
+            raise SessionBusy(Text("error.rewind-busy"))
+        if turn_id not in state.turns or state.turns[turn_id].ended_at is None:
+            raise NotFound(Text("error.rewind-turn", turn=turn_id, session=self.id))
+        workspace = self.rt.workspace(state)
+        restored, removed, conflicts = restore_before(state, turn_id, workspace)
+        chat = scope == "code-and-chat"
+        deleted = len(state.messages) - state.turns[turn_id].message_start if chat else 0
+        event = E.TurnRewound(at=now_ms(), turn_id=turn_id, scope=scope,  # type: ignore[arg-type]
+                              restored=restored, removed=removed, conflicts=conflicts, chat_deleted=chat,
+                              deleted_messages=deleted)
+        self.rt.ask(self.id, lambda r: Apply(lambda s, now: [event] if s.current_turn is None else
+                                             _refuse_busy(), r, drive=False))
+        result: dict[str, Any] = {"turnId": turn_id, "restored": restored, "removed": removed,
+                                  "conflicts": conflicts}
+        if chat:
+            result.update(deletedMessages=deleted, chatDeleted=True)
+        return result
+
+
+def _refuse_busy() -> list[E.Event]:
+    raise SessionBusy(Text("error.rewind-busy-meanwhile"))
+
+
+def _known_turn(state: SessionState, turn_id: str, rt: Runtime, reply: Reply) -> None:
+    from sessionloop.actors.session.actor import turn_outcome
+
+    if state.created is None or state.deleted:
+        reply.fail(NotFound(Text("error.session-not-found", session=state.session_id)))
+        return
+    turn = state.turns.get(turn_id)
+    if turn is None:
+        if not any(q.turn_id == turn_id for q in state.queue):
+            reply.fail(NotFound(Text("error.turn-not-found", turn=turn_id, session=state.session_id)))
+        return
+    if turn.ended_at is None:
+        return
+    ended: E.Event
+    if turn.status == "completed":
+        ended = E.TurnCompleted(turn_id=turn_id, outcome=turn.outcome or "replied",  # type: ignore[arg-type]
+                                output_text=turn.output_text)
+    elif turn.status == "limit":
+        ended = E.TurnLimitReached(turn_id=turn_id, max_steps=turn.max_steps or 0)
+    elif turn.status == "aborted":
+        ended = E.TurnAborted(turn_id=turn_id, reason=turn.reason or "")
+    else:
+        ended = E.TurnFailed(turn_id=turn_id, code=turn.code or "error", reason=turn.reason or "")
+    reply.set(turn_outcome(state, ended))
+
+
+__all__ = ["Host", "HostOptions", "RunResult", "Session", "SessionActor", "SessionInfo", "Status", "new_id"]

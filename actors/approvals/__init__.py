@@ -1,0 +1,1 @@
+"""Presence and approvals: one actor per pending approval, and approval grants."""

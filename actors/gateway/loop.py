@@ -1,0 +1,156 @@
+"""The Session Loop API over the wire (``loop/*``, SPEC §5) for connections holding an app token.
+
+The same rules as the Python API in ``session_loop.py`` (it is called underneath); answers are
+camelCase mirrors of the seed's TypeScript objects. The owner's connection has no app identity
+and gets ``forbidden``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from sessionloop.actors.errors import InvalidCommand
+from sessionloop.actors.gateway.methods import answer, in_background, store_attachments
+from sessionloop.actors.system.pubsub import Reply
+from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.schemas import Empty
+from sessionloop.protocol.schemas_loop import (
+    LoopCreateResult,
+    LoopEvent,
+    LoopEventParams,
+    LoopListEventsResult,
+    LoopSendResult,
+    LoopWaitForTurnResult,
+)
+
+if TYPE_CHECKING:
+    from sessionloop.actors.gateway.service import ClientConnection, SessionProtocolService
+
+log = logging.getLogger("sessionloop.gateway")
+
+
+def loop_handlers(svc: SessionProtocolService, host: Any) -> dict[str, Any]:
+    h = _LoopHandlers(svc, host)
+    svc.rt.disconnect_hooks.append(h.forget)
+    return {
+        "loop/create": h.create,
+        "loop/send": h.send,
+        "loop/waitForTurn": h.wait_for_turn,
+        "loop/listEvents": h.list_events,
+        "loop/watch": h.watch,
+    }
+
+
+def _wire_event(e: Any) -> LoopEvent:
+    return LoopEvent(cursor=str(e.cursor), session_id=e.session_id, type=e.type, at=e.at, data=e.data,
+                     turn_id=e.turn_id)
+
+
+class _LoopHandlers:
+    def __init__(self, svc: SessionProtocolService, host: Any) -> None:
+        self.svc = svc
+        self.host = host
+        self.unsubscribers: dict[Any, Any] = {}
+
+    def loop_of(self, conn: ClientConnection) -> Any:
+        if conn.peer.app_id is None:
+            raise RpcError.forbidden("loop/* methods are for apps: connect with an app token")
+        return self.host.sessions(app=conn.peer.app_id)
+
+    def create(self, conn: ClientConnection, request_id: Any, p: Any) -> None:
+        loop = self.loop_of(conn)
+        if p.context is not None:
+            raise RpcError.invalid_params("params.context: 'caller' is only valid inside a tool's execution")
+        initial = None
+        if p.initial_message is not None:
+            initial = {"text": p.initial_message.text, "idempotency_key": p.initial_message.idempotency_key}
+
+        def work() -> LoopCreateResult:
+            made = loop.create(container_id=p.container_id, space={"spaceId": p.space.space_id} if p.space else None,
+                               title=p.title or "", activity=p.activity or "interactive",
+                               permission_mode=p.permission_mode, initial_message=initial,
+                               chat={"type": p.chat.type, "multiParty": p.chat.multi_party} if p.chat else None,
+                               account=p.account,
+                               place={"key": p.place.key, "name": p.place.name} if p.place else None)
+            return LoopCreateResult(session_id=made.session_id, turn_id=made.turn_id)
+
+        in_background(self.svc, conn, request_id, work)
+
+    def send(self, conn: ClientConnection, request_id: Any, p: Any) -> None:
+        loop = self.loop_of(conn)
+
+        def receipt(r: Any) -> msgspec.Struct:
+            return LoopSendResult(state=r.state, epoch=r.epoch, seq=r.seq, turn_id=r.turn_id,
+                                  retry_after_ms=r.retry_after_ms,
+                                  cursor=str(r.position - 1) if r.position else None)
+
+        if p.attachments:
+            def work() -> msgspec.Struct:
+                loop._owned(p.session_id)  # refused before any attachment is saved: nothing half-written
+                refs = store_attachments(self.svc, p.attachments, p.session_id)
+                return receipt(loop.send(p.session_id, p.text, p.idempotency_key, refs, traceparent=p.traceparent))
+
+            in_background(self.svc, conn, request_id, work)
+            return
+        reply = answer(conn, request_id, receipt)
+        self.svc.rt.tell(p.session_id, loop._send_message(p.session_id, p.text, p.idempotency_key, [], reply,
+                                                          p.traceparent))
+
+    def wait_for_turn(self, conn: ClientConnection, request_id: Any, p: Any) -> None:
+        loop = self.loop_of(conn)
+        timeout = loop.clamp_timeout_ms(p.timeout_ms)  # before the waiter exists: nothing to undo
+        reply: Reply = loop._watch(p.session_id, p.turn_id)
+        worker = self.svc.rt.worker.loop
+
+        def done(r: Reply) -> None:
+            value, error = r.outcome()
+            if error is not None:
+                conn.error(request_id, error)
+            elif value is None:
+                conn.result(request_id, LoopWaitForTurnResult(state="timeout"))
+            else:
+                result = _result(value)
+                conn.result(request_id, LoopWaitForTurnResult(state=result.state, output_text=result.output_text,
+                                                              code=result.code, message=result.message))
+
+        def expire() -> None:
+            self.svc.rt.results.cancel_wait(p.turn_id, reply.set)
+            reply.set(None)  # a timeout ends this wait only; the turn goes on
+
+        reply.add_callback(done)
+        worker.call_soon_threadsafe(worker.call_later, timeout, expire)
+
+    def list_events(self, conn: ClientConnection, request_id: Any, p: Any) -> None:
+        loop = self.loop_of(conn)
+
+        def work() -> LoopListEventsResult:  # errors raised here become the request's error reply
+            try:
+                after = int(p.after) if p.after is not None else None
+            except ValueError:
+                raise InvalidCommand("params.after: not a cursor from this server") from None
+            page = loop.list_events(p.session_id, after, p.limit or 100)
+            return LoopListEventsResult(events=[_wire_event(e) for e in page.events],
+                                        next_cursor=str(page.next_cursor) if page.next_cursor is not None else None)
+
+        in_background(self.svc, conn, request_id, work)
+
+    def watch(self, conn: ClientConnection, request_id: Any, p: Any) -> None:
+        loop = self.loop_of(conn)
+        if conn not in self.unsubscribers:
+            self.unsubscribers[conn] = loop.on_did_receive_event(
+                lambda e: conn.notify("loop/event", LoopEventParams(event=_wire_event(e))))
+        conn.result(request_id, Empty())
+
+    def forget(self, conn: Any) -> None:
+        unsubscribe = self.unsubscribers.pop(conn, None)
+        if unsubscribe is not None:
+            unsubscribe()
+
+
+def _result(outcome: Any) -> Any:
+    from sessionloop.actors.api.loop import _turn_result
+
+    return _turn_result(outcome)

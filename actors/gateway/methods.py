@@ -1,0 +1,608 @@
+"""The session protocol's methods (seed 004), each a translation into session actor messages.
+
+Every handler is ``(conn, request_id, params) -> None`` and answers later through
+``conn.result`` / ``conn.error``; it never waits. Work that reads many records or touches files
+(listing, attachments, rewind) runs on the gateway's small thread pool, not on the gateway
+actor's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
+from sessionloop.actors.session.actor import Apply, Cancel, Compact, Create, Query, Send, now_ms
+from sessionloop.actors.session.decide import decide_rename, ensure_usable
+from sessionloop.actors.settings.context import DEFAULT_WORKSPACE as DEFAULT_WORKSPACE_KEY
+from sessionloop.actors.settings.context import DEFAULT_WORKSPACE_NAME
+from sessionloop.actors.settings.texts import Text, message_of
+from sessionloop.actors.system.blobs import kind_of, sniff_mime
+from sessionloop.actors.system.pubsub import Reply
+from sessionloop.actors.views.items import wire_grant
+from sessionloop.actors.views.summary import ListingRow, listing_key, summary_from_row
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # seed 000: each, and all together
+from sessionloop.protocol.listing import compute_room_groups, list_sessions
+from sessionloop.protocol.schemas import (
+    BackgroundListResult,
+    BackgroundOutputResult,
+    BatchFailure,
+    Empty,
+    GrantsListResult,
+    HistoryResult,
+    RewindResult,
+    SessionBatchResult,
+    SessionResult,
+    SessionsChanged,
+    SessionsListResult,
+    SubscribeResult,
+)
+from sessionloop.protocol.schemas_types import decode_data_url
+
+if TYPE_CHECKING:
+    from sessionloop.actors.gateway.service import ClientConnection, SessionProtocolService
+
+log = logging.getLogger("sessionloop.gateway")
+
+Handler = Callable[["ClientConnection", Any, Any], None]
+EMPTY = Empty()
+#: recorded with an owner's session; its name is shown in the server's language (summary_records.place_name)
+DEFAULT_WORKSPACE = E.PlaceRef(key=DEFAULT_WORKSPACE_KEY, kind="workspace", name=DEFAULT_WORKSPACE_NAME)
+
+
+def answer(conn: ClientConnection, request_id: Any, convert: Callable[[Any], msgspec.Struct]) -> Reply:
+    """A Reply whose completion answers the request (result converted, or the error)."""
+    reply = Reply()
+
+    def done(r: Reply) -> None:
+        value, error = r.outcome()
+        if error is not None:
+            conn.error(request_id, _as_rpc(error))
+            return
+        try:
+            conn.result(request_id, convert(value))
+        except Exception as e:  # a conversion bug must still answer the request
+            conn.error(request_id, e)
+
+    reply.add_callback(done)
+    return reply
+
+
+def _as_rpc(error: BaseException) -> BaseException:
+    if isinstance(error, InvalidCommand):
+        return RpcError.invalid_params(message_of(error))  # a text object stays one
+    return error
+
+
+def in_background(svc: SessionProtocolService, conn: ClientConnection, request_id: Any,
+                  work: Callable[[], msgspec.Struct]) -> None:
+    def run() -> None:
+        try:
+            conn.result(request_id, work())
+        except BaseException as e:
+            conn.error(request_id, _as_rpc(e))
+
+    svc.slow.submit(run)
+
+
+def build_handlers(svc: SessionProtocolService) -> dict[str, Handler]:
+    h = _Handlers(svc)
+    return {
+        "sessions/list": h.sessions_list,
+        "sessions/watch": h.sessions_watch,
+        "session/create": h.session_create,
+        "session/rename": h.session_rename,
+        "session/archive": lambda c, i, p: h.tree_op(c, i, p.session_id, "archive"),
+        "session/unarchive": lambda c, i, p: h.tree_op(c, i, p.session_id, "unarchive"),
+        "session/delete": lambda c, i, p: h.tree_op(c, i, p.session_id, "delete"),
+        "session/batch": h.session_batch,
+        "session/markSeen": h.mark_seen,
+        "session/subscribe": h.subscribe,
+        "session/unsubscribe": h.unsubscribe,
+        "session/history": h.history,
+        "turn/send": h.turn_send,
+        "turn/continue": h.turn_continue,
+        "turn/abort": h.turn_abort,
+        "session/compress": h.compress,
+        "turn/rewind": h.rewind,
+        "plan/clear": h.plan_clear,
+        "presence/update": h.presence,
+        "approval/respond": h.approval_respond,
+        "approval/grants/list": h.grants_list,
+        "approval/grants/revoke": h.grants_revoke,
+        "background/list": h.background_list,
+        "background/watch": h.background_watch,
+        "background/output": h.background_output,
+        "background/stop": h.background_stop,
+        "background/stopAll": h.background_stop_all,
+    }
+
+
+class _Handlers:
+    def __init__(self, svc: SessionProtocolService) -> None:
+        self.svc = svc
+        self.rt = svc.rt
+        self.index = svc.index
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def check(self, conn: ClientConnection, session_id: str) -> Any:
+        """The listing record of a session this connection may see; NotFound otherwise (an app
+        gets not-found, not forbidden, for another app's session: ids do not leak)."""
+        record = self.index.get(session_id)
+        if record is None or not conn.visible(record):
+            raise NotFound(Text("error.session-not-found", session=session_id))
+        return record
+
+    def summary(self, session_id: str) -> Any:
+        found = self.index.summaries_for([session_id])
+        if not found:
+            raise NotFound(Text("error.session-not-found", session=session_id))
+        return found[0]
+
+    def apply(self, conn: ClientConnection, request_id: Any, session_id: str,
+              decide: Callable[[Any, int], list[E.Event]], drive: bool = True) -> None:
+        self.check(conn, session_id)
+        self.rt.tell(session_id, Apply(decide, answer(conn, request_id, lambda _: EMPTY), drive))
+
+    # --- listing -------------------------------------------------------------------------------
+
+    def sessions_list(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        def work() -> SessionsListResult:
+            def terms(row: ListingRow) -> list[str]:
+                record = row.record
+                named = [t for t in (record.title, record.name) if t]
+                # a room's window key (``platform:account:group:number``) answers ``platform:group``
+                window = [row.place.key] if row.place is not None and row.place.kind == "window" else []
+                return [row.id, *named, *window]  # default names do not match (seed 004, 搜索)
+
+            if params.parent_id is not None:
+                self.check(conn, params.parent_id)
+            return list_sessions(self.index.rows(conn.visible), params, search_terms=terms,
+                                 group_label=self.rt.apps.group_label,
+                                 materialize=summary_from_row, key=listing_key)
+
+        in_background(self.svc, conn, request_id, work)
+
+    def sessions_watch(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        batcher = _ChangeBatcher(self, conn)
+        self.index.watch(conn, batcher.add)
+        conn.result(request_id, EMPTY)
+
+    def changed(self, conn: ClientConnection, upserts: list[str], removes: list[str]) -> SessionsChanged:
+        visible = [sid for sid in upserts if (rec := self.index.get(sid)) is not None and conn.visible(rec)]
+        summaries = self.index.summaries_for(visible, conn.visible) if visible else []
+        rooms = self.index.room_trees(conn.visible)
+        return SessionsChanged(upserts=summaries, removes=removes,
+                               groups=compute_room_groups(rooms, self.rt.apps.group_label))
+
+    # --- session lifecycle -------------------------------------------------------------------------
+
+    def session_create(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        if params.parent_id is not None and self.rt.settings_service is None:
+            # seed 004: with parentId and no session-settings service, answer unsupported, create nothing
+            raise RpcError.unsupported(Text("error.child-needs-settings"))
+        if params.parent_id is not None:
+            self.check(conn, params.parent_id)
+        from sessionloop.actors.api.host import new_id
+
+        session_id = new_id()
+        speaker = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
+        created = E.SessionCreated(
+            at=now_ms(), session_id=session_id, name=params.name or "", kind="task" if params.parent_id else "owner",
+            parent_id=params.parent_id, app_id=conn.peer.app_id, created_by=speaker,
+            permission_mode=self.rt.options.permission_mode or "ask",
+            # seed 004 摘要 place: an owner's session lives in the default workspace
+            place=None if params.parent_id else DEFAULT_WORKSPACE,
+        )
+        reply = answer(conn, request_id, lambda _: SessionResult(session=self.summary(session_id)))
+        self.rt.tell(session_id, Create(created, None, reply))
+
+    def session_rename(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.apply(conn, request_id, params.session_id, lambda s, now: decide_rename(s, params.title, now))
+
+    def tree_op(self, conn: ClientConnection, request_id: Any, session_id: str, op: str,
+                done: Callable[[BaseException | None], None] | None = None) -> None:
+        """archive / unarchive / delete a session and every session below it (seed 004)."""
+        self.check(conn, session_id)
+        if op == "delete":
+            def delete() -> msgspec.Struct:
+                self.rt.deletions.delete_tree(session_id, self.index.descendants)
+                return EMPTY
+
+            in_background(self.svc, conn, request_id, delete)
+            return
+        targets = [session_id, *self.index.descendants(session_id)]
+        pending = {"left": len(targets), "error": None}
+
+        def finished(r: Reply) -> None:
+            _, error = r.outcome()
+            if error is not None and not isinstance(error, NotFound):
+                pending["error"] = pending["error"] or error
+            pending["left"] -= 1  # type: ignore[operator]
+            if pending["left"] == 0:
+                err = pending["error"]
+                if done is not None:
+                    done(err)  # type: ignore[arg-type]
+                elif err is not None:
+                    conn.error(request_id, err)  # type: ignore[arg-type]
+                else:
+                    conn.result(request_id, EMPTY)
+
+        for sid in targets:
+            reply = Reply()
+            reply.add_callback(finished)
+            self.rt.tell(sid, Apply(_tree_decision(op), reply, drive=False))
+
+    def _delete_batch(self, conn: ClientConnection, ids: list[str]) -> SessionBatchResult:
+        """``session/batch`` delete: each session with its children (``actors/session/deletion.py``), one
+        after another on a pool thread. A session already deleted as the child of an earlier one
+        of the batch is not a failure."""
+        failures: list[BatchFailure] = []
+        gone: set[str] = set()
+        for sid in dict.fromkeys(ids):
+            if sid in gone:
+                continue
+            try:
+                self.check(conn, sid)
+                gone.update(self.rt.deletions.delete_tree(sid, self.index.descendants))
+            except Exception as e:  # noqa: BLE001 - seed 004: each id that failed is named with why
+                failures.append(BatchFailure(session_id=sid, message=message_of(e)))
+        return SessionBatchResult(failed=failures)
+
+    def session_batch(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        failures: list[BatchFailure] = []
+        left = {"n": len(params.ids)}
+        if not params.ids:
+            conn.result(request_id, SessionBatchResult(failed=[]))
+            return
+        if params.op == "delete":
+            in_background(self.svc, conn, request_id, lambda: self._delete_batch(conn, list(params.ids)))
+            return
+
+        def one_done(session_id: str, error: BaseException | None) -> None:
+            if error is not None:
+                failures.append(BatchFailure(session_id=session_id, message=message_of(error)))
+            left["n"] -= 1
+            if left["n"] == 0:
+                conn.result(request_id, SessionBatchResult(failed=failures))
+
+        for sid in params.ids:
+            try:
+                self.tree_op(conn, request_id, sid, params.op, lambda e, sid=sid: one_done(sid, e))
+            except Exception as e:
+                one_done(sid, e)
+
+    def mark_seen(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.apply(conn, request_id, params.session_id, lambda s, now: (ensure_usable(s), [E.SessionSeen(at=now)])[1],
+                   drive=False)
+
+    # --- subscription and history ------------------------------------------------------------------
+
+    def subscribe(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        session_id = params.session_id
+        self.check(conn, session_id)
+        summary = self.summary(session_id)
+        svc = self.svc
+
+        def snapshot(actor: Any) -> None:
+            ensure_usable(actor.state)
+            if actor.items is None:
+                actor.items = self.rt.build_items(actor)
+            channel = actor.channel
+            with channel.lock:  # seed 004: no push of this session before the snapshot reply
+                items, before = actor.items.snapshot_items()
+                if channel.streaming:  # a reply streaming now: the text so far (seed: 在途回合已产出的条目)
+                    have = {it.item_id for it in items}
+                    items += [it for it in channel.streamed_items() if it.item_id not in have]
+                result = SubscribeResult(epoch=channel.epoch, seq=channel.seq, session=summary,
+                                         items=[svc.decorate(session_id, it) for it in items],
+                                         approvals=self.rt.pending_approvals(session_id), before=before)
+                conn.result(request_id, result)
+                channel.subscribers[conn] = conn
+            conn.subscriptions.add(session_id)
+            actor.push_usage_estimate()  # seed 004: 还没有用量时 … 在快照之后 … 按推送到达
+
+        self.rt.tell(session_id, _Do(snapshot, conn, request_id))
+
+    def unsubscribe(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.check(conn, params.session_id)
+        self.rt.channel(params.session_id).remove(conn)
+        conn.subscriptions.discard(params.session_id)
+        conn.result(request_id, EMPTY)
+
+    def history(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        session_id = params.session_id
+        self.check(conn, session_id)
+
+        def page(actor: Any) -> HistoryResult:
+            ensure_usable(actor.state)
+            if actor.items is None:
+                actor.items = self.rt.build_items(actor)
+            items, before = actor.items.history_page(params.before, params.limit)
+            return HistoryResult(items=[self.svc.decorate(session_id, it) for it in items], before=before)
+
+        self.rt.tell(session_id, Query(page, answer(conn, request_id, lambda r: r)))
+
+    # --- turns -------------------------------------------------------------------------------------
+
+    def turn_send(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.check(conn, params.session_id)
+        if len(params.attachments) > MAX_ATTACHMENTS:
+            raise RpcError.invalid_params(Text("error.too-many-attachments", field="params.attachments",
+                                               max=MAX_ATTACHMENTS))
+        if params.attachments:
+            in_background(self.svc, conn, request_id, lambda: self._send_with_files(conn, request_id, params))
+            return
+        self._send(conn, request_id, params.session_id, params.text, [], traceparent=params.traceparent)
+
+    def _send_with_files(self, conn: ClientConnection, request_id: Any, params: Any) -> msgspec.Struct:
+        refs = store_attachments(self.svc, params.attachments, params.session_id)
+        reply = Reply()
+        self.rt.tell(params.session_id, self._send_message(conn, params.session_id, params.text, refs, reply,
+                                                           traceparent=params.traceparent))
+        reply.result(self.rt.options.request_timeout_s)  # on the pool thread, not an actor's
+        return EMPTY
+
+    def _send(self, conn: ClientConnection, request_id: Any, session_id: str, text: str,
+              refs: list[E.AttachmentRef], source: str | None = None, traceparent: str | None = None) -> None:
+        reply = answer(conn, request_id, lambda _: EMPTY)
+        self.rt.tell(session_id, self._send_message(conn, session_id, text, refs, reply, source, traceparent))
+
+    def _send_message(self, conn: ClientConnection, session_id: str, text: str, refs: list[E.AttachmentRef],
+                      reply: Reply, source: str | None = None, traceparent: str | None = None) -> Send:
+        from sessionloop.actors.api.host import new_id
+
+        speaker = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner,
+                            app_id=conn.peer.app_id)
+        accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=new_id(), text=text, attachments=refs,
+                                   speaker=speaker, source=source, traceparent=traceparent)
+        return Send(accepted, None, reply)
+
+    def turn_continue(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.check(conn, params.session_id)
+        self._send(conn, request_id, params.session_id, "", [], source="continue")
+
+    def turn_abort(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.check(conn, params.session_id)
+        self.rt.tell(params.session_id, Cancel(params.turn_id, "stopped by the owner",
+                                               answer(conn, request_id, lambda _: EMPTY)))
+
+    def compress(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.check(conn, params.session_id)
+        reply = Reply()
+
+        def done(r: Reply) -> None:
+            _, error = r.outcome()
+            if error is None:
+                conn.result(request_id, EMPTY)
+            elif isinstance(error, NotFound):
+                conn.error(request_id, error)
+            elif isinstance(error, SessionBusy):  # seed 004: 正在压缩时直接拒绝 (a turn runs, likewise)
+                conn.error(request_id, RpcError.internal_error(Text("error.compress-refused",
+                                                                    error=message_of(error))))
+            else:  # seed 004: 没压成 is internalError, the message says why (as the notice does)
+                conn.error(request_id, RpcError.internal_error(Text("error.compress-failed",
+                                                                    error=message_of(error))))
+
+        reply.add_callback(done)
+        self.rt.tell(params.session_id, Compact(reply))
+
+    def rewind(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.check(conn, params.session_id)
+        from sessionloop.actors.api.host import Session
+
+        def work() -> RewindResult:
+            result = Session(SimpleNamespace(rt=self.rt), params.session_id).rewind(  # type: ignore[arg-type]
+                params.turn_id, params.scope)
+            return RewindResult(turn_id=result["turnId"], restored=result["restored"], removed=result["removed"],
+                                conflicts=result["conflicts"], deleted_messages=result.get("deletedMessages"),
+                                chat_deleted=result.get("chatDeleted"))
+
+        in_background(self.svc, conn, request_id, work)
+
+    def plan_clear(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self.apply(conn, request_id, params.session_id,
+                   lambda s, now: (ensure_usable(s), [E.PlanCleared(at=now)] if s.plan else [])[1], drive=False)
+
+
+def _presence(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    self.rt.approvals.update_presence(conn, params.active)
+    conn.result(request_id, EMPTY)
+
+
+def _approval_respond(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    self.rt.approvals.respond(conn, params.approval_id, params.decision, params.content_hash, params.note,
+                              answer(conn, request_id, lambda _: EMPTY), grant=params.grant)
+
+
+def _grants_list(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    """``approval/grants/list``: the session's grants that settle calls now (0.2.1)."""
+    sid = params.session_id
+    self.check(conn, sid)
+
+    def listing(actor: Any) -> GrantsListResult:
+        state, now = actor.state, now_ms()
+        return GrantsListResult(grants=[wire_grant(sid, g) for g in state.grants.values()
+                                        if g.active(now, state.current_turn)])
+
+    self.rt.tell(sid, Query(listing, answer(conn, request_id, lambda r: r)))
+
+
+def _grants_revoke(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    """``approval/grants/revoke``: the grant settles no more calls; who may answer approvals may
+    revoke (the owner); not-found for a grant the session does not have or that already ended."""
+    if not self.rt.approvals.eligible(conn):
+        raise RpcError.forbidden(Text("error.grants-forbidden"))
+    by = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
+
+    def decide(state: Any, now: int) -> list[E.Event]:
+        grant = state.grants.get(params.grant_id)
+        if grant is None or not grant.active(now, state.current_turn):
+            raise NotFound(Text("error.grant-not-found", grant=params.grant_id, session=params.session_id))
+        return [E.ApprovalGrantRevoked(at=now, grant_id=grant.id, by=by)]
+
+    self.apply(conn, request_id, params.session_id, decide, drive=False)
+
+
+def _background_list(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def work() -> msgspec.Struct:
+        tasks = [t for t in self.rt.tasks_service.listing() if self.rt.can_see(conn, t.session_id)]
+        return BackgroundListResult(tasks=tasks)
+
+    in_background(self.svc, conn, request_id, work)
+
+
+def _background_watch(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    self.rt.tasks_service.watch(conn)
+    conn.result(request_id, EMPTY)
+
+
+def _visible_task(self: _Handlers, conn: ClientConnection, task_id: str) -> Any:
+    task = self.rt.tasks_service.get(task_id)
+    if task is None or not self.rt.can_see(conn, task.session_id):
+        raise NotFound(Text("error.task-not-found", task=task_id))
+    return task
+
+
+def _background_output(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    _visible_task(self, conn, params.task_id)
+    text, end, truncated = self.rt.tasks_service.output(params.task_id, params.after)
+    conn.result(request_id, BackgroundOutputResult(text=text, end=end, truncated=truncated))
+
+
+def _background_stop(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    _visible_task(self, conn, params.task_id)
+    self.rt.tasks_service.stop(params.task_id, answer(conn, request_id, lambda _: EMPTY))
+
+
+def _background_stop_all(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    """Seed 004: stop everything below a session: child sessions' turns and queued inputs, and
+    the session's and its children's tasks; the session's own turn is turn/abort's business."""
+    self.check(conn, params.session_id)
+    children = self.index.descendants(params.session_id)
+
+    def work() -> msgspec.Struct:
+        waits = []
+        for sid in children:
+            reply = Reply()
+            self.rt.tell(sid, Cancel(None, "stopped with the background work of its parent", reply, drop_queue=True))
+            waits.append(reply)
+        waits += self.rt.tasks_service.stop_session([params.session_id, *children])
+        for reply in waits:
+            try:
+                reply.result(10)
+            except NotFound:
+                pass
+        return EMPTY
+
+    in_background(self.svc, conn, request_id, work)
+
+
+_Handlers.background_list = _background_list  # type: ignore[attr-defined]
+_Handlers.background_watch = _background_watch  # type: ignore[attr-defined]
+_Handlers.background_output = _background_output  # type: ignore[attr-defined]
+_Handlers.background_stop = _background_stop  # type: ignore[attr-defined]
+_Handlers.background_stop_all = _background_stop_all  # type: ignore[attr-defined]
+_Handlers.presence = _presence  # type: ignore[attr-defined]
+_Handlers.approval_respond = _approval_respond  # type: ignore[attr-defined]
+_Handlers.grants_list = _grants_list  # type: ignore[attr-defined]
+_Handlers.grants_revoke = _grants_revoke  # type: ignore[attr-defined]
+
+
+class _Do:
+    """Run ``fn(actor)`` on the session's thread; an error answers the request."""
+
+    __slots__ = ("fn", "conn", "request_id", "reply")
+
+    def __init__(self, fn: Callable[[Any], None], conn: ClientConnection, request_id: Any) -> None:
+        self.fn, self.conn, self.request_id, self.reply = fn, conn, request_id, None
+
+    def run(self, actor: Any) -> None:
+        try:
+            self.fn(actor)
+        except Exception as e:
+            self.conn.error(self.request_id, _as_rpc(e))
+
+
+def _tree_decision(op: str) -> Callable[[Any, int], list[E.Event]]:
+    """archive and unarchive (a delete is ``actors/session/deletion.py``'s)."""
+    def decide(state: Any, now: int) -> list[E.Event]:
+        ensure_usable(state)
+        if op == "archive":
+            return [] if state.archived else [E.SessionArchived(at=now)]
+        return [E.SessionUnarchived(at=now)] if state.archived else []
+
+    return decide
+
+
+def store_attachments(svc: SessionProtocolService, attachments: list[Any], session_id: str) -> list[E.AttachmentRef]:
+    """Decode, check and store outgoing attachments for ``session_id`` (seed 004: base64 data URLs
+    only; the type is sniffed from the bytes; seed 000: at most 10, each and all together at most
+    20 MB). Every one is checked before the first is stored."""
+    refs: list[E.AttachmentRef] = []
+    payloads: list[tuple[str, bytes]] = []
+    total = 0
+    for i, att in enumerate(attachments):
+        decoded = decode_data_url(att.data)
+        if decoded is None:
+            raise RpcError.invalid_params(Text("error.not-data-url", field=f"params.attachments[{i}].data"))
+        size = len(decoded.payload)
+        total += size
+        if size > MAX_ATTACHMENT_BYTES:
+            raise RpcError.invalid_params(Text("error.attachment-too-large", field=f"params.attachments[{i}]",
+                                               size=size))
+        if total > MAX_ATTACHMENT_BYTES:
+            raise RpcError.invalid_params(Text("error.attachments-too-large", field="params.attachments"))
+        payloads.append((att.name, decoded.payload))
+    for name, payload in payloads:
+        mime = sniff_mime(payload)
+        digest = svc.blobs.put(payload, session_id)
+        refs.append(E.AttachmentRef(name=name, kind=kind_of(mime), mime=mime, size=len(payload), sha256=digest))
+    return refs
+
+
+class _ChangeBatcher:
+    """Coalesces a connection's ``sessions/changed`` pushes to at most one per 50 ms: the seed
+    lets clients overwrite by id, so only the latest summary of each session matters."""
+
+    def __init__(self, handlers: _Handlers, conn: ClientConnection) -> None:
+        self.h = handlers
+        self.conn = conn
+        self.upserts: dict[str, None] = {}
+        self.removes: dict[str, None] = {}
+        self.scheduled = False
+        self.lock = threading.Lock()
+
+    def add(self, upserts: list[str], removes: list[str]) -> None:
+        with self.lock:
+            for sid in upserts:
+                self.upserts[sid] = None
+            for sid in removes:
+                self.removes[sid] = None
+                self.upserts.pop(sid, None)
+            if self.scheduled:
+                return
+            self.scheduled = True
+        loop = self.h.rt.worker.loop
+        loop.call_soon_threadsafe(loop.call_later, 0.05, lambda: self.h.svc.slow.submit(self.flush))
+
+    def flush(self) -> None:
+        with self.lock:
+            upserts, removes = list(self.upserts), list(self.removes)
+            self.upserts.clear()
+            self.removes.clear()
+            self.scheduled = False
+        if self.conn.closed or (not upserts and not removes):
+            return
+        try:
+            self.conn.notify("sessions/changed", self.h.changed(self.conn, upserts, removes))
+        except Exception:
+            log.exception("sessions/changed failed")

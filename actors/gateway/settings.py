@@ -1,0 +1,285 @@
+"""The ``session/config/*`` methods and the ``session/config/changed`` push (seed 004, 会话设置),
+over the settings service of :mod:`actors.settings.service`.
+
+:func:`install_settings` is the one entry point: the protocol service calls it at the end of its
+construction. It creates the runtime's settings service (once per runtime), registers the
+config resolver and the commit listener, and adds the handlers. From then on
+``features.settings`` is true (the service reads ``runtime.settings_service``).
+
+Handlers follow ``gateway_methods``: ``(conn, request_id, params) -> None``, answering later and
+never waiting. A session's rows are computed on its actor (they need its state); a write to its
+own layer is an ``Apply`` on the actor, then the rows. Layer reads and writes touch files and
+the store, so they run on the gateway's pool. Layers, layer rows and overrides are the owner's:
+an app connection gets ``forbidden`` (an app may read and set its own sessions' rows).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from sessionloop.actors.errors import NotFound
+from sessionloop.actors.gateway.methods import _as_rpc, answer, in_background
+from sessionloop.actors.session.actor import Apply, Query
+from sessionloop.actors.session.decide import ensure_usable
+from sessionloop.actors.settings.apps import MODES
+from sessionloop.actors.settings.context import DEFAULT_WORKSPACE
+from sessionloop.actors.settings.service import SettingsService
+from sessionloop.actors.settings.texts import Text
+from sessionloop.actors.system.pubsub import Reply
+from sessionloop.actors.tools.sandbox import POLICIES
+from sessionloop.actors.views.summary import summary_from_record
+from sessionloop.eventstore.errors import SessionloopError
+from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.schemas import (
+    ConfigLayersResult,
+    ConfigRows,
+    Empty,
+    LayerName,
+    LayerRows,
+    OverrideEntry,
+    OverrideGroup,
+    OverridesResult,
+)
+from sessionloop.protocol.schemas_types import (
+    AncestorRef,
+    GlobalLayer,
+    PlaceLayer,
+    PlatformLayer,
+    PlatformTypeLayer,
+    SessionTarget,
+    SettingLayerInfo,
+)
+
+if TYPE_CHECKING:
+    from sessionloop.actors.gateway.service import ClientConnection, SessionProtocolService
+
+log = logging.getLogger("sessionloop.gateway")
+
+LAYER_NAMES = ("global", "platform", "platformType", "place", "session")  # seed: SESSION_LAYERS
+PUSH_DELAY_S = 0.05  # coalesce a burst of changes (a bot creating sessions) into one push
+
+
+def install_settings(service: SessionProtocolService) -> None:
+    """Install the session settings service on ``service``'s runtime (once per runtime) and
+    add the ``session/config/*`` handlers to ``service.handlers``."""
+    rt = service.rt
+    settings = rt.settings_service
+    if settings is None:
+        settings = SettingsService(rt, service.index, _submitter(service))
+        rt.settings_service = settings
+        rt.config_resolvers.append(settings.resolve_config)
+        rt.listeners.append(settings.committed)
+    settings.on_change.append(_Broadcast(service))
+    service.handlers.update(settings_handlers(service, settings))
+
+
+def _submitter(service: SessionProtocolService) -> Any:
+    def submit(work: Any) -> None:
+        try:
+            service.slow.submit(work)
+        except RuntimeError:  # the pool is shut down: the place is recorded on its next use
+            log.debug("settings work dropped at shutdown")
+
+    return submit
+
+
+class _Broadcast:
+    """``session/config/changed`` to every connection of one protocol service, at most one per
+    ``PUSH_DELAY_S`` (the notification has no parameters: clients re-read what they show)."""
+
+    def __init__(self, service: SessionProtocolService) -> None:
+        self.service = service
+        self.scheduled = False
+        self.lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self.lock:
+            if self.scheduled:
+                return
+            self.scheduled = True
+        loop = self.service.rt.worker.loop
+        try:
+            loop.call_soon_threadsafe(loop.call_later, PUSH_DELAY_S, self._flush)
+        except RuntimeError:  # the worker loop is closed: shutting down
+            pass
+
+    def _flush(self) -> None:
+        try:
+            self.service.slow.submit(self.push)
+        except RuntimeError:
+            pass
+
+    def push(self) -> None:
+        with self.lock:
+            self.scheduled = False
+        self.service.notify_all("session/config/changed", Empty())
+
+
+def settings_handlers(service: SessionProtocolService, settings: SettingsService) -> dict[str, Any]:
+    h = _SettingsHandlers(service, settings)
+    return {
+        "session/config/get": h.get,
+        "session/config/update": h.update,
+        "session/config/layers": h.layers,
+        "session/config/layer/get": h.layer_get,
+        "session/config/layer/update": h.layer_update,
+        "session/config/overrides": h.overrides,
+    }
+
+
+class _SettingsHandlers:
+    def __init__(self, service: SessionProtocolService, settings: SettingsService) -> None:
+        self.svc = service
+        self.rt = service.rt
+        self.settings = settings
+
+    def _record(self, conn: ClientConnection, session_id: str) -> Any:
+        record = self.svc.index.get(session_id)
+        if record is None or not conn.visible(record):
+            raise NotFound(Text("error.session-not-found", session=session_id))
+        return record
+
+    @staticmethod
+    def _owner(conn: ClientConnection, method: str) -> None:
+        if not conn.peer.is_owner:
+            raise RpcError.forbidden(Text("error.owner-only", method=method))
+
+    # --- one session ----------------------------------------------------------------------------
+
+    def get(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self._record(conn, params.session_id)
+        self.settings.refresh_host_config()
+        settings, platform = self.settings, conn.peer.platform
+
+        def rows(actor: Any) -> Any:
+            ensure_usable(actor.state)
+            try:
+                items, used = settings.session_rows(actor.state, platform)
+            except SessionloopError:
+                raise
+            except Exception as e:  # our bug: answer it, do not fail the session actor
+                log.exception("session/config/get failed")
+                raise RpcError.internal_error(f"{type(e).__name__}: {e}") from e
+            return ConfigRows(items=items, platform=used)
+
+        self.rt.tell(params.session_id, Query(rows, answer(conn, request_id, lambda r: r)))
+
+    def update(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        """Seed 写: the session's own layer, through an ``Apply`` (InvalidSetting -> invalidParams,
+        nothing written); then the rows as ``session/config/get`` gives them. An app may not raise
+        its session's permission mode or sandbox policy beyond its manifest: ``forbidden``."""
+        self._record(conn, params.session_id)
+        self._within_manifest(conn, params.plugin, params.key, params.value)
+        settings = self.settings
+
+        def applied(r: Reply) -> None:
+            _, error = r.outcome()
+            if error is not None:  # the refusal (InvalidSetting -> invalidParams), NotFound...
+                conn.error(request_id, _as_rpc(error))
+                return
+            try:
+                self.get(conn, request_id, params)
+            except SessionloopError as e:  # deleted meanwhile
+                conn.error(request_id, e)
+
+        reply = Reply()
+        reply.add_callback(applied)
+        self.rt.tell(params.session_id, Apply(
+            lambda state, now: settings.session_events(state, params.plugin, params.key, params.value, now),
+            reply, drive=False))
+
+    def _within_manifest(self, conn: ClientConnection, plugin: str, key: str, value: Any) -> None:
+        app = self.rt.apps.find(conn.peer.app_id)
+        if app is None or plugin != "tools" or not isinstance(value, str):
+            return  # the owner; another field; a delete or a value of the wrong type (invalidParams)
+        if key == "permissionMode" and value in MODES and not app.allows_mode(value):
+            raise RpcError.forbidden(Text("error.app-mode-forbidden", app=repr(app.id), mode=repr(value),
+                                          allowed=", ".join(app.permission_modes)))
+        if key == "sandbox" and value in POLICIES and not app.allows_policy(value):
+            raise RpcError.forbidden(Text("error.app-sandbox-forbidden", app=repr(app.id), policy=repr(value),
+                                          allowed=app.sandbox))
+
+    # --- layers ---------------------------------------------------------------------------------
+
+    def layers(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self._owner(conn, "session/config/layers")
+        self.settings.refresh_host_config()
+        order = [LayerName(name=name, label=Text(f"layer.{name}")) for name in LAYER_NAMES]  # type: ignore[arg-type]
+        in_background(self.svc, conn, request_id,
+                      lambda: ConfigLayersResult(layers=layer_infos(self.settings), order=order))
+
+    def layer_get(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self._owner(conn, "session/config/layer/get")
+        self.settings.refresh_host_config()
+        in_background(self.svc, conn, request_id, lambda: LayerRows(items=self.settings.layer_rows(params.layer)))
+
+    def layer_update(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self._owner(conn, "session/config/layer/update")
+
+        def work() -> LayerRows:
+            unsaved = self.settings.update_layer(params.layer, params.plugin, params.key, params.value)
+            return LayerRows(items=self.settings.layer_rows(params.layer), unsaved=unsaved)
+
+        in_background(self.svc, conn, request_id, work)
+
+    def overrides(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+        self._owner(conn, "session/config/overrides")
+        in_background(self.svc, conn, request_id, lambda: self._overrides(params.plugin))
+
+    def _overrides(self, plugin: str) -> OverridesResult:
+        items = []
+        for (_, key), entries in self.settings.overrides(plugin).items():
+            wire = []
+            for target, value in entries:
+                if isinstance(target, str):
+                    session = self._session_target(target)
+                    if session is None:
+                        continue
+                    wire.append(OverrideEntry(target=session, value=value))
+                else:
+                    wire.append(OverrideEntry(target=target, value=value))
+            if wire:
+                items.append(OverrideGroup(key=key, entries=wire))
+        return OverridesResult(items=items)
+
+    def _session_target(self, session_id: str) -> SessionTarget | None:
+        """Seed: 某个会话的本会话层(带标题,子会话另带父会话)."""
+        record = self.svc.index.get(session_id)
+        if record is None:
+            return None
+        parent = None
+        if record.parent_id is not None:
+            up = self.svc.index.get(record.parent_id)
+            parent = AncestorRef(id=record.parent_id,
+                                 title=summary_from_record(up).title if up is not None else record.parent_id)
+        return SessionTarget(session_id=session_id, title=summary_from_record(record).title, parent=parent)
+
+
+def layer_infos(settings: SettingsService) -> list[SettingLayerInfo]:
+    """Seed 可以设的各层: global; each platform; each platform chat type (declared or written,
+    with its display name when declared); every place, workspaces first, the default one first.
+    A place's label has no platform; a window carries its platform and type instead."""
+    platforms, types = settings.known_platforms()
+    out = [SettingLayerInfo(layer=GlobalLayer())]
+    out += [SettingLayerInfo(layer=PlatformLayer(platform=p)) for p in platforms]
+    out += [SettingLayerInfo(layer=PlatformTypeLayer(platform=p, type=t), label=label)
+            for (p, t), label in types.items()]
+    for key in settings.ordered_places():
+        place = settings.place(key)
+        if place is None:
+            continue
+        if place.kind == "workspace":
+            label = Text("place.default-workspace") if key == DEFAULT_WORKSPACE else \
+                Text("place.workspace", name=place.name)
+            out.append(SettingLayerInfo(layer=PlaceLayer(key=key), label=label))
+            continue
+        kind = types.get((place.platform, place.type)) if place.platform and place.type else None
+        kind = kind or place.type
+        out.append(SettingLayerInfo(layer=PlaceLayer(key=key), label=f"{kind} {place.name}" if kind else place.name,
+                                    platform=place.platform, type=place.type))
+    return out
+
+
+__all__ = ["install_settings", "layer_infos", "settings_handlers"]

@@ -1,0 +1,1 @@
+"""Replay-based debugging: timelines, verification and re-runs of a session from its log."""

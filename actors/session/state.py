@@ -1,0 +1,551 @@
+"""A session's state as a fold of its events: ``state = evolve(state, event)``.
+
+``evolve`` is deterministic and total: no I/O, no clock, no randomness (ids and times travel in
+the events), and an event it does not expect leaves the state as it was. Replay, recovery,
+snapshots and ``rerun`` all run it again, so it must never have effects. For speed it updates
+``state`` in place and returns it (a session's message list would otherwise be copied on every
+event); take ``copy_state`` first when the old value is still needed.
+
+Session status (seed 002) is a small state machine, written as a table below::
+
+    idle ──turn.started──▶ running ──tool.started──▶ waiting_tool ──llm.started──▶ running
+    running / waiting_tool ──turn.completed / limit-reached──▶ completed
+                           ──turn.failed──▶ failed      ──turn.aborted──▶ cancelled
+    completed / failed / cancelled ──turn.started──▶ running
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgspec
+
+from sessionloop.actors.approvals.grants import Grant, grant_of
+from sessionloop.actors.session.context import summary_message
+from sessionloop.eventstore import events as E
+from sessionloop.protocol.limits import MAX_TITLE, clip
+
+STATE_FORMAT = 1  # bump when SessionState changes shape: old snapshots are then ignored
+MAX_GRANTS = 100  # grants a session keeps (revoked and expired ones are dropped first)
+
+
+class Status(enum.StrEnum):
+    IDLE = "idle"
+    RUNNING = "running"
+    WAITING_TOOL = "waiting_tool"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_ANY = frozenset(Status)
+_ACTIVE = frozenset({Status.RUNNING, Status.WAITING_TOOL})
+_ENDED = frozenset({Status.IDLE, Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+
+#: tag -> (states it may happen in, state after). Events not listed do not change the status.
+TRANSITIONS: dict[str, tuple[frozenset[Status], Status]] = {
+    "turn.started": (_ENDED, Status.RUNNING),
+    "tool.started": (_ACTIVE, Status.WAITING_TOOL),
+    "llm.started": (_ACTIVE, Status.RUNNING),
+    "turn.completed": (_ACTIVE, Status.COMPLETED),
+    "turn.limit-reached": (_ACTIVE, Status.COMPLETED),
+    "turn.failed": (_ACTIVE, Status.FAILED),
+    "turn.aborted": (_ACTIVE, Status.CANCELLED),
+}
+
+
+class IllegalTransition(Exception):
+    """A command produced an event the current status does not allow (our bug, not the peer's)."""
+
+
+def next_status(current: Status, tag: str) -> Status:
+    rule = TRANSITIONS.get(tag)
+    if rule is None:
+        return current
+    allowed, after = rule
+    if current not in allowed:
+        raise IllegalTransition(f"{tag} is not allowed while the session is {current.value}")
+    return after
+
+
+# --- state -----------------------------------------------------------------------------------
+
+
+class QueuedInput(msgspec.Struct, kw_only=True, gc=False):
+    input_id: str
+    turn_id: str
+    text: str
+    attachments: tuple[E.AttachmentRef, ...] = ()
+    speaker: E.Speaker | None = None
+    source: str | None = None
+    idempotency_key: str | None = None
+    at: int = 0
+
+
+class TurnRecord(msgspec.Struct, kw_only=True, gc=False):
+    turn_id: str
+    status: str = "running"  # running | completed | failed | aborted | limit
+    input_ids: tuple[str, ...] = ()
+    source: str | None = None
+    started_at: int = 0
+    ended_at: int | None = None
+    outcome: str | None = None  # replied | silent | aborted | error
+    output_text: str = ""
+    code: str | None = None
+    reason: str | None = None
+    llm_calls: int = 0
+    max_steps: int | None = None
+    message_start: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    compaction_tried: bool = False
+
+    def max_steps_or(self, default: int) -> int:
+        return self.max_steps if self.max_steps is not None else default
+
+
+class ToolCallRecord(msgspec.Struct, kw_only=True, gc=False):
+    call_id: str
+    turn_id: str
+    tool: str
+    args: Any = None
+    status: str = "generating"  # generating | running | completed | failed | denied | aborted
+    output: Any = None
+    exit_code: int | None = None
+    display: E.ToolDisplay | None = None
+    approval_id: str | None = None
+    settlement: E.Settlement | None = None
+    task_id: str | None = None
+    not_executed: bool = False
+    repair: str | None = None
+    started_at: int = 0
+    ended_at: int | None = None
+    step_id: str = ""
+
+
+class StepRecord(msgspec.Struct, kw_only=True, gc=False):
+    """Seed 002 AgentStep: ``thinking``, ``llm`` or ``tool``, the unit of debugging and billing."""
+
+    step_id: str
+    type: str  # thinking | llm | tool
+    turn_id: str
+    status: str  # pending | streaming | running | completed | failed
+    started_at: int = 0
+    ended_at: int | None = None
+    tool: str | None = None
+    call_id: str | None = None
+
+
+class Checkpoint(msgspec.Struct, kw_only=True, gc=False):
+    turn_id: str
+    call_id: str
+    path: str
+    existed: bool
+    content: bytes | None = None
+
+
+class SessionState(msgspec.Struct, kw_only=True):
+    session_id: str
+    version: int = 0
+    created: E.SessionCreated | None = None
+    title: str = ""
+    archived: bool = False
+    deleted: bool = False
+    parked: str | None = None
+    status: Status = Status.IDLE
+    messages: list[E.Message] = []
+    queue: list[QueuedInput] = []
+    turns: dict[str, TurnRecord] = {}
+    turn_order: list[str] = []
+    current_turn: str | None = None
+    pending_llm: str | None = None  # step id of a model call started and not finished
+    batch: list[str] = []  # call ids of the last model answer, in order
+    tool_calls: dict[str, ToolCallRecord] = {}
+    steps: list[StepRecord] = []
+    plan: list[E.PlanEntry] = []
+    plan_explanation: str = ""
+    plan_at: int | None = None
+    last_usage: E.Usage | None = None
+    last_usage_at: int | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    created_at: int = 0
+    updated_at: int = 0
+    last_reply_at: int | None = None
+    seen_at: int = 0
+    checkpoints: list[Checkpoint] = []
+    artifacts: list[E.ArtifactRecorded] = []
+    settings: dict[str, Any] = {}
+    settings_rev: int = 0  # bumped on every settings change: lets the shell cache its config
+    summaries: int = 0  # summary messages inserted so far (0: the model view needs no merging)
+    notices: list[E.NoticePosted] = []
+    grants: dict[str, Grant] = {}  # approval grants by id (the approval whose answer made them)
+
+    @property
+    def is_busy(self) -> bool:
+        return self.current_turn is not None
+
+    def unfinished_turns(self) -> int:
+        return len(self.queue) + (1 if self.current_turn else 0)
+
+    def last_turn(self) -> TurnRecord | None:
+        for turn_id in reversed(self.turn_order):
+            turn = self.turns[turn_id]
+            if turn.ended_at is not None:
+                return turn
+        return None
+
+
+def new_state(session_id: str) -> SessionState:
+    return SessionState(session_id=session_id)
+
+
+_state_encoder = msgspec.msgpack.Encoder()
+_state_decoder = msgspec.msgpack.Decoder(tuple[int, SessionState])
+
+
+def encode_state(state: SessionState) -> bytes:
+    return _state_encoder.encode((STATE_FORMAT, state))
+
+
+def decode_state(data: bytes) -> SessionState | None:
+    """A snapshot's state, or None when it was written in another format (replay instead)."""
+    try:
+        fmt, state = _state_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return state if fmt == STATE_FORMAT else None
+
+
+def copy_state(state: SessionState) -> SessionState:
+    decoded = decode_state(encode_state(state))
+    assert decoded is not None
+    return decoded
+
+
+# --- evolve ------------------------------------------------------------------------------------
+
+
+def evolve(state: SessionState, event: E.Event | E.UnknownEvent) -> SessionState:
+    """Apply one event. Deterministic; unknown events are skipped (kept in the log)."""
+    state.version += 1
+    plan = _PLANS.get(type(event))
+    if plan is None:
+        if isinstance(event, E.UnknownEvent):
+            return state
+        plan = _PLANS[type(event)] = (E.event_tag(event), _HANDLERS.get(type(event)))
+    tag, handler = plan
+    state.status = next_status(state.status, tag)
+    if handler is not None:
+        handler(state, event)
+    if event.at:
+        state.updated_at = max(state.updated_at, event.at)
+    return state
+
+
+def fold(events: Any, state: SessionState) -> SessionState:
+    for event in events:
+        evolve(state, event)
+    return state
+
+
+def _created(s: SessionState, e: E.SessionCreated) -> None:
+    if len(e.title) > MAX_TITLE or len(e.name) > MAX_TITLE:  # stored before the bound: cut when read
+        e = msgspec.structs.replace(e, title=clip(e.title, MAX_TITLE), name=clip(e.name, MAX_TITLE))
+    s.created = e
+    s.title = e.title or e.name
+    s.created_at = e.at
+
+
+def _renamed(s: SessionState, e: E.SessionRenamed) -> None:
+    s.title = clip(e.title, MAX_TITLE)
+
+
+def _archived(s: SessionState, e: E.Event) -> None:
+    s.archived = isinstance(e, E.SessionArchived)
+
+
+def _deleted(s: SessionState, e: E.SessionDeleted) -> None:
+    s.deleted = True
+    s.queue.clear()
+
+
+def _seen(s: SessionState, e: E.SessionSeen) -> None:
+    s.seen_at = e.at
+
+
+def _imported(s: SessionState, e: E.MessagesImported) -> None:
+    s.messages = list(e.messages)
+
+
+def _setting(s: SessionState, e: E.SessionSettingChanged) -> None:
+    key = f"{e.plugin}/{e.key}"
+    s.settings_rev += 1
+    if e.deleted:
+        s.settings.pop(key, None)
+    else:
+        s.settings[key] = e.value
+
+
+def _parked(s: SessionState, e: E.Event) -> None:
+    s.parked = e.reason if isinstance(e, E.SessionParked) else None
+
+
+def _input(s: SessionState, e: E.InputAccepted) -> None:
+    s.queue.append(QueuedInput(input_id=e.input_id, turn_id=e.turn_id, text=e.text, attachments=tuple(e.attachments),
+                               speaker=e.speaker, source=e.source, idempotency_key=e.idempotency_key, at=e.at))
+
+
+def _input_dropped(s: SessionState, e: E.InputDropped) -> None:
+    s.queue = [q for q in s.queue if q.input_id != e.input_id]
+
+
+def _turn_started(s: SessionState, e: E.TurnStarted) -> None:
+    turn = TurnRecord(turn_id=e.turn_id, input_ids=tuple(e.input_ids), source=e.source, started_at=e.at,
+                      max_steps=e.max_steps, message_start=len(s.messages))
+    taken = set(e.input_ids)
+    for q in s.queue:
+        if q.input_id in taken and q.source != "continue":  # turn/continue adds no user message
+            s.messages.append(E.Message(role="user", content=q.text, turn_id=e.turn_id, attachments=q.attachments))
+    s.queue = [q for q in s.queue if q.input_id not in taken]
+    s.turns[e.turn_id] = turn
+    s.turn_order.append(e.turn_id)
+    s.current_turn = e.turn_id
+    s.batch = []
+
+
+def _end_turn(s: SessionState, turn_id: str, status: str, at: int, outcome: str) -> TurnRecord | None:
+    turn = s.turns.get(turn_id)
+    if turn is None:
+        return None
+    turn.status, turn.ended_at, turn.outcome = status, at, outcome
+    if s.current_turn == turn_id:
+        s.current_turn = None
+        s.pending_llm = None
+        s.batch = []
+    return turn
+
+
+def _turn_completed(s: SessionState, e: E.TurnCompleted) -> None:
+    turn = _end_turn(s, e.turn_id, "completed", e.at, e.outcome)
+    if turn is not None:
+        turn.output_text = e.output_text
+        if e.outcome == "replied":
+            s.last_reply_at = e.at
+
+
+def _turn_failed(s: SessionState, e: E.TurnFailed) -> None:
+    turn = _end_turn(s, e.turn_id, "failed", e.at, "error")
+    if turn is not None:
+        turn.code, turn.reason = e.code, e.reason
+
+
+def _turn_aborted(s: SessionState, e: E.TurnAborted) -> None:
+    turn = _end_turn(s, e.turn_id, "aborted", e.at, "aborted")
+    if turn is not None:
+        turn.reason = e.reason
+
+
+def _turn_limit(s: SessionState, e: E.TurnLimitReached) -> None:
+    turn = _end_turn(s, e.turn_id, "limit", e.at, "silent")
+    if turn is not None:
+        turn.reason = f"stopped after {e.max_steps} model calls"
+
+
+def _llm_started(s: SessionState, e: E.LlmStarted) -> None:
+    s.pending_llm = e.step_id
+    turn = s.turns.get(e.turn_id)
+    if turn is not None:
+        turn.llm_calls += 1
+    s.steps.append(StepRecord(step_id=e.step_id, type="llm", turn_id=e.turn_id, status="pending", started_at=e.at))
+
+
+def _finish_step(s: SessionState, step_id: str, status: str, at: int) -> None:
+    for step in reversed(s.steps):
+        if step.step_id == step_id:
+            step.status, step.ended_at = status, at
+            return
+
+
+def _llm_completed(s: SessionState, e: E.LlmCompleted) -> None:
+    if s.pending_llm == e.step_id:
+        s.pending_llm = None
+    _finish_step(s, e.step_id, "completed", e.at)
+    if e.reasoning:
+        s.steps.append(StepRecord(step_id=f"{e.step_id}.thinking", type="thinking", turn_id=e.turn_id,
+                                  status="completed", started_at=e.at, ended_at=e.at))
+    s.messages.append(E.Message(role="assistant", content=e.text, tool_calls=tuple(e.tool_calls), turn_id=e.turn_id))
+    s.batch = [c.call_id for c in e.tool_calls]
+    for call in e.tool_calls:
+        s.tool_calls[call.call_id] = ToolCallRecord(call_id=call.call_id, turn_id=e.turn_id, tool=call.name,
+                                                    args=call.args, started_at=e.at, step_id=e.step_id)
+    s.last_usage, s.last_usage_at = e.usage, e.at
+    s.tokens_in += e.usage.prompt_tokens
+    s.tokens_out += e.usage.completion_tokens
+    turn = s.turns.get(e.turn_id)
+    if turn is not None:
+        turn.prompt_tokens = e.usage.prompt_tokens
+        turn.completion_tokens += e.usage.completion_tokens
+
+
+def _llm_failed(s: SessionState, e: E.LlmFailed) -> None:
+    if s.pending_llm == e.step_id:
+        s.pending_llm = None
+    _finish_step(s, e.step_id, "failed", e.at)
+
+
+def _tool_started(s: SessionState, e: E.ToolStarted) -> None:
+    rec = s.tool_calls.get(e.call_id)
+    if rec is None:
+        rec = s.tool_calls[e.call_id] = ToolCallRecord(call_id=e.call_id, turn_id=e.turn_id, tool=e.tool)
+    rec.status, rec.args, rec.display, rec.started_at = "running", e.args, e.display, e.at
+    s.steps.append(StepRecord(step_id=f"tool.{e.call_id}", type="tool", turn_id=e.turn_id, status="running",
+                              started_at=e.at, tool=e.tool, call_id=e.call_id))
+
+
+def _tool_finished(s: SessionState, e: E.ToolFinished) -> None:
+    rec = s.tool_calls.get(e.call_id)
+    if rec is None:
+        rec = s.tool_calls[e.call_id] = ToolCallRecord(call_id=e.call_id, turn_id=e.turn_id, tool="?")
+    rec.status, rec.output, rec.exit_code, rec.ended_at = e.status, e.output, e.exit_code, e.at
+    rec.task_id, rec.not_executed, rec.repair = e.task_id, e.not_executed, e.repair
+    if e.approval_id:
+        rec.approval_id = e.approval_id
+    if e.settlement is not None:
+        rec.settlement = e.settlement
+    if rec.display is not None and e.exit_code is not None and rec.display.kind == "command":
+        rec.display = msgspec.structs.replace(rec.display, exit_code=e.exit_code)
+    _finish_step(s, f"tool.{e.call_id}", "completed" if e.status == "completed" else "failed", e.at)
+    content = e.output if isinstance(e.output, str) else msgspec.json.encode(e.output).decode()
+    s.messages.append(E.Message(role="tool", content=content, tool_call_id=e.call_id, name=rec.tool,
+                                turn_id=e.turn_id))
+
+
+def _approval_requested(s: SessionState, e: E.ToolApprovalRequested) -> None:
+    rec = s.tool_calls.get(e.call_id)
+    if rec is not None:
+        rec.approval_id = e.approval_id
+
+
+def _approval_settled(s: SessionState, e: E.ToolApprovalSettled) -> None:
+    rec = s.tool_calls.get(e.call_id)
+    if rec is not None:
+        rec.approval_id, rec.settlement = e.approval_id, e.settlement
+    grant = grant_of(e)
+    if grant is not None:
+        if len(s.grants) >= MAX_GRANTS:  # the oldest ended grants go first
+            ended = [g.id for g in s.grants.values() if g.revoked or g.terms.expires_at <= e.at]
+            for gid in (ended or list(s.grants))[: len(s.grants) - MAX_GRANTS + 1]:
+                del s.grants[gid]
+        s.grants[grant.id] = grant
+
+
+def _grant_revoked(s: SessionState, e: E.ApprovalGrantRevoked) -> None:
+    grant = s.grants.get(e.grant_id)
+    if grant is not None:
+        grant.revoked = True
+
+
+def _notice(s: SessionState, e: E.NoticePosted) -> None:
+    s.notices.append(e)
+    if len(s.notices) > 200:
+        del s.notices[:-200]
+
+
+def _plan(s: SessionState, e: E.Event) -> None:
+    if isinstance(e, E.PlanUpdated):
+        s.plan, s.plan_explanation, s.plan_at = list(e.entries), e.explanation, e.at
+    else:
+        s.plan, s.plan_explanation, s.plan_at = [], "", None
+
+
+def _count_summary_call(s: SessionState, usage: E.Usage | None) -> None:
+    """A summary call's tokens go into the session's accounting, not into its context usage."""
+    if usage is not None:
+        s.tokens_in += usage.prompt_tokens
+        s.tokens_out += usage.completion_tokens
+
+
+def _compacted(s: SessionState, e: E.ContextCompacted) -> None:
+    _count_summary_call(s, e.usage)
+    message = summary_message(e.summary)
+    s.summaries += 1
+    turn = s.turns.get(e.turn_id) if e.turn_id else None
+    if e.auto and turn is not None:
+        # seed 002, 上下文压缩: the automatic summary goes right before the current user message
+        turn.compaction_tried = True
+        s.messages.insert(turn.message_start, msgspec.structs.replace(message, turn_id=e.turn_id))
+    else:
+        s.messages.append(message)
+
+
+def _compact_failed(s: SessionState, e: E.ContextCompactFailed) -> None:
+    _count_summary_call(s, e.usage)
+    turn = s.turns.get(e.turn_id) if e.turn_id else None
+    if turn is not None:
+        turn.compaction_tried = True
+
+
+def _checkpoint(s: SessionState, e: E.CheckpointRecorded) -> None:
+    s.checkpoints.append(Checkpoint(turn_id=e.turn_id, call_id=e.call_id, path=e.path, existed=e.existed,
+                                    content=e.content))
+
+
+def _rewound(s: SessionState, e: E.TurnRewound) -> None:
+    if e.turn_id not in s.turns:
+        return
+    index = s.turn_order.index(e.turn_id)
+    gone = set(s.turn_order[index:])
+    s.checkpoints = [c for c in s.checkpoints if c.turn_id not in gone]
+    if e.chat_deleted:
+        s.messages = s.messages[: s.turns[e.turn_id].message_start]
+        for turn_id in s.turn_order[index:]:
+            del s.turns[turn_id]
+        s.turn_order = s.turn_order[:index]
+        s.tool_calls = {k: v for k, v in s.tool_calls.items() if v.turn_id not in gone}
+        s.steps = [st for st in s.steps if st.turn_id not in gone]
+
+
+def _artifact(s: SessionState, e: E.ArtifactRecorded) -> None:
+    s.artifacts.append(e)
+
+
+#: per event type: its tag and its handler, looked up once (evolve runs for every event)
+_PLANS: dict[type, tuple[str, Any]] = {}
+
+_HANDLERS: dict[type, Any] = {
+    E.SessionCreated: _created,
+    E.SessionRenamed: _renamed,
+    E.SessionArchived: _archived,
+    E.SessionUnarchived: _archived,
+    E.SessionDeleted: _deleted,
+    E.SessionSeen: _seen,
+    E.MessagesImported: _imported,
+    E.SessionSettingChanged: _setting,
+    E.SessionParked: _parked,
+    E.SessionUnparked: _parked,
+    E.InputAccepted: _input,
+    E.InputDropped: _input_dropped,
+    E.TurnStarted: _turn_started,
+    E.TurnCompleted: _turn_completed,
+    E.TurnFailed: _turn_failed,
+    E.TurnAborted: _turn_aborted,
+    E.TurnLimitReached: _turn_limit,
+    E.LlmStarted: _llm_started,
+    E.LlmCompleted: _llm_completed,
+    E.LlmFailed: _llm_failed,
+    E.ToolStarted: _tool_started,
+    E.ToolFinished: _tool_finished,
+    E.ToolApprovalRequested: _approval_requested,
+    E.ToolApprovalSettled: _approval_settled,
+    E.ApprovalGrantRevoked: _grant_revoked,
+    E.NoticePosted: _notice,
+    E.PlanUpdated: _plan,
+    E.PlanCleared: _plan,
+    E.ContextCompacted: _compacted,
+    E.ContextCompactFailed: _compact_failed,
+    E.CheckpointRecorded: _checkpoint,
+    E.TurnRewound: _rewound,
+    E.ArtifactRecorded: _artifact,
+}

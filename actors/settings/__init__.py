@@ -1,0 +1,1 @@
+"""Session settings and their layers, the config.toml document, apps, and the text catalogue."""

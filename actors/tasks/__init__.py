@@ -1,0 +1,1 @@
+"""Background tasks: commands that outlived their tool call, one actor each."""

@@ -1,0 +1,1 @@
+"""Pure read models of a session's events: the items the protocol shows, the listing record, the index."""
