@@ -96,13 +96,13 @@ def messages_per_turn(llm_latency_ms: float) -> dict[str, float]:
     go out after it, with the commit's pushes: no message), so a plain
     turn is one ``Send`` (input, turn start, model step and turn end in one commit) and a tool
     turn adds one ``ToolDone`` (second commit: tool result, second model step, turn end). The
-    driver's ``session.watch_turn`` also tells the actor a ``Query`` when the turn has not ended
+    driver's ``session.watch_turn`` also tells the actor an ``Ask`` when the turn has not ended
     by the time the receipt arrives: never for a plain turn, always for a tool turn. With model
     latency every model step is a round trip through the worker loop: one ``ModelDone`` each.
     """
-    plain, tool = 1.0, 3.0  # Send | Send + Query + ToolDone
+    plain, tool = 1.0, 3.0  # Send | Send + Ask + ToolDone
     if llm_latency_ms:
-        plain, tool = plain + 2, tool + 2  # + Query + ModelDone | + ModelDone x2
+        plain, tool = plain + 2, tool + 2  # + Ask + ModelDone | + ModelDone x2
     return {"plain": plain, "tool": tool, "mixed": (plain + tool) / 2}
 
 

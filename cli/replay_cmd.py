@@ -37,7 +37,8 @@ from sessionloop.actors.replay.timeline import (
     replayed_settlement,
     rerun_gate,
 )
-from sessionloop.actors.session.actor import Query
+from sessionloop.actors.session.actor import Ask
+from sessionloop.actors.session.commands import SettingsOf
 from sessionloop.cli.serve import DEFAULT_DATA
 from sessionloop.eventstore import EventStore, RecordedEvent
 from sessionloop.eventstore import events as E
@@ -818,7 +819,7 @@ class _Rerun:
         started (a fork copies the conversation only), through ``session/config/update``: the
         permission mode, the sandbox policy and the agent options then decide as they did."""
         wanted = self.plan.settings.get(turn, {})
-        have = self.rt.ask(self.fork.id, lambda r: Query(lambda a: dict(a.state.settings), r), self.timeout)
+        have = self.rt.ask(self.fork.id, lambda r: Ask(SettingsOf(), r), self.timeout)
         for key in sorted(set(wanted) | set(have)):
             if key in wanted and key in have and wanted[key] == have[key]:
                 continue

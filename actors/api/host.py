@@ -19,10 +19,11 @@ from typing import Any
 import msgspec
 
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
-from sessionloop.actors.session.actor import Apply, Cancel, Compact, Create, Query, Receipt, Send, SessionActor, now_ms
+from sessionloop.actors.session import commands as C
+from sessionloop.actors.session.actor import Ask, Cancel, Compact, Create, Decide, Receipt, Send, SessionActor, now_ms
 from sessionloop.actors.session.context import keep_turns
-from sessionloop.actors.session.decide import ensure_usable, steps_limit
-from sessionloop.actors.session.state import SessionState, Status, copy_state
+from sessionloop.actors.session.decide import steps_limit
+from sessionloop.actors.session.state import SessionState, Status
 from sessionloop.actors.settings.apps import MODES, AppManifest
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pubsub import Reply, TurnOutcome
@@ -88,7 +89,7 @@ class Host:
         runtime.approvals.settle_leftovers()
         for session_id in runtime.store.flagged("active"):
             if session_id.startswith("session-"):
-                runtime.tell(session_id[len("session-"):], Query(lambda a: None, Reply()))
+                runtime.tell(session_id[len("session-"):], Ask(C.Wake(), Reply()))
 
     @classmethod
     def open(cls, data_dir: str = ".sessionloop", *, listeners: Sequence[Listener] = (), **options: Any) -> Host:
@@ -201,8 +202,7 @@ class Host:
     def get(self, session_id: str) -> Session | None:
         """The session, or None if it does not exist (or was deleted)."""
         try:
-            exists = self.rt.ask(session_id, lambda r: Query(lambda a: a.state.created is not None
-                                                             and not a.state.deleted, r))
+            exists = self.rt.ask(session_id, lambda r: Ask(C.Exists(), r))
         except NotFound:
             return None
         return Session(self, session_id) if exists else None
@@ -235,36 +235,18 @@ class Host:
         (counted by user messages; 0 keeps only the system part)."""
         if turns is not None and turns < 0:
             raise InvalidCommand("turns must be >= 0")
-        source = self.rt.ask(session_id, lambda r: Query(lambda a: _fork_source(a.state), r))
+        source = self.rt.ask(session_id, lambda r: Ask(C.ForkSource(), r))
         messages = source.messages if turns is None else keep_turns(source.messages, turns)
-        created = source.created
         new = new_id()
-        now = now_ms()
-        event = msgspec.structs.replace(created, at=now, session_id=new, forked_from=session_id, fork_turns=turns,
-                                        title=title if title is not None else (source.title or created.name))
-        imported = E.MessagesImported(at=now, source_session_id=session_id, turns=turns, messages=messages)
-        self.rt.ask(new, lambda r: Apply(lambda s, t: [event, imported] if s.version == 0 else
-                                         _refuse_exists(new), r))
+        fork = C.ImportFork(source_id=session_id, source_created=source.created, session_id=new, turns=turns,
+                            title=title if title is not None else (source.title or source.created.name),
+                            messages=messages)
+        self.rt.ask(new, lambda r: Decide(fork, r))
         return Session(self, new)
 
 
 def _default_mode(activity: str) -> str:
     return "acceptCalls" if activity == "background" else "ask"
-
-
-def _refuse_exists(session_id: str) -> list[E.Event]:
-    raise InvalidCommand(f"session {session_id} already exists")
-
-
-def _fork_source(state: SessionState) -> SessionState:
-    ensure_usable(state)
-    if state.current_turn is not None:
-        # copy only what ended turns produced: the running turn is not a stable prefix
-        copied = copy_state(state)
-        start = state.turns[state.current_turn].message_start
-        copied.messages = copied.messages[:start]
-        return copied
-    return copy_state(state)
 
 
 class Session:
@@ -279,17 +261,17 @@ class Session:
     def __repr__(self) -> str:
         return f"Session({self.id!r})"
 
-    def _query(self, fn: Any, timeout: float | None = None) -> Any:
-        return self.rt.ask(self.id, lambda r: Query(fn, r), timeout)
+    def _query(self, query: C.Query, timeout: float | None = None) -> Any:
+        return self.rt.ask(self.id, lambda r: Ask(query, r), timeout)
 
     @property
     def state(self) -> str:
         """``idle | running | waiting_tool | completed | failed | cancelled`` (seed 002)."""
-        return str(self._query(lambda a: (ensure_usable(a.state), a.state.status.value)[1]))
+        return str(self._query(C.StatusOf()))
 
     def snapshot(self) -> SessionState:
         """A copy of the folded state: messages, steps, tool calls, artifacts, checkpoints."""
-        return self._query(lambda a: (ensure_usable(a.state), copy_state(a.state))[1])  # type: ignore[no-any-return]
+        return self._query(C.StateCopy())  # type: ignore[no-any-return]
 
     def events(self) -> list[RecordedEvent]:
         return self.rt.store.read_stream(f"session-{self.id}")  # type: ignore[no-any-return]
@@ -345,12 +327,14 @@ class Session:
         if self.rt.results.is_expected(turn_id):
             return  # a live session will end it: the waiter is registered, no message needed
         # not among recent outcomes: the session knows whether the turn ended long ago
-        self.rt.tell(self.id, Query(lambda a: _known_turn(a.state, turn_id, self.rt, reply), Reply()))
+        known = Reply()
+        known.add_callback(lambda r: _known_turn(r, reply))
+        self.rt.tell(self.id, Ask(C.TurnEnd(turn_id=turn_id), known))
 
     def resume(self, timeout: float = 600.0) -> RunResult | None:
         """Activate the session so interrupted work goes on, and wait for the last turn it has
         (running or queued); None when there is nothing to resume."""
-        last = self._query(lambda a: (a.state.queue[-1].turn_id if a.state.queue else a.state.current_turn))
+        last = self._query(C.LastTurn())
         if last is None:
             return None
         return self.wait(last, timeout)
@@ -373,9 +357,7 @@ class Session:
         return self.rt.ask(self.id, Compact, timeout)  # type: ignore[no-any-return]
 
     def rename(self, title: str) -> None:
-        from sessionloop.actors.session.decide import decide_rename
-
-        self.rt.ask(self.id, lambda r: Apply(lambda s, now: decide_rename(s, title, now), r))
+        self.rt.ask(self.id, lambda r: Decide(C.Rename(title=title), r))
 
     def rewind(self, turn_id: str, scope: str = "code") -> dict[str, Any]:
         """Restore files to their state before ``turn_id`` (SPEC §6 checkpoints); with
@@ -393,11 +375,9 @@ class Session:
         restored, removed, conflicts = restore_before(state, turn_id, workspace)
         chat = scope == "code-and-chat"
         deleted = len(state.messages) - state.turns[turn_id].message_start if chat else 0
-        event = E.TurnRewound(at=now_ms(), turn_id=turn_id, scope=scope,  # type: ignore[arg-type]
-                              restored=restored, removed=removed, conflicts=conflicts, chat_deleted=chat,
-                              deleted_messages=deleted)
-        self.rt.ask(self.id, lambda r: Apply(lambda s, now: [event] if s.current_turn is None else
-                                             _refuse_busy(), r, drive=False))
+        rewound = C.Rewind(turn_id=turn_id, scope=scope, restored=restored, removed=removed, conflicts=conflicts,
+                           chat_deleted=chat, deleted_messages=deleted)
+        self.rt.ask(self.id, lambda r: Decide(rewound, r))
         result: dict[str, Any] = {"turnId": turn_id, "restored": restored, "removed": removed,
                                   "conflicts": conflicts}
         if chat:
@@ -405,34 +385,15 @@ class Session:
         return result
 
 
-def _refuse_busy() -> list[E.Event]:
-    raise SessionBusy(Text("error.rewind-busy-meanwhile"))
-
-
-def _known_turn(state: SessionState, turn_id: str, rt: Runtime, reply: Reply) -> None:
-    from sessionloop.actors.session.actor import turn_outcome
-
-    if state.created is None or state.deleted:
-        reply.fail(NotFound(Text("error.session-not-found", session=state.session_id)))
-        return
-    turn = state.turns.get(turn_id)
-    if turn is None:
-        if not any(q.turn_id == turn_id for q in state.queue):
-            reply.fail(NotFound(Text("error.turn-not-found", turn=turn_id, session=state.session_id)))
-        return
-    if turn.ended_at is None:
-        return
-    ended: E.Event
-    if turn.status == "completed":
-        ended = E.TurnCompleted(turn_id=turn_id, outcome=turn.outcome or "replied",  # type: ignore[arg-type]
-                                output_text=turn.output_text)
-    elif turn.status == "limit":
-        ended = E.TurnLimitReached(turn_id=turn_id, max_steps=turn.max_steps or 0)
-    elif turn.status == "aborted":
-        ended = E.TurnAborted(turn_id=turn_id, reason=turn.reason or "")
-    else:
-        ended = E.TurnFailed(turn_id=turn_id, code=turn.code or "error", reason=turn.reason or "")
-    reply.set(turn_outcome(state, ended))
+def _known_turn(known: Reply, waiter: Reply) -> None:
+    """The session's answer about a turn the recent outcomes forgot: its outcome (the waiter
+    completes), None while it is queued or running (the registered waiter completes when it
+    ends), or not-found."""
+    value, error = known.outcome()
+    if error is not None:
+        waiter.fail(error)
+    elif value is not None:
+        waiter.set(value)
 
 
 __all__ = ["Host", "HostOptions", "RunResult", "Session", "SessionActor", "SessionInfo", "Status", "new_id"]

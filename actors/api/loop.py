@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from sessionloop.actors.errors import Forbidden, InvalidCommand, NotFound, RequestTimeout
-from sessionloop.actors.session.actor import Create, Query, Receipt, Send, now_ms
+from sessionloop.actors.session.actor import Ask, Create, Receipt, Send, now_ms
+from sessionloop.actors.session.commands import CallerOf
+from sessionloop.actors.session.queries import CallerFacts
 from sessionloop.actors.settings.apps import AppManifest, clamp_mode
 from sessionloop.actors.system.pubsub import Reply, TurnOutcome
 from sessionloop.actors.tools.caller import CURRENT_CALL
@@ -109,31 +111,6 @@ class LoopReceipt(Receipt, frozen=True, kw_only=True):
 def loop_receipt(receipt: Receipt) -> LoopReceipt:
     return LoopReceipt(**msgspec.structs.asdict(receipt),
                        cursor=receipt.position - 1 if receipt.position else None)
-
-
-class CallerFacts(msgspec.Struct, frozen=True, kw_only=True):
-    """What a session made with ``context='caller'`` takes from the calling session (seed 000:
-    继承调用方的 cwd、模型、策略): its workspace directory (the one its tools use, also when it
-    has no explicit cwd), and its effective model and permission policy."""
-
-    created: E.SessionCreated
-    cwd: str
-    model: str | None
-    permission_mode: str
-
-
-def caller_facts(actor: Any) -> CallerFacts:
-    """Read on the calling session's own thread (a ``Query``)."""
-    from sessionloop.actors.session.decide import ensure_usable
-
-    state = actor.state
-    ensure_usable(state)
-    try:
-        cwd = str(actor.workspace().root)
-    except ValueError:  # its cwd is not a directory: its own tools fail the same way
-        cwd = state.created.cwd
-    cfg = actor.config()
-    return CallerFacts(created=state.created, cwd=cwd, model=cfg.model, permission_mode=cfg.permission_mode)
 
 
 def _string(field: str, value: Any, *, limit: int | None = None, optional: bool = False) -> Any:
@@ -386,7 +363,7 @@ class SessionLoop:
                                                               permission_mode, initial_message, context)
         room = _check_room(container_id, chat, account, place)
         calling = self._calling_session(context)
-        caller = self.rt.ask(calling, lambda r: Query(caller_facts, r)) if calling is not None else None
+        caller = self.rt.ask(calling, lambda r: Ask(CallerOf(), r)) if calling is not None else None
         created, initial, claim = self._plan_create(container_id, space_id, title, activity, permission_mode,
                                                      message, caller, room)
         made = self.rt.ask(created.session_id, lambda r: Create(created, initial, r, claim))
@@ -404,7 +381,7 @@ class SessionLoop:
         caller = None
         if calling is not None:  # asked without blocking the loop the calling tool runs on
             asked = Reply()
-            self.rt.tell(calling, Query(caller_facts, asked))
+            self.rt.tell(calling, Ask(CallerOf(), asked))
             caller = await asyncio.wait_for(asked.future(), self.rt.options.request_timeout_s)
         created, initial, claim = self._plan_create(container_id, space_id, title, activity, permission_mode,
                                                      message, caller, room)
@@ -637,7 +614,7 @@ async def _spawn(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
         if len(args.get(field, "")) > limit:
             raise ToolError(f"field '{field}' is {len(args[field])} characters; at most {limit}")
     reply = Reply()
-    rt.tell(call.session_id, Query(caller_facts, reply))
+    rt.tell(call.session_id, Ask(CallerOf(), reply))
     parent: CallerFacts = await reply.future()
     if _depth(rt, parent.created) >= MAX_SPAWN_DEPTH:
         raise ToolError(f"child sessions may nest at most {MAX_SPAWN_DEPTH} deep")

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
-from sessionloop.actors.session.actor import Apply, Cancel, Compact, Create, Query, Send, now_ms
-from sessionloop.actors.session.decide import decide_rename, ensure_usable
+from sessionloop.actors.session import commands as C
+from sessionloop.actors.session.actor import Ask, Cancel, Compact, Create, Decide, Send, Snapshot, Subscribe, now_ms
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE as DEFAULT_WORKSPACE_KEY
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE_NAME
 from sessionloop.actors.settings.texts import Text, message_of
@@ -147,10 +147,10 @@ class _Handlers:
             raise NotFound(Text("error.session-not-found", session=session_id))
         return found[0]
 
-    def apply(self, conn: ClientConnection, request_id: Any, session_id: str,
-              decide: Callable[[Any, int], list[E.Event]], drive: bool = True) -> None:
+    def decide(self, conn: ClientConnection, request_id: Any, session_id: str, command: C.Command) -> None:
+        """Tell the session ``command``; the request is answered (empty) after its commit."""
         self.check(conn, session_id)
-        self.rt.tell(session_id, Apply(decide, answer(conn, request_id, lambda _: EMPTY), drive))
+        self.rt.tell(session_id, Decide(command, answer(conn, request_id, lambda _: EMPTY)))
 
     # --- listing -------------------------------------------------------------------------------
 
@@ -206,7 +206,7 @@ class _Handlers:
         self.rt.tell(session_id, Create(created, None, reply))
 
     def session_rename(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
-        self.apply(conn, request_id, params.session_id, lambda s, now: decide_rename(s, params.title, now))
+        self.decide(conn, request_id, params.session_id, C.Rename(title=params.title))
 
     def tree_op(self, conn: ClientConnection, request_id: Any, session_id: str, op: str,
                 done: Callable[[BaseException | None], None] | None = None) -> None:
@@ -239,7 +239,7 @@ class _Handlers:
         for sid in targets:
             reply = Reply()
             reply.add_callback(finished)
-            self.rt.tell(sid, Apply(_tree_decision(op), reply, drive=False))
+            self.rt.tell(sid, Decide(C.Archive(archived=op == "archive"), reply))
 
     def _delete_batch(self, conn: ClientConnection, ids: list[str]) -> SessionBatchResult:
         """``session/batch`` delete: each session with its children (``actors/session/deletion.py``), one
@@ -281,8 +281,7 @@ class _Handlers:
                 one_done(sid, e)
 
     def mark_seen(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
-        self.apply(conn, request_id, params.session_id, lambda s, now: (ensure_usable(s), [E.SessionSeen(at=now)])[1],
-                   drive=False)
+        self.decide(conn, request_id, params.session_id, C.MarkSeen())
 
     # --- subscription and history ------------------------------------------------------------------
 
@@ -292,25 +291,14 @@ class _Handlers:
         summary = self.summary(session_id)
         svc = self.svc
 
-        def snapshot(actor: Any) -> None:
-            ensure_usable(actor.state)
-            if actor.items is None:
-                actor.items = self.rt.build_items(actor)
-            channel = actor.channel
-            with channel.lock:  # seed 004: no push of this session before the snapshot reply
-                items, before = actor.items.snapshot_items()
-                if channel.streaming:  # a reply streaming now: the text so far (seed: 在途回合已产出的条目)
-                    have = {it.item_id for it in items}
-                    items += [it for it in channel.streamed_items() if it.item_id not in have]
-                result = SubscribeResult(epoch=channel.epoch, seq=channel.seq, session=summary,
-                                         items=[svc.decorate(session_id, it) for it in items],
-                                         approvals=self.rt.pending_approvals(session_id), before=before)
-                conn.result(request_id, result)
-                channel.subscribers[conn] = conn
+        def result(snapshot: Snapshot) -> SubscribeResult:
+            # on the session's thread, under its channel's lock: the reply goes before any push
             conn.subscriptions.add(session_id)
-            actor.push_usage_estimate()  # seed 004: 还没有用量时 … 在快照之后 … 按推送到达
+            return SubscribeResult(epoch=snapshot.epoch, seq=snapshot.seq, session=summary,
+                                   items=[svc.decorate(session_id, it) for it in snapshot.items],
+                                   approvals=self.rt.pending_approvals(session_id), before=snapshot.before)
 
-        self.rt.tell(session_id, _Do(snapshot, conn, request_id))
+        self.rt.tell(session_id, Subscribe(conn, answer(conn, request_id, result)))
 
     def unsubscribe(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
         self.check(conn, params.session_id)
@@ -322,14 +310,12 @@ class _Handlers:
         session_id = params.session_id
         self.check(conn, session_id)
 
-        def page(actor: Any) -> HistoryResult:
-            ensure_usable(actor.state)
-            if actor.items is None:
-                actor.items = self.rt.build_items(actor)
-            items, before = actor.items.history_page(params.before, params.limit)
+        def page(found: tuple[list[Any], Any]) -> HistoryResult:
+            items, before = found
             return HistoryResult(items=[self.svc.decorate(session_id, it) for it in items], before=before)
 
-        self.rt.tell(session_id, Query(page, answer(conn, request_id, lambda r: r)))
+        self.rt.tell(session_id, Ask(C.HistoryPage(before=params.before, limit=params.limit),
+                                     answer(conn, request_id, page)))
 
     # --- turns -------------------------------------------------------------------------------------
 
@@ -409,8 +395,7 @@ class _Handlers:
         in_background(self.svc, conn, request_id, work)
 
     def plan_clear(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
-        self.apply(conn, request_id, params.session_id,
-                   lambda s, now: (ensure_usable(s), [E.PlanCleared(at=now)] if s.plan else [])[1], drive=False)
+        self.decide(conn, request_id, params.session_id, C.ClearPlan())
 
 
 def _presence(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
@@ -428,12 +413,8 @@ def _grants_list(self: _Handlers, conn: ClientConnection, request_id: Any, param
     sid = params.session_id
     self.check(conn, sid)
 
-    def listing(actor: Any) -> GrantsListResult:
-        state, now = actor.state, now_ms()
-        return GrantsListResult(grants=[wire_grant(sid, g) for g in state.grants.values()
-                                        if g.active(now, state.current_turn)])
-
-    self.rt.tell(sid, Query(listing, answer(conn, request_id, lambda r: r)))
+    self.rt.tell(sid, Ask(C.ActiveGrants(), answer(
+        conn, request_id, lambda grants: GrantsListResult(grants=[wire_grant(sid, g) for g in grants]))))
 
 
 def _grants_revoke(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
@@ -443,13 +424,7 @@ def _grants_revoke(self: _Handlers, conn: ClientConnection, request_id: Any, par
         raise RpcError.forbidden(Text("error.grants-forbidden"))
     by = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
 
-    def decide(state: Any, now: int) -> list[E.Event]:
-        grant = state.grants.get(params.grant_id)
-        if grant is None or not grant.active(now, state.current_turn):
-            raise NotFound(Text("error.grant-not-found", grant=params.grant_id, session=params.session_id))
-        return [E.ApprovalGrantRevoked(at=now, grant_id=grant.id, by=by)]
-
-    self.apply(conn, request_id, params.session_id, decide, drive=False)
+    self.decide(conn, request_id, params.session_id, C.RevokeGrant(grant_id=params.grant_id, by=by))
 
 
 def _background_list(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
@@ -515,32 +490,6 @@ _Handlers.presence = _presence  # type: ignore[attr-defined]
 _Handlers.approval_respond = _approval_respond  # type: ignore[attr-defined]
 _Handlers.grants_list = _grants_list  # type: ignore[attr-defined]
 _Handlers.grants_revoke = _grants_revoke  # type: ignore[attr-defined]
-
-
-class _Do:
-    """Run ``fn(actor)`` on the session's thread; an error answers the request."""
-
-    __slots__ = ("fn", "conn", "request_id", "reply")
-
-    def __init__(self, fn: Callable[[Any], None], conn: ClientConnection, request_id: Any) -> None:
-        self.fn, self.conn, self.request_id, self.reply = fn, conn, request_id, None
-
-    def run(self, actor: Any) -> None:
-        try:
-            self.fn(actor)
-        except Exception as e:
-            self.conn.error(self.request_id, _as_rpc(e))
-
-
-def _tree_decision(op: str) -> Callable[[Any, int], list[E.Event]]:
-    """archive and unarchive (a delete is ``actors/session/deletion.py``'s)."""
-    def decide(state: Any, now: int) -> list[E.Event]:
-        ensure_usable(state)
-        if op == "archive":
-            return [] if state.archived else [E.SessionArchived(at=now)]
-        return [E.SessionUnarchived(at=now)] if state.archived else []
-
-    return decide
 
 
 def store_attachments(svc: SessionProtocolService, attachments: list[Any], session_id: str) -> list[E.AttachmentRef]:

@@ -8,7 +8,7 @@ config resolver and the commit listener, and adds the handlers. From then on
 
 Handlers follow ``gateway_methods``: ``(conn, request_id, params) -> None``, answering later and
 never waiting. A session's rows are computed on its actor (they need its state); a write to its
-own layer is an ``Apply`` on the actor, then the rows. Layer reads and writes touch files and
+own layer is a ``SetSetting`` command to the actor, then the rows. Layer reads and writes touch files and
 the store, so they run on the gateway's pool. Layers, layer rows and overrides are the owner's:
 an app connection gets ``forbidden`` (an app may read and set its own sessions' rows).
 """
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from sessionloop.actors.errors import NotFound
 from sessionloop.actors.gateway.methods import _as_rpc, answer, in_background
-from sessionloop.actors.session.actor import Apply, Query
-from sessionloop.actors.session.decide import ensure_usable
+from sessionloop.actors.session import commands as C
+from sessionloop.actors.session.actor import Ask, Decide
 from sessionloop.actors.settings.apps import MODES
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE
 from sessionloop.actors.settings.service import SettingsService
@@ -151,28 +151,20 @@ class _SettingsHandlers:
     def get(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
         self._record(conn, params.session_id)
         self.settings.refresh_host_config()
-        settings, platform = self.settings, conn.peer.platform
+        platform = conn.peer.platform
 
-        def rows(actor: Any) -> Any:
-            ensure_usable(actor.state)
-            try:
-                items, used = settings.session_rows(actor.state, platform)
-            except SessionloopError:
-                raise
-            except Exception as e:  # our bug: answer it, do not fail the session actor
-                log.exception("session/config/get failed")
-                raise RpcError.internal_error(f"{type(e).__name__}: {e}") from e
+        def rows(found: tuple[Any, str | None]) -> ConfigRows:
+            items, used = found
             return ConfigRows(items=items, platform=used)
 
-        self.rt.tell(params.session_id, Query(rows, answer(conn, request_id, lambda r: r)))
+        self.rt.tell(params.session_id, Ask(C.SettingRows(platform=platform), answer(conn, request_id, rows)))
 
     def update(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
-        """Seed 写: the session's own layer, through an ``Apply`` (InvalidSetting -> invalidParams,
+        """Seed 写: the session's own layer, through a ``SetSetting`` command (InvalidSetting -> invalidParams,
         nothing written); then the rows as ``session/config/get`` gives them. An app may not raise
         its session's permission mode or sandbox policy beyond its manifest: ``forbidden``."""
         self._record(conn, params.session_id)
         self._within_manifest(conn, params.plugin, params.key, params.value)
-        settings = self.settings
 
         def applied(r: Reply) -> None:
             _, error = r.outcome()
@@ -186,9 +178,8 @@ class _SettingsHandlers:
 
         reply = Reply()
         reply.add_callback(applied)
-        self.rt.tell(params.session_id, Apply(
-            lambda state, now: settings.session_events(state, params.plugin, params.key, params.value, now),
-            reply, drive=False))
+        self.rt.tell(params.session_id, Decide(C.SetSetting(plugin=params.plugin, key=params.key, value=params.value),
+                                                reply))
 
     def _within_manifest(self, conn: ClientConnection, plugin: str, key: str, value: Any) -> None:
         app = self.rt.apps.find(conn.peer.app_id)

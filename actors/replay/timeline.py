@@ -933,7 +933,8 @@ def serve_live_view(service: Any, session_id: str, *, timeout: float = 30.0) -> 
     Meant for a session at rest: a turn that commits meanwhile makes the answers disagree.
     Raises :class:`LiveUnavailable` when the host does not answer in ``timeout`` seconds.
     """
-    from sessionloop.actors.session.actor import Query
+    from sessionloop.actors.session.actor import Ask
+    from sessionloop.actors.session.commands import ProjectionView
 
     view = LiveView(session_id=session_id, epoch=service.rt.epoch, decorate=service.decorate,
                     language=service.rt.language)
@@ -943,7 +944,8 @@ def serve_live_view(service: Any, session_id: str, *, timeout: float = 30.0) -> 
     finally:
         client.close()
     if view.error is None:
-        view.version, view.state, view.items = service.rt.ask(session_id, lambda r: Query(_actor_view, r), timeout)
+        version, state, items = service.rt.ask(session_id, lambda r: Ask(ProjectionView(), r), timeout)
+        view.version, view.state, view.items = version, plain(state), [_wire(i) for i in items]
     return view
 
 
@@ -980,15 +982,6 @@ def ask_served(call: Callable[[str, dict[str, Any]], dict[str, Any]], view: Live
         if page.get("before") is None or len(view.history) > 100_000:
             return
         before = page["before"]
-
-
-def _actor_view(actor: Any) -> tuple[int, Any, list[Any]]:
-    """On the session actor's thread: its projection (built as the gateway builds it when no
-    subscriber has made it yet) and its state."""
-    if actor.items is None:
-        actor.items = actor.rt.build_items(actor)
-    items = actor.items
-    return actor.state.version, plain(actor.state), [_wire(i) for i in items.items() + _singletons(items)]
 
 
 def _check_live(report: VerifyReport, full: ItemsProjection, state: SessionState,

@@ -1,20 +1,34 @@
-"""SessionActor: the thin pykka shell around a session's pure model (``session_model``,
-``session_decide``).
+"""SessionActor: the thin pykka shell around a session's pure model (``state``: the fold,
+``decide``: the decisions).
 
-One mailbox per session. A message is handled as: validate -> decide events -> apply them ->
-``drive`` decides what follows -> append everything in one commit (expected version) -> publish
--> start the effects the committed events imply (model call, tool run) on the worker loop.
-Model calls and tools never run on this thread; their outcomes come back as messages, so a
-busy session still answers cancel, status and subscribe at once (SPEC §2.4).
+One mailbox per session. What it accepts is closed: the message classes below, and for callers
+outside this package two envelopes with frozen values, ``Decide(commands.Command)`` and
+``Ask(commands.Query)``, matched in ``decide.decide_command`` and ``queries.answer``; no callable
+travels in a message. A busy session still answers cancel, status and subscribe at once: model
+calls and tools never run on this thread, their outcomes come back as messages.
+
+The contract of a change (decide, persist, publish):
+
+1. **decide**: the handler's events come from a pure decision over the state (``decide``);
+   a refusal raises before anything changes.
+2. **evolve in place**: the shell folds them into its working state and runs the default loop
+   (``drive``) on it, adding what follows (a turn start, a model step answered at once); this is
+   allowed for speed because nothing outside the actor can observe the working state until 3.
+3. **persist**: everything is appended as one commit with the expected version. If the append (or
+   anything before it) fails, the state is rebuilt from the log (``_reload``): no trace of the
+   failed commit is left in the state, the listing record, a push or a reply, and the request
+   fails with the store's error (tests/actors/test_commit_contract.py).
+4. **publish**: only after the commit do pushes go to subscribers, waiters and loop watchers hear
+   of it, the reply completes and effects start (``_committed``). A reply goes out only after its
+   commit is durable.
 
 On the pooled runtime the hot commits (an input, a model or tool outcome) do not hold a pool
-thread while the group commits: the actor suspends, its mailbox waits, and the rest of the
-message (publish, reply, next effects) runs when the store calls back (Akka Persistence's
-``persist``). A reply still goes out only after its commit is durable.
+thread while the group commits: the actor suspends, its mailbox waits, and step 4 runs when the
+store calls back (Akka Persistence's ``persist``).
 
-Supervision (pykka has none, see RELIABILITY): an exception in a handler fails that request
-with a clear error, then the actor rebuilds its state from the store and recovers like after a
-crash; three failures within a minute park the session with the reason recorded.
+Supervision (pykka has none): an exception in a handler fails that request with a clear error,
+then the actor rebuilds its state from the store and recovers like after a crash; three failures
+within a minute park the session with the reason recorded.
 """
 
 from __future__ import annotations
@@ -33,10 +47,13 @@ from sessionloop.actors.model.attachments import has_attachments
 from sessionloop.actors.model.attachments import resolve as resolve_attachments
 from sessionloop.actors.model.base import RetryNotice
 from sessionloop.actors.model.storable import storable_response
+from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.context import estimated_context_tokens, model_view
 from sessionloop.actors.session.decide import (
     AgentConfig,
+    DecideContext,
     decide_cancel,
+    decide_command,
     decide_compaction_cancelled,
     decide_compaction_interrupted,
     decide_create,
@@ -50,6 +67,7 @@ from sessionloop.actors.session.decide import (
     repairs_after_restart,
     system_messages,
 )
+from sessionloop.actors.session.queries import CallerFacts, answer
 from sessionloop.actors.session.state import SessionState, decode_state, encode_state, evolve, new_state
 from sessionloop.actors.session.stream_sink import StreamSink, close_cards
 from sessionloop.actors.settings.texts import Text
@@ -221,47 +239,65 @@ class ToolDone(Msg):
         actor.on_tool_done(self)
 
 
-class Apply(Msg):
-    """A command given as a function ``(state, now) -> events`` (pure, from session_decide), for
-    the many small commands (rename, archive, plan/clear, settings...)."""
+class Decide(Msg):
+    """A command from outside (``commands.Command``), decided into events by
+    ``decide.decide_command``; the reply completes after their commit (None when there were none)."""
 
-    __slots__ = ("decide", "drive")
+    __slots__ = ("command",)
 
-    def __init__(self, decide: Any, reply: Reply, drive: bool = True) -> None:
+    def __init__(self, command: C.Command, reply: Reply) -> None:
         super().__init__(reply)
-        self.decide, self.drive = decide, drive
+        self.command = command
 
     def run(self, actor: SessionActor) -> None:
-        actor.on_apply(self)
+        actor.on_decide(self)
 
 
-class Query(Msg):
-    """Run ``fn(actor)`` on the actor thread and reply with its value (reads of live state)."""
+class Ask(Msg):
+    """A read of the live session (``commands.Query``), answered by ``queries.answer``."""
 
-    __slots__ = ("fn",)
+    __slots__ = ("query",)
 
-    def __init__(self, fn: Any, reply: Reply) -> None:
+    def __init__(self, query: C.Query, reply: Reply) -> None:
         super().__init__(reply)
-        self.fn = fn
+        self.query = query
 
     def run(self, actor: SessionActor) -> None:
         assert self.reply is not None
-        self.reply.set(self.fn(actor))
+        try:
+            value = answer(actor, self.query)
+        except SessionloopError:
+            raise  # the refusal (not-found, parked...), answered by the shell
+        except Exception as e:  # a bug in a read: the asker hears it; the session, unchanged, goes on
+            log.exception("session %s: %s failed", actor.sid, type(self.query).__name__)
+            self.reply.fail(e)
+            return
+        self.reply.set(value)
 
 
-class Effect(Msg):
-    """A result from the worker loop that must be applied on the actor thread (checkpoints)."""
+class Subscribe(Msg):
+    """A connection subscribes: the reply gets the snapshot (:class:`Snapshot`) and the connection
+    becomes a subscriber under the channel's lock, so no push of this session reaches it before
+    the snapshot's reply and none after it is missed."""
 
-    __slots__ = ("fn",)
+    __slots__ = ("subscriber",)
 
-    def __init__(self, fn: Any, reply: Reply | None = None) -> None:
+    def __init__(self, subscriber: Any, reply: Reply) -> None:
         super().__init__(reply)
-        self.fn = fn
+        self.subscriber = subscriber
 
     def run(self, actor: SessionActor) -> None:
-        value = self.fn(actor)
-        if self.reply is not None:
-            self.reply.set(value)
+        actor.on_subscribe(self)
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """What a new subscriber is served: the timeline's latest items (with the text a reply has
+    streamed so far) and the position of the channel they are current at."""
+
+    epoch: int
+    seq: int
+    items: list[Any]
+    before: Any
 
 
 class Compact(Msg):
@@ -1135,13 +1171,46 @@ class SessionBehaviour:
         if events:
             self._commit_then(msg, events, _ignore)
 
-    def on_apply(self, msg: Apply) -> None:
-        events = msg.decide(self.state, now_ms())
+    def on_decide(self, msg: Decide) -> None:
+        command = msg.command
+        events = decide_command(self.state, command, DecideContext(now_ms(), self.rt.settings_service))
         assert msg.reply is not None
         if not events:
             msg.reply.set(None)
             return
-        self._commit(list(events), run_drive=msg.drive, then=msg.reply.set)
+        self._commit(events, run_drive=command.drive, then=msg.reply.set)
+
+    def on_subscribe(self, msg: Subscribe) -> None:
+        assert msg.reply is not None
+        ensure_usable(self.state)
+        items_view = self.projection()
+        channel = self.channel
+        with channel.lock:  # no push of this session before the snapshot's reply
+            items, before = items_view.snapshot_items()
+            if channel.streaming:  # a reply streaming now: the text it has produced so far
+                have = {it.item_id for it in items}
+                items += [it for it in channel.streamed_items() if it.item_id not in have]
+            msg.reply.set(Snapshot(epoch=channel.epoch, seq=channel.seq, items=items, before=before))
+            channel.subscribers[msg.subscriber] = msg.subscriber
+        self.push_usage_estimate()  # a session without usage yet gets it pushed after the snapshot
+
+    def projection(self) -> Any:
+        """The timeline's items (``views.items.ItemsProjection``), built from the log on first use."""
+        if self.items is None:
+            self.items = self.rt.build_items(self)
+        return self.items
+
+    def caller_facts(self) -> CallerFacts:
+        """What a session made with ``context='caller'`` takes from this one: its workspace
+        directory (also when it has no explicit cwd), its effective model and permission policy."""
+        state = self.state
+        ensure_usable(state)
+        try:
+            cwd = str(self.workspace().root)
+        except ValueError:  # its cwd is not a directory: its own tools fail the same way
+            cwd = state.created.cwd
+        cfg = self.config()
+        return CallerFacts(created=state.created, cwd=cwd, model=cfg.model, permission_mode=cfg.permission_mode)
 
     def on_passivate(self, msg: Passivate) -> None:
         state = self.state
@@ -1201,24 +1270,8 @@ def _ms_since(started: float) -> int:
     return int((time.perf_counter() - started) * 1000)
 
 
-def turn_outcome(state: SessionState, event: E.Event) -> TurnOutcome:
-    if isinstance(event, E.TurnCompleted):
-        return TurnOutcome(session_id=state.session_id, turn_id=event.turn_id, state="completed",
-                           output_text=event.output_text, outcome=event.outcome)
-    if isinstance(event, E.TurnLimitReached):
-        return TurnOutcome(session_id=state.session_id, turn_id=event.turn_id, state="completed",
-                           output_text="", outcome="silent", code="tool-limit",
-                           reason=f"stopped after {event.max_steps} model calls")
-    if isinstance(event, E.TurnAborted):
-        return TurnOutcome(session_id=state.session_id, turn_id=event.turn_id, state="failed", code="aborted",
-                           reason=event.reason, outcome="aborted")
-    assert isinstance(event, E.TurnFailed)
-    return TurnOutcome(session_id=state.session_id, turn_id=event.turn_id, state="failed", code=event.code,
-                       reason=event.reason, outcome="error")
-
-
 __all__ = [
-    "FILES_PENDING", "OWNED_CATEGORIES", "Apply", "Cancel", "Compact", "Create", "Effect", "Freeze", "ModelDone",
-    "ModelRetried", "Msg", "NotFound", "Passivate", "Purge", "Query", "Receipt", "Send", "SessionActor",
-    "SessionParked", "SummaryDone", "Thaw", "ToolDone", "WrongExpectedVersion", "turn_outcome",
+    "FILES_PENDING", "OWNED_CATEGORIES", "Ask", "CallerFacts", "Cancel", "Compact", "Create", "Decide", "Freeze",
+    "ModelDone", "ModelRetried", "Msg", "NotFound", "Passivate", "Purge", "Receipt", "Send", "SessionActor",
+    "SessionParked", "Snapshot", "Subscribe", "SummaryDone", "Thaw", "ToolDone", "WrongExpectedVersion",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -29,6 +29,7 @@ from sessionloop.actors.errors import (
     SessionBusy,
     SessionParked,
 )
+from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.context import SUMMARY_PREFIX, model_view
 from sessionloop.actors.session.state import SessionState
 from sessionloop.actors.settings.texts import Text, denial_reason, stored_parts
@@ -232,6 +233,95 @@ def decide_rename(state: SessionState, title: str, now: int) -> list[E.Event]:
     if len(title) > MAX_TITLE:
         raise InvalidCommand(Text("error.title-too-long", field="title", max=MAX_TITLE, got=len(title)))
     return [E.SessionRenamed(at=now, title=title)]
+
+
+class SettingsPort(Protocol):
+    """What a settings write needs of the settings service: the events of one write, checked."""
+
+    def session_events(self, state: Any, plugin: str, key: str, value: Any, now: int) -> list[E.Event]: ...
+
+
+class DecideContext(msgspec.Struct, frozen=True):
+    """What a command's decision may read besides the state: the time, the settings service."""
+
+    now: int
+    settings: SettingsPort | None = None
+
+
+def decide_command(state: SessionState, command: C.Command, ctx: DecideContext) -> list[E.Event]:
+    """The events of one command from outside the session (``commands.Command``), matched here
+    and only here; raises the refusal (nothing is written) instead."""
+    now = ctx.now
+    match command:
+        case C.Rename(title=title):
+            return decide_rename(state, title, now)
+        case C.MarkSeen():
+            ensure_usable(state)
+            return [E.SessionSeen(at=now)]
+        case C.ClearPlan():
+            ensure_usable(state)
+            return [E.PlanCleared(at=now)] if state.plan else []
+        case C.Archive(archived=archived):
+            ensure_usable(state)
+            if archived:
+                return [] if state.archived else [E.SessionArchived(at=now)]
+            return [E.SessionUnarchived(at=now)] if state.archived else []
+        case C.RevokeGrant(grant_id=grant_id, by=by):
+            grant = state.grants.get(grant_id)
+            if grant is None or not grant.active(now, state.current_turn):
+                raise NotFound(Text("error.grant-not-found", grant=grant_id, session=state.session_id))
+            return [E.ApprovalGrantRevoked(at=now, grant_id=grant.id, by=by)]
+        case C.SetSetting(plugin=plugin, key=key, value=value):
+            if ctx.settings is None:
+                raise InvalidCommand("session settings are not enabled on this host")
+            return ctx.settings.session_events(state, plugin, key, value, now)
+        case C.Rewind():
+            return _decide_rewind(state, command, now)
+        case C.ImportFork():
+            return _decide_fork(state, command, now)
+        case C.PostTaskNotice():
+            if state.created is None or state.deleted:
+                return []
+            return [E.NoticePosted(at=now, notice_id=command.task_id, topic="background-task", text=command.text,
+                                   facts=command.facts, turn_id=command.turn_id, starts_turn=True,
+                                   text_key=command.text_key, text_values=command.text_values),
+                    E.InputAccepted(at=now, input_id=command.input_id, turn_id=command.turn_id, text=command.text,
+                                    source="background-task")]
+        case C.SettleApproval(turn_id=turn_id, call_id=call_id):
+            rec = state.tool_calls.get(call_id)
+            if rec is None or rec.settlement is not None or state.current_turn != turn_id:
+                return []
+            return [E.ToolApprovalSettled(at=now, turn_id=turn_id, call_id=call_id,
+                                          approval_id=command.approval_id, settlement=command.settlement)]
+        case C.RecordTaskEnd(ended=ended):
+            return [] if state.created is None or state.deleted else [ended]
+        case C.RecordCheckpoints(turn_id=turn_id, call_id=call_id, images=images):
+            have = {c.path for c in state.checkpoints if c.turn_id == turn_id}
+            out: list[E.Event] = []
+            for image in images:
+                if image.path not in have:
+                    have.add(image.path)
+                    out.append(E.CheckpointRecorded(at=now, turn_id=turn_id, call_id=call_id, path=image.path,
+                                                    existed=image.existed, content=image.content))
+            return out
+    raise TypeError(f"not a session command: {type(command).__name__}")
+
+
+def _decide_rewind(state: SessionState, command: C.Rewind, now: int) -> list[E.Event]:
+    if state.current_turn is not None:  # a turn started after the files were restored
+        raise SessionBusy(Text("error.rewind-busy-meanwhile"))
+    return [E.TurnRewound(at=now, turn_id=command.turn_id, scope=command.scope,  # type: ignore[arg-type]
+                          restored=command.restored, removed=command.removed, conflicts=command.conflicts,
+                          chat_deleted=command.chat_deleted, deleted_messages=command.deleted_messages)]
+
+
+def _decide_fork(state: SessionState, command: C.ImportFork, now: int) -> list[E.Event]:
+    if state.version:
+        raise InvalidCommand(f"session {command.session_id} already exists")
+    created = msgspec.structs.replace(command.source_created, at=now, session_id=command.session_id,
+                                      forked_from=command.source_id, fork_turns=command.turns, title=command.title)
+    return [created, E.MessagesImported(at=now, source_session_id=command.source_id, turns=command.turns,
+                                        messages=command.messages)]
 
 
 def decide_compact_allowed(state: SessionState, compacting: bool) -> None:

@@ -688,7 +688,7 @@ class SettingsService:
     # --- writing ----------------------------------------------------------------------------------
 
     def session_events(self, state: Any, plugin: str, key: str, value: Any, now: int) -> list[E.Event]:
-        """The events of a write to one session's layer (run as the session's ``Apply``)."""
+        """The events of a write to one session's layer (the session decides a ``SetSetting`` command with it)."""
         from sessionloop.actors.session.decide import ensure_usable
 
         ensure_usable(state)

@@ -18,11 +18,13 @@ import msgspec
 from sessionloop.actors.model import ModelRequest, Provider
 from sessionloop.actors.model.prompts import ToolLine, default_system_prompt
 from sessionloop.actors.model.registry import ModelConfig, ModelRegistry, builtin_model
-from sessionloop.actors.session.actor import Effect, turn_outcome
+from sessionloop.actors.session.actor import Decide
+from sessionloop.actors.session.commands import CheckpointImage, PostTaskNotice, RecordCheckpoints, SettleApproval
 from sessionloop.actors.session.compaction import Compaction
 from sessionloop.actors.session.context import summary_text
 from sessionloop.actors.session.decide import AgentConfig, ToolPolicy, steps_limit, system_messages
 from sessionloop.actors.session.deletion import Deletions
+from sessionloop.actors.session.queries import turn_outcome
 from sessionloop.actors.settings.apps import AppRegistry, clamp_mode, clamp_policy
 from sessionloop.actors.settings.texts import Language, Text, language_of, stored_parts
 from sessionloop.actors.system.blobs import BlobStore
@@ -345,7 +347,8 @@ class Runtime:
         async def record_before_image(path: str) -> None:
             existed, content = workspace.before_image(path)
             reply = Reply()
-            ref.tell(Effect(lambda a: a_record_checkpoint(a, turn_id, call_id, path, existed, content), reply))
+            ref.tell(Decide(RecordCheckpoints(turn_id=turn_id, call_id=call_id,
+                                              images=[CheckpointImage(path, existed, content)]), reply))
             await reply.future()
 
         rec = actor.state.tool_calls.get(call_id)
@@ -359,8 +362,8 @@ class Runtime:
 
         async def record_images(images: list[tuple[str, bool, bytes | None]]) -> None:
             reply = Reply()
-            ref.tell(Effect(lambda a: [a_record_checkpoint(a, turn_id, call_id, p, existed, content)
-                                       for p, existed, content in images], reply))
+            ref.tell(Decide(RecordCheckpoints(turn_id=turn_id, call_id=call_id,
+                                              images=[CheckpointImage(*image) for image in images]), reply))
             await reply.future()
 
         return ToolContext(workspace=workspace, turn_id=turn_id, call_id=call_id, session_id=sid,
@@ -416,35 +419,21 @@ class Runtime:
         """A finished background task tells its session (seed 004: the background-task notice,
         notice id = task id), which opens a turn so the agent hears of it."""
         from sessionloop.actors.api.host import new_id
-        from sessionloop.actors.session.actor import Apply
 
         # the owner's notice is rendered when sent (its key and values are kept); the agent
         # reads the English one as its input, text for the model (actors.settings.texts)
         text, key, values = stored_parts(background_task_notice(task))
         facts = {"taskId": task.id, "status": task.status, "exitCode": task.exit_code, "lastLine": task.last_line}
 
-        def decide(state: Any, now: int) -> list[E.Event]:
-            if state.created is None or state.deleted:
-                return []
-            turn_id = new_id()
-            return [E.NoticePosted(at=now, notice_id=task.id, topic="background-task", text=text, facts=facts,
-                                   turn_id=turn_id, starts_turn=True, text_key=key, text_values=values),
-                    E.InputAccepted(at=now, input_id=new_id(), turn_id=turn_id, text=text, source="background-task")]
-
-        self.tell(task.session_id, Apply(decide, Reply()))
+        notice = PostTaskNotice(task_id=task.id, turn_id=new_id(), input_id=new_id(), text=text, text_key=key,
+                                text_values=values, facts=facts)
+        self.tell(task.session_id, Decide(notice, Reply()))
 
     def approval_settled(self, approval: Any, settlement: E.Settlement) -> None:
         """Tell the session how its approval ended; it runs or denies the call."""
-        from sessionloop.actors.session.actor import Apply
-
-        def decide(state: Any, now: int) -> list[E.Event]:
-            rec = state.tool_calls.get(approval.call_id)
-            if rec is None or rec.settlement is not None or state.current_turn != approval.turn_id:
-                return []
-            return [E.ToolApprovalSettled(at=now, turn_id=approval.turn_id, call_id=approval.call_id,
-                                          approval_id=approval.id, settlement=settlement)]
-
-        self.tell(approval.session_id, Apply(decide, Reply()))
+        settled = SettleApproval(turn_id=approval.turn_id, call_id=approval.call_id, approval_id=approval.id,
+                                 settlement=settlement)
+        self.tell(approval.session_id, Decide(settled, Reply()))
 
     def app_reserve(self, app_id: str, limit: int) -> bool:
         """Take one of the app's unfinished-turn slots if fewer than ``limit`` are taken."""
@@ -523,21 +512,6 @@ def background_task_notice(task: Any) -> Text:
     if task.last_line:
         notice = Text("notice.background-task.last-line", notice=notice, lastLine=task.last_line)
     return notice
-
-
-def a_record_checkpoint(actor: SessionActor, turn_id: str, call_id: str, path: str, existed: bool,
-                        content: bytes | None) -> None:
-    """Record a file's before-image once per file per turn, before the tool changes it."""
-    if any(c.turn_id == turn_id and c.path == path for c in actor.state.checkpoints):
-        return
-    actor._commit([E.CheckpointRecorded(at=_now(), turn_id=turn_id, call_id=call_id, path=path, existed=existed,
-                                        content=content)], run_drive=False)
-
-
-def _now() -> int:
-    import time
-
-    return int(time.time() * 1000)
 
 
 __all__ = ["DeltaPayload", "HostOptions", "Runtime", "summary_text", "system_messages"]

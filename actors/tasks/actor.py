@@ -262,17 +262,13 @@ class TaskService:
         ignore the event, the model never hears of it. ``then`` (the stop's reply) completes once
         that commit is done, so a listing read after ``background/stop`` answered is current."""
         from sessionloop.actors.errors import HostClosed
-        from sessionloop.actors.session.actor import Apply
-
-        def decide(state: Any, now: int) -> list[E.Event]:
-            if state.created is None or state.deleted:
-                return []
-            return [ended]
+        from sessionloop.actors.session.actor import Decide
+        from sessionloop.actors.session.commands import RecordTaskEnd
 
         committed = Reply()
         committed.add_callback(lambda _: then.set(None))
         try:
-            self.rt.tell(session_id, Apply(decide, committed, drive=False))
+            self.rt.tell(session_id, Decide(RecordTaskEnd(ended=ended), committed))
         except HostClosed:  # the next start settles the record (``load``)
             log.warning("could not tell session %s that task %s ended", session_id, ended.task_id)
             then.set(None)

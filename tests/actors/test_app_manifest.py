@@ -6,7 +6,8 @@ import pytest
 
 from sessionloop.actors.errors import Forbidden, InvalidCommand
 from sessionloop.actors.gateway.service import SessionProtocolService
-from sessionloop.actors.session.actor import Query
+from sessionloop.actors.session.actor import Ask
+from sessionloop.actors.session.commands import AgentConfigOf
 from sessionloop.actors.settings.apps import AppManifest, clamp_mode, clamp_policy
 from tests.actors.gateway_harness import MemoryClient
 
@@ -36,7 +37,7 @@ def test_a_manifest_with_an_unknown_mode_or_policy_is_refused_naming_the_app(ope
 
 def effective(host, session_id: str) -> tuple[str, str]:
     """The (permission mode, sandbox policy) the session's agent runs with now."""
-    cfg = host.rt.ask(session_id, lambda r: Query(lambda a: a.config(), r))
+    cfg = host.rt.ask(session_id, lambda r: Ask(AgentConfigOf(), r))
     return cfg.permission_mode, cfg.sandbox
 
 

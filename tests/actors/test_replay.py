@@ -7,6 +7,7 @@ against a live host goes through the real gateway (``SessionProtocolService``) o
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import msgspec
@@ -30,9 +31,9 @@ from sessionloop.actors.replay.timeline import (
     until_version,
     verify,
 )
-from sessionloop.actors.session.actor import Apply
-from sessionloop.actors.session.state import encode_state
+from sessionloop.actors.session.state import encode_state, evolve, new_state
 from sessionloop.actors.views.summary import encode_summary_record, summary_record
+from sessionloop.eventstore import EventStore
 from sessionloop.eventstore import events as E
 from sessionloop.eventstore.records import RecordedEvent, Snapshot
 
@@ -410,14 +411,31 @@ def test_verify_against_a_live_host_reports_an_event_its_session_actor_did_not_s
     assert d.expected["itemId"] == "planted" and d.expected["text"] == "written behind the actor's back"
 
 
-def test_verify_against_a_live_host_accepts_a_deleted_session_it_does_not_serve(host, gateway) -> None:
-    session = host.create(title="gone")
+def test_verify_against_a_live_host_accepts_a_deleted_session_it_does_not_serve(open_host, data_dir) -> None:
+    """A log that ends with ``session.deleted`` (an older server's delete, before purging): the
+    live host serves not-found for it, and verify agrees."""
+    first = open_host(permission_mode="acceptCalls")
+    session = first.create(title="gone")
     run_turns_on(session, "hi")
-    host.rt.ask(session.id, lambda r: Apply(lambda s, now: [E.SessionDeleted(at=now)], r, drive=False))
-    view = serve_live_view(gateway, session.id)
-    assert view.error is not None and view.error["data"]["code"] == "not-found"
-    report = live_report(host, gateway, session)
-    assert report.difference is None and report.compared == "live"
+    first.close()
+    store = EventStore.open(os.path.join(data_dir, "store"), durability="nosync")
+    stream = f"session-{session.id}"
+    state = new_state(session.id)
+    for recorded in store.read_stream(stream):
+        state = evolve(state, recorded.event)
+    deleted = E.SessionDeleted(at=2)
+    record = summary_record(evolve(state, deleted))  # with its listing record, as that server's commit had it
+    store.append(stream, [deleted], expected_version=state.version - 1, meta=encode_summary_record(record))
+    store.close()
+    host = open_host(permission_mode="acceptCalls")
+    gateway = SessionProtocolService(host.rt, host=host)
+    try:
+        view = serve_live_view(gateway, session.id)
+        assert view.error is not None and view.error["data"]["code"] == "not-found"
+        report = live_report(host, gateway, host.session(session.id))
+        assert report.difference is None and report.compared == "live"
+    finally:
+        gateway.close()
 
 
 def run_turns_on(session: Any, *texts: str) -> None:

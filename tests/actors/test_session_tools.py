@@ -10,6 +10,7 @@ import pytest
 from sessionloop.actors.errors import NotFound, SessionBusy
 from sessionloop.actors.model import ModelResponse
 from sessionloop.actors.model.scripted import ScriptedProvider
+from sessionloop.eventstore import EventStore
 from sessionloop.eventstore import events as E
 
 
@@ -155,7 +156,7 @@ def test_cancel_while_a_tool_runs_records_it_aborted_and_later_calls_not_execute
     assert not [f for f in finished(s) if f.repair == "not-executed"]
 
 
-def test_a_new_run_first_closes_unanswered_calls_with_not_executed(open_host):
+def test_a_new_run_first_closes_unanswered_calls_with_not_executed(open_host, data_dir):
     """Seed 002 v0.22: the provider must never see a tool call without its result. A fork can copy
     an assistant message whose calls have no results; the next run repairs that explicitly."""
     host = open_host(permission_mode="acceptCalls")
@@ -166,9 +167,16 @@ def test_a_new_run_first_closes_unanswered_calls_with_not_executed(open_host):
     receipt = source.send("go")
     source.wait(receipt.turn_id, 5)
     broken = E.Message(role="assistant", content="", tool_calls=[E.ToolCallSpec(call_id="orphan", name="exec")])
-    fork = host.fork(source.id)
-    fork.host.rt.ask(fork.id, lambda r: __import__("sessionloop.actors.session.actor", fromlist=["Apply"]).Apply(
-        lambda st, now: [E.MessagesImported(at=now, source_session_id=source.id, messages=[broken])], r))
+    fork_id = host.fork(source.id).id
+    host.close()  # the orphan call is in the log when the session loads (as an older server left it)
+    store = EventStore.open(os.path.join(data_dir, "store"), durability="nosync")
+    stream = f"session-{fork_id}"
+    store.append(stream, [E.MessagesImported(at=1, source_session_id=source.id, messages=[broken])],
+                 expected_version=store.stream_version(stream))
+    store.close()
+    host = open_host(permission_mode="acceptCalls")
+    host.rt.set_provider(scripted)
+    fork = host.session(fork_id)
     scripted.extend(["after repair"])
     assert fork.run("continue").output_text == "after repair"
     repairs = [f for f in finished(fork) if f.repair == "not-executed"]

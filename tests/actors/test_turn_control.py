@@ -15,7 +15,8 @@ import pytest
 
 from sessionloop.actors.errors import CompactionFailed, SessionBusy
 from sessionloop.actors.model import MockProvider, ModelResponse
-from sessionloop.actors.session.actor import Query
+from sessionloop.actors.session.actor import Ask
+from sessionloop.actors.session.commands import StateCopy
 from sessionloop.actors.session.context import SUMMARY_PROMPT
 from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient, wait_until
@@ -264,7 +265,7 @@ def test_a_session_setting_of_zero_max_steps_means_unlimited(service):
     assert "result" in update, update
     c.result("turn/send", {"sessionId": sid, "content": '!tool list_files {"path": "."}'})
     c.wait(lambda f: f.get("method") == "item/completed" and f["params"]["item"]["kind"] == "turn", 10)
-    state = host.rt.ask(sid, lambda r: Query(lambda a: a.state, r))
+    state = host.rt.ask(sid, lambda r: Ask(StateCopy(), r))
     turn = state.turns[state.turn_order[-1]]
     assert (turn.status, turn.llm_calls, turn.max_steps) == ("completed", 2, 0)
     big = c.call("session/config/update", {"sessionId": sid, "plugin": "agent", "key": "maxSteps", "value": 5000})
