@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import pykka
@@ -42,6 +42,7 @@ from sessionloop.eventstore import events as E
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.schemas import ApprovalRequested as ApprovalRequestedParams
 from sessionloop.protocol.schemas import ApprovalSettled as ApprovalSettledParams
+from sessionloop.protocol.schemas import GrantRequest
 from sessionloop.protocol.schemas_types import (
     AncestorRef,
     Approval,
@@ -55,6 +56,11 @@ if TYPE_CHECKING:
     from sessionloop.actors.system.runtime import Runtime
 
 log = logging.getLogger("sessionloop.approvals")
+
+# how an approval ended and what ended it, as E.Settlement records them
+SettlementState = Literal["approved", "denied", "expired", "cancelled"]
+SettlementSource = Literal["answer", "absent", "timeout", "ineligible", "rate-limit", "turn-ended", "shutdown",
+                           "grant"]
 
 
 class ApprovalTiming(msgspec.Struct, frozen=True, kw_only=True):
@@ -185,8 +191,8 @@ class ApprovalService:
             return [a for a in self._approvals.values() if a.session_id == session_id]
 
     def respond(self, conn: Any, approval_id: str, decision: str, content: str, note: str | None,
-                reply: Reply, grant: Any = None) -> None:
-        """Answer an approval; ``grant`` (a ``GrantRequest``) makes the answer settle later calls too."""
+                reply: Reply, grant: GrantRequest | None = None) -> None:
+        """Answer an approval; ``grant`` makes the answer settle later calls too."""
         with self._lock:
             ref = self._actors.get(approval_id)
         if ref is None:
@@ -346,7 +352,7 @@ class ApprovalActor(pykka.ThreadingActor):
         return None
 
     def _respond(self, conn: Any, decision: str, content: str, note: str | None, reply: Reply,
-                 grant: Any) -> None:
+                 grant: GrantRequest | None) -> None:
         if not self.svc.eligible(conn):
             reply.fail(RpcError.forbidden(Text("error.approval-forbidden")))
             return
@@ -363,9 +369,9 @@ class ApprovalActor(pykka.ThreadingActor):
         by = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
         self._settle("approved" if decision == "approve" else "denied", "answer", by, note, reply, terms)
 
-    def _settle(self, state: str, source: str, by: E.Speaker | None, note: str | None,
+    def _settle(self, state: SettlementState, source: SettlementSource, by: E.Speaker | None, note: str | None,
                 reply: Reply | None = None, grant: E.GrantTerms | None = None) -> None:
-        settlement = E.Settlement(state=state, source=source, at=now_ms(), by=by, note=note,  # type: ignore[arg-type]
+        settlement = E.Settlement(state=state, source=source, at=now_ms(), by=by, note=note,
                                   grant=grant)
         self.svc.rt.store.append(self.stream, [E.ApprovalSettled(at=settlement.at, approval_id=self.approval.id,
                                                                  settlement=settlement)],
