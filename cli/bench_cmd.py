@@ -1,4 +1,4 @@
-"""``sessionloop bench``: the load benchmark of SPEC §10, driving the real stack.
+"""``sessionloop bench``: the turn-throughput load benchmark, driving the real stack.
 
 N sessions each send M turns one after the other (at most ``--concurrency`` turns in flight over
 all sessions), through the mock model: plain turns are ``hello world`` -> ``echo: hello world``,
@@ -13,7 +13,7 @@ tool call, then ``done: 1 tool calls``. Every event is persisted (``--durability
   ``session/subscribe``, then ``turn/send`` and the ``item/completed`` push of the ``turn`` item.
   The clients are the sessions' subscribers: they get every answer streamed and check it.
 
-Every mock answer streams (SPEC §4), so a run measures the streaming where someone watches:
+Every answer of the mock model streams, so a run measures the streaming where someone watches:
 ``--observe`` (in process) says who does (:mod:`cli.bench_observers`): ``subscriber`` (default:
 per session a subscribed protocol connection, as an owner's client), ``watcher`` (the sessions
 belong to a bot app that watches them with ``on_did_receive_event``) or ``none``. The observers

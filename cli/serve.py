@@ -95,7 +95,7 @@ def flags_from(model_provider: str | None, base_url: str | None, model_name: str
 
 class StepsLimit(click.ParamType):
     """``--max-steps``: a whole number of model calls per turn, or ``unlimited`` (also ``0``,
-    ``inf``, ``infinity``: seed 002's Infinity 不限)."""
+    ``inf``, ``infinity``: no limit)."""
 
     name = "N|unlimited"
 
@@ -214,7 +214,7 @@ class Server:
         return [self.token, *self.config.app_tokens]
 
     def _report_sandbox(self) -> None:
-        """Say at start how commands will run (SPEC §7: never a silent fallback)."""
+        """Say at start how commands will run: a weaker sandbox is never a silent fallback."""
         sandbox = self.host.rt.sandbox
         problem = sandbox.probe()
         if sandbox.mode == "none":
