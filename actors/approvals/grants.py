@@ -1,4 +1,4 @@
-"""Approval grants: an answer that also settles later calls (pure; SPEC §7 "who may change what").
+"""Approval grants: an answer that also settles later calls (pure).
 
 Like Codex's ``acceptForSession`` and ACP's ``allow_always`` / ``reject_always``, the owner can
 answer an approval with a grant: *this tool* (or, for ``exec``, *commands starting with this
