@@ -1,4 +1,4 @@
-"""``sessionloop bench``: the load benchmark of SPEC §10, driving the real stack.
+"""``sessionloop bench``: the turn-throughput load benchmark, driving the real stack.
 
 N sessions each send M turns one after the other (at most ``--concurrency`` turns in flight over
 all sessions), through the mock model: plain turns are ``hello world`` -> ``echo: hello world``,
@@ -13,7 +13,7 @@ tool call, then ``done: 1 tool calls``. Every event is persisted (``--durability
   ``session/subscribe``, then ``turn/send`` and the ``item/completed`` push of the ``turn`` item.
   The clients are the sessions' subscribers: they get every answer streamed and check it.
 
-Every mock answer streams (SPEC §4), so a run measures the streaming where someone watches:
+Every answer of the mock model streams, so a run measures the streaming where someone watches:
 ``--observe`` (in process) says who does (:mod:`cli.bench_observers`): ``subscriber`` (default:
 per session a subscribed protocol connection, as an owner's client), ``watcher`` (the sessions
 belong to a bot app that watches them with ``on_did_receive_event``) or ``none``. The observers
@@ -43,8 +43,17 @@ from typing import Any
 
 import click
 
-from sessionloop.cli.bench_observers import OBSERVE_MODES, PushCheck, StreamCheck, attach, create_sessions
-from sessionloop.eventstore import RecordedEvent
+from sessionloop.actors.api.host import Host
+from sessionloop.cli.bench_observers import (
+    OBSERVE_MODES,
+    PushCheck,
+    StreamCheck,
+    Subscribers,
+    Watcher,
+    attach,
+    create_sessions,
+)
+from sessionloop.eventstore import EventStore, RecordedEvent
 from sessionloop.eventstore import events as E
 
 PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"
@@ -246,15 +255,13 @@ async def show_progress(cfg: BenchConfig, rec: Record, stream: Any) -> None:
 # --- in process -----------------------------------------------------------------------------------
 
 
-def open_host(data_dir: str, cfg: BenchConfig) -> Any:
-    from sessionloop.actors.api.host import Host
-
+def open_host(data_dir: str, cfg: BenchConfig) -> Host:
     return Host.open(data_dir, durability=cfg.durability, permission_mode="acceptCalls",
                      max_live=cfg.max_live or max(4000, 2 * cfg.sessions),
                      model_options={"latency_ms": cfg.llm_latency_ms})
 
 
-def inprocess_turn(host: Any) -> Callable[[str, str], Awaitable[Any]]:
+def inprocess_turn(host: Host) -> Callable[[str, str], Awaitable[Any]]:
     """``turn(session_id, text) -> TurnOutcome``: a ``Send`` told through the directory (as the
     protocol layer does). The driver picks the turn id, so it waits for the turn's end from before
     the send: one wake-up of the driver per turn (a :class:`LoopWaiter` the turn results complete
@@ -290,7 +297,7 @@ def inprocess_turn(host: Any) -> Callable[[str, str], Awaitable[Any]]:
     return turn
 
 
-def inprocess_sender(host: Any, ids: list[str]) -> SendTurn:
+def inprocess_sender(host: Host, ids: list[str]) -> SendTurn:
     turn = inprocess_turn(host)
 
     async def send(i: int, tool: bool) -> tuple[str, str]:
@@ -464,8 +471,8 @@ async def run_ws(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
 # --- measuring and checking -----------------------------------------------------------------------
 
 
-async def measure(cfg: BenchConfig, host: Any, rec: Record, send: SendTurn, *,
-                  clients: list[WsClient] | None = None, observers: Any = None) -> dict[str, Any]:
+async def measure(cfg: BenchConfig, host: Host, rec: Record, send: SendTurn, *, clients: list[WsClient] | None = None,
+                  observers: Subscribers | Watcher | None = None) -> dict[str, Any]:
     store = host.store
     head0, info0 = store.head_position, store.info()
     cpu0 = time.process_time()
@@ -511,7 +518,8 @@ async def measure(cfg: BenchConfig, host: Any, rec: Record, send: SendTurn, *,
     }
 
 
-def observer_report(cfg: BenchConfig, turns: int, clients: list[WsClient] | None, observers: Any) -> dict[str, Any]:
+def observer_report(cfg: BenchConfig, turns: int, clients: list[WsClient] | None,
+                    observers: Subscribers | Watcher | None) -> dict[str, Any]:
     """What the run's observers saw of the streaming (``cli.bench_observers``)."""
     if clients:
         total = StreamCheck()
@@ -521,13 +529,13 @@ def observer_report(cfg: BenchConfig, turns: int, clients: list[WsClient] | None
             total.problems += c.stream.problems[:10 - len(total.problems)]
         return total.report("subscriber (WebSocket)", turns, len(clients))
     if observers is not None:
-        return observers.report(turns)  # type: ignore[no-any-return]
+        return observers.report(turns)
     return {"mode": "none", "ok": True, "frames": 0, "deltas": 0, "answers_streamed": 0}
 
 
-def iter_log(store: Any, after: int) -> Iterator[RecordedEvent]:
+def iter_log(store: EventStore, after: int) -> Iterator[RecordedEvent]:
     """The events written during the run (a seam for tests)."""
-    return store.iter_all(after)  # type: ignore[no-any-return]
+    return store.iter_all(after)
 
 
 @dataclass

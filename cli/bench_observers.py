@@ -1,6 +1,6 @@
 """Who watches the turns of an in-process load run (``sessionloop bench --observe``, and the
 benchmarks that drive turns the same way): the observers a real deployment has, so a run
-measures the streaming it pays for (every mock answer streams, SPEC §4).
+measures the streaming it pays for (every answer of the mock model streams).
 
 * ``subscriber``: per session a subscribed protocol connection, as an owner's client has one.
   Each connection is a real :class:`actors.gateway.service.ClientConnection` (``SessionProtocolService.
@@ -12,7 +12,7 @@ measures the streaming it pays for (every mock answer streams, SPEC §4).
   decoding is a client's work) and checks the stream. ``--via ws`` measures real sockets, with the
   clients in the same process. Sessions per connection as for ``--via ws``.
 * ``watcher``: the sessions belong to a bot app and the bot watches them with
-  ``on_did_receive_event`` (seed 000), handing every event to its asyncio loop in batches
+  ``on_did_receive_event`` (the Session Loop API's event hook), handing every event to its asyncio loop in batches
   (:class:`actors.system.worker.LoopBatch`), where it is checked.
 * ``none``: nobody watches; the turns still stream inside (the mock produces its deltas), but no
   frame is built for nobody.
@@ -73,7 +73,7 @@ class StreamCheck:
 
 
 class PushCheck:
-    """The pushes of one connection, checked frame by frame (seed 004: item/started, then deltas
+    """The pushes of one connection, checked frame by frame (an item streams as item/started, then deltas
     appended to that item's text, then item/completed with the whole text; seq increasing)."""
 
     def __init__(self, check: StreamCheck, replies: dict[int, asyncio.Future[Any]] | None = None) -> None:

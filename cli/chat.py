@@ -1,7 +1,7 @@
 """``sessionloop chat [SESSION]``: a terminal client for one session over the session protocol.
 
-Theory of operation (seed 004, 订阅与条目 and 回合控制)
------------------------------------------------------
+Theory of operation (subscriptions, items and turn control, docs/protocol.md)
+-----------------------------------------------------------------------------
 
 1. ``session/subscribe`` answers with a snapshot ``{epoch, seq, session, items}``; every later push
    of the session carries ``epoch`` and ``seq``. Pushes with ``seq <= snapshot.seq`` are dropped; a
@@ -16,7 +16,7 @@ Theory of operation (seed 004, 订阅与条目 and 回合控制)
 4. Ctrl-C during a turn sends ``turn/abort`` for it (a second Ctrl-C quits); Ctrl-C at the prompt
    and end of input quit. Everything shown is sanitized (``cli.output``).
 
-5. Presence and approvals (seed 004, 在场与审批): the chat reports ``presence/update {active: true}``
+5. Presence and approvals: the chat reports ``presence/update {active: true}``
    before the first line is read, again at least every minute while the user is active (typing, or
    a turn of theirs running), ``{active: false}`` once after 10 idle minutes and when it ends (see
    :class:`Presence`). An ``approval/requested`` (for any session the owner may answer, not only this
@@ -89,7 +89,7 @@ Emit = Callable[[str, bool], None]  # (text, end the line)
 _ITEM_PUSHES = frozenset({"item/started", "item/completed", "item/delta"})
 _SILENT_DELTAS = frozenset({"tool-call", "reasoning"})  # shown on completion, not streamed
 PRESENCE_REFRESH_S: Final = 60.0  # re-report present at least this often while the user is active
-PRESENCE_IDLE_S: Final = 600.0  # seed: a report counts for 10 minutes; idle that long -> absent
+PRESENCE_IDLE_S: Final = 600.0  # a presence report counts for 10 minutes; idle that long -> absent
 PRESENCE_STOP_TIMEOUT_S: Final = 2.0
 
 
@@ -160,10 +160,10 @@ class SessionView:
             return
         if params.session_id != self.session_id:
             return
-        if params.epoch != self.epoch:  # seed: epoch 变了就重新订阅
+        if params.epoch != self.epoch:  # another epoch: subscribe again
             self.needs_resubscribe = True
             return
-        if params.seq <= self.seq:  # seed: 客户端丢掉 seq 不大于快照的推送
+        if params.seq <= self.seq:  # a push not newer than the snapshot is dropped
             return
         if isinstance(params, ItemDelta):
             self._delta(params.item_id, params.text)
@@ -313,14 +313,14 @@ async def pump(client: Client, view: SessionView, on_push: Callable[[Notificatio
 
 
 class Presence:
-    """``presence/update`` for one connection (seed 004, 在场): the owner can only be asked to approve
+    """``presence/update`` for one connection: the owner can only be asked to approve
     while a connection of theirs is present, and with nobody present a call is denied at once.
 
     * ``active: true`` at the start, again on activity when the last report is older than
       ``refresh_s`` (throttled), and every ``refresh_s`` while the user is active;
     * the user is active while ``busy()`` holds (a turn they sent is running) or within ``idle_s``
       of the last :meth:`touch` (a line typed); after that, one ``active: false`` -- the server stops
-      counting this connection as present at once, just as the seed's page gone to the background;
+      counting this connection as present at once, as for a browser page gone to the background;
     * ``active: false`` when the chat ends (:meth:`stop`).
 
     Reports that fail because the connection ended are dropped: the pump reports the lost connection.
@@ -551,7 +551,7 @@ class _Chat:
         if note.method == "approval/requested" and isinstance(params, ApprovalRequested):
             a = params.approval
             if a.id in self._known or a.id in self._settled or a.state != "pending":
-                return  # seed: the same card may be pushed again; take it once by id
+                return  # the same card may be pushed again; take it once by id
             self._known[a.id] = a
             self._cards.append(a)
             self._card_ready.set()

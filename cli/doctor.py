@@ -41,11 +41,11 @@ from sessionloop.eventstore.events import Message
 
 CHECKS = ("reachable", "modelAccepted", "streaming", "toolCalls", "usage")
 HEADERS = ("MODEL", "PROVIDER", "MODEL ID", "REACHABLE", "MODEL ACCEPTED", "STREAMING", "TOOL CALLS", "USAGE")
-PING_TOOL = {
-    "type": "function",
-    "function": {"name": "ping", "description": "Answer a health check.",
-                 "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}},
+PING_FUNCTION: dict[str, Any] = {
+    "name": "ping", "description": "Answer a health check.",
+    "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
 }
+PING_TOOL: dict[str, Any] = {"type": "function", "function": PING_FUNCTION}
 PING_PROMPT = 'Health check: call the ping tool with {"text": "ok"}.'
 MAX_BODY = 1024 * 1024  # bytes of an answer read at most: the doctor needs a few chunks
 
@@ -110,13 +110,13 @@ class _Stream:
     def _choice(self, choice: dict[str, Any]) -> None:
         if choice.get("finish_reason"):
             self.finished = True
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        delta = _object(choice.get("delta"))
         for fragment in delta.get("tool_calls") or []:
             if not isinstance(fragment, dict):
                 continue
             index = fragment.get("index", 0)
             index = index if isinstance(index, int) else 0
-            function = fragment.get("function") if isinstance(fragment.get("function"), dict) else {}
+            function = _object(fragment.get("function"))
             if function.get("name"):
                 self.names.setdefault(index, str(function["name"]))
             if function.get("arguments"):
@@ -127,6 +127,11 @@ class _Stream:
             if name == "ping" and _is_json_object("".join(self.calls.get(index, [])) or "{}"):
                 return True
         return False
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else an empty one (a chunk may leave a part out)."""
+    return value if isinstance(value, dict) else {}
 
 
 def _is_json_object(text: str) -> bool:
@@ -160,7 +165,7 @@ def probe(cfg: ModelConfig, timeout: float, env: Any = None) -> Report:
 
 def _probe_mock(report: Report, cfg: ModelConfig) -> None:
     request = ModelRequest(messages=[Message(role="user", content='!tool ping {"text": "ok"}')],
-                           tools=[PING_TOOL["function"]], model=cfg.model)
+                           tools=[PING_FUNCTION], model=cfg.model)
     response = asyncio.run(MockProvider(model=cfg.model).generate(request, ignore_delta))
     report.reachable = report.modelAccepted = report.streaming = True
     report.toolCalls = any(c.name == "ping" for c in response.tool_calls)

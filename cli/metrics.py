@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from sessionloop.actors.api.host import Host
 
 
-def render_metrics(host: Any) -> bytes:
-    return host.rt.metrics.render()  # type: ignore[no-any-return]
+def render_metrics(host: Host) -> bytes:
+    return host.rt.metrics.render()

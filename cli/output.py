@@ -3,7 +3,7 @@
 Two rules hold for everything here:
 
 * every fact that reaches the terminal as text goes through :func:`protocol.sanitize.sanitize_for_card`
-  first (seed 004, 显示): titles, message text, tool arguments and output can carry control, bidi
+  first (what a card shows is sanitized): titles, message text, tool arguments and output can carry control, bidi
   and zero-width characters that would make a line read differently from what it is;
 * ``--json`` output is the wire data verbatim (camelCase, as :func:`msgspec.to_builtins` gives it),
   but the same characters are written as ``\\uXXXX`` escapes, so the JSON stays exact for a machine
@@ -300,7 +300,7 @@ def _card_field(label: str, text: str) -> list[str]:
 def approval_card(a: Approval, now_ms: int | None = None) -> list[str]:
     """An approval request as card lines: tool, command and cwd, the file and its diff, the params.
 
-    Every fact goes through :func:`sanitize_for_card` first (seed 004, 显示): the facts are the
+    Every fact goes through :func:`sanitize_for_card` first (what a card shows is sanitized): the facts are the
     tool's arguments verbatim. Nothing is shortened: the owner approves what the card shows.
     """
     facts = sanitize_for_card(to_plain(a.facts))

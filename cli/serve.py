@@ -47,6 +47,7 @@ from sessionloop.cli.logs import FORMATS as LOG_FORMATS
 from sessionloop.cli.logs import LEVELS as LOG_LEVELS
 from sessionloop.cli.logs import configure as configure_logging
 from sessionloop.eventstore.errors import SessionloopError
+from sessionloop.protocol.frames import DEFAULT_MAX_FRAME_BYTES
 from sessionloop.protocol.transport import AppCredential
 
 DEFAULT_DATA = ".sessionloop"
@@ -94,7 +95,7 @@ def flags_from(model_provider: str | None, base_url: str | None, model_name: str
 
 class StepsLimit(click.ParamType):
     """``--max-steps``: a whole number of model calls per turn, or ``unlimited`` (also ``0``,
-    ``inf``, ``infinity``: seed 002's Infinity 不限)."""
+    ``inf``, ``infinity``: no limit)."""
 
     name = "N|unlimited"
 
@@ -149,8 +150,6 @@ def request_limit(socket_limit: int) -> int:
     id, the connection kept): below the socket's hard frame limit, above which a frame only gets a
     1009 close. The default pair is 24 of 64 MiB; a smaller ``--max-frame-mb`` keeps that ratio,
     so the reply still comes before the hard limit."""
-    from sessionloop.protocol.connection import DEFAULT_MAX_FRAME_BYTES
-
     return max(1024, min(DEFAULT_MAX_FRAME_BYTES, socket_limit * 3 // 8))
 
 
@@ -215,7 +214,7 @@ class Server:
         return [self.token, *self.config.app_tokens]
 
     def _report_sandbox(self) -> None:
-        """Say at start how commands will run (SPEC §7: never a silent fallback)."""
+        """Say at start how commands will run: a weaker sandbox is never a silent fallback."""
         sandbox = self.host.rt.sandbox
         problem = sandbox.probe()
         if sandbox.mode == "none":

@@ -4,7 +4,7 @@ Each command is one short conversation with the server (``cli.client``): connect
 a call or two, print (``cli.output``). SESSION arguments accept an id, a unique id prefix or a
 unique title (``client.resolve_session``). Errors are one line and exit 1 (``cli.main.CleanErrors``).
 
-``send`` takes the idempotent path (``loop/send`` with ``--key``, seeds 000/001) when the token is an
+``send`` takes the idempotent path (``loop/send`` with ``--key``, the Session Loop API) when the token is an
 app's; the owner has no loop identity (the gateway answers ``forbidden``), so the owner's ``send`` is
 ``turn/send`` and ``--key`` is only reported.
 """
@@ -52,7 +52,7 @@ from sessionloop.protocol.schemas import (
 
 __all__ = ["send", "sessions", "watch"]
 
-PAGE: int = 200  # sessions/list maximum page (seed 004)
+PAGE: int = 200  # the largest page sessions/list gives
 
 
 @click.group("sessions")
@@ -332,7 +332,7 @@ class WaitTimedOut(ClientError):
 
 
 def _is_owner(client: Client) -> bool:
-    """SPEC §6: the owner token is ``{platform: 'console', userId: 'owner'}``; anything else is an app."""
+    """The owner token is ``{platform: 'console', userId: 'owner'}``; anything else is an app."""
     identity = client.info.identity if client.info is not None else None
     return identity is not None and identity.platform == "console" and identity.user_id == "owner"
 
@@ -356,7 +356,7 @@ async def _send_as_owner(client: Client, session_id: str, text: str, wait: bool,
 
 async def _send_as_app(client: Client, session_id: str, text: str, key: str, wait: bool,
                        timeout: float) -> dict[str, Any]:
-    """``loop/send`` (seeds 000/001): a repeated key returns the first receipt; ``loop/waitForTurn``."""
+    """``loop/send`` (the Session Loop API): a repeated key returns the first receipt; ``loop/waitForTurn``."""
     receipt: LoopSendResult = await client.call(
         "loop/send", {"sessionId": session_id, "text": text, "idempotencyKey": key})
     if receipt.state == "rejected":
@@ -418,7 +418,7 @@ def send(session: str, text: str, key: str | None, wait: bool, timeout: float, a
     With an app token this is the Session Loop API's loop/send, and --key is required: sending
     again with the same --key does not send twice, it returns the first receipt (state
     "duplicate") and --wait waits for that same turn. With the owner token it is turn/send,
-    which has no idempotency key (seed 004): --key is refused before anything is sent, since
+    which has no idempotency key: --key is refused before anything is sent, since
     it could not be kept; each send is a new message. With --wait the exit status says how the
     turn ended: 0 replied, 1 error (the reason is printed), 2 aborted, 3 silent (no reply),
     4 no answer within --timeout.

@@ -1,4 +1,4 @@
-"""``sessionloop tasks ls|output|stop|stop-all``: the owner's background tasks (seed 004, 后台任务).
+"""``sessionloop tasks ls|output|stop|stop-all``: the owner's background tasks (docs/protocol.md).
 
 A background task is a tool call that went on running after its turn let go of it (``exec`` with
 ``background: true``, or one that outlived the foreground wait). Each command is one short
@@ -53,7 +53,7 @@ from sessionloop.protocol.schemas import (
 
 __all__ = ["tasks"]
 
-FOLLOW_POLL_S: Final = 1.0  # seed: lastLine/lastOutputAt pushes come at most once a second
+FOLLOW_POLL_S: Final = 1.0  # the server pushes lastLine/lastOutputAt at most once a second
 
 
 @click.group("tasks")

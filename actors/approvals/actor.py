@@ -1,4 +1,4 @@
-"""Presence and approvals (seed 004, 在场与审批): every pending approval is an actor with its own
+"""Presence and approvals: every pending approval is an actor with its own
 mailbox and stream (``approval-<session>.<approval id>``).
 
 How a tool call that needs approval goes (``permissionMode: 'ask'``):
@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import pykka
@@ -42,6 +42,7 @@ from sessionloop.eventstore import events as E
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.schemas import ApprovalRequested as ApprovalRequestedParams
 from sessionloop.protocol.schemas import ApprovalSettled as ApprovalSettledParams
+from sessionloop.protocol.schemas import GrantRequest
 from sessionloop.protocol.schemas_types import (
     AncestorRef,
     Approval,
@@ -56,11 +57,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sessionloop.approvals")
 
+# how an approval ended and what ended it, as E.Settlement records them
+SettlementState = Literal["approved", "denied", "expired", "cancelled"]
+SettlementSource = Literal["answer", "absent", "timeout", "ineligible", "rate-limit", "turn-ended", "shutdown",
+                           "grant"]
+
 
 class ApprovalTiming(msgspec.Struct, frozen=True, kw_only=True):
-    wait_s: float = 300.0  # seed: 300 s total wait
-    grace_s: float = 30.0  # seed: 30 s reconnect grace
-    presence_s: float = 600.0  # seed: 10-minute presence window
+    wait_s: float = 300.0  # an approval waits 300 s at most
+    grace_s: float = 30.0  # with nobody present, 30 s to reconnect before it is denied
+    presence_s: float = 600.0  # a presence report counts for 10 minutes
     rate_limit: int = 10  # approvals per session per minute before ``rate-limit``
 
 
@@ -130,7 +136,7 @@ class ApprovalService:
             was = self._present(conn, now)
             p.active, p.active_at = active, now if active else p.active_at
             if not active:
-                p.holding.clear()  # seed: 报假即刻不在场
+                p.holding.clear()  # reporting inactive is absent at once
             became = not was and self._present(conn, now)
             actors = list(self._actors.values())
         for ref in actors:
@@ -185,8 +191,8 @@ class ApprovalService:
             return [a for a in self._approvals.values() if a.session_id == session_id]
 
     def respond(self, conn: Any, approval_id: str, decision: str, content: str, note: str | None,
-                reply: Reply, grant: Any = None) -> None:
-        """Answer an approval; ``grant`` (a ``GrantRequest``) makes the answer settle later calls too."""
+                reply: Reply, grant: GrantRequest | None = None) -> None:
+        """Answer an approval; ``grant`` makes the answer settle later calls too."""
         with self._lock:
             ref = self._actors.get(approval_id)
         if ref is None:
@@ -234,7 +240,7 @@ class ApprovalService:
             return list(self._presence)
 
     def shutdown(self) -> None:
-        """Settle every pending approval ``shutdown`` (seed 004) and stop their actors."""
+        """Settle every pending approval ``shutdown`` and stop their actors."""
         with self._lock:
             refs = list(self._actors.values())
         for ref in refs:
@@ -304,7 +310,7 @@ class ApprovalActor(pykka.ThreadingActor):
         self._check_grace()
 
     def _check_grace(self) -> None:
-        """Seed: all present connections gone -> 30 s grace, then absent (never beyond 300 s)."""
+        """All present connections gone -> 30 s grace, then absent (never beyond 300 s)."""
         if self.svc.present_approvers():
             self.grace_deadline = None
             self.grace_token += 1
@@ -337,7 +343,7 @@ class ApprovalActor(pykka.ThreadingActor):
             if payload == self.grace_token and not self.svc.present_approvers():
                 self._settle("denied", "absent", None, None)
         elif kind == "presence":
-            if payload is not None:  # a connection became present: push again (seed: 补推)
+            if payload is not None:  # a connection became present: push it again
                 self._push_to_present(payload)
             else:
                 self._check_grace()
@@ -346,7 +352,7 @@ class ApprovalActor(pykka.ThreadingActor):
         return None
 
     def _respond(self, conn: Any, decision: str, content: str, note: str | None, reply: Reply,
-                 grant: Any) -> None:
+                 grant: GrantRequest | None) -> None:
         if not self.svc.eligible(conn):
             reply.fail(RpcError.forbidden(Text("error.approval-forbidden")))
             return
@@ -363,9 +369,9 @@ class ApprovalActor(pykka.ThreadingActor):
         by = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
         self._settle("approved" if decision == "approve" else "denied", "answer", by, note, reply, terms)
 
-    def _settle(self, state: str, source: str, by: E.Speaker | None, note: str | None,
+    def _settle(self, state: SettlementState, source: SettlementSource, by: E.Speaker | None, note: str | None,
                 reply: Reply | None = None, grant: E.GrantTerms | None = None) -> None:
-        settlement = E.Settlement(state=state, source=source, at=now_ms(), by=by, note=note,  # type: ignore[arg-type]
+        settlement = E.Settlement(state=state, source=source, at=now_ms(), by=by, note=note,
                                   grant=grant)
         self.svc.rt.store.append(self.stream, [E.ApprovalSettled(at=settlement.at, approval_id=self.approval.id,
                                                                  settlement=settlement)],
@@ -384,7 +390,7 @@ class ApprovalActor(pykka.ThreadingActor):
 
 
 def build_approval(state: Any, rec: Any, approval_id: str, wait_s: float, chain: list[AncestorRef]) -> Approval:
-    """The seed's Approval object for a tool call: facts verbatim from the arguments."""
+    """The protocol's Approval object for a tool call: facts verbatim from the arguments."""
     args = rec.args if isinstance(rec.args, dict) else {}
     display = rec.display
     diff = None

@@ -1,4 +1,4 @@
-"""Approval grants: an answer that also settles later calls (pure; SPEC §7 "who may change what").
+"""Approval grants: an answer that also settles later calls (pure).
 
 Like Codex's ``acceptForSession`` and ACP's ``allow_always`` / ``reject_always``, the owner can
 answer an approval with a grant: *this tool* (or, for ``exec``, *commands starting with this
@@ -33,7 +33,8 @@ from sessionloop.eventstore import events as E
 
 #: Grants last at most this long (the answerer may ask for less).
 MAX_GRANT_MS = 30 * 24 * 3600 * 1000
-DEFAULT_GRANT_MS = {"turn": 3600 * 1000, "session": 24 * 3600 * 1000}
+GrantScope = Literal["turn", "session"]  # as E.GrantTerms records it
+DEFAULT_GRANT_MS: dict[GrantScope, int] = {"turn": 3600 * 1000, "session": 24 * 3600 * 1000}
 MAX_PREFIX_CHARS = 1000
 _COMPOUND = re.compile(r"[;&|<>`$(){}\n\r\\]")
 _SEPARATORS = re.compile(r"&&|\|\||[;&|\n\r()]")
@@ -56,7 +57,7 @@ class Grant(msgspec.Struct, kw_only=True):
         return self.terms.scope == "session" or self.turn_id == current_turn
 
 
-def terms_for(tool: str, scope: str, command_prefix: str | None, expires_in_ms: int | None,
+def terms_for(tool: str, scope: GrantScope, command_prefix: str | None, expires_in_ms: int | None,
               now: int) -> E.GrantTerms:
     """The terms of a grant asked for on an approval of ``tool``; raises ValueError naming the
     field that does not fit."""
@@ -72,7 +73,7 @@ def terms_for(tool: str, scope: str, command_prefix: str | None, expires_in_ms: 
     if expires_in_ms is not None and not 1 <= expires_in_ms <= MAX_GRANT_MS:
         raise ValueError(Text("error.grant-expiry", max=MAX_GRANT_MS))
     span = expires_in_ms if expires_in_ms is not None else DEFAULT_GRANT_MS[scope]
-    return E.GrantTerms(scope=scope, tool=tool, command_prefix=command_prefix, expires_at=now + span)  # type: ignore[arg-type]
+    return E.GrantTerms(scope=scope, tool=tool, command_prefix=command_prefix, expires_at=now + span)
 
 
 def grant_of(e: E.ToolApprovalSettled) -> Grant | None:

@@ -1,4 +1,4 @@
-"""Model providers for the agent runtime (SPEC §4 "Model providers"; seed 002 ``llm.generate``).
+"""Model providers for the agent runtime (one ``generate`` call per agent step).
 
 ``make_provider(name, **options)`` builds one of ``mock`` (the default, a deterministic directive
 grammar), ``scripted`` (canned answers for tests), ``replay`` (recorded answers for ``rerun``) and

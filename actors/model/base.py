@@ -1,20 +1,20 @@
 """The model-provider interface: one async ``generate`` call per agent step.
 
-Why asyncio and not an actor: SPEC §2.4 forbids blocking a mailbox, so every model call runs on
+Why asyncio and not an actor: no actor handler may block its mailbox, so every model call runs on
 one shared asyncio loop and its result comes back to the session actor as a message. A provider
 therefore never touches actor state; it gets a :class:`ModelRequest` (the *projected* messages,
-seed 002 上下文裁剪: only the copy sent to the model is trimmed) and returns a
+context trimming: only the copy sent to the model is trimmed, never the log) and returns a
 :class:`ModelResponse`, streaming deltas through ``on_delta(kind, text)`` while it works
-(seed 002 Streaming: ``llm.delta`` flows to subscribers live, it is never persisted).
+(``llm.delta`` flows to subscribers live, it is never persisted).
 
-Cancellation is asyncio task cancellation (seed 002 Streaming / Cancel: ``session.cancel()``
-propagates an abort signal to the model): a provider must let :class:`asyncio.CancelledError`
+Cancellation is asyncio task cancellation (cancelling a turn aborts its model call too): a
+provider must let :class:`asyncio.CancelledError`
 through promptly and must never turn it into a :class:`ModelError`.
 
 Besides text, a streaming provider may report two facts to ``on_delta`` when it has them, through
 optional methods of the callback object (a plain function has neither, and they are skipped):
-``on_delta.tool_call(call_id, name)`` as soon as a streamed tool call's name is known (seed 004
-tool-call: the card shows ``generating`` while the arguments stream), and
+``on_delta.tool_call(call_id, name)`` as soon as a streamed tool call's name is known (the tool
+card shows ``generating`` while the arguments stream), and
 ``on_delta.retrying(notice)`` when an attempt failed and the call will be tried again after
 ``notice.wait_ms`` (a :class:`RetryNotice`; the session records it as ``llm.retried`` and restarts
 the streamed items). Call :func:`announce_tool_call` / :func:`announce_retry`, not the methods.
@@ -41,7 +41,7 @@ from sessionloop.eventstore.events import Message, ToolCallSpec, Usage
 DeltaKind = Literal["text", "reasoning"]
 DeltaCallback = Callable[[str, str], None]
 
-#: Provider names :func:`make_provider` knows (SPEC §4 "Model providers").
+#: Provider names :func:`make_provider` knows.
 PROVIDER_NAMES: tuple[str, ...] = ("mock", "scripted", "replay", "openai")
 
 _json_encoder = msgspec.json.Encoder()
@@ -62,7 +62,7 @@ class ModelAttachment(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """What one agent step sends to the model (seed 002 defaultLoop: messages + tool schemas).
+    """What one agent step sends to the model (the default loop's messages and tool schemas).
 
     ``tools`` are the registry's schemas, ``{"name", "description", "parameters"}`` each
     (see :meth:`actors.tools.registry.ToolRegistry.schemas`); ``model`` overrides the
@@ -121,7 +121,7 @@ class RetryNotice(msgspec.Struct, frozen=True, kw_only=True):
 
 @runtime_checkable
 class Provider(Protocol):
-    """A model provider. Implementations: mock, scripted, replay, openai (SPEC §4).
+    """A model provider. Implementations: mock, scripted, replay, openai.
 
     ``generate`` promises: deltas are reported through ``on_delta`` in order, synchronously on
     the loop that runs the call; the returned response's ``text`` and ``reasoning`` equal the
@@ -190,18 +190,18 @@ _content = attrgetter("content")
 
 
 def content_chars(messages: Sequence[Message]) -> int:
-    """Total characters of the messages' contents (the mock's prompt-token basis, SPEC §4)."""
+    """Total characters of the messages' contents (the mock's prompt-token basis)."""
     return sum(map(len, map(_content, messages)))  # in C: this runs over the history per model call
 
 
 def completion_chars(text: str, reasoning: str, tool_calls: Sequence[ToolCallSpec]) -> int:
-    """Characters a call produced: text, reasoning and tool-call arguments as JSON (SPEC §4)."""
+    """Characters a call produced: text, reasoning and tool-call arguments as JSON."""
     return len(text) + len(reasoning) + sum(len(args_json(c.args)) for c in tool_calls)
 
 
 def estimated_usage(request: ModelRequest, text: str, reasoning: str,
                     tool_calls: Sequence[ToolCallSpec]) -> Usage:
-    """The mock's token estimate (SPEC §4: characters / 4), for a provider that reports none."""
+    """The mock's token estimate (characters / 4), for a provider that reports none."""
     return Usage(prompt_tokens=content_chars(request.messages) // 4,
                  completion_tokens=completion_chars(text, reasoning, tool_calls) // 4)
 

@@ -1,5 +1,5 @@
 """Per-model limits of a real model endpoint: concurrent requests, requests and tokens per minute,
-and the retry policy; with the counters ``/metrics`` shows (SPEC §11a).
+and the retry policy; with the counters ``/metrics`` shows.
 
 Why: a thousand sessions that start a turn at once must not open a thousand requests against one
 endpoint (a local vLLM queues them all and every answer gets slow; a hosted API answers 429 to all

@@ -1,6 +1,6 @@
-"""The mock model: a fixed, deterministic directive grammar (SPEC §4 "Mock model directive grammar").
+"""The mock model: a fixed, deterministic directive grammar.
 
-Tests, examples and the turn-throughput benchmark (SPEC §10) drive sessions through this model,
+Tests, examples and the turn-throughput benchmark drive sessions through this model,
 so its grammar is a contract. For each call it reads the *latest user message*; every line that
 starts with ``!`` is a directive, the other lines (joined with ``"\\n"``, stripped) are the text:
 
@@ -16,7 +16,7 @@ starts with ``!`` is a directive, the other lines (joined with ``"\\n"``, stripp
 ``!reason TEXT``            a reasoning part, streamed as kind ``"reasoning"`` before the answer
                             (several lines are joined with ``"\\n"``).
 ``!loop``                   every call requests one ``list_files {"path": "."}`` call, so a turn
-                            runs into ``maxSteps`` (seed 002: maxSteps model calls per turn).
+                            runs into ``maxSteps`` (at most that many model calls per turn).
 (no directive)              ``echo: <text>``, streamed as deltas of a few characters.
 ==========================  =====================================================================
 
@@ -28,7 +28,7 @@ Call ids are ``call_<n>``: ``n`` counts the tool calls already present in the re
 so ids are unique within the history the model sees. (When a trimmed or summarised request hides
 older calls, numbers can repeat across turns; the session keys tool calls by turn and call id.)
 
-Usage (SPEC §4): prompt tokens = characters of all message contents sent // 4; completion tokens
+Usage: prompt tokens = characters of all message contents sent // 4; completion tokens
 = characters produced (text + reasoning + tool-call arguments as JSON) // 4.
 
 Streaming: every answer streams, whichever way it is taken. ``generate`` reports the deltas
@@ -64,7 +64,7 @@ from sessionloop.eventstore.events import Message, ToolCallSpec, Usage
 from sessionloop.protocol.limits import MAX_NESTING
 from sessionloop.protocol.nesting import nests_deeper
 
-#: Characters per streamed delta ("a few characters", SPEC §4).
+#: Characters per streamed delta ("a few characters").
 DELTA_CHARS = 6
 
 #: The tool ``!loop`` keeps calling, and its arguments.
@@ -191,7 +191,7 @@ def decide_answer(messages: Sequence[Message], script: MockScript) -> tuple[str,
 
 
 class MockProvider:
-    """The default model (SPEC §2.8): deterministic answers from the directive grammar above.
+    """The default model (when none is configured): deterministic answers from the directive grammar above.
 
     ``latency_ms`` adds a delay before every call (the benchmark's ``--llm-latency``).
     """
@@ -280,7 +280,7 @@ async def _paced(on_delta: DeltaCallback, deltas: Sequence[tuple[str, str]], tot
     """Spread ``deltas`` evenly over ``total_ms``: delta i goes out at ``(i + 1) / n`` of it.
 
     Deadlines come from the loop clock, so the total does not drift with many small sleeps;
-    each ``asyncio.sleep`` is a cancellation point (seed 002: cancel aborts the model call).
+    each ``asyncio.sleep`` is a cancellation point (cancelling a turn aborts its model call).
     """
     loop = asyncio.get_running_loop()
     total = total_ms / 1000

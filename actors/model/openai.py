@@ -1,4 +1,4 @@
-"""An OpenAI-compatible chat-completions provider on the official ``openai`` SDK (SPEC §4).
+"""An OpenAI-compatible chat-completions provider on the official ``openai`` SDK.
 
 Any endpoint that speaks ``POST {base_url}/chat/completions`` with ``stream: true`` works (OpenAI,
 vLLM, llama.cpp, Ollama, OpenRouter, DeepSeek, ...). The SDK (``AsyncOpenAI(base_url=...)``) does
@@ -34,7 +34,7 @@ it reads either way.
 * **Limits.** Each attempt holds a slot of the provider's :class:`~actors.model.limits.Limiter`
   (concurrency, requests and tokens per minute) while its request is open; the wait for a slot is
   an ``await``, so ``turn/abort`` ends it.
-* **Cancellation** (seed 002: cancel propagates to the LLM): the task is cancelled; leaving
+* **Cancellation** (cancelling a turn reaches the model call): the task is cancelled; leaving
   ``async with stream`` closes the HTTP response, so the server sees the connection go away at
   once.
 
@@ -44,8 +44,8 @@ What is streamed and how it is put back together:
 * ``choices[0].delta.reasoning_content`` / ``.reasoning`` (DeepSeek, OpenRouter, vLLM) ->
   ``on_delta("reasoning", ...)``;
 * ``choices[0].delta.tool_calls[i]`` -> accumulated by ``index``: the first fragment carries
-  ``id`` and ``function.name`` (announced at once: ``on_delta.tool_call(id, name)``, seed 004's
-  ``generating`` card), later ones append to ``function.arguments``; the arguments are parsed as
+  ``id`` and ``function.name`` (announced at once: ``on_delta.tool_call(id, name)``, for the
+  ``generating`` tool card), later ones append to ``function.arguments``; the arguments are parsed as
   JSON at the end (kept as the raw string if they are not JSON, so the tool registry can tell the
   model what was wrong with them);
 * ``usage`` (sent because we ask for ``stream_options: {include_usage: true}``) is the answer's
@@ -352,7 +352,7 @@ class StreamState:
         buffer = self.calls.setdefault(index, _ToolCallBuffer())
         buffer.add(fragment)
         if buffer.call_id and buffer.name and not buffer.announced:
-            buffer.announced = True  # seed 004: the card is pushed as soon as the name is known
+            buffer.announced = True  # the tool card is pushed as soon as the name is known
             announce_tool_call(self.on_delta, buffer.call_id, buffer.name)
 
     def response(self, provider: str, model: str, request: ModelRequest | None = None) -> ModelResponse:

@@ -1,12 +1,12 @@
 """The default system prompt (issue "Real models in production": a prompt that tells the model its
-tools and its workspace, replaced by the ``agent/systemPrompt`` setting; seed 002 ``systemPrompt``).
+tools and its workspace, replaced by the ``agent/systemPrompt`` setting).
 
 :func:`default_system_prompt` is pure: it names each tool of the registry and whether it waits
 for the user's approval (their descriptions and parameters travel with the request's tool
 schemas, so they are not repeated: the prompt stays short beside small context budgets), the
 workspace — relatively: paths are relative to it, and a project folder is named by its last
 component only, never by the server's absolute
-paths (the data directory must not leak to the model, SPEC §7) — the sandbox policy ``exec`` runs
+paths (the data directory must not leak to the model) — the sandbox policy ``exec`` runs
 under, and what the permission mode does to tools that need approval.
 """
 

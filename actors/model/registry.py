@@ -29,7 +29,7 @@ the flags and the environment, so a reload (SIGHUP) calls it again and hands the
 Model references
 ----------------
 A session names its model with the ``llm/model`` setting. The value is an entry id
-``<name>/<model id>`` (seed 004 可选项: a model is written ``<provider instance id>/<model id>``;
+``<name>/<model id>`` (as the option list writes a model: ``<provider instance id>/<model id>``;
 here a configured name is the provider instance), or the bare configured ``<name>``. Stored values
 of earlier releases (``mock/mock-large``: the built-in mock, model id ``mock-large``) keep working:
 the built-in model and mock models take any model id; a configured OpenAI-compatible model serves

@@ -1,4 +1,4 @@
-"""The replay provider: answers from a session's recorded model responses (SPEC §9 ``rerun``).
+"""The replay provider: answers from a session's recorded model responses (for ``rerun``).
 
 Why: like a workflow replayer (Temporal's Replayer, STYLE "models"), ``sessionloop rerun
 --provider replay`` forks a session at turn N and runs the later inputs again with the model

@@ -1,4 +1,4 @@
-"""The scripted provider: canned answers in order, for tests (SPEC §4 "Model providers").
+"""The scripted provider: canned answers in order, for tests.
 
 Why it exists beside the mock: the mock's answers follow from the user's text, which is right for
 benchmarks and demos; a test of the agent loop often needs an exact sequence instead ("first a

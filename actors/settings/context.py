@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -26,11 +26,13 @@ from sessionloop.protocol.schemas_types import (
     PlaceLayer,
     PlatformLayer,
     PlatformTypeLayer,
+    SettingSource,
 )
 
 Ident = tuple[str, str]  # (plugin, key)
-Chain = list[tuple[str, Mapping[Ident, Any]]]  # (source, values), lowest first
+Chain = list[tuple[SettingSource, Mapping[Ident, Any]]]  # (source, values), lowest first
 Layer = GlobalLayer | PlatformLayer | PlatformTypeLayer | PlaceLayer
+PlaceKind = Literal["window", "workspace"]  # as the place.registered event records it
 
 DEFAULT_WORKSPACE = "workspace:default"
 #: the default workspace's recorded name: English data; whatever is recorded, it is shown as
@@ -43,7 +45,7 @@ DEFAULT_WORKSPACE_NAME = text(DEFAULT_LANGUAGE, "place.default-workspace")
 
 class PlaceFacts(msgspec.Struct, frozen=True, kw_only=True):
     key: str
-    kind: str  # window | workspace
+    kind: PlaceKind
     name: str
     platform: str | None = None  # windows: the platform and chat type of their sessions
     type: str | None = None

@@ -50,7 +50,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dc_field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET
@@ -82,12 +82,14 @@ from sessionloop.protocol.schemas_types import (
     PlatformTypeLayer,
     SettingActual,
     SettingRow,
+    SettingSource,
 )
 
 log = logging.getLogger("sessionloop.settings")
 
 OWNER_PLATFORM = "console"  # SPEC §6: the owner's identity is {platform: 'console'}
-PROMINENCE_RANK = {"composer": 0, "common": 1, "advanced": 2}
+Prominence = Literal["composer", "common", "advanced"]  # a row's prominence, as the wire has it
+PROMINENCE_RANK: dict[str, int] = {"composer": 0, "common": 1, "advanced": 2}
 COMPOSER_PER_GROUP = 2  # seed: composer 同一组最多两项,多出的已退到 common
 _MISSING: Any = object()
 #: the option source of the model field: the configured models (``GET /api/models/llm``)
@@ -115,7 +117,7 @@ class SettingField:
     minimum: float | None = None
     maximum: float | None = None
     max_length: int | None = None
-    prominence: str = "advanced"  # composer | common | advanced
+    prominence: Prominence = "advanced"
     order: int | None = None
     applies_to: tuple[str, ...] | None = None  # session kinds: owner | room | task; None: all
     narrowest: str | None = None  # 'place': cannot be set on one session
@@ -261,7 +263,7 @@ def default_fields(rt: Any) -> list[SettingField]:
     ]
 
 
-def resolve(f: SettingField, chain: Chain) -> tuple[Any, str] | None:
+def resolve(f: SettingField, chain: Chain) -> tuple[Any, SettingSource] | None:
     """The effective value of ``f`` and its source: the highest layer with a valid value, then
     the field's default, else None (seed: 默认值、actual、unset)."""
     for source, values in reversed(chain):
@@ -273,12 +275,12 @@ def resolve(f: SettingField, chain: Chain) -> tuple[Any, str] | None:
     return None
 
 
-def effective_prominence(fields: Iterable[SettingField]) -> dict[Ident, str]:
+def effective_prominence(fields: Iterable[SettingField]) -> dict[Ident, Prominence]:
     """Seed: at most two composer items per group (plugin); the rest fall back to common."""
-    out: dict[Ident, str] = {}
+    out: dict[Ident, Prominence] = {}
     used: dict[str, int] = {}
     for f in sorted(fields, key=lambda f: (f.order is None, f.order or 0)):
-        prominence = f.prominence
+        prominence: Prominence = f.prominence
         if prominence == "composer":
             used[f.plugin] = used.get(f.plugin, 0) + 1
             if used[f.plugin] > COMPOSER_PER_GROUP:
@@ -301,12 +303,12 @@ def layer_kinds(layer: Layer, place_kind: str | None) -> frozenset[str] | None:
     return None
 
 
-def make_row(f: SettingField, prominence: str, own: Any, resolved: tuple[Any, str] | None,
+def make_row(f: SettingField, prominence: Prominence, own: Any, resolved: tuple[Any, SettingSource] | None,
              actual: SettingActual | None) -> SettingRow:
-    return SettingRow(plugin=f.plugin, key=f.key, field=f.wire(), prominence=prominence,  # type: ignore[arg-type]
+    return SettingRow(plugin=f.plugin, key=f.key, field=f.wire(), prominence=prominence,
                       value=UNSET if own is _MISSING else own,
                       effective=resolved[0] if resolved is not None else UNSET,
-                      source=resolved[1] if resolved is not None else None,  # type: ignore[arg-type]
+                      source=resolved[1] if resolved is not None else None,
                       actual=actual if resolved is None else None)
 
 
@@ -514,7 +516,7 @@ class SettingsService:
                 if facts is None or key in self.registered:
                     return
             try:
-                self.rt.store.append(f"place-{key}", [E.PlaceRegistered(at=_now(), key=key, kind=facts.kind,  # type: ignore[arg-type]
+                self.rt.store.append(f"place-{key}", [E.PlaceRegistered(at=_now(), key=key, kind=facts.kind,
                                                                         name=facts.name)], expected_version=0)
             except WrongExpectedVersion:
                 pass  # recorded meanwhile (another service on this runtime)
@@ -622,7 +624,7 @@ class SettingsService:
                     return f"{where}: {problem.split(': ', 1)[-1]}"
         return None
 
-    def effective(self, state: Any) -> dict[Ident, tuple[Any, str] | None]:
+    def effective(self, state: Any) -> dict[Ident, tuple[Any, SettingSource] | None]:
         """The effective value and source of every field that applies to the session."""
         ctx = self.context_of(state)
         if ctx is None:
@@ -649,7 +651,8 @@ class SettingsService:
                 for f in sorted_fields(fields, prominence)]
         return rows, platform
 
-    def _row(self, f: SettingField, prominence: Mapping[Ident, str], own: Any, resolved: tuple[Any, str] | None,
+    def _row(self, f: SettingField, prominence: Mapping[Ident, Prominence], own: Any,
+             resolved: tuple[Any, SettingSource] | None,
              state: Any) -> SettingRow:
         actual = None
         if resolved is None and f.actual is not None:
@@ -734,7 +737,7 @@ class SettingsService:
         if _same(current, value):
             return
         events: list[E.Event] = [] if registered else [
-            E.PlaceRegistered(at=now, key=key, kind=place.kind, name=place.name)]  # type: ignore[arg-type]
+            E.PlaceRegistered(at=now, key=key, kind=place.kind, name=place.name)]
         events.append(E.PlaceSettingChanged(at=now, plugin=f.plugin, key=f.key, value=value,
                                             deleted=value is None))
         self.rt.store.append(f"place-{key}", events)

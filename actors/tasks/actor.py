@@ -1,4 +1,4 @@
-"""Background tasks (seed 004, 后台任务): commands that outlived their tool call, one actor each,
+"""Background tasks: commands that outlived their tool call, one actor each,
 persisted in their own stream (``task-<session>.<task id>``).
 
 ``exec`` runs in the foreground up to the yield timeout (or until the model asks for the
@@ -8,7 +8,7 @@ tail buffer addressed by character offset (``background/output {after}``). When 
 task records how (completed / failed on a non-zero exit), and posts a ``background-task`` notice
 to its session (notice id = task id) that opens a turn, so the agent hears of it; a task that
 was stopped sends the model no notice. After a restart, tasks that were running are recorded
-``aborted``; their exit code and display survive, their output does not (as the seed says).
+``aborted``; their exit code and display survive, their output does not.
 
 Pushes (``background/changed``): start, end, stop and removal at once; changes of only the last
 line are coalesced to at most one push per second per task.
@@ -40,7 +40,7 @@ _STOPPED = Text("task.reason.stopped")  # background/stop, stopAll: the reason o
 
 log = logging.getLogger("sessionloop.tasks")
 
-KEEP_ENDED = 20  # seed: each session keeps its 20 most recent ended tasks
+KEEP_ENDED = 20  # each session keeps its 20 most recent ended tasks
 OUTPUT_KEEP = 256 * 1024  # characters of output kept per task (the tail)
 
 
@@ -86,7 +86,7 @@ class TaskService:
     def load(self) -> None:
         """Read the tasks of earlier runs once; tasks left running by a crash become ``aborted``.
 
-        Each session keeps its 20 most recent ended tasks here as after ``record`` (seed 004).
+        Each session keeps its 20 most recent ended tasks here as after ``record``.
         Runs from the ``Runtime`` constructor, before any session actor exists; a session whose
         stored listing record still counts running tasks (none of an earlier run is running now)
         gets its record rewritten (:meth:`_settle_listing_records`)."""
@@ -191,7 +191,7 @@ class TaskService:
     def output(self, task_id: str, after: int | None) -> tuple[str, int, bool]:
         with self._lock:
             out = self.outputs.get(task_id)
-        if out is None:  # seed: a task from before a restart left no output
+        if out is None:  # a task from before a restart left no output
             return "", 0, bool(after)
         return out.read(after)
 
@@ -225,7 +225,7 @@ class TaskService:
                                                           last_output_at=now_ms())
             pending = task_id in self._line_pending
             self._line_pending[task_id] = time.monotonic()
-        if not pending:  # seed: last-line changes are pushed at most once a second
+        if not pending:  # last-line changes are pushed at most once a second
             loop = self.rt.worker.loop
             loop.call_later(1.0, self._flush_line, task_id)
 
@@ -240,7 +240,7 @@ class TaskService:
     def record(self, task: BackgroundTask) -> None:
         with self._lock:
             self.tasks[task.id] = task
-            self._line_pending.pop(task.id, None)  # merged into this push (seed)
+            self._line_pending.pop(task.id, None)  # merged into this push
             removed = self._trim(task.session_id)
         self.changed([task], removed)
 
@@ -398,7 +398,7 @@ class TaskActor(pykka.ThreadingActor):
             log.exception("could not record the end of background task %s", self.started.task_id)
         done = _ended(task, ended)
         self.svc.record(done)
-        if self.stopping is not None:  # seed: a stopped task sends the model no end notice ...
+        if self.stopping is not None:  # a stopped task sends the model no end notice ...
             self.svc.ended_quietly(self.started.session_id, ended, self.stopping[0])  # ... but its listing changes
         else:  # the notice's commit rewrites the session's listing record
             self.svc.rt.task_notice(done)

@@ -1,4 +1,4 @@
-"""Tools the agent may call, confined to the session's workspace (SPEC §4 "Tools", §7).
+"""Tools the agent may call, confined to the session's workspace: a path outside it is refused.
 
 ``default_registry()`` holds the built-in tools; ``spawn_session`` is registered by the Session
 Loop API through ``default_registry(extra=[...])`` or ``ToolRegistry.register``.

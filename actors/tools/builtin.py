@@ -1,18 +1,18 @@
-"""The built-in tools: ``list_files``, ``read_file``, ``write_file``, ``exec``, ``update_plan`` (SPEC §4).
+"""The built-in tools: ``list_files``, ``read_file``, ``write_file``, ``exec``, ``update_plan``.
 
-All are coroutines run on the shared asyncio loop, never on an actor thread (SPEC §2.4), and all
-confine their paths with :class:`~actors.tools.workspace.Workspace` (SPEC §7).
+All are coroutines run on the shared asyncio loop, never on an actor thread (no handler blocks), and
+all confine their paths to the session's workspace with :class:`~actors.tools.workspace.Workspace`.
 
 * ``list_files {path}`` and ``read_file {path}`` (capped at :data:`READ_LIMIT` bytes) need no
   approval.
 * ``write_file {path, content}`` needs approval, shows a ``file-change`` display (removed and
   added text), and calls ``record_before_image`` *before* it writes, so ``turn/rewind`` can
-  restore the file (SPEC §6 checkpoints: before-image per file per turn).
+  restore the file (checkpoints: one before-image per file per turn).
 * ``exec {command, cwd?, background?}`` needs approval, may go to the background, shows a
   ``command`` display completed with ``exitCode``; it runs ``/bin/sh -c`` in its own process
   group, streams output through ``on_output`` and returns ``{"exitCode": n, "output": tail}``.
-  Cancelling the call (seed 002: cancel reaches the tool) terminates the whole process group.
-  ``background`` is a request to the session (SPEC §4: the call moves to a background task on
+  Cancelling the call (a cancelled turn reaches the tool) terminates the whole process group.
+  ``background`` is a request to the session (the call moves to a background task on
   request or after a yield timeout); the tool itself runs the same either way. A non-zero exit
   is a result, not a tool error: the model reads the exit code.
 * ``update_plan {entries: [{text, status}], explanation?}`` returns the plan; the session turns
@@ -128,7 +128,7 @@ async def write_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     if ctx.workspace.resolve(path).is_dir():
         raise ToolError(f"{path!r} is a directory")
     rel = ctx.workspace.relative(path)
-    await ctx.before_change(rel)  # SPEC §6: the checkpoint precedes the change
+    await ctx.before_change(rel)  # the checkpoint precedes the change
     data = content.encode("utf-8")
     existed = ctx.workspace.write_bytes(path, data)
     return {"path": rel, "bytes": len(data), "created": not existed}
@@ -138,7 +138,7 @@ async def write_file(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 
 
 def describe_exec(args: dict[str, Any], workspace: Workspace) -> ToolDisplay:
-    """The ``command`` display, its fields taken verbatim from the arguments (seed 004, 工具卡的展示:
+    """The ``command`` display, its fields taken verbatim from the arguments (the tool card's display:
     各项从参数里逐字取出; no ``cwd`` when the call gave none; no display when the command is not a
     string); the exit code is filled in from the result."""
     command, cwd = args.get("command"), args.get("cwd")
@@ -376,7 +376,7 @@ async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
     With a background-task service in ``ctx.extras["background"]``, a command still running after
     the yield timeout (``ctx.extras["exec_yield_s"]``), or asked for with ``background: true``,
     is handed to a background task: the call returns at once with the task id and the output so
-    far, and the command goes on (SPEC §4). Raises ToolError (``SandboxUnavailable`` when no
+    far, and the command goes on. Raises ToolError (``SandboxUnavailable`` when no
     sandbox can be made: the call fails with the cause, nothing runs).
     """
     cwd_arg = args.get("cwd") or "."
@@ -419,7 +419,7 @@ async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
             return ToolResult(output={"taskId": task_id, "status": "running", "output": tail[0],
                                       "note": "the command goes on as a background task"})
         limited = await _drain(reader)
-    except BaseException:  # cancellation (seed 002: cancel reaches the tool) or anything else
+    except BaseException:  # cancellation (a cancelled turn reaches the tool) or anything else
         reader.cancel()
         await command.kill_group()
         await asyncio.gather(reader, return_exceptions=True)
@@ -431,7 +431,7 @@ async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
     code = command.exit_code()
     if before is not None and ctx.record_images is not None:
         images = changed_images(before, await asyncio.to_thread(snapshot_files, root))
-        if images:  # SPEC §6 checkpoints: what the command changed can be rewound
+        if images:  # checkpoints: what the command changed can be rewound
             outcome = ctx.record_images(images)
             if outcome is not None:
                 await outcome
@@ -445,7 +445,7 @@ async def exec_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
 
 
 async def update_plan(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    """Echo the plan back; the session records it as ``plan.updated`` (seed 004 plan item)."""
+    """Echo the plan back; the session records it as ``plan.updated`` (shown as the plan item)."""
     entries = [{"text": e["text"], "status": e.get("status", "pending")} for e in args["entries"]]
     return {"entries": entries, "explanation": args.get("explanation", "")}
 

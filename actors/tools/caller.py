@@ -1,4 +1,4 @@
-"""Which tool call is running right now (seed 000: ``context: 'caller'`` is only valid inside a
+"""Which tool call is running right now (the Session Loop API: ``context: 'caller'`` is only valid inside a
 tool's ``execute()``). Set by the session actor around every tool run on the worker loop; a
 contextvar, so tasks a tool starts inherit it and nothing else sees it."""
 

@@ -1,17 +1,17 @@
-"""The tool registry: what tools exist, what they accept, and how one call is run (SPEC §4 "Tools").
+"""The tool registry: what tools exist, what they accept, and how one call is run.
 
-Seed 002's default loop calls ``ctx.tools.listSchemas()`` for the model and
-``ctx.tools.execute(call)`` for each tool call; this module is that service, minus the actor.
-Each :class:`ToolSpec` declares (SPEC §4): a JSON schema of its parameters, whether it needs
+The agent's default loop lists the tool schemas for the model and executes each tool call
+through this service (minus the actor).
+Each :class:`ToolSpec` declares: a JSON schema of its parameters, whether it needs
 approval (permission modes ``ask`` / ``acceptCalls`` / ``deny`` are applied by the session, not
 here), whether it may move to the background, and its display kind for the protocol's tool-call
-item (seed 004 tool display: ``command`` or ``file-change``).
+item (``command`` or ``file-change``).
 
 Why :meth:`ToolRegistry.execute` never raises (except cancellation): a tool failing is a fact
 the model must be told about (``tool.finished`` with ``status: failed``), not a crash of the
 turn. Every error — bad arguments, a path outside the workspace, a missing file, a bug in a
 tool — becomes ``ToolResult(is_error=True, output={"error": message})``. Cancellation is asyncio
-task cancellation (seed 002: cancel propagates the abort signal to the tool) and propagates.
+task cancellation (a cancelled turn aborts its tool calls) and propagates.
 
 Errors::
 
@@ -71,7 +71,7 @@ class ToolContext:
 
     ``on_output(text)`` streams output (exec) to subscribers as it arrives.
     ``record_before_image(path)`` is called with the workspace-relative path *before* a tool
-    changes a file (SPEC §6 checkpoints: before-image per file per turn); it may return an
+    changes a file (checkpoints: one before-image per file per turn); it may return an
     awaitable, which is awaited before the change, so the checkpoint can be persisted first.
     ``extras`` carries services that hooks like ``spawn_session`` need (the Session Loop API,
     the caller session); the core tools ignore it. ``exec`` runs its command in ``sandbox``
@@ -120,7 +120,7 @@ class ToolSpec:
     display_kind: DisplayKind | None = None
     display_result_key: str | None = None
     describe: Describer | None = None
-    #: runs a command in the session's sandbox: its display names the policy (SPEC §7)
+    #: runs a command in the session's sandbox: its display names the policy
     sandboxed: bool = False
 
     def schema(self) -> dict[str, Any]:
@@ -214,7 +214,7 @@ def _json_type(value: Any) -> str:
 
 
 class ToolRegistry:
-    """The tools one session may call, by name (seed 002 ``ToolService``)."""
+    """The tools one session may call, by name (the agent loop's tool service)."""
 
     def __init__(self, tools: Iterable[ToolSpec] = ()) -> None:
         self._tools: dict[str, ToolSpec] = {}

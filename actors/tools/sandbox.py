@@ -1,4 +1,4 @@
-"""The sandbox ``exec`` runs in (SPEC §7: tools run as if the model were an attacker).
+"""The sandbox ``exec`` runs in (tools run as if the model were an attacker).
 
 A bot session takes strangers' messages, and a real model can be talked into any tool call, so a
 command is never run as the server. On Linux it runs under bubblewrap (``bwrap``, the
@@ -87,7 +87,7 @@ def policy_at_most(policy: str, ceiling: str) -> bool:
 
 
 class ExecLimits(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-command resource limits (``serve --exec-*``; SPEC §7). 0 means no limit for that one."""
+    """Per-command resource limits (``serve --exec-*``). 0 means no limit for that one."""
 
     cpu_seconds: int = 300
     memory_mb: int = 4096  # address space (RLIMIT_AS): generous, since runtimes reserve much more than they use

@@ -1,7 +1,7 @@
 """The session's workspace directory, and the one place where tool paths are confined to it.
 
-SPEC §4 / §7: "Tools are confined to the session's workspace directory: a path outside it is
-refused." Every tool resolves its paths through :meth:`Workspace.resolve`, which refuses:
+Tools are confined to the session's workspace directory: a path outside it is refused.
+Every tool resolves its paths through :meth:`Workspace.resolve`, which refuses:
 
 * absolute paths outside the root (``/etc/passwd``);
 * ``..`` escapes (``../secret``, ``a/../../secret``), checked after normalisation, so

@@ -148,20 +148,19 @@ def _settlement(settlement: E.Settlement | None) -> ApprovalSettlement | None:
 
 def wire_settlement(s: E.Settlement) -> ApprovalSettlement:
     """The wire settlement (the tool card's, ``approval/settled``'s), with a grant it made or used."""
-    return ApprovalSettlement(state=s.state, source=s.source, at=s.at, by=_speaker(s.by), grant=wire_terms(s.grant),
+    grant = wire_terms(s.grant) if s.grant is not None else None
+    return ApprovalSettlement(state=s.state, source=s.source, at=s.at, by=_speaker(s.by), grant=grant,
                               grant_id=s.grant_id)
 
 
-def wire_terms(terms: E.GrantTerms | None) -> GrantTerms | None:
-    if terms is None:
-        return None
+def wire_terms(terms: E.GrantTerms) -> GrantTerms:
     return GrantTerms(scope=terms.scope, tool=terms.tool, command_prefix=terms.command_prefix,
                       expires_at=terms.expires_at)
 
 
 def wire_grant(session_id: str, g: Grant) -> ApprovalGrant:
     """A grant as ``approval/grants/list`` shows it."""
-    return ApprovalGrant(id=g.id, session_id=session_id, decision=g.decision, terms=wire_terms(g.terms),  # type: ignore[arg-type]
+    return ApprovalGrant(id=g.id, session_id=session_id, decision=g.decision, terms=wire_terms(g.terms),
                          turn_id=g.turn_id, at=g.at, by=_speaker(g.by))
 
 

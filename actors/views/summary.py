@@ -84,9 +84,8 @@ def rewrites_listing(events: list[E.Event]) -> bool:
     an end the model is not told of (stopped), with the copy of ``task.ended`` the task service
     has the session commit."""
     for e in events:
-        t = type(e)
-        if t in LISTING_EVENT_TYPES or (t is E.ToolFinished and e.task_id) or (  # type: ignore[attr-defined]
-                t is E.NoticePosted and e.topic == "background-task"):  # type: ignore[attr-defined]
+        if type(e) in LISTING_EVENT_TYPES or (type(e) is E.ToolFinished and e.task_id) or (
+                type(e) is E.NoticePosted and e.topic == "background-task"):
             return True
     return False
 

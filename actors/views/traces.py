@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -49,6 +49,10 @@ __all__ = [
 _TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
 _SAMPLED = 0x01
 _NS_PER_MS = 1_000_000
+
+# the four ways a turn ends
+TurnEnd = E.TurnCompleted | E.TurnFailed | E.TurnAborted | E.TurnLimitReached
+
 #: the events that start, end or feed a span; a commit without any is not a tracer's business
 SPAN_EVENTS: frozenset[type[E.Event]] = frozenset({
     E.InputAccepted, E.InputDropped, E.TurnStarted, E.TurnCompleted, E.TurnFailed, E.TurnAborted,
@@ -204,7 +208,7 @@ class SpanBuilder:
                                       start_ns=e.at * _NS_PER_MS, source=e.source)
         return []
 
-    def _turn_ended(self, e: Any) -> list[SpanData]:
+    def _turn_ended(self, e: TurnEnd) -> list[SpanData]:
         turn = self.turns.pop(e.turn_id, None)
         if turn is None:
             return self._unknown(f"turn {e.turn_id}")
@@ -212,8 +216,8 @@ class SpanBuilder:
         # repair), so what is left had its end dropped as stale and ran no further
         for key in [k for k in self.calls if k[0] == e.turn_id]:
             del self.calls[key]
-        for key in [k for k, s in self.steps.items() if s.turn_id == e.turn_id]:
-            del self.steps[key]
+        for step_key in [k for k, s in self.steps.items() if s.turn_id == e.turn_id]:
+            del self.steps[step_key]
         outcome, error = _TURN_OUTCOME[type(e)], None
         attributes = self._attributes(turn.turn_id, "invoke_agent")
         attributes.update({"sessionloop.turn.outcome": outcome, "sessionloop.turn.model_calls": turn.llm_calls,
@@ -321,7 +325,7 @@ class SpanBuilder:
 _TURN_OUTCOME: dict[type, str] = {E.TurnCompleted: "completed", E.TurnFailed: "failed",
                                   E.TurnAborted: "aborted", E.TurnLimitReached: "limit"}
 
-_HANDLERS: dict[type, Any] = {
+_HANDLERS: dict[type, Callable[[SpanBuilder, Any], list[SpanData]]] = {
     E.InputAccepted: SpanBuilder._input,
     E.InputDropped: SpanBuilder._input_dropped,
     E.TurnStarted: SpanBuilder._turn_started,
