@@ -76,15 +76,13 @@ class Host:
     """
 
     def __init__(self, runtime: Runtime) -> None:
-        from sessionloop.actors.api.loop import Watchers, spawn_session_spec
+        from sessionloop.actors.api.loop import spawn_session_spec
 
         self.rt = runtime
-        runtime.host = self
         if "spawn_session" not in runtime.tools:
-            runtime.tools.register(spawn_session_spec())
+            runtime.tools.register(spawn_session_spec(self))
         self.apps = runtime.apps
-        self.loop_watchers = Watchers()
-        runtime.loop_watchers = self.loop_watchers
+        self.loop_watchers = runtime.loop_watchers
         runtime.listeners.append(self._emit_loop_events)
         runtime.approvals.settle_leftovers()
         for session_id in runtime.store.flagged("active"):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -209,39 +208,6 @@ def feed_event(recorded: RecordedEvent) -> LoopEvent | None:
         code = e.code if isinstance(e, E.TurnFailed) else "aborted"
         return LoopEvent(type="turn.failed", turn_id=e.turn_id, data={"code": code, "reason": e.reason}, **base)
     return None
-
-
-class Watchers:
-    """``on_did_receive_event`` callbacks per app, fed from committed events (and live deltas)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_app: dict[str, dict[int, Callable[[LoopEvent], None]]] = {}
-        self._next = 0
-
-    def add(self, app_id: str, cb: Callable[[LoopEvent], None]) -> Callable[[], None]:
-        with self._lock:
-            self._next += 1
-            key = self._next
-            self._by_app.setdefault(app_id, {})[key] = cb
-
-        def unsubscribe() -> None:
-            with self._lock:
-                self._by_app.get(app_id, {}).pop(key, None)
-
-        return unsubscribe
-
-    def any(self, app_id: str) -> bool:
-        return bool(self._by_app.get(app_id))
-
-    def emit(self, app_id: str, event: LoopEvent) -> None:
-        for cb in list(self._by_app.get(app_id, {}).values()):
-            try:
-                cb(event)
-            except Exception:  # a bot's callback must not fail the session that published
-                import logging
-
-                logging.getLogger("sessionloop.loop").exception("on_did_receive_event callback failed")
 
 
 class SessionLoop:
@@ -586,26 +552,28 @@ def _turn_result(outcome: TurnOutcome) -> TurnResult:
 MAX_SPAWN_DEPTH = 5
 
 
-def spawn_session_spec() -> Any:
+def spawn_session_spec(host: Host) -> Any:
     """``spawn_session {task, title?, timeoutMs?}``: run ``task`` in a new background child session
-    that inherits the caller's cwd, model and permission policy, and answer with its result."""
+    of ``host`` that inherits the caller's cwd, model and permission policy, and answer with its result."""
     from sessionloop.actors.tools import ToolSpec
+
+    async def spawn(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        return await _spawn(host, args, ctx)
 
     return ToolSpec(
         name="spawn_session",
         description="Run a task in a child session (background) and return its answer.",
         parameters={"type": "object", "required": ["task"], "properties": {
             "task": {"type": "string"}, "title": {"type": "string"}, "timeoutMs": {"type": "integer"}}},
-        handler=_spawn,
+        handler=spawn,
         needs_approval=False,
     )
 
 
-async def _spawn(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
+async def _spawn(host: Host, args: dict[str, Any], ctx: Any) -> dict[str, Any]:
     from sessionloop.actors.tools import ToolError
 
-    rt = ctx.extras["runtime"]
-    host = rt.host
+    rt = host.rt
     call = CURRENT_CALL.get()
     if call is None:
         raise ToolError("spawn_session runs only as a tool call")

@@ -110,8 +110,6 @@ class ApprovalService:
         self._actors: dict[str, pykka.ActorRef[Any]] = {}
         self._approvals: dict[str, Approval] = {}
         self._recent: dict[str, list[float]] = {}
-        runtime.approval_listers.append(self.pending_for)
-        runtime.disconnect_hooks.append(self.forget)
 
     # --- presence ---------------------------------------------------------------------------------
 

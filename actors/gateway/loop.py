@@ -8,6 +8,7 @@ and gets ``forbidden``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -32,16 +33,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("sessionloop.gateway")
 
 
-def loop_handlers(svc: SessionProtocolService, host: Any) -> dict[str, Any]:
+def loop_handlers(svc: SessionProtocolService, host: Any) -> tuple[dict[str, Any], Callable[[Any], None]]:
+    """The ``loop/*`` methods, and what the service calls when a connection closes (its event
+    watch ends)."""
     h = _LoopHandlers(svc, host)
-    svc.rt.disconnect_hooks.append(h.forget)
-    return {
+    handlers = {
         "loop/create": h.create,
         "loop/send": h.send,
         "loop/waitForTurn": h.wait_for_turn,
         "loop/listEvents": h.list_events,
         "loop/watch": h.watch,
     }
+    return handlers, h.forget
 
 
 def _wire_event(e: Any) -> LoopEvent:

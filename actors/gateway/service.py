@@ -198,8 +198,10 @@ class SessionProtocolService:
         self.connections: set[ClientConnection] = set()
         self._lock = threading.Lock()
         self.handlers = build_handlers(self)
+        self._forget_loop_watch: Callable[[Any], None] | None = None
         if host is not None:
-            self.handlers.update(loop_handlers(self, host))
+            loop, self._forget_loop_watch = loop_handlers(self, host)
+            self.handlers.update(loop)
         runtime.listeners.append(self._on_commit)
         self.gateway = GatewayActor.start(self)
         from sessionloop.actors.gateway.settings import install_settings
@@ -230,8 +232,9 @@ class SessionProtocolService:
         for session_id in list(conn.subscriptions):
             self.rt.channel(session_id).remove(conn)
         self.index.unwatch(conn)
-        for hook in self.rt.disconnect_hooks:
-            hook(conn)
+        self.rt.disconnected(conn)
+        if self._forget_loop_watch is not None:
+            self._forget_loop_watch(conn)
 
     def can_read(self, peer: Peer, session_id: str) -> bool:
         record = self.index.get(session_id)

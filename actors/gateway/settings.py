@@ -69,7 +69,6 @@ def install_settings(service: SessionProtocolService) -> None:
     if settings is None:
         settings = SettingsService(rt, service.index, _submitter(service))
         rt.settings_service = settings
-        rt.config_resolvers.append(settings.resolve_config)
         rt.listeners.append(settings.committed)
     settings.on_change.append(_Broadcast(service))
     service.handlers.update(settings_handlers(service, settings))

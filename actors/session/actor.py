@@ -722,8 +722,8 @@ class SessionBehaviour:
 
     def _loop_delta(self) -> Any:
         """Emits a bot's live ``assistant.delta`` (seed 000) with ``data``; None outside apps."""
-        app, watchers = self._app_id(), getattr(self.rt, "loop_watchers", None)
-        if app is None or watchers is None:
+        app, watchers = self._app_id(), self.rt.loop_watchers
+        if app is None:
             return None
         sid, turn_id = self.sid, self.state.current_turn
 
@@ -887,8 +887,8 @@ class SessionBehaviour:
         """The ``assistant.delta`` data of the answers this commit took in place (what
         ``StreamSink`` hands a bot for each text delta), for the app's loop watchers; None when
         nobody watches (or no answer had text)."""
-        app, watchers = self._app_id(), getattr(self.rt, "loop_watchers", None)
-        if app is None or watchers is None or not watchers.any(app):
+        app, watchers = self._app_id(), self.rt.loop_watchers
+        if app is None or not watchers.any(app):
             return None
         out: dict[str, list[dict[str, Any]]] = {}
         for event in events:

@@ -747,8 +747,9 @@ class SettingsService:
     # --- the agent's side -----------------------------------------------------------------------
 
     def resolve_config(self, state: Any, values: dict[str, Any]) -> None:
-        """A ``runtime.config_resolvers`` entry: the effective layered values replace the host's
-        options for the next decision (values from no layer leave the host's choice alone)."""
+        """Called by ``Runtime.agent_config`` (this service is ``runtime.settings_service``): the
+        effective layered values replace the host's options for the next decision (values from no
+        layer leave the host's choice alone)."""
         try:
             effective = self.effective(state)
         except Exception:  # resolving must never fail the session

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -342,3 +343,35 @@ class TurnResults:
                 waiters.remove(callback)
                 if not waiters:
                     del self._waiters[turn_id]
+
+
+class Watchers:
+    """``on_did_receive_event`` callbacks per app (the Session Loop API's event watch), fed from
+    committed events (and live deltas); one per runtime (``Runtime.loop_watchers``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_app: dict[str, dict[int, Callable[[Any], None]]] = {}
+        self._next = 0
+
+    def add(self, app_id: str, cb: Callable[[Any], None]) -> Callable[[], None]:
+        with self._lock:
+            self._next += 1
+            key = self._next
+            self._by_app.setdefault(app_id, {})[key] = cb
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._by_app.get(app_id, {}).pop(key, None)
+
+        return unsubscribe
+
+    def any(self, app_id: str) -> bool:
+        return bool(self._by_app.get(app_id))
+
+    def emit(self, app_id: str, event: Any) -> None:
+        for cb in list(self._by_app.get(app_id, {}).values()):
+            try:
+                cb(event)
+            except Exception:  # a bot's callback must not fail the session that published
+                logging.getLogger("sessionloop.loop").exception("on_did_receive_event callback failed")

@@ -30,7 +30,7 @@ from sessionloop.actors.settings.texts import Language, Text, language_of, store
 from sessionloop.actors.system.blobs import BlobStore
 from sessionloop.actors.system.directory import Directory
 from sessionloop.actors.system.faults import FaultInjector
-from sessionloop.actors.system.pubsub import Reply, SessionChannel, TurnResults
+from sessionloop.actors.system.pubsub import Reply, SessionChannel, TurnResults, Watchers
 from sessionloop.actors.system.worker import WorkerLoop
 from sessionloop.actors.tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
@@ -139,12 +139,11 @@ class Runtime:
         self._channels_lock = threading.Lock()
         self.config_generation = 0  # bump when a host-level setting changes
         self.listeners: list[Callable[[SessionActor, list[E.Event], Any], None]] = []
-        self.config_resolvers: list[Callable[[Any, dict[str, Any]], None]] = []
-        self.attention_probes: list[Callable[[str], bool]] = []
-        self.background_probes: list[Callable[[str], int]] = []
-        self.disconnect_hooks: list[Callable[[Any], None]] = []
-        self.approval_listers: list[Callable[[str], list[Any]]] = []
+        #: the session settings service, once a gateway serving ``session/config/*`` made it
+        #: (``gateway.settings.install_settings``): its layers resolve every session's options
         self.settings_service: Any = None
+        #: the Session Loop API's ``on_did_receive_event`` callbacks per app (``api.loop``)
+        self.loop_watchers = Watchers()
         self.apps = AppRegistry()  # the apps' manifests bound their sessions (actors.settings.apps)
         self._app_lock = threading.Lock()
         self.app_unfinished: dict[str, int] = {}
@@ -215,8 +214,8 @@ class Runtime:
             "exec_yield_s": opts.exec_yield_s,
             "sandbox": opts.sandbox_policy,
         }
-        for resolve in self.config_resolvers:
-            resolve(state, values)
+        if self.settings_service is not None:  # the layers of config.toml and the session's own
+            self.settings_service.resolve_config(state, values)
         app = self.apps.bounds_of(state.created.app_id if state.created is not None else None)
         if app is not None:  # whatever the layers say, an app's session stays within its manifest
             values["permission_mode"] = clamp_mode(values["permission_mode"], app)
@@ -377,10 +376,6 @@ class Runtime:
     def delta_payload(self, session_id: str, item_id: str, text: str) -> DeltaPayload:
         return DeltaPayload(session_id, item_id, text)
 
-    def attention(self, session_id: str) -> bool:
-        """Whether the session has a pushed, unsettled approval (the approvals layer answers)."""
-        return any(probe(session_id) for probe in self.attention_probes)
-
     def chain_of(self, state: Any) -> list[Any]:
         """Seed 004 Approval.chain: for a session below its root, the sessions from just below the
         root down to this one."""
@@ -448,13 +443,18 @@ class Runtime:
         with self._app_lock:
             self.app_unfinished[app_id] = self.app_unfinished.get(app_id, 0) + delta
 
+    def disconnected(self, conn: Any) -> None:
+        """A client connection closed: it watches no task output and answers no approval."""
+        self.tasks_service.unwatch(conn)
+        self.approvals.forget(conn)
+
     def pending_approvals(self, session_id: str) -> list[Any]:
         """The session's pushed, unsettled approvals for a subscribe snapshot."""
-        return [a for lister in self.approval_listers for a in lister(session_id)]
+        return self.approvals.pending_for(session_id)  # type: ignore[no-any-return]
 
     def background(self, session_id: str) -> int:
         """The session's own running background tasks (the tasks layer answers)."""
-        return sum(probe(session_id) for probe in self.background_probes)
+        return self.tasks_service.running_count(session_id)  # type: ignore[no-any-return]
 
     def build_items(self, actor: SessionActor) -> Any:
         from sessionloop.actors.views.items import ItemsProjection

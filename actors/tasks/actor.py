@@ -77,8 +77,6 @@ class TaskService:
         self.watchers: dict[Any, Any] = {}
         self._line_pending: dict[str, float] = {}
         self._loaded = False
-        runtime.background_probes.append(self.running_count)
-        runtime.disconnect_hooks.append(self.unwatch)
         self.load()  # before any task of this run exists: what is flagged running now was left by a crash
 
     # --- registry -------------------------------------------------------------------------------
