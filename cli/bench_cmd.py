@@ -43,9 +43,9 @@ from typing import Any
 
 import click
 
+from sessionloop.actors import events as E
 from sessionloop.cli.bench_observers import OBSERVE_MODES, PushCheck, StreamCheck, attach, create_sessions
 from sessionloop.eventstore import RecordedEvent
-from sessionloop.eventstore import events as E
 
 PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"

@@ -29,7 +29,9 @@ from typing import Any
 import click
 import msgspec
 
+from sessionloop.actors import events as E
 from sessionloop.actors.approvals.actor import ApprovalService, GateInputs
+from sessionloop.actors.events import encode_event, event_from_builtins, open_store
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.replay.timeline import (
     MemoryClient,
@@ -40,8 +42,6 @@ from sessionloop.actors.replay.timeline import (
 from sessionloop.actors.session.actor import Query
 from sessionloop.cli.serve import DEFAULT_DATA
 from sessionloop.eventstore import EventStore, RecordedEvent
-from sessionloop.eventstore import events as E
-from sessionloop.eventstore.codec import encode_event, event_from_builtins
 from sessionloop.eventstore.errors import (
     EventDecodeError,
     SessionloopError,
@@ -65,7 +65,7 @@ def _open_store(data_dir: str, session_id: str, *, readonly: bool = True) -> Eve
     if not os.path.isdir(path):
         raise click.ClickException(f"session {session_id} not found in {data_dir} (no event store there)")
     try:
-        return EventStore.open(path, readonly=readonly)
+        return open_store(path, readonly=readonly)
     except StoreLocked as e:
         raise click.ClickException(
             f"{data_dir} is in use by a running server ({e.holder}); this command writes and needs the "

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import Forbidden, InvalidCommand, NotFound, RequestTimeout
 from sessionloop.actors.session.actor import Create, Query, Receipt, Send, now_ms
 from sessionloop.actors.settings.apps import AppManifest, clamp_mode
@@ -30,7 +31,6 @@ from sessionloop.actors.system.pubsub import Reply, TurnOutcome
 from sessionloop.actors.tools.caller import CURRENT_CALL
 from sessionloop.actors.views.traces import parse_traceparent
 from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import (
     DEFAULT_WAIT_MS,
     LOOP_EVENTS_MAX_LIMIT,

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.replay.timeline import (
     ABSENT,
@@ -33,7 +34,6 @@ from sessionloop.actors.replay.timeline import (
 from sessionloop.actors.session.actor import Apply
 from sessionloop.actors.session.state import encode_state
 from sessionloop.actors.views.summary import encode_summary_record, summary_record
-from sessionloop.eventstore import events as E
 from sessionloop.eventstore.records import RecordedEvent, Snapshot
 
 
