@@ -451,7 +451,7 @@ async def overload_bot(api: Any, rec: Record, b: int, spec: dict[str, Any], out:
 
 
 def check_log(store: Any, rec: Record) -> dict[str, Any]:
-    from sessionloop.eventstore import events as E
+    from sessionloop.actors import events as E
 
     turn_end = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
     keys: dict[tuple[str, str], list[str]] = defaultdict(list)  # (session, key) -> turn ids
@@ -569,7 +569,7 @@ def job_inprocess(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
-    from sessionloop.eventstore import EventStore
+    from sessionloop.actors.events import open_store
 
     pinned = spec["placement"] != "unpinned"
     if pinned:
@@ -607,7 +607,7 @@ def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         out_exit = server.stop()
     try:
-        store = EventStore.open(os.path.join(data_dir, "store"), readonly=True)
+        store = open_store(os.path.join(data_dir, "store"), readonly=True)
         try:
             out["check"] = check_log(store, rec)
         finally:

@@ -33,9 +33,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import lmdb  # noqa: E402  (benchmark baseline: the raw driver, for comparison only)
 
 from benchmarks.measure import write_results  # noqa: E402
-from sessionloop.eventstore import EventStore  # noqa: E402
+from sessionloop.actors.events import (  # noqa: E402
+    LlmCompleted,
+    ToolCallSpec,
+    Usage,
+    open_store,  # noqa: E402
+)
 from sessionloop.eventstore.codec import encode_event  # noqa: E402
-from sessionloop.eventstore.events import LlmCompleted, ToolCallSpec, Usage  # noqa: E402
 
 
 def typical_event(i: int) -> LlmCompleted:
@@ -77,7 +81,7 @@ def bench_raw(payloads: list[bytes]) -> dict[str, float]:
 
 def bench_single_writer(events: list, batch: int) -> float:
     d = tempfile.mkdtemp()
-    store = EventStore.open(d, durability="nosync", map_size=1 << 32)
+    store = open_store(d, durability="nosync", map_size=1 << 32)
     t0 = time.perf_counter()
     version = 0
     for i in range(0, len(events), batch):
@@ -92,7 +96,7 @@ def bench_single_writer(events: list, batch: int) -> float:
 
 def bench_concurrent(durability: str, writers: int, appends_each: int, batch: int) -> dict[str, float]:
     d = tempfile.mkdtemp()
-    store = EventStore.open(d, durability=durability, map_size=1 << 32)
+    store = open_store(d, durability=durability, map_size=1 << 32)
     events = [typical_event(i) for i in range(batch)]
     barrier = threading.Barrier(writers + 1)
     latencies: list[float] = []
@@ -131,7 +135,7 @@ def bench_concurrent(durability: str, writers: int, appends_each: int, batch: in
 
 def bench_read(n: int) -> float:
     d = tempfile.mkdtemp()
-    store = EventStore.open(d, durability="nosync", map_size=1 << 32)
+    store = open_store(d, durability="nosync", map_size=1 << 32)
     events = [typical_event(i) for i in range(n)]
     for i in range(0, n, 8):
         store.append("session-read", events[i:i + 8], i)

@@ -409,11 +409,11 @@ async def drive(spec: dict[str, Any], port: int, subscribers: list[SubscriberPro
 
 def read_log(data_dir: str) -> dict[str, Any]:
     """The server's event log, read back after it stopped: per input text its turn id; starts, ends."""
-    from sessionloop.eventstore import EventStore
-    from sessionloop.eventstore import events as E
+    from sessionloop.actors import events as E
+    from sessionloop.actors.events import open_store
 
     turn_end = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
-    store = EventStore.open(os.path.join(data_dir, "store"), readonly=True)
+    store = open_store(os.path.join(data_dir, "store"), readonly=True)
     texts: dict[str, list[str]] = defaultdict(list)  # text -> turn ids
     session_of: dict[str, str] = {}
     started: Counter[str] = Counter()

@@ -74,12 +74,12 @@ from benchmarks.measure import (
     run_job,
     write_results,
 )
+from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
 from sessionloop.actors.system import gc_policy
 from sessionloop.cli.bench_cmd import BenchConfig, inprocess_turn, is_tool_turn, sessions_per_connection
 from sessionloop.cli.bench_observers import OBSERVE_MODES, attach
 from sessionloop.cli.bench_observers import create_sessions as create_observed_sessions
-from sessionloop.eventstore import events as E
 
 CACHE = os.path.join(RESULTS, ".cache")
 PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"

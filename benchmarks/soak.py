@@ -44,8 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.measure import proc_rss_mib, write_results
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
+from sessionloop.actors import events as E
+from sessionloop.actors.events import open_store
 from tests.e2e.conftest import ServerProcess
 from tests.reliability import harness
 
@@ -145,7 +145,7 @@ def kill_sampling(server: ServerProcess, delay: float, out: dict[str, float]) ->
 
 def count_problems(data: str, rec: harness.Recorder) -> dict[str, Any]:
     """The checks of ``harness.audit``, counted instead of asserted (the soak reports them all)."""
-    store = EventStore.open(os.path.join(data, "store"), readonly=True)
+    store = open_store(os.path.join(data, "store"), readonly=True)
     lost = dup = unfinished = gaps = no_receipt = 0
     examples: list[str] = []
     keys: dict[str, str] = {}

@@ -43,6 +43,7 @@ from typing import Any
 
 import click
 
+from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
 from sessionloop.cli.bench_observers import (
     OBSERVE_MODES,
@@ -54,7 +55,6 @@ from sessionloop.cli.bench_observers import (
     create_sessions,
 )
 from sessionloop.eventstore import EventStore, RecordedEvent
-from sessionloop.eventstore import events as E
 
 PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"

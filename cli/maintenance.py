@@ -20,8 +20,8 @@ import shutil
 
 import click
 
+from sessionloop.actors.events import open_store
 from sessionloop.cli.serve import DEFAULT_DATA
-from sessionloop.eventstore import EventStore
 from sessionloop.eventstore.errors import StorageError, StoreLocked
 
 
@@ -46,7 +46,7 @@ def compact(data_dir: str) -> None:
     if not os.path.exists(os.path.join(path, "data.mdb")):
         raise click.ClickException(f"no event store in {data_dir} (no {path}/data.mdb)")
     try:
-        store = EventStore.open(path)
+        store = open_store(path)
     except StoreLocked as e:
         raise click.ClickException(
             f"{data_dir} is in use by a running server ({e.holder}); stop it, then compact") from e
@@ -84,7 +84,7 @@ def backup(dest: str, data_dir: str) -> None:
     if os.path.exists(dest):
         raise click.ClickException(f"{dest} exists: a backup goes into a new directory")
     try:
-        store = EventStore.open(path, readonly=True)
+        store = open_store(path, readonly=True)
     except StorageError as e:
         raise click.ClickException(f"cannot open the event store in {data_dir}: {e}") from e
     try:

@@ -29,7 +29,9 @@ from typing import Any
 import click
 import msgspec
 
+from sessionloop.actors import events as E
 from sessionloop.actors.approvals.actor import ApprovalService, GateInputs
+from sessionloop.actors.events import encode_event, event_from_builtins, open_store
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.replay.timeline import (
     MemoryClient,
@@ -41,8 +43,6 @@ from sessionloop.actors.session.actor import Ask
 from sessionloop.actors.session.commands import SettingsOf
 from sessionloop.cli.serve import DEFAULT_DATA
 from sessionloop.eventstore import EventStore, RecordedEvent
-from sessionloop.eventstore import events as E
-from sessionloop.eventstore.codec import encode_event, event_from_builtins
 from sessionloop.eventstore.errors import (
     EventDecodeError,
     SessionloopError,
@@ -66,7 +66,7 @@ def _open_store(data_dir: str, session_id: str, *, readonly: bool = True) -> Eve
     if not os.path.isdir(path):
         raise click.ClickException(f"session {session_id} not found in {data_dir} (no event store there)")
     try:
-        return EventStore.open(path, readonly=readonly)
+        return open_store(path, readonly=readonly)
     except StoreLocked as e:
         raise click.ClickException(
             f"{data_dir} is in use by a running server ({e.holder}); this command writes and needs the "
@@ -1230,7 +1230,7 @@ def import_events(file: Any, data_dir: str, as_id: str | None) -> None:
         if store.stream_version(stream) > 0:
             raise click.ClickException(
                 f"session {session_id} already exists in {data_dir}; choose another id with --as")
-        store.append(stream, [msgspec.Raw(p) for p in payloads], expected_version=0,  # type: ignore[misc]
+        store.append(stream, [msgspec.Raw(p) for p in payloads], expected_version=0,
                      meta=encode_summary_record(summary_record(state)),
                      flags={"active": bool(state.current_turn or state.queue)})
     except WrongExpectedVersion as e:

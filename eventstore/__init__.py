@@ -1,6 +1,11 @@
-"""The LMDB event store (SPEC §3): the only package that touches LMDB."""
+"""The LMDB event store: the only package that touches LMDB.
 
-from sessionloop.eventstore.codec import decode_event, encode_event, event_from_builtins, event_to_builtins
+Generic: streams of tagged events, versions, idempotency and feeds. The union of event types is
+handed in when the store opens (``EventStore.open(path, events=EventTypes(...))``); this package
+imports nothing of ours outside itself.
+"""
+
+from sessionloop.eventstore.codec import EventTypes, UnknownEvent, Upcaster, encode_event, event_to_builtins
 from sessionloop.eventstore.errors import (
     EventDecodeError,
     IdempotencyConflict,
@@ -32,6 +37,7 @@ __all__ = [
     "AppendResult",
     "EventDecodeError",
     "EventStore",
+    "EventTypes",
     "IdempotencyClaim",
     "IdempotencyConflict",
     "InvalidStreamName",
@@ -48,10 +54,10 @@ __all__ = [
     "StoreLocked",
     "StreamDeleted",
     "StreamPage",
+    "UnknownEvent",
+    "Upcaster",
     "WrongExpectedVersion",
-    "decode_event",
     "encode_event",
-    "event_from_builtins",
     "event_to_builtins",
     "request_hash",
 ]

@@ -327,7 +327,7 @@ def rebuilt_claims(records: Iterable[tuple[int, CommitRecordIn]],
                    cutoff: int) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
     """The idempotency index (``idem`` and ``idem_time`` entries) as the log's records written
     at or after ``cutoff`` make it: each claim of a record, and each claim a purge's tombstone
-    lists as erased (SPEC §12: replaying the log rebuilds the receipts)."""
+    lists as erased (receipts live in the log, so replaying it rebuilds them)."""
     claims: dict[bytes, bytes] = {}
     times: dict[bytes, bytes] = {}
     for last, rec in records:

@@ -14,7 +14,7 @@ database       key                                         value
 ``feed``       app ‖ 0x00 ‖ global position (u64)          time ms (u64)
 =============  ==========================================  ======================================
 
-Session-stream keys begin with their shard (SPEC §12), ``shard = crc32(partition) mod S`` where
+Session-stream keys begin with their shard, ``shard = crc32(partition) mod S`` where
 the partition of ``approval-<session>.<n>`` is ``<session>``, so a session's approvals and tasks
 live on its shard and a shard can be moved or served alone. A partition's streams of one category
 are adjacent in ``streams`` (``<category>-<partition>`` and ``<category>-<partition>.<n>``), which

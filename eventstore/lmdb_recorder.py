@@ -825,7 +825,8 @@ class LmdbRecorder:
                 after = last
 
     def rebuild_idempotency(self) -> int:
-        """Rebuild the idempotency index from the log (SPEC §12); returns receipts written."""
+        """Rebuild the idempotency index from the log (receipts are committed with their events, so
+        the log holds them all); returns receipts written."""
         cutoff = int(time.time() * 1000) - self.idempotency_ttl_ms
         claims, times = rebuilt_claims(self.iter_all_records(), cutoff)
         with self._gate, self._env.begin(write=True) as txn:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from sessionloop.eventstore.events import AnyEvent
+#: what a read hands back as the event: one of the store's union, or an UnknownEvent
+EventT = TypeVar("EventT")
 
 
 class IdempotencyClaim(msgspec.Struct, frozen=True, array_like=True):
@@ -19,9 +20,10 @@ class IdempotencyClaim(msgspec.Struct, frozen=True, array_like=True):
 
 
 class CommitRecordOut(msgspec.Struct, array_like=True):
-    """One log record per commit (SPEC §12). ``events`` are Event structs or pre-encoded
-    ``msgspec.Raw`` payloads; either way each lands as one msgpack map, so readers can decode
-    them one by one (``CommitRecordIn``) and name the version of a bad one."""
+    """One log record per commit (the unit a replicated log beyond one machine keeps too).
+    ``events`` are event structs or pre-encoded ``msgspec.Raw`` payloads; either way each lands
+    as one msgpack map, so readers can decode them one by one (``CommitRecordIn``) and name the
+    version of a bad one."""
 
     stream: str
     first_version: int
@@ -94,14 +96,14 @@ class PurgeResult(msgspec.Struct, frozen=True):
     events: int
 
 
-class RecordedEvent(msgspec.Struct, frozen=True):
+class RecordedEvent(msgspec.Struct, Generic[EventT], frozen=True):
     """An event as read back: where it lives and when it was committed."""
 
     stream: str
     version: int
     position: int
     at: int
-    event: AnyEvent
+    event: EventT
     commit_id: str | None = None
 
 

@@ -1,22 +1,25 @@
-"""The event store façade: events in, recorded events out (SPEC §3).
+"""The event store façade: events in, recorded events out.
 
-The narrow interface a second backend would implement (SPEC §12) is ``append``, the reads, and
-snapshots; everything LMDB-specific stays in ``lmdb_recorder.py``.
+Generic: which events exist is the application's business. It hands its union in when the store
+opens (``EventStore.open(path, events=EventTypes(...))``, see ``codec.py``); the store keeps bytes
+under tags, streams and versions and decodes reads through that union.
+
+The narrow interface a second backend would implement (a replicated log beyond one machine) is
+``append``, the reads, and snapshots; everything LMDB-specific stays in ``lmdb_recorder.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Generic
 
 import msgspec
 
 from sessionloop.eventstore import keys as K
 from sessionloop.eventstore.batch import ANY_VERSION, AppendOp, FlagsOp, MetaOp, PurgeOp, SnapshotOp
-from sessionloop.eventstore.codec import decode_event, encode_json, event_to_builtins
+from sessionloop.eventstore.codec import EventTypes, EvT, UnknownEvent, encode_json, event_to_builtins
 from sessionloop.eventstore.errors import IdempotencyConflict, StreamDeleted
-from sessionloop.eventstore.events import Event
 from sessionloop.eventstore.groupcommit import HistogramSnapshot
 from sessionloop.eventstore.lmdb_recorder import LmdbRecorder
 from sessionloop.eventstore.records import (
@@ -48,23 +51,26 @@ def _sorted(obj: Any) -> Any:
     return obj
 
 
-class EventStore:
+class EventStore(Generic[EvT]):
     """An append-only store of event streams in one data directory; ``purge`` is the one write
-    that takes events out (deleting a session, see ``purge.py``).
+    that takes events out (deleting a session, see ``purge.py``). ``EvT`` is the application's
+    event type; reads hand back each event as one of its union or an :class:`UnknownEvent`.
 
     Thread-safe: appends from any number of threads are group-committed; reads run in their own
     short read transactions. Open one per data directory and process (a second writing process
     gets StoreLocked).
     """
 
-    def __init__(self, recorder: LmdbRecorder) -> None:
+    def __init__(self, recorder: LmdbRecorder, events: EventTypes[EvT]) -> None:
         self._rec = recorder
+        self._events = events
 
     @classmethod
     def open(
         cls,
         path: str,
         *,
+        events: EventTypes[EvT],
         durability: str = "sync",
         shards: int = 16,
         map_size: int = 1 << 30,
@@ -76,8 +82,8 @@ class EventStore:
         prune_interval_s: float = 1.0,
         on_map_resize: Callable[[], None] | None = None,
         on_purge: Callable[[], None] | None = None,
-    ) -> EventStore:
-        """Open (or create) the store at ``path``.
+    ) -> EventStore[EvT]:
+        """Open (or create) the store at ``path``, decoding its events through ``events``.
 
         ``durability`` is ``sync`` (fsync before every acknowledgement) or ``nosync`` (the OS
         decides when; survives a process crash, not a power loss). ``shards`` only matters when
@@ -103,7 +109,8 @@ class EventStore:
                 prune_interval_s=prune_interval_s,
                 on_map_resize=on_map_resize,
                 on_purge=on_purge,
-            )
+            ),
+            events,
         )
 
     def close(self) -> None:
@@ -119,13 +126,18 @@ class EventStore:
         serves (read-only opens too); its size in bytes. See ``LmdbRecorder.backup``."""
         return self._rec.backup(dest)
 
-    def __enter__(self) -> EventStore:
+    def __enter__(self) -> EventStore[EvT]:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     # --- properties -------------------------------------------------------------------------------
+
+    @property
+    def events(self) -> EventTypes[EvT]:
+        """The union of event types this store was opened with."""
+        return self._events
 
     @property
     def path(self) -> str:
@@ -163,7 +175,7 @@ class EventStore:
     def append(
         self,
         stream: str,
-        events: Sequence[Event],
+        events: Sequence[EvT],
         expected_version: int = ANY_VERSION,
         commit_id: str | None = None,
         *,
@@ -177,7 +189,7 @@ class EventStore:
         ``expected_version`` is the version the stream must have now (0: must not exist,
         ANY_VERSION: no check). With ``idempotency``, a repeat of the same ``(scope, key)`` and
         body returns the original result with ``duplicate=True`` and writes nothing. ``feed``
-        indexes the feed-visible events under that app (SPEC §5 retention). ``meta`` replaces
+        indexes the feed-visible events under that app (kept for the feed's retention). ``meta`` replaces
         the stream's metadata record (opaque bytes, e.g. a listing summary) and ``flags`` sets
         or clears named markers of the stream (e.g. "has unfinished work"), both in the same
         transaction, so they can never disagree with the events.
@@ -188,14 +200,14 @@ class EventStore:
         in the store) or ``"unknown"`` (the store could not tell and stopped taking writes; retry
         with the same idempotency key after a restart). Never reports a committed append as failed.
         """
-        op = _append_op(stream, events, expected_version, commit_id, idempotency, feed, meta, flags)
+        op = self._append_op(stream, events, expected_version, commit_id, idempotency, feed, meta, flags)
         result: AppendResult = self._rec.submit(op)
         return result
 
     def append_async(
         self,
         stream: str,
-        events: Sequence[Event],
+        events: Sequence[EvT],
         expected_version: int,
         done: Callable[[AppendResult | None, BaseException | None], None],
         *,
@@ -210,7 +222,7 @@ class EventStore:
         ``done`` runs on the store's writing thread and must only hand the outcome on. Bad
         arguments and a closed or read-only store raise here, before anything is queued.
         """
-        op = _append_op(stream, events, expected_version, None, idempotency, feed, meta, flags)
+        op = self._append_op(stream, events, expected_version, None, idempotency, feed, meta, flags)
         self._rec.submit_async(op, done)
 
     def append_encoded(
@@ -233,7 +245,7 @@ class EventStore:
     def purge(
         self,
         stream: str,
-        tombstone: Sequence[Event],
+        tombstone: Sequence[EvT],
         expected_version: int = ANY_VERSION,
         *,
         categories: Sequence[str] | None = None,
@@ -276,7 +288,7 @@ class EventStore:
         self._rec.submit(SnapshotOp(K.validate_stream(stream), stream, version, state))
 
     def next_epoch(self) -> int:
-        """Draw and persist a new epoch (SPEC §2.7: persisted before the server serves)."""
+        """Draw and persist a new epoch (persisted before the server serves, so no two starts share one)."""
         value: int = self._rec.submit(MetaOp("epoch"))
         return value
 
@@ -290,39 +302,40 @@ class EventStore:
         """The stream's current version (0 when it has no events)."""
         return self._rec.stream_version(stream)
 
-    def read_stream(self, stream: str, from_version: int = 1, limit: int | None = None) -> list[RecordedEvent]:
+    def read_stream(self, stream: str, from_version: int = 1,
+                    limit: int | None = None) -> list[RecordedEvent[EvT | UnknownEvent]]:
         """Events of ``stream`` with version >= ``from_version``, oldest first, at most ``limit``.
 
         Raises EventDecodeError naming stream and version for a corrupt payload.
         """
-        out: list[RecordedEvent] = []
+        out: list[RecordedEvent[EvT | UnknownEvent]] = []
         for rec, _last in self._rec.read_stream_records(stream, from_version, limit):
-            for ev in _expand(rec):
+            for ev in self._expand(rec):
                 if ev.version >= from_version:
                     out.append(ev)
                     if limit is not None and len(out) >= limit:
                         return out
         return out
 
-    def last_event(self, stream: str) -> RecordedEvent | None:
+    def last_event(self, stream: str) -> RecordedEvent[EvT | UnknownEvent] | None:
         version = self.stream_version(stream)
         if version == 0:
             return None
         events = self.read_stream(stream, version, 1)
         return events[0] if events else None
 
-    def read_all(self, after: int = 0, limit: int = 1000) -> list[RecordedEvent]:
+    def read_all(self, after: int = 0, limit: int = 1000) -> list[RecordedEvent[EvT | UnknownEvent]]:
         """Events of every stream with global position > ``after``, in commit order."""
-        out: list[RecordedEvent] = []
+        out: list[RecordedEvent[EvT | UnknownEvent]] = []
         for rec in self._rec.read_log_records(after, limit):
-            for ev in _expand(rec):
+            for ev in self._expand(rec):
                 if ev.position > after:
                     out.append(ev)
                     if len(out) >= limit:
                         return out
         return out
 
-    def iter_all(self, after: int = 0, page: int = 1000) -> Iterator[RecordedEvent]:
+    def iter_all(self, after: int = 0, page: int = 1000) -> Iterator[RecordedEvent[EvT | UnknownEvent]]:
         """Every event after ``after``, read page by page (no transaction held between pages)."""
         while True:
             batch = self.read_all(after, page)
@@ -331,11 +344,11 @@ class EventStore:
             yield from batch
             after = batch[-1].position
 
-    def event_at(self, position: int) -> RecordedEvent | None:
+    def event_at(self, position: int) -> RecordedEvent[EvT | UnknownEvent] | None:
         rec = self._rec.record_at(position)
         if rec is None:
             return None
-        return _expand_one(rec, position - rec.first_position)
+        return self._expand_one(rec, position - rec.first_position)
 
     def list_streams(self, category: str, after: str | None = None, limit: int = 100) -> StreamPage:
         """Stream names of a category in name order; pass ``next_after`` back for the next page."""
@@ -386,9 +399,9 @@ class EventStore:
         return AppendResult(v.stream, v.first_version, v.last_version, v.first_position,
                             v.last_position, v.at, True, v.claim.receipt)
 
-    def read_feed(self, app: str, after: int = 0, limit: int = 100) -> list[RecordedEvent]:
+    def read_feed(self, app: str, after: int = 0, limit: int = 100) -> list[RecordedEvent[EvT | UnknownEvent]]:
         """The app's feed events with position > ``after`` (the stable cursor is the position)."""
-        out: list[RecordedEvent] = []
+        out: list[RecordedEvent[EvT | UnknownEvent]] = []
         for pos in self._rec.read_feed_positions(app, after, limit):
             ev = self.event_at(pos)
             if ev is not None:
@@ -414,24 +427,23 @@ class EventStore:
                 }
             ) + b"\n"
 
+    # --- helpers --------------------------------------------------------------------------------
 
-def _append_op(stream: str, events: Sequence[Event], expected_version: int, commit_id: str | None,
-               idempotency: IdempotencyClaim | None, feed: str | None, meta: bytes | None,
-               flags: dict[str, bool] | None) -> AppendOp:
-    if not events:
-        raise ValueError("append needs at least one event")
-    raw_stream = K.validate_stream(stream)
-    feed_flags = [type(e).feed for e in events] if feed is not None else []
-    return AppendOp(stream, raw_stream, list(events), feed_flags, expected_version, commit_id, idempotency,
-                    feed, meta, flags)
+    def _append_op(self, stream: str, events: Sequence[EvT], expected_version: int, commit_id: str | None,
+                   idempotency: IdempotencyClaim | None, feed: str | None, meta: bytes | None,
+                   flags: dict[str, bool] | None) -> AppendOp:
+        if not events:
+            raise ValueError("append needs at least one event")
+        raw_stream = K.validate_stream(stream)
+        feed_flags = [self._events.in_feed(e) for e in events] if feed is not None else []
+        return AppendOp(stream, raw_stream, list(events), feed_flags, expected_version, commit_id, idempotency,
+                        feed, meta, flags)
 
+    def _expand(self, rec: CommitRecordIn) -> Iterator[RecordedEvent[EvT | UnknownEvent]]:
+        for i in range(len(rec.events)):
+            yield self._expand_one(rec, i)
 
-def _expand(rec: CommitRecordIn) -> Iterator[RecordedEvent]:
-    for i in range(len(rec.events)):
-        yield _expand_one(rec, i)
-
-
-def _expand_one(rec: CommitRecordIn, i: int) -> RecordedEvent:
-    version = rec.first_version + i
-    event = decode_event(rec.events[i], rec.stream, version)
-    return RecordedEvent(rec.stream, version, rec.first_position + i, rec.at, event, rec.commit_id)
+    def _expand_one(self, rec: CommitRecordIn, i: int) -> RecordedEvent[EvT | UnknownEvent]:
+        version = rec.first_version + i
+        event = self._events.decode(rec.events[i], rec.stream, version)
+        return RecordedEvent(rec.stream, version, rec.first_position + i, rec.at, event, rec.commit_id)

@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from sessionloop.actors.events import open_store
+
 # A human text with a key the catalogue lacks, a language a key lacks or a placeholder without a
 # value raises instead of falling back (actors.settings.texts), here and in every server a test starts.
 os.environ.setdefault("SESSIONLOOP_STRICT_TEXTS", "1")
@@ -19,9 +21,7 @@ if REPO not in sys.path:
 
 def store_head(path: str) -> int:
     """The head position of the store at ``path``, read as a second process may: a read-only open."""
-    from sessionloop.eventstore import EventStore
-
-    store = EventStore.open(path, readonly=True)
+    store = open_store(path, readonly=True)
     try:
         return store.head_position
     finally:
@@ -35,9 +35,8 @@ def store_path(tmp_path):
 
 @pytest.fixture
 def store(store_path):
-    from sessionloop.eventstore import EventStore
-
-    s = EventStore.open(store_path, durability="nosync")
+    """A store of sessionloop's events (tests/eventstore overrides it with a union of its own)."""
+    s = open_store(store_path, durability="nosync")
     yield s
     s.close()
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.actor import Ask, Cancel, Compact, Create, Decide, Receipt, Send, SessionActor, now_ms
@@ -30,7 +31,6 @@ from sessionloop.actors.system.pubsub import Reply, TurnOutcome
 from sessionloop.actors.system.runtime import HostOptions, Runtime
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY
 from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import MAX_TITLE
 
 #: the random part of ids: seeded once from the OS, then drawn without a system call. An id names

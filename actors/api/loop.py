@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import Forbidden, InvalidCommand, NotFound, RequestTimeout
 from sessionloop.actors.session.actor import Ask, Create, Receipt, Send, now_ms
 from sessionloop.actors.session.commands import CallerOf
@@ -31,7 +32,6 @@ from sessionloop.actors.system.pubsub import Reply, TurnOutcome
 from sessionloop.actors.tools.caller import CURRENT_CALL
 from sessionloop.actors.views.traces import parse_traceparent
 from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import (
     DEFAULT_WAIT_MS,
     LOOP_EVENTS_MAX_LIMIT,

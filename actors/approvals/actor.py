@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 import pykka
 
+from sessionloop.actors import events as E
 from sessionloop.actors.approvals.grants import terms_for
 from sessionloop.actors.settings.texts import Text, message_of
 from sessionloop.actors.system.pubsub import Reply
 from sessionloop.actors.views.items import wire_settlement
 from sessionloop.eventstore import ANY_VERSION, request_hash
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.schemas import ApprovalRequested as ApprovalRequestedParams
 from sessionloop.protocol.schemas import ApprovalSettled as ApprovalSettledParams

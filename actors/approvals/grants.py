@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from sessionloop.actors import events as E
 from sessionloop.actors.settings.texts import Text
-from sessionloop.eventstore import events as E
 
 #: Grants last at most this long (the answerer may ask for less).
 MAX_GRANT_MS = 30 * 24 * 3600 * 1000

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.actor import Ask, Cancel, Compact, Create, Decide, Send, Snapshot, Subscribe, now_ms
@@ -26,7 +27,6 @@ from sessionloop.actors.system.blobs import kind_of, sniff_mime
 from sessionloop.actors.system.pubsub import Reply
 from sessionloop.actors.views.items import wire_grant
 from sessionloop.actors.views.summary import ListingRow, listing_key, summary_from_row
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # seed 000: each, and all together
 from sessionloop.protocol.listing import compute_room_groups, list_sessions

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
+from sessionloop.actors.events import AttachmentRef, Message
 from sessionloop.actors.model.base import ModelAttachment, ModelRequest
-from sessionloop.eventstore.events import AttachmentRef, Message
 
 #: A text file is inlined up to this many characters (the rest is cut, and the cut is said).
 INLINE_CHARS = 20_000

@@ -34,8 +34,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
+from sessionloop.actors.events import Message, ToolCallSpec, Usage
 from sessionloop.eventstore.errors import SessionloopError
-from sessionloop.eventstore.events import Message, ToolCallSpec, Usage
 
 #: ``on_delta(kind, text)``: ``kind`` is ``"text"`` or ``"reasoning"``.
 DeltaKind = Literal["text", "reasoning"]

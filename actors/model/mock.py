@@ -50,6 +50,7 @@ from typing import Any
 
 import msgspec
 
+from sessionloop.actors.events import Message, ToolCallSpec, Usage
 from sessionloop.actors.model.base import (
     DeltaCallback,
     ModelError,
@@ -60,7 +61,6 @@ from sessionloop.actors.model.base import (
     content_chars,
     stream_now,
 )
-from sessionloop.eventstore.events import Message, ToolCallSpec, Usage
 from sessionloop.protocol.limits import MAX_NESTING
 from sessionloop.protocol.nesting import nests_deeper
 

@@ -81,6 +81,7 @@ from tenacity import (
 )
 from tenacity.wait import wait_random_exponential
 
+from sessionloop.actors.events import Message, ToolCallSpec, Usage
 from sessionloop.actors.model.base import (
     DeltaCallback,
     ModelAttachment,
@@ -96,7 +97,6 @@ from sessionloop.actors.model.base import (
     estimated_usage,
 )
 from sessionloop.actors.model.limits import CallStats, Limiter, ModelLimits, RetryPolicy
-from sessionloop.eventstore.events import Message, ToolCallSpec, Usage
 from sessionloop.protocol.limits import MAX_NESTING
 from sessionloop.protocol.nesting import nests_deeper
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from sessionloop.actors.events import LlmCompleted, Message
 from sessionloop.actors.model.base import DeltaCallback, ModelError, ModelRequest, ModelResponse, stream_now
-from sessionloop.eventstore.events import LlmCompleted, Message
 
 DELTA_CHARS = 8
 

@@ -37,8 +37,8 @@ from typing import Any, Final
 
 import msgspec
 
+from sessionloop.actors.events import ToolCallSpec, Usage
 from sessionloop.actors.model.base import ModelResponse
-from sessionloop.eventstore.events import ToolCallSpec, Usage
 from sessionloop.protocol.limits import MAX_INT, MIN_INT
 
 __all__ = [

@@ -41,6 +41,7 @@ from typing import Any, Final
 import msgspec
 from msgspec import UNSET
 
+from sessionloop.actors import events as E
 from sessionloop.actors.approvals.actor import GateInputs
 from sessionloop.actors.session.context import turn_starts
 from sessionloop.actors.session.state import SessionState, decode_state, evolve, new_state
@@ -52,7 +53,6 @@ from sessionloop.actors.views.summary import (
     rewrites_listing,
     summary_record,
 )
-from sessionloop.eventstore import events as E
 from sessionloop.eventstore.records import RecordedEvent, Snapshot
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import ActorError, CompactionFailed, NotFound, SessionParked, compact_error
 from sessionloop.actors.model.attachments import has_attachments
 from sessionloop.actors.model.attachments import resolve as resolve_attachments
@@ -83,7 +84,6 @@ from sessionloop.eventstore import (
     StreamDeleted,
     WrongExpectedVersion,
 )
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.schemas_types import AgentMessageItem, ReasoningItem
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from sessionloop.eventstore import events as E
+from sessionloop.actors import events as E
 
 # --- commands: decided into events -----------------------------------------------------------------
 

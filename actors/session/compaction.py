@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import CompactionFailed, compact_error
 from sessionloop.actors.model import ModelRequest
 from sessionloop.actors.model.base import ignore_delta
@@ -35,7 +36,6 @@ from sessionloop.actors.session.state import copy_state, evolve
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pubsub import Reply
 from sessionloop.eventstore import StoreError
-from sessionloop.eventstore import events as E
 
 if TYPE_CHECKING:
     from sessionloop.actors.session.actor import SessionBehaviour

@@ -32,9 +32,9 @@ from collections.abc import Sequence
 
 import msgspec
 
+from sessionloop.actors.events import Message, ToolCallSpec
 from sessionloop.actors.model.attachments import estimated_chars
 from sessionloop.actors.model.base import args_json, content_chars
-from sessionloop.eventstore.events import Message, ToolCallSpec
 
 SUMMARY_PREFIX = "[Summary of the earlier conversation]"
 

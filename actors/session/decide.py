@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from sessionloop.actors import events as E
 from sessionloop.actors.approvals.grants import settlement_by, settling
 from sessionloop.actors.errors import (
     Conflict,
@@ -33,7 +34,6 @@ from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.context import SUMMARY_PREFIX, model_view
 from sessionloop.actors.session.state import SessionState
 from sessionloop.actors.settings.texts import Text, denial_reason, stored_parts
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import MAX_TITLE
 
 NOT_EXECUTED = "not executed: the turn ended before this tool call ran"

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import NotFound
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.decide import ensure_usable
 from sessionloop.actors.session.state import SessionState, copy_state
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pubsub import TurnOutcome
-from sessionloop.eventstore import events as E
 
 if TYPE_CHECKING:
     from sessionloop.actors.session.actor import SessionBehaviour

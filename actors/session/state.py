@@ -21,9 +21,9 @@ from typing import Any
 
 import msgspec
 
+from sessionloop.actors import events as E
 from sessionloop.actors.approvals.grants import Grant, grant_of
 from sessionloop.actors.session.context import summary_message
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import MAX_TITLE, clip
 
 STATE_FORMAT = 1  # bump when SessionState changes shape: old snapshots are then ignored

@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from sessionloop.actors import events as E
 from sessionloop.actors.settings.texts import DEFAULT_LANGUAGE, text
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.schemas_types import (
     GlobalLayer,
     PlaceLayer,

@@ -55,6 +55,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import InvalidCommand
 from sessionloop.actors.settings.context import (
     DEFAULT_WORKSPACE,
@@ -73,7 +74,6 @@ from sessionloop.actors.settings.context import (
 from sessionloop.actors.settings.document import ConfigDocument, dump_toml, layer_path, setting_values
 from sessionloop.actors.settings.texts import Text, language_of
 from sessionloop.actors.tools.sandbox import POLICIES
-from sessionloop.eventstore import events as E
 from sessionloop.eventstore.errors import WrongExpectedVersion
 from sessionloop.protocol.limits import MAX_INT, MIN_INT
 from sessionloop.protocol.schemas_types import (

@@ -19,7 +19,7 @@ from prometheus_client.core import (
     InfoMetricFamily,
 )
 
-from sessionloop.eventstore import events as E
+from sessionloop.actors import events as E
 from sessionloop.eventstore.groupcommit import Observations
 
 _TURN_END = {E.TurnCompleted: "completed", E.TurnFailed: "failed", E.TurnAborted: "aborted",

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from sessionloop.actors import events as E
+from sessionloop.actors.events import open_store
 from sessionloop.actors.model import ModelRequest, Provider
 from sessionloop.actors.model.prompts import ToolLine, default_system_prompt
 from sessionloop.actors.model.registry import ModelConfig, ModelRegistry, builtin_model
@@ -35,7 +37,6 @@ from sessionloop.actors.system.worker import WorkerLoop
 from sessionloop.actors.tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
 from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import one_line
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ class Runtime:
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
         os.chmod(self.data_dir, 0o700)
         self.faults = FaultInjector.from_env()
-        self.store = store or EventStore.open(
+        self.store = store or open_store(
             os.path.join(self.data_dir, "store"), durability=options.durability, shards=options.shards,
             map_size=options.map_size, on_map_resize=lambda: self.faults.hit("map-resize"),
             on_purge=lambda: self.faults.hit("purge"),

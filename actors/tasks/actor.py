@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pykka
 
+from sessionloop.actors import events as E
 from sessionloop.actors.settings.texts import Text, stored_parts
 from sessionloop.actors.system.pubsub import Reply
 from sessionloop.eventstore import ANY_VERSION
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.schemas import BackgroundChanged
 from sessionloop.protocol.schemas_types import BackgroundCall, BackgroundTask
 

@@ -35,10 +35,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from sessionloop.actors.events import PlanEntry, ToolDisplay
 from sessionloop.actors.tools.registry import ToolContext, ToolError, ToolRegistry, ToolResult, ToolSpec
 from sessionloop.actors.tools.sandbox import Launch, Sandbox
 from sessionloop.actors.tools.workspace import Workspace
-from sessionloop.eventstore.events import PlanEntry, ToolDisplay
 
 log = logging.getLogger("sessionloop.tools")
 

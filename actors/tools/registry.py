@@ -30,10 +30,10 @@ from typing import Any, Literal
 
 import msgspec
 
+from sessionloop.actors.events import ToolDisplay
 from sessionloop.actors.model.storable import args_problem, refusal_of
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, Sandbox, default_sandbox
 from sessionloop.actors.tools.workspace import ToolError, Workspace
-from sessionloop.eventstore.events import ToolDisplay
 from sessionloop.protocol.limits import MAX_INT, MAX_NESTING, MIN_INT
 from sessionloop.protocol.nesting import nests_deeper
 

@@ -30,11 +30,11 @@ from typing import Any, Final, Literal, cast
 import msgspec
 from msgspec import UNSET
 
+from sessionloop.actors import events as E
 from sessionloop.actors.approvals.grants import Grant
 from sessionloop.actors.errors import NotFound, compact_error
 from sessionloop.actors.session.context import is_summary, summary_text
 from sessionloop.actors.settings.texts import Text, denial_reason
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import one_line
 from sessionloop.protocol.schemas_types import (
     AgentMessageItem,

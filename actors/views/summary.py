@@ -23,10 +23,10 @@ from typing import Final, Literal, cast
 
 import msgspec
 
+from sessionloop.actors import events as E
 from sessionloop.actors.session.state import SessionState
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE
 from sessionloop.actors.settings.texts import Text
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import MAX_REASON, MAX_TITLE, clip
 from sessionloop.protocol.listing import (
     SessionNode,

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sessionloop.eventstore import events as E
+from sessionloop.actors import events as E
 from sessionloop.protocol.limits import MAX_REASON, TRACEPARENT_PATTERN, clip
 
 __all__ = [

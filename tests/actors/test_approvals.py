@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+from sessionloop.actors import events as E
 from sessionloop.actors.gateway.service import SessionProtocolService
-from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 
 

@@ -7,8 +7,8 @@ import base64
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.system.blobs import kind_of, sniff_mime
-from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + b"\x00" * 64

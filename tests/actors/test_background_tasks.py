@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.gateway.service import SessionProtocolService
-from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient, wait_until
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sessionloop.actors.events import Message, ToolCallSpec
 from sessionloop.actors.session.context import (
     SUMMARY_INPUT_LIMIT,
     SUMMARY_PREFIX,
@@ -25,7 +26,6 @@ from sessionloop.actors.session.context import (
     turns_of,
     unanswered_tool_calls,
 )
-from sessionloop.eventstore.events import Message, ToolCallSpec
 
 SYSTEM = Message(role="system", content="You are helpful.")
 

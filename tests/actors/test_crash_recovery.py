@@ -7,8 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
-from sessionloop.eventstore import events as E
 from tests.conftest import REPO
 
 CHILD = textwrap.dedent(

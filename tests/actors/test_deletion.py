@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import ActorError, NotFound
 from sessionloop.actors.session.actor import Freeze, Thaw
 from sessionloop.actors.system.pubsub import Reply
 from sessionloop.eventstore import StorageFull
-from sessionloop.eventstore import events as E
 
 
 def no_children(_: str) -> list[str]:

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.approvals.grants import Grant, matches, settling, terms_for
 from sessionloop.actors.replay.timeline import build_timeline
-from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 from tests.actors.test_approvals import finished, requested, tool_card
 

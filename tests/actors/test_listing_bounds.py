@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import InvalidCommand
+from sessionloop.actors.events import open_store
 from sessionloop.actors.replay.timeline import fold_events
 from sessionloop.actors.views.index import SummaryIndex
 from sessionloop.actors.views.summary import (
@@ -17,8 +19,6 @@ from sessionloop.actors.views.summary import (
     summary_from_record,
     summary_record,
 )
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import MAX_REASON, MAX_TITLE
 
 HUGE = 20 * 1000 * 1000
@@ -26,7 +26,7 @@ HUGE = 20 * 1000 * 1000
 
 @pytest.fixture
 def store(tmp_path: Any) -> Any:
-    with EventStore.open(str(tmp_path / "store"), durability="nosync") as s:
+    with open_store(str(tmp_path / "store"), durability="nosync") as s:
         yield s
 
 

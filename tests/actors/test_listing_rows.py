@@ -10,6 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sessionloop.actors import events as E
+from sessionloop.actors.events import open_store
 from sessionloop.actors.views.index import SummaryIndex
 from sessionloop.actors.views.summary import (
     ListingRow,
@@ -19,8 +21,6 @@ from sessionloop.actors.views.summary import (
     summary_from_record,
     summary_from_row,
 )
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.listing import TreeFields, list_sessions, sort_key
 from sessionloop.protocol.schemas import SessionsListParams
@@ -80,7 +80,7 @@ PARAMS = st.builds(
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    with EventStore.open(str(tmp_path_factory.mktemp("listing-rows"))) as s:
+    with open_store(str(tmp_path_factory.mktemp("listing-rows"))) as s:
         yield s
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from sessionloop.actors.events import Message, ToolCallSpec
 from sessionloop.actors.model import (
     MockProvider,
     ModelError,
@@ -18,7 +19,6 @@ from sessionloop.actors.model import (
     make_provider,
 )
 from sessionloop.actors.model.mock import DELTA_CHARS, parse_script
-from sessionloop.eventstore.events import Message, ToolCallSpec
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:

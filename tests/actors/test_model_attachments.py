@@ -8,12 +8,12 @@ import base64
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.model import OpenAIProvider
 from sessionloop.actors.model.attachments import IMAGE_CHARS, INLINE_CHARS, estimated_chars, resolve
 from sessionloop.actors.model.base import ModelRequest
 from sessionloop.actors.replay.timeline import build_timeline
 from sessionloop.actors.session.context import message_chars
-from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 from tests.actors.test_approvals import turn_done
 from tests.fake_openai import Exchange, ThreadedFakeServer

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import MockProvider, OpenAIProvider
 from sessionloop.actors.model.registry import (
@@ -19,7 +20,6 @@ from sessionloop.actors.model.registry import (
     ModelRegistry,
     load_model_configs,
 )
-from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 
 ENV = {"FAST_KEY": "sk-fast-secret-value"}

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from sessionloop.actors.events import Message, ToolCallSpec, Usage
 from sessionloop.actors.model import ModelError, ModelRequest, OpenAIProvider, make_provider
 from sessionloop.actors.model.base import ModelAttachment, RetryNotice
 from sessionloop.actors.model.limits import ModelLimits, RetryPolicy
 from sessionloop.actors.model.openai import request_body, response_from_chunks, to_openai_message
-from sessionloop.eventstore.events import Message, ToolCallSpec, Usage
 from tests.fake_openai import Exchange, FakeServer, chunk
 
 FAST = RetryPolicy(attempts=3, base_s=0.01, max_wait_s=0.05, total_s=30)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from sessionloop.eventstore import events as E
+from sessionloop.actors import events as E
 from tests.actors.gateway_harness import MemoryClient, wait_until
 
 

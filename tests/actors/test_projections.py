@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from msgspec import UNSET
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import NotFound
 from sessionloop.actors.session.state import SessionState, evolve, new_state
 from sessionloop.actors.settings.texts import enc_hook
@@ -28,7 +29,6 @@ from sessionloop.actors.views.summary import (
     summary_of,
     summary_record,
 )
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.listing import compute_tree_fields
 from sessionloop.protocol.schemas_types import (
     AgentMessageItem,

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import MockProvider
-from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 
 

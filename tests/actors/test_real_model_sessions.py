@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.model import OpenAIProvider
 from sessionloop.actors.model.limits import ModelLimits, RetryPolicy
-from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient, wait_until
 from tests.actors.test_approvals import turn_done
 from tests.fake_openai import Exchange, ThreadedFakeServer, chunk

@@ -13,6 +13,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from sessionloop.actors import events as E
+from sessionloop.actors.events import open_store
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.replay.timeline import (
     ABSENT,
@@ -33,8 +35,6 @@ from sessionloop.actors.replay.timeline import (
 )
 from sessionloop.actors.session.state import encode_state, evolve, new_state
 from sessionloop.actors.views.summary import encode_summary_record, summary_record
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
 from sessionloop.eventstore.records import RecordedEvent, Snapshot
 
 
@@ -418,7 +418,7 @@ def test_verify_against_a_live_host_accepts_a_deleted_session_it_does_not_serve(
     session = first.create(title="gone")
     run_turns_on(session, "hi")
     first.close()
-    store = EventStore.open(os.path.join(data_dir, "store"), durability="nosync")
+    store = open_store(os.path.join(data_dir, "store"), durability="nosync")
     stream = f"session-{session.id}"
     state = new_state(session.id)
     for recorded in store.read_stream(stream):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.replay.timeline import build_timeline
 from sessionloop.actors.tools import ToolContext, ToolError, Workspace, default_registry
 from sessionloop.actors.tools.sandbox import POLICIES, Sandbox, SandboxUnavailable, policy_at_most, policy_rank
-from sessionloop.eventstore import events as E
 
 
 def argv(sandbox: Sandbox, policy: str, ws: Path) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from sessionloop.actors.events import LlmCompleted, Message, ToolCallSpec, TurnStarted, Usage
 from sessionloop.actors.model import (
     ModelError,
     ModelRequest,
@@ -17,7 +18,6 @@ from sessionloop.actors.model import (
     ScriptedProvider,
     make_provider,
 )
-from sessionloop.eventstore.events import LlmCompleted, Message, ToolCallSpec, TurnStarted, Usage
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:

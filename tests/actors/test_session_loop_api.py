@@ -8,11 +8,11 @@ import time
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import Forbidden, InvalidCommand, NotFound
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.tools import ToolSpec
 from sessionloop.eventstore import IdempotencyConflict
-from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 
 

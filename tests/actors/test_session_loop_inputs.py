@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sessionloop.actors import events as E
 from sessionloop.actors.api.loop import MAX_TITLE
 from sessionloop.eventstore import SessionloopError
-from sessionloop.eventstore import events as E
 
 REF = E.AttachmentRef(name="a", kind="file", mime="text/plain", size=1, sha256="0" * 64)
 

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
 from sessionloop.actors.tools import ToolSpec
-from sessionloop.eventstore import events as E
 from tests.conftest import REPO
 
 

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.model import ModelResponse
 from sessionloop.actors.model.scripted import ScriptedProvider
-from sessionloop.eventstore import events as E
 
 
 def tags(session) -> list[str]:

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import NotFound, SessionBusy
+from sessionloop.actors.events import open_store
 from sessionloop.actors.model import ModelResponse
 from sessionloop.actors.model.scripted import ScriptedProvider
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
 
 
 def finished(session) -> list[E.ToolFinished]:
@@ -169,7 +169,7 @@ def test_a_new_run_first_closes_unanswered_calls_with_not_executed(open_host, da
     broken = E.Message(role="assistant", content="", tool_calls=[E.ToolCallSpec(call_id="orphan", name="exec")])
     fork_id = host.fork(source.id).id
     host.close()  # the orphan call is in the log when the session loads (as an older server left it)
-    store = EventStore.open(os.path.join(data_dir, "store"), durability="nosync")
+    store = open_store(os.path.join(data_dir, "store"), durability="nosync")
     stream = f"session-{fork_id}"
     store.append(stream, [E.MessagesImported(at=1, source_session_id=source.id, messages=[broken])],
                  expected_version=store.stream_version(stream))

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import MockProvider
 from sessionloop.actors.session.actor import Create
 from sessionloop.actors.settings.document import dump_toml
 from sessionloop.actors.settings.service import SettingField, check_value
-from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient
 
 INVALID_PARAMS = -32602

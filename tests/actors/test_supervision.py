@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import ActorError, RequestTimeout, SessionParked
 from sessionloop.actors.system.pubsub import Reply
 from sessionloop.eventstore import StorageFull
-from sessionloop.eventstore import events as E
 
 
 def test_a_failing_handler_fails_that_request_clearly_and_the_session_recovers(host):

@@ -12,6 +12,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from sessionloop.actors import events as E
+from sessionloop.actors.events import decode_event, encode_event
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import ModelError, ScriptedProvider
 from sessionloop.actors.replay.timeline import serve_live_view, verify
@@ -29,8 +31,6 @@ from sessionloop.actors.settings.texts import (
 )
 from sessionloop.actors.tasks.actor import task_ended
 from sessionloop.actors.views.items import ItemsProjection
-from sessionloop.eventstore import events as E
-from sessionloop.eventstore.codec import decode_event, encode_event
 from tests.actors.gateway_harness import MemoryClient, wait_until
 
 CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")

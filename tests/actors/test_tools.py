@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sessionloop.actors.events import PlanEntry, ToolDisplay
 from sessionloop.actors.tools import (
     ToolContext,
     ToolError,
@@ -23,7 +24,6 @@ from sessionloop.actors.tools import (
     default_registry,
     plan_from_output,
 )
-from sessionloop.eventstore.events import PlanEntry, ToolDisplay
 from tests.conftest import wait_no_process_with_arg
 
 

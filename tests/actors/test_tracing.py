@@ -14,13 +14,13 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
 from sessionloop.actors.errors import InvalidCommand
+from sessionloop.actors.events import decode_event
 from sessionloop.actors.system.trace_export import LiveTraces, batch_processor
 from sessionloop.actors.views.traces import build_spans
 from sessionloop.cli.main import main
-from sessionloop.eventstore import events as E
-from sessionloop.eventstore.codec import decode_event
 from tests.actors.test_crash_recovery import run_and_kill
 
 PARENT_TRACE = "0af7651916cd43dd8448eb211c80319c"

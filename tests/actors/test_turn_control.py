@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import CompactionFailed, SessionBusy
 from sessionloop.actors.model import MockProvider, ModelResponse
 from sessionloop.actors.session.actor import Ask
 from sessionloop.actors.session.commands import StateCopy
 from sessionloop.actors.session.context import SUMMARY_PROMPT
-from sessionloop.eventstore import events as E
 from tests.actors.gateway_harness import MemoryClient, wait_until
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.model import ModelResponse, OpenAIProvider
 from sessionloop.actors.model.openai import response_from_chunks
 from sessionloop.actors.model.scripted import ScriptedProvider
@@ -24,7 +25,6 @@ from sessionloop.actors.model.storable import (
     storable_response,
 )
 from sessionloop.actors.tools.registry import ToolError, ToolRegistry, ToolSpec
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import MAX_INT, MAX_NESTING
 from tests.actors.gateway_harness import MemoryClient
 

@@ -148,3 +148,43 @@ def test_setup_cfg_lists_every_package_under_its_installed_name() -> None:
     listed = set(parser["options"]["packages"].split())
     packages = {mod for mod, path in modules().items() if path.endswith("__init__.py")}
     assert listed == packages
+
+
+def imports_outside(path: str, package: str, own: str) -> list[str]:
+    """Our modules outside the package ``own`` that the file at ``path`` (in ``package``) imports,
+    wherever the import stands: module level, a function, ``if TYPE_CHECKING``."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    targets: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            targets += [module] if node.module else [f"{module}.{alias.name}" for alias in node.names]
+    ours = [t for t in targets if t.split(".")[0] in ("sessionloop", *FOLDERS)]
+    return [t for t in ours if t != own and not t.startswith(own + ".")]
+
+
+def test_the_event_store_imports_nothing_of_ours_outside_itself() -> None:
+    """eventstore/ is generic: the application's events are handed in when a store opens, so no
+    module of it may import the domain events (actors/events.py) or anything else of ours."""
+    own = "sessionloop.eventstore"
+    foreign = [f"{mod} imports {target}" for mod, path in modules().items() if mod == own or mod.startswith(own + ".")
+               for target in imports_outside(path, mod if path.endswith("__init__.py") else mod.rpartition(".")[0],
+                                             own)]
+    assert foreign == []
+
+
+def test_the_event_store_check_sees_a_domain_import_wherever_it_stands(tmp_path) -> None:
+    """The check itself: the domain events imported at module level, in a function, under
+    ``if TYPE_CHECKING`` or relatively are all found; the store's own modules are not."""
+    path = tmp_path / "codec.py"
+    path.write_text("from typing import TYPE_CHECKING\nimport msgspec\n"
+                    "from sessionloop.eventstore import keys\nfrom . import errors\n"
+                    "from sessionloop.actors import events as E\n"
+                    "if TYPE_CHECKING:\n    from sessionloop.actors.events import Event\n"
+                    "def f():\n    import sessionloop.protocol.frames\n    from .. import actors\n")
+    assert imports_outside(str(path), "sessionloop.eventstore", "sessionloop.eventstore") == [
+        "sessionloop.actors", "sessionloop.actors.events", "sessionloop.protocol.frames", "sessionloop.actors"]

@@ -10,10 +10,10 @@ from click.testing import CliRunner, Result
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sessionloop.actors import events as E
 from sessionloop.cli import bench_cmd, bench_observers
 from sessionloop.cli.main import main
 from sessionloop.eventstore import RecordedEvent
-from sessionloop.eventstore import events as E
 
 FIELDS = {"turns": int, "tool_turns": int, "seconds": float, "turns_per_s": float, "events": int,
           "events_per_s": float, "events_per_turn": float, "p50_ms": float, "p95_ms": float, "p99_ms": float,

@@ -18,13 +18,13 @@ import msgspec
 import pytest
 from click.testing import CliRunner, Result
 
+from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
+from sessionloop.actors.events import open_store
 from sessionloop.actors.model import ScriptedProvider
 from sessionloop.actors.session.state import encode_state
 from sessionloop.actors.views.summary import decode_summary_record, encode_summary_record
 from sessionloop.cli.main import main
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
 from sessionloop.eventstore.codec import event_to_builtins
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -68,7 +68,7 @@ def cli_json(*args: str) -> Any:
 
 
 def stream_events(data_dir: str, session_id: str) -> list[Any]:
-    with EventStore.open(os.path.join(data_dir, "store"), readonly=True) as store:
+    with open_store(os.path.join(data_dir, "store"), readonly=True) as store:
         return store.read_stream(f"session-{session_id}")
 
 
@@ -93,8 +93,8 @@ def recorded(golden: tuple[str, str, list[str]], tmp_path: Any) -> tuple[str, st
 def writer_process(recorded: tuple[str, str, list[str]]) -> Iterator[None]:
     """Another process holding the data directory's writer lock, as a running server does."""
     data_dir = recorded[0]
-    code = ("import sys; from sessionloop.eventstore import EventStore; "
-            f"s = EventStore.open({os.path.join(data_dir, 'store')!r}); print('ready', flush=True); sys.stdin.read()")
+    code = ("import sys; from sessionloop.actors.events import open_store; "
+            f"s = open_store({os.path.join(data_dir, 'store')!r}); print('ready', flush=True); sys.stdin.read()")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
     try:
@@ -238,7 +238,7 @@ def test_verify_stays_offline_when_opening_a_host_would_resume_unfinished_turns(
 def test_verify_reports_a_listing_record_that_missed_a_rename(recorded) -> None:
     data_dir, session_id, _ = recorded
     stream = f"session-{session_id}"
-    with EventStore.open(os.path.join(data_dir, "store"), durability="nosync") as store:
+    with open_store(os.path.join(data_dir, "store"), durability="nosync") as store:
         stale = store.stream_meta(stream)
         store.append(stream, [E.SessionRenamed(at=1, title="renamed")], meta=stale)
     result = cli("replay", session_id, "--data", data_dir, "--verify")
@@ -256,7 +256,7 @@ def test_verify_reports_a_snapshot_that_disagrees_with_the_events(recorded) -> N
 
     state = fold_events(session_id, events[:7])
     state.title = "tampered"
-    with EventStore.open(os.path.join(data_dir, "store"), durability="nosync") as store:
+    with open_store(os.path.join(data_dir, "store"), durability="nosync") as store:
         store.save_snapshot(stream, 7, encode_state(state))
     report = cli_json("replay", session_id, "--data", data_dir, "--verify")
     assert report["difference"] == {"check": "snapshot", "path": "state.title", "expected": "demo",
@@ -267,7 +267,7 @@ def test_verify_reports_a_snapshot_that_disagrees_with_the_events(recorded) -> N
 def test_verify_ignores_listing_fields_that_come_from_other_streams(recorded) -> None:
     data_dir, session_id, _ = recorded
     stream = f"session-{session_id}"
-    with EventStore.open(os.path.join(data_dir, "store"), durability="nosync") as store:
+    with open_store(os.path.join(data_dir, "store"), durability="nosync") as store:
         record = decode_summary_record(store.stream_meta(stream))
         events = store.read_stream(stream)
         from sessionloop.actors.replay.timeline import fold_events

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from sessionloop.actors.events import open_store
 from sessionloop.cli.main import main
-from sessionloop.eventstore import EventStore
 from tests.e2e.conftest import ServerProcess, initialized, open_client
 
 pytestmark = pytest.mark.e2e
@@ -55,7 +55,7 @@ def test_a_backup_taken_while_the_server_runs_serves_the_same_sessions_from_a_se
     assert stat.S_IMODE(os.stat(dest).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(os.path.join(dest, "token")).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.join(dest, "store", "data.mdb")).st_mode) == 0o600
-    with EventStore.open(os.path.join(dest, "store"), readonly=True) as copy:
+    with open_store(os.path.join(dest, "store"), readonly=True) as copy:
         assert copy.audit() == []
     restored = ServerProcess(dest, token=None).start()
     assert restored.token == server.token  # read from the copied token file

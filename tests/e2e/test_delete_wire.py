@@ -22,10 +22,10 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
+from sessionloop.actors import events as E
+from sessionloop.actors.events import open_store
 from sessionloop.actors.views.summary import decode_summary_record
 from sessionloop.cli.main import main as cli_main
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
 from sessionloop.eventstore.codec import event_to_builtins
 from tests.conftest import processes_with_arg, wait_no_process_with_arg
 from tests.e2e.conftest import APPS, Client, ServerProcess, initialized, open_client
@@ -286,7 +286,7 @@ def deleted(tmp_path_factory) -> Deleted:
 
 
 def test_the_deleted_session_is_only_its_tombstone_in_the_store_and_nothing_of_it_is_in_the_global_log(deleted):
-    store = EventStore.open(os.path.join(deleted.data, "store"), readonly=True)
+    store = open_store(os.path.join(deleted.data, "store"), readonly=True)
     try:
         stream = f"session-{deleted.sid}"
         assert [type(e.event) for e in store.read_stream(stream)] == [E.SessionDeleted]

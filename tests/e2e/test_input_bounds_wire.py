@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from sessionloop.actors import events as E
+from sessionloop.actors.events import open_store
 from sessionloop.actors.views.summary import SummaryRecord, encode_summary_record
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
 from sessionloop.protocol.limits import MAX_TITLE
 from tests.conftest import REPO, store_head
 from tests.e2e.conftest import TOKEN, initialized, open_client
@@ -64,7 +64,7 @@ def write_old_store(data_dir: str) -> str:
     """A session as the version before the bound stored it: a 20 MB title in its events and in
     its listing record, appended through the store API, before any server opened the store."""
     os.makedirs(data_dir, exist_ok=True)
-    with EventStore.open(os.path.join(data_dir, "store"), durability="nosync") as store:
+    with open_store(os.path.join(data_dir, "store"), durability="nosync") as store:
         store.append("session-oldbig", [E.SessionCreated(at=1, session_id="oldbig", name="old"),
                                         E.SessionRenamed(at=2, title=TWENTY_MB)],
                      expected_version=0,

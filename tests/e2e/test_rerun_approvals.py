@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
+from sessionloop.actors.events import open_store
 from sessionloop.cli.main import main
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
 from tests.e2e.conftest import Client, initialized, open_client
 
 pytestmark = pytest.mark.e2e
@@ -43,7 +43,7 @@ def rerun_json(data_dir: str, sid: str, *extra: str) -> tuple[int, dict[str, Any
 
 
 def session_events(data_dir: str, sid: str) -> list[Any]:
-    with EventStore.open(os.path.join(data_dir, "store"), readonly=True) as store:
+    with open_store(os.path.join(data_dir, "store"), readonly=True) as store:
         return [r.event for r in store.read_stream(f"session-{sid}")]
 
 

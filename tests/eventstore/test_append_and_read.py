@@ -5,20 +5,19 @@ import pytest
 from sessionloop.eventstore import (
     ANY_VERSION,
     NO_STREAM,
-    EventStore,
     InvalidStreamName,
     StoreClosed,
     WrongExpectedVersion,
 )
-from sessionloop.eventstore.events import SessionCreated, SessionRenamed, TurnStarted
+from tests.eventstore.union import Opened, Retitled, Stepped, open_test_store
 
 
-def turn(i: int) -> TurnStarted:
-    return TurnStarted(turn_id=f"t{i}", at=i)
+def turn(i: int) -> Stepped:
+    return Stepped(step=f"t{i}", at=i)
 
 
 def test_append_to_a_new_stream_starts_at_version_one(store):
-    result = store.append("session-a", [SessionCreated(session_id="a")], NO_STREAM)
+    result = store.append("session-a", [Opened(name="a")], NO_STREAM)
     assert (result.first_version, result.last_version) == (1, 1)
     assert store.stream_version("session-a") == 1
 
@@ -29,7 +28,7 @@ def test_events_come_back_in_order_with_versions_and_positions(store):
     store.append("session-a", [turn(4)], 2)
     events = store.read_stream("session-a")
     assert [e.version for e in events] == [1, 2, 3]
-    assert [e.event.turn_id for e in events] == ["t1", "t2", "t4"]
+    assert [e.event.step for e in events] == ["t1", "t2", "t4"]
     assert [e.position for e in events] == [1, 2, 4]
     assert all(e.stream == "session-a" for e in events)
 
@@ -86,7 +85,7 @@ def test_read_stream_does_not_leak_into_a_stream_whose_name_extends_it(store):
     store.append("session-a", [turn(1)], 0)
     store.append("session-ab", [turn(2)], 0)
     store.append("session-a", [turn(3)], 1)
-    assert [e.event.turn_id for e in store.read_stream("session-a")] == ["t1", "t3"]
+    assert [e.event.step for e in store.read_stream("session-a")] == ["t1", "t3"]
     assert store.stream_version("session-ab") == 1
 
 
@@ -95,14 +94,14 @@ def test_global_log_after_a_position_in_commit_order(store):
     store.append("session-b", [turn(3)], 0)
     store.append("session-a", [turn(4)], 2)
     assert [e.position for e in store.read_all(0)] == [1, 2, 3, 4]
-    assert [e.event.turn_id for e in store.read_all(1, limit=2)] == ["t2", "t3"]
+    assert [e.event.step for e in store.read_all(1, limit=2)] == ["t2", "t3"]
     assert store.read_all(4) == []
     assert [e.position for e in store.iter_all(0, page=1)] == [1, 2, 3, 4]
 
 
 def test_event_at_a_position_and_last_event(store):
     store.append("session-a", [turn(1), turn(2)], 0)
-    assert store.event_at(2).event.turn_id == "t2"
+    assert store.event_at(2).event.step == "t2"
     assert store.event_at(3) is None
     assert store.last_event("session-a").version == 2
     assert store.last_event("session-none") is None
@@ -128,28 +127,28 @@ def test_a_session_and_its_approvals_share_a_shard(store):
 
 
 def test_shard_count_is_fixed_when_the_store_is_created(store_path):
-    with EventStore.open(store_path, durability="nosync", shards=7) as s:
+    with open_test_store(store_path, durability="nosync", shards=7) as s:
         s.append("session-a", [turn(1)], 0)
-    with EventStore.open(store_path, durability="nosync", shards=64) as s:
+    with open_test_store(store_path, durability="nosync", shards=64) as s:
         assert s.shards == 7
         assert s.stream_version("session-a") == 1
 
 
 def test_data_survives_reopening(store_path):
-    with EventStore.open(store_path, durability="sync") as s:
-        s.append("session-a", [SessionCreated(session_id="a", title="hello")], 0)
-        s.append("session-a", [SessionRenamed(title="renamed")], 1)
-    with EventStore.open(store_path) as s:
+    with open_test_store(store_path, durability="sync") as s:
+        s.append("session-a", [Opened(name="a", title="hello")], 0)
+        s.append("session-a", [Retitled(title="renamed")], 1)
+    with open_test_store(store_path) as s:
         assert s.head_position == 2
-        assert [type(e.event).__name__ for e in s.read_stream("session-a")] == ["SessionCreated", "SessionRenamed"]
+        assert [type(e.event).__name__ for e in s.read_stream("session-a")] == ["Opened", "Retitled"]
         assert s.append("session-a", [turn(1)], 2).first_position == 3
 
 
 def test_epochs_are_persisted_and_increase(store_path):
-    with EventStore.open(store_path, durability="nosync") as s:
+    with open_test_store(store_path, durability="nosync") as s:
         assert s.next_epoch() == 1
         assert s.next_epoch() == 2
-    with EventStore.open(store_path, durability="nosync") as s:
+    with open_test_store(store_path, durability="nosync") as s:
         assert s.next_epoch() == 3
 
 
@@ -162,7 +161,7 @@ def test_snapshots_replace_the_previous_one(store):
 
 
 def test_a_closed_store_refuses_work(store_path):
-    s = EventStore.open(store_path, durability="nosync")
+    s = open_test_store(store_path, durability="nosync")
     s.close()
     with pytest.raises(StoreClosed):
         s.append("session-a", [turn(1)], 0)
@@ -172,10 +171,10 @@ def test_a_closed_store_refuses_work(store_path):
 
 
 def test_durability_is_reported(store_path):
-    with EventStore.open(store_path, durability="sync") as s:
+    with open_test_store(store_path, durability="sync") as s:
         info = s.info()
         assert info["durability"] == "sync" and info["fsync_per_commit"] is True
-    with EventStore.open(store_path, durability="nosync") as s:
+    with open_test_store(store_path, durability="nosync") as s:
         assert s.info()["fsync_per_commit"] is False
 
 
@@ -184,7 +183,7 @@ def test_durability_is_checked_against_the_flags_lmdb_reads_back(store_path):
     durability needs (``durability_mismatch`` over the flags ``Environment.flags()`` returns)."""
     from sessionloop.eventstore.lmdb_recorder import durability_mismatch
 
-    with EventStore.open(store_path, durability="sync") as s:
+    with open_test_store(store_path, durability="sync") as s:
         flags = s._rec.env_flags
         assert flags["sync"] is True and flags["metasync"] is True
         assert durability_mismatch("sync", flags) is None
@@ -192,24 +191,24 @@ def test_durability_is_checked_against_the_flags_lmdb_reads_back(store_path):
             "durability 'nosync' asked for sync=False, metasync=False, but LMDB reports sync=True, metasync=True")
         assert durability_mismatch("sync", {**flags, "metasync": False}) == (
             "durability 'sync' asked for sync=True, metasync=True, but LMDB reports sync=True, metasync=False")
-    with EventStore.open(store_path, durability="nosync") as s:
+    with open_test_store(store_path, durability="nosync") as s:
         assert durability_mismatch("nosync", s._rec.env_flags) is None
 
 
 def test_unknown_durability_is_refused(store_path):
     with pytest.raises(ValueError, match="durability"):
-        EventStore.open(store_path, durability="sometimes")
+        open_test_store(store_path, durability="sometimes")
 
 
 def test_json_lines_export_names_each_event_and_its_place(store):
-    store.append("session-a", [SessionCreated(session_id="a", title="t")], 0)
+    store.append("session-a", [Opened(name="a", title="t")], 0)
     lines = list(store.export_jsonl("session-a"))
     assert len(lines) == 1
     import json
 
     row = json.loads(lines[0])
     assert row["stream"] == "session-a" and row["version"] == 1 and row["position"] == 1
-    assert row["event"]["type"] == "session.created" and row["event"]["title"] == "t"
+    assert row["event"]["type"] == "test.opened" and row["event"]["title"] == "t"
 
 
 def test_stream_metadata_is_written_with_the_append_and_can_be_scanned(store):

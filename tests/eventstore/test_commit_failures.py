@@ -18,9 +18,9 @@ import sys
 import textwrap
 import threading
 
-from sessionloop.eventstore import EventStore, IdempotencyClaim, StorageFull, StorageUnavailable
-from sessionloop.eventstore.events import TurnStarted
+from sessionloop.eventstore import IdempotencyClaim, StorageFull, StorageUnavailable
 from tests.conftest import REPO
+from tests.eventstore.union import Stepped, open_test_store
 
 SCOPE = "app:test:a"
 
@@ -29,14 +29,14 @@ SCOPE = "app:test:a"
 CHILD = textwrap.dedent(
     """
     import json, os, sys
-    from sessionloop.eventstore import EventStore, IdempotencyClaim, StorageUnavailable
-    from sessionloop.eventstore.events import TurnStarted
-    store = EventStore.open(sys.argv[1], durability="sync", prune_interval_s=3600)
+    from sessionloop.eventstore import IdempotencyClaim, StorageUnavailable
+    from tests.eventstore.union import Stepped, open_test_store
+    store = open_test_store(sys.argv[1], durability="sync", prune_interval_s=3600)
     marker = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT, 0o600)
 
     def append(i):
         try:
-            r = store.append("session-a", [TurnStarted(turn_id=f"t{i}")],
+            r = store.append("session-a", [Stepped(step=f"t{i}")],
                              idempotency=IdempotencyClaim("app:test:a", f"k{i}", f"h{i}"))
             return {"key": f"k{i}", "ok": True, "version": r.last_version}
         except StorageUnavailable as e:
@@ -49,7 +49,7 @@ CHILD = textwrap.dedent(
     print(json.dumps(append(3)), flush=True)
     os.write(marker, b"after\\n")
     print(json.dumps(append(4)), flush=True)
-    read = [e.event.turn_id for e in store.read_stream("session-a")]
+    read = [e.event.step for e in store.read_stream("session-a")]
     info = store.info()
     print(json.dumps({"read": read, "writable": info["writable"], "reopens": info["reopens"]}), flush=True)
     store.close()
@@ -79,7 +79,7 @@ def _traced(store_path: str, marker: str, inject: str | None) -> tuple[list[dict
 def _victims_meta_write(store_path: str, tmp_path) -> int:
     """Which ``pwrite64`` on data.mdb (1-based, as strace's ``when=`` counts) writes the meta
     page of the victim's commit: the first one after the marker that is shorter than a page."""
-    EventStore.open(store_path).close()
+    open_test_store(store_path).close()
     dry = str(tmp_path / "dry")
     shutil.copytree(store_path, dry)
     answers, lines = _traced(dry, str(tmp_path / "dry-marker"), None)
@@ -99,8 +99,8 @@ def _victims_meta_write(store_path: str, tmp_path) -> int:
 
 def _keys_in(store_path: str) -> tuple[list[str], list[str]]:
     """The turn ids in the log and the keys with a receipt, read by a fresh open (as a restart)."""
-    with EventStore.open(store_path, durability="sync") as s:
-        turns = [e.event.turn_id for e in s.read_stream("session-a")]
+    with open_test_store(store_path, durability="sync") as s:
+        turns = [e.event.step for e in s.read_stream("session-a")]
         receipts = [f"k{i}" for i in range(5) if s.get_receipt(SCOPE, f"k{i}") is not None]
     return turns, receipts
 
@@ -119,8 +119,8 @@ def test_a_failed_meta_page_write_is_answered_not_written_and_the_store_reopens_
     assert final == {"read": ["t0", "t1", "t2", "t4"], "writable": True, "reopens": 1}
     # what a fresh process finds is what the store answered
     assert _keys_in(store_path) == (["t0", "t1", "t2", "t4"], ["k0", "k1", "k2", "k4"])
-    with EventStore.open(store_path, durability="sync") as s:  # the refused key, sent again: written once
-        again = s.append("session-a", [TurnStarted(turn_id="t3")], idempotency=IdempotencyClaim(SCOPE, "k3", "h3"))
+    with open_test_store(store_path, durability="sync") as s:  # the refused key, sent again: written once
+        again = s.append("session-a", [Stepped(step="t3")], idempotency=IdempotencyClaim(SCOPE, "k3", "h3"))
         assert not again.duplicate
     assert _keys_in(store_path) == (["t0", "t1", "t2", "t4", "t3"], ["k0", "k1", "k2", "k3", "k4"])
 
@@ -138,8 +138,8 @@ def test_a_commit_whose_outcome_cannot_be_found_stops_the_store_and_a_restart_se
     # the restart decides; a retry with the same key gives the original receipt or one write
     turns, receipts = _keys_in(store_path)
     assert turns[:3] == ["t0", "t1", "t2"] and "t4" not in turns
-    with EventStore.open(store_path, durability="sync") as s:
-        again = s.append("session-a", [TurnStarted(turn_id="t3")], idempotency=IdempotencyClaim(SCOPE, "k3", "h3"))
+    with open_test_store(store_path, durability="sync") as s:
+        again = s.append("session-a", [Stepped(step="t3")], idempotency=IdempotencyClaim(SCOPE, "k3", "h3"))
         assert again.duplicate == ("k3" in receipts)
     turns, receipts = _keys_in(store_path)
     assert turns == ["t0", "t1", "t2", "t3"] and receipts == ["k0", "k1", "k2", "k3"]
@@ -159,12 +159,12 @@ def test_on_a_full_disk_every_refused_append_is_absent_and_every_acknowledged_on
         path = os.path.join(mount, "store")
         answers: dict[str, BaseException | None] = {}
         lock = threading.Lock()
-        with EventStore.open(path, durability="sync") as s:
+        with open_test_store(path, durability="sync") as s:
             def writer(w: int) -> None:
                 for i in range(300):
                     key = f"w{w}-{i}"
                     try:
-                        s.append(f"session-w{w}", [TurnStarted(turn_id=key + "-" + "x" * 20_000)],
+                        s.append(f"session-w{w}", [Stepped(step=key + "-" + "x" * 20_000)],
                                  idempotency=IdempotencyClaim(f"app:test:w{w}", key, "h"))
                         error = None
                     except StorageUnavailable as e:
@@ -182,9 +182,9 @@ def test_on_a_full_disk_every_refused_append_is_absent_and_every_acknowledged_on
         assert refused and len(refused) < len(answers)
         assert all(e.outcome == "not-written" and e.retry_after_ms > 0 for e in refused.values())
         assert any(isinstance(e, StorageFull) for e in refused.values())
-        with EventStore.open(path, readonly=True) as s:
+        with open_test_store(path, readonly=True) as s:
             present = {k for k in answers if s.get_receipt(f"app:test:w{k[1:k.index('-')]}", k) is not None}
-            logged = {e.event.turn_id.split("-x")[0] for w in range(6) for e in s.read_stream(f"session-w{w}")}
+            logged = {e.event.step.split("-x")[0] for w in range(6) for e in s.read_stream(f"session-w{w}")}
         assert present == logged
         assert present == {k for k, e in answers.items() if e is None}
     finally:

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from sessionloop.eventstore import EventStore, StorageFull, WrongExpectedVersion
-from sessionloop.eventstore.events import NoticePosted, TurnStarted
 from sessionloop.eventstore.groupcommit import BATCH_SIZE_BOUNDS, Observations
+from tests.eventstore.union import Noted, Stepped, open_test_store
 
 
 def agree_with_counters(store: EventStore) -> dict:
@@ -35,14 +35,14 @@ def test_buckets_are_prometheus_le_buckets_and_the_last_one_is_inf():
 
 def test_sequential_appends_one_batch_each_every_append_timed_snapshots_and_failures_not(store):
     for i in range(50):
-        store.append("session-a", [TurnStarted(turn_id=str(i))], i)
+        store.append("session-a", [Stepped(step=str(i))], i)
     stats = agree_with_counters(store)
     assert stats["append_seconds"].count == stats["commit_seconds"].count == 50
     # a lone writer's append waits for its own transaction (and a little more): never less
     assert stats["append_seconds"].sum >= stats["commit_seconds"].sum > 0
     epoch = store.next_epoch()  # a write request, not an append
     with pytest.raises(WrongExpectedVersion):
-        store.append("session-a", [TurnStarted(turn_id="late")], 3)
+        store.append("session-a", [Stepped(step="late")], 3)
     store.save_snapshot("session-a", 50, b"state")
     stats = agree_with_counters(store)
     assert epoch >= 1 and store.info()["requests"] == 50 + 3
@@ -58,7 +58,7 @@ def test_concurrent_appends_are_grouped_and_every_one_is_counted(store):
     def writer(i: int) -> None:
         start.wait()
         for j in range(per_thread):
-            store.append(f"session-t{i}", [TurnStarted(turn_id=f"{i}:{j}")], j)
+            store.append(f"session-t{i}", [Stepped(step=f"{i}:{j}")], j)
 
     workers = [threading.Thread(target=writer, args=(i,)) for i in range(threads)]
     for t in workers:
@@ -86,7 +86,7 @@ def test_async_appends_are_timed_from_submission_to_the_callback(store):
                 done.set()
 
     for i in range(n):
-        store.append_async(f"session-x{i % 7}", [TurnStarted(turn_id=str(i))], -1, on_done)
+        store.append_async(f"session-x{i % 7}", [Stepped(step=str(i))], -1, on_done)
     assert done.wait(30)
     elapsed = time.perf_counter() - submitted
     assert all(error is None for _, error in results)
@@ -97,11 +97,11 @@ def test_async_appends_are_timed_from_submission_to_the_callback(store):
 
 
 def test_a_failed_transaction_is_a_timed_batch_but_not_an_acknowledged_append(store_path):
-    with EventStore.open(store_path, durability="nosync", map_size=64 * 1024, max_map_size=128 * 1024) as s:
+    with open_test_store(store_path, durability="nosync", map_size=64 * 1024, max_map_size=128 * 1024) as s:
         appended = 0
         with pytest.raises(StorageFull):
             for i in range(1000):
-                s.append("session-b", [NoticePosted(notice_id=str(i), topic="t", text="z" * 8000)], i)
+                s.append("session-b", [Noted(key=str(i), text="z" * 8000)], i)
                 appended += 1
         stats = agree_with_counters(s)
         assert stats["append_seconds"].count == appended == s.stream_version("session-b")
@@ -110,9 +110,9 @@ def test_a_failed_transaction_is_a_timed_batch_but_not_an_acknowledged_append(st
 
 def test_sync_durability_times_the_fsync_in_the_commit(store_path):
     """In ``sync`` the commit (and so the append) includes the fsync; both are observed as-is."""
-    with EventStore.open(store_path, durability="sync") as s:
+    with open_test_store(store_path, durability="sync") as s:
         for i in range(20):
-            s.append("session-s", [TurnStarted(turn_id=str(i))], i)
+            s.append("session-s", [Stepped(step=str(i))], i)
         stats = agree_with_counters(s)
         assert stats["append_seconds"].count == 20
         assert stats["append_seconds"].sum >= stats["commit_seconds"].sum > 0

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from sessionloop.eventstore import StoreClosed, WrongExpectedVersion
-from sessionloop.eventstore.events import TurnStarted
+from tests.eventstore.union import Stepped
 
 
 def test_many_threads_on_many_streams_lose_and_duplicate_nothing(store):
@@ -21,7 +21,7 @@ def test_many_threads_on_many_streams_lose_and_duplicate_nothing(store):
         try:
             for j in range(per_thread):
                 stream = rng.choice(streams)
-                store.append(stream, [TurnStarted(turn_id=f"{seed}:{j}:{k}") for k in range(rng.randint(1, 4))])
+                store.append(stream, [Stepped(step=f"{seed}:{j}:{k}") for k in range(rng.randint(1, 4))])
         except BaseException as e:  # pragma: no cover - reported below
             errors.append(e)
 
@@ -32,7 +32,7 @@ def test_many_threads_on_many_streams_lose_and_duplicate_nothing(store):
         t.join()
     assert not errors
     all_events = list(store.iter_all())
-    ids = [e.event.turn_id for e in all_events]
+    ids = [e.event.step for e in all_events]
     assert len(ids) == len(set(ids))
     assert [e.position for e in all_events] == list(range(1, len(all_events) + 1))
     # per-stream versions are contiguous and follow global order
@@ -55,7 +55,7 @@ def test_racing_writers_with_expected_versions_get_exactly_one_success_per_versi
         for _ in range(150):
             version = store.stream_version(stream)
             try:
-                result = store.append(stream, [TurnStarted(turn_id=f"w{me}")], version)
+                result = store.append(stream, [Stepped(step=f"w{me}")], version)
             except WrongExpectedVersion:
                 continue
             with lock:
@@ -78,7 +78,7 @@ def test_concurrent_appends_are_grouped_into_fewer_transactions(store):
     def writer(i: int) -> None:
         barrier.wait()
         for j in range(20):
-            store.append(f"session-g{i}", [TurnStarted(turn_id=str(j))], j)
+            store.append(f"session-g{i}", [Stepped(step=str(j))], j)
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(50)]
     for t in threads:
@@ -104,7 +104,7 @@ def test_async_appends_from_many_threads_are_committed_in_order_and_each_is_told
 
     def writer(i: int) -> None:
         for j in range(100):  # each thread owns a stream and chains expected versions unseen
-            store.append_async(f"session-a{i}", [TurnStarted(turn_id=f"{i}:{j}")], j, done)
+            store.append_async(f"session-a{i}", [Stepped(step=f"{i}:{j}")], j, done)
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
     for t in threads:
@@ -114,12 +114,12 @@ def test_async_appends_from_many_threads_are_committed_in_order_and_each_is_told
     assert all_done.wait(10), f"{len(outcomes)} of {total} callbacks arrived"
     assert all(error is None for _, error in outcomes)
     for i in range(8):
-        assert [e.event.turn_id for e in store.read_stream(f"session-a{i}")] == [f"{i}:{j}" for j in range(100)]
+        assert [e.event.step for e in store.read_stream(f"session-a{i}")] == [f"{i}:{j}" for j in range(100)]
     assert store.info()["batches"] < store.info()["requests"]
 
 
 def test_an_async_append_with_a_wrong_expected_version_is_told_the_error_and_writes_nothing(store):
-    store.append("session-w", [TurnStarted(turn_id="a")])
+    store.append("session-w", [Stepped(step="a")])
     got: list = []
     arrived = threading.Event()
 
@@ -127,11 +127,11 @@ def test_an_async_append_with_a_wrong_expected_version_is_told_the_error_and_wri
         got.append((result, error))
         arrived.set()
 
-    store.append_async("session-w", [TurnStarted(turn_id="b")], 0, done)
+    store.append_async("session-w", [Stepped(step="b")], 0, done)
     assert arrived.wait(5)
     result, error = got[0]
     assert result is None and isinstance(error, WrongExpectedVersion)
-    assert [e.event.turn_id for e in store.read_stream("session-w")] == ["a"]
+    assert [e.event.step for e in store.read_stream("session-w")] == ["a"]
 
 
 def test_async_and_waiting_appends_mixed_all_commit(store):
@@ -144,9 +144,9 @@ def test_async_and_waiting_appends_mixed_all_commit(store):
 
     def mixed(i: int) -> None:
         for j in range(50):
-            store.append_async(f"session-m{i}", [TurnStarted(turn_id=f"async{j}")], 2 * j, done)
-            store.append(f"session-n{i}", [TurnStarted(turn_id=f"sync{j}")], j)
-            store.append_async(f"session-m{i}", [TurnStarted(turn_id=f"async{j}b")], 2 * j + 1, done)
+            store.append_async(f"session-m{i}", [Stepped(step=f"async{j}")], 2 * j, done)
+            store.append(f"session-n{i}", [Stepped(step=f"sync{j}")], j)
+            store.append_async(f"session-m{i}", [Stepped(step=f"async{j}b")], 2 * j + 1, done)
 
     threads = [threading.Thread(target=mixed, args=(i,)) for i in range(6)]
     for t in threads:
@@ -165,4 +165,4 @@ def test_async_append_refuses_bad_input_and_a_closed_store_at_once(store):
         store.append_async("session-x", [], 0, lambda r, e: None)
     store.close()
     with pytest.raises(StoreClosed):
-        store.append_async("session-x", [TurnStarted(turn_id="a")], 0, lambda r, e: None)
+        store.append_async("session-x", [Stepped(step="a")], 0, lambda r, e: None)

@@ -14,12 +14,11 @@ from tests.conftest import REPO
 SCRIPT = textwrap.dedent(
     """
     import os, sys
-    from sessionloop.eventstore import EventStore
-    from sessionloop.eventstore.events import TurnStarted
-    store = EventStore.open(sys.argv[1], durability=sys.argv[2])
+    from tests.eventstore.union import Stepped, open_test_store
+    store = open_test_store(sys.argv[1], durability=sys.argv[2])
     os.write(1, b"OPENED\\n")
     for i in range(5):
-        store.append("session-a", [TurnStarted(turn_id=str(i))], i)
+        store.append("session-a", [Stepped(step=str(i))], i)
         os.write(1, b"ACK %d\\n" % i)
     store.close()
     """

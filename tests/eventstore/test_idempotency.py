@@ -6,16 +6,16 @@ import threading
 
 import pytest
 
-from sessionloop.eventstore import ANY_VERSION, EventStore, IdempotencyClaim, IdempotencyConflict, request_hash
-from sessionloop.eventstore.events import InputAccepted
+from sessionloop.eventstore import ANY_VERSION, IdempotencyClaim, IdempotencyConflict, request_hash
+from tests.eventstore.union import Noted, open_test_store
 
 
 def claim(key: str, body: dict, receipt: bytes = b"r") -> IdempotencyClaim:
     return IdempotencyClaim("app:bot", key, request_hash(body), receipt)
 
 
-def accepted(i: str) -> InputAccepted:
-    return InputAccepted(input_id=i, turn_id=f"turn-{i}", text="hi")
+def accepted(i: str) -> Noted:
+    return Noted(key=i, text="hi")
 
 
 def test_a_repeat_returns_the_original_result_and_writes_nothing(store):
@@ -61,9 +61,9 @@ def test_a_duplicate_within_one_group_commit_is_caught(store):
 
 
 def test_receipts_survive_a_reopen(store_path):
-    with EventStore.open(store_path, durability="sync") as s:
+    with open_test_store(store_path, durability="sync") as s:
         s.append("session-a", [accepted("1")], 0, idempotency=claim("k", {"t": 1}, b"orig"))
-    with EventStore.open(store_path, durability="sync") as s:
+    with open_test_store(store_path, durability="sync") as s:
         again = s.append("session-a", [accepted("1")], ANY_VERSION, idempotency=claim("k", {"t": 1}))
         assert again.duplicate and again.receipt == b"orig"
         assert s.get_receipt("app:bot", "k").receipt == b"orig"
@@ -91,7 +91,7 @@ def test_the_index_is_rebuilt_by_replaying_the_log(store):
 
 
 def test_expired_receipts_are_pruned(store_path):
-    with EventStore.open(store_path, durability="nosync", idempotency_ttl_s=0, prune_interval_s=0) as s:
+    with open_test_store(store_path, durability="nosync", idempotency_ttl_s=0, prune_interval_s=0) as s:
         s.append("session-a", [accepted("1")], 0, idempotency=claim("k", {"t": 1}))
         import time
 

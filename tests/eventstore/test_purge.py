@@ -25,9 +25,9 @@ from sessionloop.eventstore import (
     WrongExpectedVersion,
     request_hash,
 )
-from sessionloop.eventstore import events as E
 from sessionloop.eventstore.codec import encode_event
 from tests.conftest import REPO
+from tests.eventstore.union import Erased, Finished, Noted, Opened, Stepped, Touched, open_test_store
 
 SECRET = "the secret of the purged session"
 PARTITION = ["session", "approval", "task"]
@@ -36,27 +36,24 @@ PARTITION = ["session", "approval", "task"]
 def fill(store: EventStore, sid: str = "s1", turns: int = 3) -> None:
     """A session with inputs (idempotent, feed-indexed), an approval, a task, a snapshot, flags."""
     stream = f"session-{sid}"
-    store.append(stream, [E.SessionCreated(at=1, session_id=sid, name=SECRET)], 0, feed="bot",
+    store.append(stream, [Opened(at=1, name=sid, title=SECRET)], 0, feed="bot",
                  meta=b"listing with " + SECRET.encode(), flags={"active": True})
     for i in range(turns):
-        store.append(stream, [E.InputAccepted(at=2, input_id=f"i{i}", turn_id=f"t{i}", text=f"{SECRET} {i}"),
-                              E.TurnStarted(at=2, turn_id=f"t{i}"),
-                              E.TurnCompleted(at=3, turn_id=f"t{i}", output_text=f"echo: {SECRET}")],
+        store.append(stream, [Noted(at=2, key=f"i{i}", text=f"{SECRET} {i}"),
+                              Stepped(at=2, step=f"t{i}"),
+                              Finished(at=3, step=f"t{i}", output=f"echo: {SECRET}")],
                      ANY_VERSION, idempotency=IdempotencyClaim(f"app:bot:{sid}", f"k{i}",
                                                                request_hash({"text": f"{SECRET} {i}"}), b"r"),
                      feed="bot")
     store.save_snapshot(stream, store.stream_version(stream), SECRET.encode())
-    store.append(f"approval-{sid}.t0.c1", [E.ApprovalRequested(
-        at=4, approval_id=f"{sid}.t0.c1", session_id=sid, turn_id="t0", call_id="c1", tool="exec",
-        origin=E.OriginInfo(kind="hand"),
-        facts=E.ApprovalFacts(command=f"echo {SECRET}"), content_hash="h", expires_at=9)], 0,
-        flags={"approval-pending": True})
-    store.append(f"task-{sid}.c2.t1", [E.TaskStarted(at=5, task_id=f"{sid}.c2.t1", session_id=sid, label="exec")], 0,
+    store.append(f"approval-{sid}.t0.c1", [Noted(at=4, key=f"{sid}.t0.c1", text=f"echo {SECRET}")], 0,
+                 flags={"approval-pending": True})
+    store.append(f"task-{sid}.c2.t1", [Noted(at=5, key=f"{sid}.c2.t1", text="exec")], 0,
                  flags={"task-running": True})
 
 
 def purge(store: EventStore, sid: str = "s1", **kw) -> object:
-    return store.purge(f"session-{sid}", [E.SessionDeleted(at=99)], ANY_VERSION, categories=PARTITION, **kw)
+    return store.purge(f"session-{sid}", [Erased(at=99)], ANY_VERSION, categories=PARTITION, **kw)
 
 
 def test_a_purge_leaves_the_tombstone_as_the_streams_only_event_at_the_next_version(store):
@@ -64,7 +61,7 @@ def test_a_purge_leaves_the_tombstone_as_the_streams_only_event_at_the_next_vers
     before = store.stream_version("session-s1")
     result = purge(store, meta=b"tombstone")
     events = store.read_stream("session-s1")
-    assert [type(e.event) for e in events] == [E.SessionDeleted]
+    assert [type(e.event) for e in events] == [Erased]
     assert events[0].version == before + 1 == store.stream_version("session-s1")  # versions are never reused
     assert result.tombstone.last_version == before + 1
     assert result.streams == ["approval-s1.t0.c1", "session-s1", "task-s1.c2.t1"]
@@ -103,38 +100,38 @@ def test_a_purge_takes_the_snapshot_the_flags_and_the_feed_entries_with_the_reco
 
 def test_no_event_of_the_purged_partition_is_left_in_the_global_log_and_its_readers_skip_the_gap(store):
     fill(store)
-    store.append("session-after", [E.SessionCreated(at=7, session_id="after")], 0)
+    store.append("session-after", [Opened(at=7, name="after")], 0)
     head = store.head_position
     purge(store)
     assert store.head_position == head + 1  # the tombstone comes after everything: the head never goes back
     log = list(store.iter_all(0, page=2))
-    assert [(e.stream, type(e.event)) for e in log] == [("session-after", E.SessionCreated),
-                                                        ("session-s1", E.SessionDeleted)]
+    assert [(e.stream, type(e.event)) for e in log] == [("session-after", Opened),
+                                                        ("session-s1", Erased)]
     assert store.read_all(0, 1)[0].stream == "session-after"  # a page over the gap still fills
     assert all(store.event_at(p) is None for p in range(1, head))  # purged positions read as absent
     assert SECRET not in "".join(line.decode() for line in store.export_jsonl("session-s1"))
 
 
 def test_every_append_to_a_purged_partition_is_refused_even_after_the_store_is_reopened(store_path):
-    store = EventStore.open(store_path, durability="nosync")
+    store = open_test_store(store_path, durability="nosync")
     fill(store)
     version = store.stream_version("session-s1")
     purge(store)
     for stream in ("session-s1", "approval-s1.t0.c1", "task-s1.c9.t9"):
         with pytest.raises(StreamDeleted) as info:
-            store.append(stream, [E.SessionSeen(at=1)], ANY_VERSION)
+            store.append(stream, [Touched(at=1)], ANY_VERSION)
         assert info.value.stream == stream and info.value.code == "not-found"
     with pytest.raises(StreamDeleted):  # a stale writer with the version it last knew
-        store.append("session-s1", [E.SessionSeen(at=1)], version)
+        store.append("session-s1", [Touched(at=1)], version)
     with pytest.raises(StreamDeleted):  # purging twice
         purge(store)
     store.close()
-    store = EventStore.open(store_path, durability="nosync")
+    store = open_test_store(store_path, durability="nosync")
     try:
         with pytest.raises(StreamDeleted):
-            store.append("session-s1", [E.SessionSeen(at=1)], ANY_VERSION)
-        store.append("session-s2", [E.SessionSeen(at=1)], 0)  # other partitions write on
-        assert [type(e.event) for e in store.read_stream("session-s1")] == [E.SessionDeleted]
+            store.append("session-s1", [Touched(at=1)], ANY_VERSION)
+        store.append("session-s2", [Touched(at=1)], 0)  # other partitions write on
+        assert [type(e.event) for e in store.read_stream("session-s1")] == [Erased]
     finally:
         store.close()
 
@@ -148,7 +145,7 @@ def test_a_retried_idempotency_key_of_a_purged_append_is_refused_and_stays_refus
         with pytest.raises(StreamDeleted):
             store.lookup_claim(key)
         with pytest.raises(StreamDeleted):  # the same key to a new stream: not written again
-            store.append("session-new", [E.SessionSeen(at=1)], 0, idempotency=key)
+            store.append("session-new", [Touched(at=1)], 0, idempotency=key)
         assert store.get_receipt("app:bot:s1", "k1") is None  # no receipt is kept
         assert store.stream_version("session-new") == 0
         assert store.audit() == []  # erased entries hold no scope, key, hash or receipt
@@ -159,7 +156,7 @@ def test_a_purge_with_a_wrong_expected_version_writes_nothing(store):
     fill(store)
     head, version = store.head_position, store.stream_version("session-s1")
     with pytest.raises(WrongExpectedVersion):
-        store.purge("session-s1", [E.SessionDeleted(at=1)], version - 1, categories=PARTITION)
+        store.purge("session-s1", [Erased(at=1)], version - 1, categories=PARTITION)
     assert store.head_position == head and not store.purged("session-s1")
     assert len(store.read_stream("session-s1")) == version
     assert store.read_stream("task-s1.c2.t1") != [] and store.load_snapshot("session-s1") is not None
@@ -175,9 +172,9 @@ def test_appends_racing_a_purge_in_one_group_commit_land_before_it_or_are_refuse
     def write(i: int) -> None:
         barrier.wait()
         for n in range(20):
-            store.append(f"session-busy{i}", [E.SessionSeen(at=n)], ANY_VERSION)
+            store.append(f"session-busy{i}", [Touched(at=n)], ANY_VERSION)
             try:
-                store.append(f"task-s1.c{i}.t{n}", [E.SessionSeen(at=n)], ANY_VERSION)
+                store.append(f"task-s1.c{i}.t{n}", [Touched(at=n)], ANY_VERSION)
             except StreamDeleted:
                 refused.append(f"{i}.{n}")
 
@@ -188,7 +185,7 @@ def test_appends_racing_a_purge_in_one_group_commit_land_before_it_or_are_refuse
     purge(store)
     for t in threads:
         t.join()
-    assert [type(e.event) for e in store.read_stream("session-s1")] == [E.SessionDeleted]
+    assert [type(e.event) for e in store.read_stream("session-s1")] == [Erased]
     assert store.list_streams("task").streams == []
     assert refused  # the late ones were refused, not written back
     assert all(store.stream_version(f"session-busy{i}") == 20 for i in range(8))
@@ -196,7 +193,7 @@ def test_appends_racing_a_purge_in_one_group_commit_land_before_it_or_are_refuse
 
 
 def test_the_audit_names_an_index_entry_whose_record_is_gone(store_path):
-    store = EventStore.open(store_path, durability="nosync")
+    store = open_test_store(store_path, durability="nosync")
     fill(store)
     assert store.audit() == []
     store.close()
@@ -207,7 +204,7 @@ def test_the_audit_names_an_index_entry_whose_record_is_gone(store_path):
         assert cur.first()
         cur.delete()
     env.close()
-    store = EventStore.open(store_path, durability="nosync", readonly=True)
+    store = open_test_store(store_path, durability="nosync", readonly=True)
     try:
         problems = store.audit()
     finally:
@@ -219,29 +216,29 @@ def test_the_audit_names_an_index_entry_whose_record_is_gone(store_path):
 
 CHILD = """
 import os, signal, sys
-from sessionloop.eventstore import EventStore, ANY_VERSION
-from sessionloop.eventstore import events as E
+from sessionloop.eventstore import ANY_VERSION
+from tests.eventstore.union import Erased, open_test_store
 inside = sys.argv[2] == "inside"
-store = EventStore.open(sys.argv[1], durability="sync",
+store = open_test_store(sys.argv[1], durability="sync",
                         on_purge=(lambda: os.kill(os.getpid(), signal.SIGKILL)) if inside else None)
 print("purging", flush=True)
-store.purge("session-big", [E.SessionDeleted(at=1)], ANY_VERSION, categories=["session", "approval", "task"])
+store.purge("session-big", [Erased(at=1)], ANY_VERSION, categories=["session", "approval", "task"])
 print("purged", flush=True)
 signal.pause()  # killed here when the kill comes after the commit
 """
 
 
 def _big_session(path: str, commits: int) -> int:
-    store = EventStore.open(path, durability="nosync")
+    store = open_test_store(path, durability="nosync")
     try:
-        batch = [encode_event(E.InputAccepted(at=1, input_id=f"i{n}", turn_id=f"t{n}", text=SECRET * 8))
+        batch = [encode_event(Noted(at=1, key=f"i{n}", text=SECRET * 8))
                  for n in range(10)]
         raw = b"session-big"
         for n in range(commits):
             store.append_encoded("session-big", raw, batch, [True] * 10, ANY_VERSION, feed="bot",
                                  idempotency=IdempotencyClaim("app:bot:big", f"k{n}", "h", b"r"))
-        store.append("task-big.c1.t1", [E.TaskStarted(at=1, task_id="big.c1.t1", session_id="big", label="x")], 0)
-        store.append("session-kept", [E.SessionSeen(at=1)], 0)
+        store.append("task-big.c1.t1", [Noted(at=1, key="big.c1.t1", text="x")], 0)
+        store.append("session-kept", [Touched(at=1)], 0)
         return store.stream_version("session-big")
     finally:
         store.close()
@@ -260,12 +257,12 @@ def _purge_killed(path: str, where: str, delay: float = 0.0) -> None:
 def _all_or_tombstone(path: str, version: int) -> bool:
     """Reopen after the kill: the session is either all there or only its tombstone, the store's
     indexes agree with its log, the other session is untouched. Whether it was purged."""
-    store = EventStore.open(path, durability="nosync")
+    store = open_test_store(path, durability="nosync")
     try:
         events = store.read_stream("session-big")
         purged = store.purged("session-big")
         if purged:
-            assert [type(e.event) for e in events] == [E.SessionDeleted]
+            assert [type(e.event) for e in events] == [Erased]
             assert store.read_stream("task-big.c1.t1") == [] and store.read_feed("bot", 0, 10) == []
         else:
             assert [e.version for e in events] == list(range(1, version + 1))

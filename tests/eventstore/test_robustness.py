@@ -14,13 +14,13 @@ import pytest
 
 from sessionloop.eventstore import (
     EventDecodeError,
-    EventStore,
     StorageError,
     StorageFull,
     StoreLocked,
+    UnknownEvent,
 )
-from sessionloop.eventstore.events import NoticePosted, TurnStarted, UnknownEvent
 from tests.conftest import REPO
+from tests.eventstore.union import Noted, Stepped, open_test_store
 
 
 def run_python(code: str, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -29,17 +29,17 @@ def run_python(code: str, *args: str, **kw) -> subprocess.CompletedProcess:
 
 
 def test_the_map_grows_by_itself_from_a_tiny_size(store_path):
-    with EventStore.open(store_path, durability="nosync", map_size=64 * 1024) as s:
+    with open_test_store(store_path, durability="nosync", map_size=64 * 1024) as s:
         big = "x" * 4000
         for i in range(400):  # ~1.6 MB into a 64 KiB map
-            s.append("session-a", [NoticePosted(notice_id=str(i), topic="t", text=big)], i)
+            s.append("session-a", [Noted(key=str(i), text=big)], i)
         assert s.info()["map_resizes"] >= 4
         assert s.stream_version("session-a") == 400
-        assert s.read_stream("session-a", 400)[0].event.notice_id == "399"
+        assert s.read_stream("session-a", 400)[0].event.key == "399"
 
 
 def test_map_growth_under_concurrent_readers_and_writers(store_path):
-    with EventStore.open(store_path, durability="nosync", map_size=64 * 1024) as s:
+    with open_test_store(store_path, durability="nosync", map_size=64 * 1024) as s:
         stop = threading.Event()
         failures: list[BaseException] = []
 
@@ -52,7 +52,7 @@ def test_map_growth_under_concurrent_readers_and_writers(store_path):
 
         def writer(i: int) -> None:
             for j in range(100):
-                s.append(f"session-w{i}", [NoticePosted(notice_id=str(j), topic="t", text="y" * 2000)], j)
+                s.append(f"session-w{i}", [Noted(key=str(j), text="y" * 2000)], j)
 
         readers = [threading.Thread(target=reader) for _ in range(3)]
         writers = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
@@ -68,26 +68,27 @@ def test_map_growth_under_concurrent_readers_and_writers(store_path):
 
 
 def test_a_map_ceiling_refuses_the_write_cleanly_and_reads_still_work(store_path):
-    with EventStore.open(store_path, durability="nosync", map_size=64 * 1024, max_map_size=256 * 1024) as s:
-        s.append("session-a", [TurnStarted(turn_id="kept")], 0)
+    with open_test_store(store_path, durability="nosync", map_size=64 * 1024, max_map_size=256 * 1024) as s:
+        s.append("session-a", [Stepped(step="kept")], 0)
         with pytest.raises(StorageFull, match="ceiling"):
             for i in range(1000):
-                s.append("session-b", [NoticePosted(notice_id=str(i), topic="t", text="z" * 8000)], i)
+                s.append("session-b", [Noted(key=str(i), text="z" * 8000)], i)
         version_b = s.stream_version("session-b")
         events_b = s.read_stream("session-b")
         assert len(events_b) == version_b  # nothing half-written
-        assert s.read_stream("session-a")[0].event.turn_id == "kept"
+        assert s.read_stream("session-a")[0].event.step == "kept"
 
 
 def test_a_second_writer_process_is_refused_with_a_clear_error(store_path):
-    with EventStore.open(store_path, durability="nosync") as s:
-        s.append("session-a", [TurnStarted(turn_id="x")], 0)
+    with open_test_store(store_path, durability="nosync") as s:
+        s.append("session-a", [Stepped(step="x")], 0)
         proc = run_python(
             """
             import sys
-            from sessionloop.eventstore import EventStore, StoreLocked
+            from sessionloop.eventstore import StoreLocked
+            from tests.eventstore.union import open_test_store
             try:
-                EventStore.open(sys.argv[1])
+                open_test_store(sys.argv[1])
             except StoreLocked as e:
                 print("LOCKED:", e)
             """,
@@ -99,23 +100,23 @@ def test_a_second_writer_process_is_refused_with_a_clear_error(store_path):
 
 
 def test_the_same_directory_cannot_be_opened_twice_for_writing_in_one_process(store_path):
-    with EventStore.open(store_path, durability="nosync"):
+    with open_test_store(store_path, durability="nosync"):
         with pytest.raises(StoreLocked):
-            EventStore.open(store_path, durability="nosync")
+            open_test_store(store_path, durability="nosync")
 
 
 def test_a_read_only_open_in_another_process_works_while_a_writer_runs(store_path):
-    with EventStore.open(store_path, durability="nosync") as s:
-        s.append("session-a", [TurnStarted(turn_id="x")], 0)
+    with open_test_store(store_path, durability="nosync") as s:
+        s.append("session-a", [Stepped(step="x")], 0)
         proc = run_python(
             """
             import sys
-            from sessionloop.eventstore import EventStore, ReadOnlyStore
-            from sessionloop.eventstore.events import TurnStarted
-            with EventStore.open(sys.argv[1], readonly=True) as ro:
-                print("READ", ro.read_stream("session-a")[0].event.turn_id)
+            from sessionloop.eventstore import ReadOnlyStore
+            from tests.eventstore.union import Stepped, open_test_store
+            with open_test_store(sys.argv[1], readonly=True) as ro:
+                print("READ", ro.read_stream("session-a")[0].event.step)
                 try:
-                    ro.append("session-a", [TurnStarted(turn_id="y")], 1)
+                    ro.append("session-a", [Stepped(step="y")], 1)
                 except ReadOnlyStore as e:
                     print("REFUSED", e)
             """,
@@ -128,7 +129,7 @@ def test_a_read_only_open_in_another_process_works_while_a_writer_runs(store_pat
 
 def test_read_only_open_of_a_missing_store_is_a_clear_error(tmp_path):
     with pytest.raises(StorageError, match="no event store"):
-        EventStore.open(str(tmp_path / "nothing"), readonly=True)
+        open_test_store(str(tmp_path / "nothing"), readonly=True)
 
 
 def _reader_process(store_path: str, hold_txn: bool) -> subprocess.Popen:
@@ -147,8 +148,8 @@ def _reader_process(store_path: str, hold_txn: bool) -> subprocess.Popen:
 
 
 def test_stale_reader_slots_of_a_killed_process_are_cleared_at_open(store_path):
-    with EventStore.open(store_path, durability="nosync") as s:
-        s.append("session-a", [TurnStarted(turn_id="x")], 0)
+    with open_test_store(store_path, durability="nosync") as s:
+        s.append("session-a", [Stepped(step="x")], 0)
     # A live process keeps the lock file in use (LMDB resets the reader table when the last
     # process leaves), and a killed one leaves its reader slot behind.
     survivor = _reader_process(store_path, hold_txn=False)
@@ -156,17 +157,17 @@ def test_stale_reader_slots_of_a_killed_process_are_cleared_at_open(store_path):
     try:
         victim.send_signal(signal.SIGKILL)
         victim.wait()
-        with EventStore.open(store_path, durability="nosync") as s:
+        with open_test_store(store_path, durability="nosync") as s:
             assert s.info()["stale_readers_cleared"] >= 1
-            s.append("session-a", [TurnStarted(turn_id="y")], 1)
+            s.append("session-a", [Stepped(step="y")], 1)
     finally:
         survivor.kill()
         survivor.wait()
 
 
 def test_a_writer_killed_mid_transaction_leaves_nothing_and_the_store_opens(store_path):
-    with EventStore.open(store_path, durability="sync") as s:
-        s.append("session-a", [TurnStarted(turn_id="committed")], 0)
+    with open_test_store(store_path, durability="sync") as s:
+        s.append("session-a", [Stepped(step="committed")], 0)
     proc = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(
             """
@@ -182,13 +183,13 @@ def test_a_writer_killed_mid_transaction_leaves_nothing_and_the_store_opens(stor
     assert proc.stdout.readline().strip() == "WRITING"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    with EventStore.open(store_path, durability="sync") as s:
-        assert [e.event.turn_id for e in s.read_all()] == ["committed"]
-        assert s.append("session-a", [TurnStarted(turn_id="next")], 1).first_position == 2
+    with open_test_store(store_path, durability="sync") as s:
+        assert [e.event.step for e in s.read_all()] == ["committed"]
+        assert s.append("session-a", [Stepped(step="next")], 1).first_position == 2
 
 
 def test_a_payload_that_is_not_an_event_raises_a_decode_error_naming_stream_and_version(store):
-    store.append("session-a", [TurnStarted(turn_id="ok")], 0)
+    store.append("session-a", [Stepped(step="ok")], 0)
     store.append_encoded("session-a", b"session-a", [msgspec.msgpack.encode([1, 2, 3])], [], 1)
     with pytest.raises(EventDecodeError) as info:
         store.read_stream("session-a")
@@ -197,7 +198,7 @@ def test_a_payload_that_is_not_an_event_raises_a_decode_error_naming_stream_and_
 
 
 def test_a_corrupted_commit_record_raises_a_decode_error_naming_the_stream(store):
-    store.append("session-a", [TurnStarted(turn_id="ok")], 0)
+    store.append("session-a", [Stepped(step="ok")], 0)
     # Raw bytes spliced into the record make the record itself malformed on disk.
     store.append_encoded("session-a", b"session-a", [b"\xc1\xc1 not msgpack"], [], 1)
     with pytest.raises(EventDecodeError) as info:
@@ -208,18 +209,18 @@ def test_a_corrupted_commit_record_raises_a_decode_error_naming_the_stream(store
 
 
 def test_a_known_tag_with_a_broken_body_is_a_decode_error(store):
-    bad = msgspec.msgpack.encode({"type": "turn.started", "turn_id": 42})
+    bad = msgspec.msgpack.encode({"type": "test.stepped", "step": 42})
     store.append_encoded("session-a", b"session-a", [bad], [], 0)
-    with pytest.raises(EventDecodeError, match="turn_id"):
+    with pytest.raises(EventDecodeError, match="step"):
         store.read_stream("session-a")
 
 
 def test_an_unknown_tag_decodes_to_an_unknown_event_that_is_kept(store):
     future = msgspec.msgpack.encode({"type": "session.teleported", "at": 7, "where": "mars"})
     store.append_encoded("session-a", b"session-a", [future], [], 0)
-    store.append("session-a", [TurnStarted(turn_id="after")], 1)
+    store.append("session-a", [Stepped(step="after")], 1)
     events = store.read_stream("session-a")
     assert isinstance(events[0].event, UnknownEvent)
     assert events[0].event.type == "session.teleported" and events[0].event.at == 7
     assert msgspec.msgpack.decode(events[0].event.raw)["where"] == "mars"
-    assert events[1].event.turn_id == "after"
+    assert events[1].event.step == "after"

@@ -9,8 +9,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sessionloop.eventstore import EventStore, WrongExpectedVersion
-from sessionloop.eventstore.events import TurnStarted
+from sessionloop.eventstore import WrongExpectedVersion
+from tests.eventstore.union import Stepped, open_test_store
 
 STREAMS = [f"session-{n}" for n in ("a", "b", "ab", "c")]
 
@@ -19,7 +19,7 @@ class StoreModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp()
-        self.store = EventStore.open(self.dir, durability="nosync")
+        self.store = open_test_store(self.dir, durability="nosync")
         self.model: dict[str, list[str]] = {s: [] for s in STREAMS}
         self.log: list[tuple[str, str]] = []
         self.counter = 0
@@ -34,7 +34,7 @@ class StoreModel(RuleBasedStateMachine):
         self.counter += n
         expected = len(self.model[stream]) if right else len(self.model[stream]) + 1
         try:
-            self.store.append(stream, [TurnStarted(turn_id=i) for i in ids], expected)
+            self.store.append(stream, [Stepped(step=i) for i in ids], expected)
         except WrongExpectedVersion:
             assert not right
             return
@@ -45,23 +45,23 @@ class StoreModel(RuleBasedStateMachine):
     @rule()
     def reopen(self) -> None:
         self.store.close()
-        self.store = EventStore.open(self.dir, durability="nosync")
+        self.store = open_test_store(self.dir, durability="nosync")
 
     @precondition(lambda self: self.log)
     @rule(data=st.data(), stream=st.sampled_from(STREAMS))
     def read_a_slice(self, data: st.DataObject, stream: str) -> None:
         start = data.draw(st.integers(1, len(self.model[stream]) + 2))
         limit = data.draw(st.integers(1, 6))
-        got = [e.event.turn_id for e in self.store.read_stream(stream, start, limit)]
+        got = [e.event.step for e in self.store.read_stream(stream, start, limit)]
         assert got == self.model[stream][start - 1:start - 1 + limit]
 
     @invariant()
     def streams_and_log_match_the_model(self) -> None:
         for stream, ids in self.model.items():
             assert self.store.stream_version(stream) == len(ids)
-            assert [e.event.turn_id for e in self.store.read_stream(stream)] == ids
+            assert [e.event.step for e in self.store.read_stream(stream)] == ids
         all_events = list(self.store.iter_all(0, page=3))
-        assert [(e.stream, e.event.turn_id) for e in all_events] == self.log
+        assert [(e.stream, e.event.step) for e in all_events] == self.log
         assert self.store.head_position == len(self.log)
 
 

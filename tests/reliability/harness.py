@@ -28,8 +28,8 @@ from typing import Any
 
 from websockets.exceptions import WebSocketException
 
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
+from sessionloop.actors import events as E
+from sessionloop.actors.events import open_store
 from tests.e2e.conftest import Client, ServerProcess, initialized, open_client
 
 APP_TOKEN = "reliability-bot-token-of-the-harness"
@@ -374,7 +374,7 @@ ENDS = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
 def open_turns(data_dir: str, sessions: list[str]) -> dict[str, set[str]]:
     """Per session, the turns the log has an accepted input for and no end yet (read-only: the
     server runs)."""
-    store = EventStore.open(os.path.join(data_dir, "store"), readonly=True)
+    store = open_store(os.path.join(data_dir, "store"), readonly=True)
     try:
         left: dict[str, set[str]] = {}
         for sid in sessions:
@@ -477,7 +477,7 @@ def _check_stream(sid: str, events: list[Any]) -> tuple[set[str], set[str]]:
 
 def audit(data_dir: str, rec: Recorder) -> dict[str, int]:
     """Open the store read-only (the server may run) and check the log against the record."""
-    store = EventStore.open(os.path.join(data_dir, "store"), readonly=True)
+    store = open_store(os.path.join(data_dir, "store"), readonly=True)
     try:
         keys_seen: dict[str, str] = {}
         turns: int = 0

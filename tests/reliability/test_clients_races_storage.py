@@ -15,8 +15,8 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
+from sessionloop.actors import events as E
+from sessionloop.actors.events import open_store
 from tests.conftest import REPO
 from tests.e2e.conftest import TOKEN, ServerProcess, initialized, open_client
 from tests.reliability.harness import (
@@ -171,7 +171,7 @@ def _mount_tmpfs(path: str, size: str) -> bool:
 
 def turns_open(data_dir: str, sessions: list[str]) -> dict[str, set[str]]:
     """Turns started and not (yet) ended, per session, read from the log beside the running server."""
-    store = EventStore.open(os.path.join(data_dir, "store"), readonly=True)
+    store = open_store(os.path.join(data_dir, "store"), readonly=True)
     try:
         open_turns: dict[str, set[str]] = {}
         for sid in sessions:
@@ -191,7 +191,7 @@ def audit_whole_store(data_dir: str) -> dict[str, int]:
     (stream_version, read_stream) agrees with the log; every keyed input has its idempotency receipt
     (committed together, so one without the other is a half-written commit); every turn started
     once, after its input."""
-    store = EventStore.open(os.path.join(data_dir, "store"), readonly=True)
+    store = open_store(os.path.join(data_dir, "store"), readonly=True)
     try:
         versions: dict[str, list[int]] = {}
         positions: list[int] = []
@@ -298,7 +298,7 @@ def test_a_full_disk_refuses_writes_with_storage_unavailable_writes_nothing_and_
             whole = audit_whole_store(mount)
             # the refused turn/send wrote nothing: the owner's inputs are exactly those acknowledged
             # before it, in order, and the one after the remount
-            store = EventStore.open(os.path.join(mount, "store"), readonly=True)
+            store = open_store(os.path.join(mount, "store"), readonly=True)
             try:
                 owner_inputs = [e.event.text[:2] for e in store.read_stream(f"session-{sid}")
                                 if isinstance(e.event, E.InputAccepted)]
@@ -315,7 +315,7 @@ def test_a_full_disk_refuses_writes_with_storage_unavailable_writes_nothing_and_
 def _stored_inputs(data_dir: str, sessions: list[str]) -> dict[str, list[tuple[str, str]]]:
     """Per idempotency key, the (session, turn id) of every input stored under it, read beside
     the running server."""
-    store = EventStore.open(os.path.join(data_dir, "store"), readonly=True)
+    store = open_store(os.path.join(data_dir, "store"), readonly=True)
     try:
         found: dict[str, list[tuple[str, str]]] = {}
         for sid in sessions:

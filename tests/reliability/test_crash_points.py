@@ -28,9 +28,10 @@ import pytest
 from click.testing import CliRunner
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
+from sessionloop.actors import events as E
+from sessionloop.actors.events import open_store
 from sessionloop.cli.main import main as cli_main
 from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
 from tests.conftest import REPO
 from tests.e2e.conftest import ServerProcess, initialized, open_client
 from tests.reliability.harness import (
@@ -72,7 +73,7 @@ def load_until_it_dies(server: ServerProcess, load_coro: Any, timeout: float = 2
 
 
 def store_of(data: str) -> EventStore:
-    return EventStore.open(os.path.join(data, "store"), readonly=True)
+    return open_store(os.path.join(data, "store"), readonly=True)
 
 
 # --- snapshot ------------------------------------------------------------------------------------

@@ -23,8 +23,8 @@ import msgspec
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
+from sessionloop.actors import events as E
+from sessionloop.actors.events import open_store
 from tests.e2e.conftest import Client, ServerProcess, initialized, open_client
 from tests.reliability.harness import SERVE_ARGS, _check_stream
 
@@ -95,7 +95,7 @@ async def listing(c: Client, **params: Any) -> list[str]:
 
 def whole(data: str, sid: str, blob: str) -> None:
     """The session is all there: contiguous versions, its words, its attachment and workspace file."""
-    store = EventStore.open(os.path.join(data, "store"), readonly=True)
+    store = open_store(os.path.join(data, "store"), readonly=True)
     try:
         events = store.read_stream(f"session-{sid}")
         _check_stream(sid, events)
@@ -110,7 +110,7 @@ def whole(data: str, sid: str, blob: str) -> None:
 
 def gone(data: str, sid: str, blob: str) -> None:
     """Only the tombstone is left, and no file of the session."""
-    store = EventStore.open(os.path.join(data, "store"), readonly=True)
+    store = open_store(os.path.join(data, "store"), readonly=True)
     try:
         assert [type(e.event) for e in store.read_stream(f"session-{sid}")] == [E.SessionDeleted]
         assert store.flagged("files-pending") == []
@@ -172,7 +172,7 @@ def test_a_sigkill_after_a_purge_committed_and_before_its_files_were_deleted_is_
     data = str(tmp_path / "data")
     tree = make_tree(data)
     delete_until_it_dies(serve(data, "after-purge:1"), tree.root)
-    store = EventStore.open(os.path.join(data, "store"), readonly=True)
+    store = open_store(os.path.join(data, "store"), readonly=True)
     try:  # the kill came between the child's purge and the deletion of its files
         assert store.flagged("files-pending") == [f"session-{tree.child}"]
     finally:

@@ -24,8 +24,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
+from sessionloop.actors import events as E
+from sessionloop.actors.events import open_store
 from tests.e2e.conftest import TOKEN, initialized
 from tests.reliability.harness import (
     APP_TOKEN,
@@ -315,7 +315,7 @@ def test_ten_approvals_answered_by_eight_connections_at_once_settle_once_each_an
     # ran exactly once for each approved call and never for a denied one
     approved_runs = sorted(str(r["sids"].index(r["approvals"][aid]["sessionId"]))
                            for aid, d in winners.items() if d == "approve")
-    store = EventStore.open(os.path.join(server.data_dir, "store"), readonly=True)
+    store = open_store(os.path.join(server.data_dir, "store"), readonly=True)
     try:
         for aid, decision in winners.items():
             events = [e.event for e in store.read_stream(f"approval-{aid}")]
@@ -422,7 +422,7 @@ def test_retries_concurrent_duplicates_and_conflicting_bodies_on_two_connections
         rec.ops.append(Op(out["sid"], key, text, receipt=original))
     # the log: one input per key (with its stored receipt) and one turn per input, all ended
     got = audit(data, rec)
-    store = EventStore.open(os.path.join(data, "store"), readonly=True)
+    store = open_store(os.path.join(data, "store"), readonly=True)
     try:
         texts = {e.event.idempotency_key: e.event.text for sid in rec.sessions
                  for e in store.read_stream(f"session-{sid}") if isinstance(e.event, E.InputAccepted)}

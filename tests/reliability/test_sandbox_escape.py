@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from sessionloop.eventstore import EventStore
-from sessionloop.eventstore import events as E
+from sessionloop.actors import events as E
+from sessionloop.actors.events import open_store
 from tests.conftest import processes_with_arg, wait_no_process_with_arg
 from tests.e2e.conftest import Client, ServerProcess, initialized, open_client
 
@@ -117,7 +117,7 @@ async def bot_turn(w: World, text: str, session_id: str | None = None) -> tuple[
 
 
 def tool_results(w: World, session_id: str, turn_id: str) -> list[E.ToolFinished]:
-    store = EventStore.open(str(w.data / "store"), readonly=True)
+    store = open_store(str(w.data / "store"), readonly=True)
     try:
         return [r.event for r in store.read_stream(f"session-{session_id}")
                 if isinstance(r.event, E.ToolFinished) and r.event.turn_id == turn_id]
@@ -207,7 +207,7 @@ def test_a_checkpoint_never_takes_a_symlinked_secret_into_the_log(world: World) 
     # the second command changes the link: its before-image must not be the token's content
     sid = tool(world, "exec", {"command": f"ln -s {world.data}/token t"})[0]
     sh(world, "rm t; echo replaced > t", sid)
-    store = EventStore.open(str(world.data / "store"), readonly=True)
+    store = open_store(str(world.data / "store"), readonly=True)
     try:
         images = [r.event for r in store.read_stream(f"session-{sid}") if isinstance(r.event, E.CheckpointRecorded)]
     finally:

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import msgspec
 import pytest
 
+from sessionloop.actors import events as E
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
+from sessionloop.actors.events import decode_event, encode_event
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.decide import DecideContext, decide_command
 from sessionloop.actors.session.state import SessionState, copy_state, evolve, new_state
-from sessionloop.eventstore import decode_event, encode_event
-from sessionloop.eventstore import events as E
 
 SID = "s1"
 NOW = 1_700_000_000_000

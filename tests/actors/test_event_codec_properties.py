@@ -1,12 +1,11 @@
-"""Property tests: every event survives msgpack and JSON round trips."""
+"""Property tests: every domain event survives msgpack and JSON round trips."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionloop.eventstore.codec import decode_event, encode_event, event_from_builtins, event_to_builtins
-from sessionloop.eventstore.events import (
+from sessionloop.actors.events import (
     CheckpointRecorded,
     InputAccepted,
     LlmCompleted,
@@ -14,6 +13,10 @@ from sessionloop.eventstore.events import (
     ToolCallSpec,
     ToolFinished,
     Usage,
+    decode_event,
+    encode_event,
+    event_from_builtins,
+    event_to_builtins,
 )
 
 text = st.text(max_size=50)

@@ -7,12 +7,16 @@ Rules for changing this file (schema evolution, see tests/fixtures/events_v1.msg
 
 * a tag is forever: never rename a tag, never retype or rename a stored field;
 * new fields always get a default, so payloads written before them still decode;
-* a breaking change adds a new tag (and, if needed, an upcaster in ``codec.py``);
+* a breaking change adds a new tag (and, if needed, an upcaster in :data:`UPCASTERS`, below);
 * a payload whose tag this code does not know decodes to :class:`UnknownEvent`, which is kept
   and skipped, so rolling back a release never bricks a store.
 
 Streams: ``session-<id>`` (session, input, turn, step, tool, notice, plan, context, checkpoint and
 settings events), ``approval-<session>.<id>``, ``task-<session>.<id>`` and ``place-<key>``.
+
+The event store is generic; this module hands it the union (:data:`DOMAIN_EVENTS`: the types,
+which of them the per-app feed indexes, the upcasters). Open a store of these events with
+:func:`open_store`; decode a payload with :func:`decode_event`.
 """
 
 from __future__ import annotations
@@ -21,14 +25,32 @@ from typing import Any, ClassVar, Literal
 
 import msgspec
 
+from sessionloop.eventstore import EventStore, EventTypes, UnknownEvent, Upcaster
+from sessionloop.eventstore.codec import encode_event, event_to_builtins
+
+__all__ = [
+    "DOMAIN_EVENTS",
+    "EVENT_TYPES",
+    "UPCASTERS",
+    "AnyEvent",
+    "Event",
+    "UnknownEvent",
+    "decode_event",
+    "encode_event",
+    "event_from_builtins",
+    "event_tag",
+    "event_to_builtins",
+    "open_store",
+]
+
 
 class Event(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True, tag_field="type"):
     """Base of all events. ``at`` is the time of the fact in epoch milliseconds."""
 
     at: int = 0
 
-    #: Whether the Session Loop API's per-app event feed indexes this event (seed 000: the
-    #: persisted event types a bot can list; ``assistant.delta`` is live only and never stored).
+    #: Whether the Session Loop API's per-app event feed indexes this event (the persisted
+    #: event types a bot can list; ``assistant.delta`` is live only and never stored).
     feed: ClassVar[bool] = False
 
 
@@ -36,7 +58,7 @@ class Event(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=T
 
 
 class Speaker(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
-    """Who said something or answered an approval (seed 004, user-message speaker / settlement.by)."""
+    """Who said something (a user message's speaker) or answered an approval (``Settlement.by``)."""
 
     platform: str
     user_id: str | None = None
@@ -80,7 +102,7 @@ class GrantTerms(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defau
 
 
 class Settlement(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
-    """How an approval ended (seed 004, ApprovalSettlement). An answer may make a grant
+    """How an approval ended (the protocol's approval settlement). An answer may make a grant
     (``grant``: its id is the approval's); a call settled by a grant names it (``grant_id``)."""
 
     state: Literal["approved", "denied", "expired", "cancelled"]
@@ -206,11 +228,11 @@ class SessionDeleted(Event, tag="session.deleted", frozen=True, kw_only=True):
 
 
 class SessionSeen(Event, tag="session.seen", frozen=True, kw_only=True):
-    """The owner looked at the session (seed 004 ``session/markSeen``)."""
+    """The owner looked at the session (the protocol's ``session/markSeen``)."""
 
 
 class MessagesImported(Event, tag="session.forked", frozen=True, kw_only=True):
-    """A fork copied ``messages`` from ``source_session_id`` (seed 002 ``fork``: steps start empty)."""
+    """A fork copied ``messages`` from ``source_session_id`` (a fork starts with no steps of its own)."""
 
     source_session_id: str
     turns: int | None = None
@@ -218,7 +240,7 @@ class MessagesImported(Event, tag="session.forked", frozen=True, kw_only=True):
 
 
 class SessionSettingChanged(Event, tag="session.setting.changed", frozen=True, kw_only=True):
-    """The session layer of a setting; ``value`` None deletes it (seed 004 会话设置)."""
+    """A setting set on this session itself (its session layer); ``value`` None deletes it."""
 
     plugin: str
     key: str
@@ -455,11 +477,11 @@ class ContextCompacted(Event, tag="agent.context.compacted", frozen=True, kw_onl
     auto: bool = False
     turn_id: str | None = None
     #: the next model call's context after this compaction, in estimated tokens (characters / 4,
-    #: as the mock model counts): the usage pushed after the compress notice (seed 004,
-    #: session/compress: 之后推最新用量). 0 in logs written before it was recorded.
+    #: as the mock model counts): the usage pushed after ``session/compress``'s notice (a compress
+    #: is followed by a push of the latest usage). 0 in logs written before it was recorded.
     context_tokens: int = 0
-    #: the summary call's own tokens, counted in the session's token accounting (seed 004 tokens:
-    #: 模型调用累计的 token); None in logs written before it was recorded
+    #: the summary call's own tokens, counted in the session's token accounting (every model
+    #: call's tokens add up there); None in logs written before it was recorded
     usage: Usage | None = None
 
 
@@ -570,16 +592,7 @@ class PlaceSettingChanged(Event, tag="place.setting.changed", frozen=True, kw_on
     deleted: bool = False
 
 
-class UnknownEvent(msgspec.Struct, frozen=True, gc=False):
-    """A payload whose tag this release does not know: kept as raw bytes, skipped by folds."""
-
-    type: str
-    raw: bytes
-    at: int = 0
-    feed: ClassVar[bool] = False
-
-
-#: Every known event type; the codec's union is built from it once.
+#: Every known event type; the store's union is built from it once (:data:`DOMAIN_EVENTS`).
 EVENT_TYPES: tuple[type[Event], ...] = (
     SessionCreated,
     SessionRenamed,
@@ -625,6 +638,34 @@ EVENT_TYPES: tuple[type[Event], ...] = (
 )
 
 AnyEvent = Event | UnknownEvent
+
+#: tag -> function rewriting an old payload (as a dict) into the current shape. Applied on read
+#: only; stored bytes are never rewritten. Empty while no field has been retyped since the first
+#: release. Read once, when :data:`DOMAIN_EVENTS` is built below.
+UPCASTERS: dict[str, Upcaster] = {}
+
+#: The union the store decodes sessionloop's events through (handed in when it opens).
+DOMAIN_EVENTS: EventTypes[Event] = EventTypes(
+    EVENT_TYPES, feed=[t for t in EVENT_TYPES if t.feed], upcasters=UPCASTERS
+)
+
+
+def decode_event(data: bytes, stream: str = "?", version: int = 0) -> AnyEvent:
+    """One stored payload decoded: an event of :data:`EVENT_TYPES`, or an :class:`UnknownEvent`
+    for a tag this release does not know. Raises EventDecodeError naming ``stream`` and
+    ``version`` for a broken payload."""
+    return DOMAIN_EVENTS.decode(data, stream, version)
+
+
+def event_from_builtins(data: dict[str, Any]) -> AnyEvent:
+    """The inverse of :func:`event_to_builtins` (the JSON form of export and import). Raises
+    EventDecodeError when ``data`` is not a valid event of a known tag."""
+    return DOMAIN_EVENTS.from_builtins(data)
+
+
+def open_store(path: str, **options: Any) -> EventStore[Event]:
+    """``EventStore.open(path, **options)`` for sessionloop's events (every opener's one call)."""
+    return EventStore.open(path, events=DOMAIN_EVENTS, **options)
 
 
 def event_tag(event: AnyEvent) -> str:

