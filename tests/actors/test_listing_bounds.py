@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sessionloop.actors.errors import InvalidCommand
-from sessionloop.actors.replay.timeline import fold_events
+from sessionloop.actors.replay.values import fold_events
 from sessionloop.actors.views.index import SummaryIndex
 from sessionloop.actors.views.summary import (
     SummaryRecord,

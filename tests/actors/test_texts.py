@@ -14,7 +14,8 @@ import pytest
 
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import ModelError, ScriptedProvider
-from sessionloop.actors.replay.timeline import serve_live_view, verify
+from sessionloop.actors.replay.live import serve_live_view
+from sessionloop.actors.replay.verify import verify
 from sessionloop.actors.session.decide import compact_failed
 from sessionloop.actors.settings.texts import (
     CATALOGUE,

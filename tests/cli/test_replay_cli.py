@@ -252,7 +252,7 @@ def test_verify_reports_a_snapshot_that_disagrees_with_the_events(recorded) -> N
     data_dir, session_id, _ = recorded
     stream = f"session-{session_id}"
     events = stream_events(data_dir, session_id)
-    from sessionloop.actors.replay.timeline import fold_events
+    from sessionloop.actors.replay.values import fold_events
 
     state = fold_events(session_id, events[:7])
     state.title = "tampered"
@@ -270,7 +270,7 @@ def test_verify_ignores_listing_fields_that_come_from_other_streams(recorded) ->
     with EventStore.open(os.path.join(data_dir, "store"), durability="nosync") as store:
         record = decode_summary_record(store.stream_meta(stream))
         events = store.read_stream(stream)
-        from sessionloop.actors.replay.timeline import fold_events
+        from sessionloop.actors.replay.values import fold_events
         from sessionloop.actors.views.summary import summary_record
 
         state = fold_events(session_id, events)
