@@ -358,7 +358,7 @@ class Rerun:
         except (OSError, SessionloopError) as e:
             self.problems.append(f"could not replay the change of {path}: {e}")
 
-    def _seed_workspace(self) -> None:
+    def _start_fork_workspace(self) -> None:
         """The fork starts with the files as they were before the first re-run turn: a copy of
         the original's workspace with that turn's and later turns' changes undone (checkpoints)."""
         original = self._original_state()
@@ -380,7 +380,7 @@ class Rerun:
         plan = self.plan
         title = f"rerun of {plan.session_id} from turn {plan.from_turn}"
         self.fork = self.host.fork(plan.session_id, turns=plan.from_turn, title=title)
-        self._seed_workspace()
+        self._start_fork_workspace()
         numbers = {t.turn_id: t.number for t in plan.turns}
         loose = self._loose()
         new_ids: set[str] = set()
