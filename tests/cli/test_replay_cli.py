@@ -371,6 +371,23 @@ def test_rerun_refuses_an_override_of_a_call_that_did_not_run(recorded) -> None:
     assert bad.exit_code != 0 and "not valid JSON" in bad.output
 
 
+def test_rerun_with_live_tools_refuses_a_session_that_works_in_its_own_directory(tmp_path) -> None:
+    """Live tools would change the original's own folder: one line naming the fix, exit 1, no
+    fork made, and the writer lock released (the next command opens the data directory)."""
+    data_dir, folder = str(tmp_path / "data"), tmp_path / "project"
+    folder.mkdir()
+    with Host.open(data_dir, permission_mode="acceptCalls", durability="nosync") as host:
+        session = host.create(title="own folder", cwd=str(folder))
+        assert session.wait(session.send("hello").turn_id, 20).state != "timeout"
+        session_id = session.id
+    result = cli("rerun", session_id, "--data", data_dir, "--from-turn", "0", "--tools", "live")
+    assert result.exit_code == 1
+    assert (f"Error: session {session_id} works in its own directory ({folder}); --tools live would change it: "
+            "use --tools replay") in result.output
+    with EventStore.open(os.path.join(data_dir, "store")) as store:  # a writer: the lock was released
+        assert store.count_streams("session") == 1  # the original only: no fork was made
+
+
 def model_steps(data_dir: str, session_id: str) -> list[str]:
     return [e.event.step_id for e in stream_events(data_dir, session_id)
             if isinstance(e.event, (E.LlmCompleted, E.LlmFailed))]
