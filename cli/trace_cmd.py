@@ -15,12 +15,12 @@ import click
 
 from sessionloop.actors.system.trace_export import otlp_json
 from sessionloop.actors.views.traces import build_spans
-from sessionloop.cli.replay_cmd import _data_option, _open_store, _read_session, _session_id
+from sessionloop.cli.session_log import data_option, open_store, read_session, session_id_of
 
 
 @click.command("trace")
 @click.argument("session")
-@_data_option
+@data_option
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False, writable=True), default=None,
               metavar="FILE", help="Write the OTLP JSON to FILE (default: standard output).")
 def trace(session: str, data_dir: str, output: str | None) -> None:
@@ -33,10 +33,10 @@ def trace(session: str, data_dir: str, output: str | None) -> None:
       sessionloop trace 18f3a2c0d41e5b7a90c1d > trace.json
       curl -H 'Content-Type: application/json' --data @trace.json http://127.0.0.1:4318/v1/traces
     """
-    session_id = _session_id(session)
-    store = _open_store(data_dir, session_id)
+    session_id = session_id_of(session)
+    store = open_store(data_dir, session_id)
     try:
-        recorded = _read_session(store, data_dir, session_id)
+        recorded = read_session(store, data_dir, session_id)
     finally:
         store.close()
     spans = build_spans(session_id, (r.event for r in recorded))

@@ -10,7 +10,7 @@ import pytest
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import InvalidCommand
 from sessionloop.actors.events import open_store
-from sessionloop.actors.replay.timeline import fold_events
+from sessionloop.actors.replay.values import fold_events
 from sessionloop.actors.views.index import SummaryIndex
 from sessionloop.actors.views.summary import (
     SummaryRecord,

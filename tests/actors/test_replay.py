@@ -16,23 +16,13 @@ import pytest
 from sessionloop.actors import events as E
 from sessionloop.actors.events import open_store
 from sessionloop.actors.gateway.service import SessionProtocolService
-from sessionloop.actors.replay.timeline import (
-    ABSENT,
-    RERUN_OWNER,
-    RecordedApproval,
-    build_timeline,
-    comparable,
-    compare_logs,
-    first_difference,
-    fold_events,
-    parse_model_answer,
-    plan_rerun,
-    replayed_settlement,
-    rerun_gate,
-    serve_live_view,
-    until_version,
-    verify,
-)
+from sessionloop.actors.replay.compare import comparable, compare_logs
+from sessionloop.actors.replay.live import serve_live_view
+from sessionloop.actors.replay.plan import RecordedApproval, parse_model_answer, plan_rerun
+from sessionloop.actors.replay.rerun import RERUN_OWNER, replayed_settlement, rerun_gate
+from sessionloop.actors.replay.timeline import build_timeline, until_version
+from sessionloop.actors.replay.values import ABSENT, first_difference, fold_events
+from sessionloop.actors.replay.verify import verify
 from sessionloop.actors.session.state import encode_state, evolve, new_state
 from sessionloop.actors.views.summary import encode_summary_record, summary_record
 from sessionloop.eventstore.records import RecordedEvent, Snapshot

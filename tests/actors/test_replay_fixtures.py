@@ -22,7 +22,10 @@ from click.testing import CliRunner
 
 from sessionloop.actors.api.host import Host
 from sessionloop.actors.gateway.service import SessionProtocolService
-from sessionloop.actors.replay.timeline import build_timeline, fold_events, plain, serve_live_view, verify
+from sessionloop.actors.replay.live import serve_live_view
+from sessionloop.actors.replay.timeline import build_timeline
+from sessionloop.actors.replay.values import fold_events, plain
+from sessionloop.actors.replay.verify import verify
 from sessionloop.actors.settings.texts import enc_hook
 from sessionloop.actors.views.items import ItemsProjection
 from sessionloop.cli.main import main

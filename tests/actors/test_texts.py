@@ -16,7 +16,8 @@ from sessionloop.actors import events as E
 from sessionloop.actors.events import decode_event, encode_event
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import ModelError, ScriptedProvider
-from sessionloop.actors.replay.timeline import serve_live_view, verify
+from sessionloop.actors.replay.live import serve_live_view
+from sessionloop.actors.replay.verify import verify
 from sessionloop.actors.session.decide import compact_failed
 from sessionloop.actors.settings.texts import (
     CATALOGUE,

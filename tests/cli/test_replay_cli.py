@@ -252,7 +252,7 @@ def test_verify_reports_a_snapshot_that_disagrees_with_the_events(recorded) -> N
     data_dir, session_id, _ = recorded
     stream = f"session-{session_id}"
     events = stream_events(data_dir, session_id)
-    from sessionloop.actors.replay.timeline import fold_events
+    from sessionloop.actors.replay.values import fold_events
 
     state = fold_events(session_id, events[:7])
     state.title = "tampered"
@@ -270,7 +270,7 @@ def test_verify_ignores_listing_fields_that_come_from_other_streams(recorded) ->
     with open_store(os.path.join(data_dir, "store"), durability="nosync") as store:
         record = decode_summary_record(store.stream_meta(stream))
         events = store.read_stream(stream)
-        from sessionloop.actors.replay.timeline import fold_events
+        from sessionloop.actors.replay.values import fold_events
         from sessionloop.actors.views.summary import summary_record
 
         state = fold_events(session_id, events)
@@ -369,6 +369,23 @@ def test_rerun_refuses_an_override_of_a_call_that_did_not_run(recorded) -> None:
     assert "--override-tool 9: tool call 9 does not exist: 3 tool calls ran after turn 1" in result.output
     bad = cli("rerun", session_id, "--data", data_dir, "--from-turn", "1", "--override-tool", "1={nope")
     assert bad.exit_code != 0 and "not valid JSON" in bad.output
+
+
+def test_rerun_with_live_tools_refuses_a_session_that_works_in_its_own_directory(tmp_path) -> None:
+    """Live tools would change the original's own folder: one line naming the fix, exit 1, no
+    fork made, and the writer lock released (the next command opens the data directory)."""
+    data_dir, folder = str(tmp_path / "data"), tmp_path / "project"
+    folder.mkdir()
+    with Host.open(data_dir, permission_mode="acceptCalls", durability="nosync") as host:
+        session = host.create(title="own folder", cwd=str(folder))
+        assert session.wait(session.send("hello").turn_id, 20).state != "timeout"
+        session_id = session.id
+    result = cli("rerun", session_id, "--data", data_dir, "--from-turn", "0", "--tools", "live")
+    assert result.exit_code == 1
+    assert (f"Error: session {session_id} works in its own directory ({folder}); --tools live would change it: "
+            "use --tools replay") in result.output
+    with open_store(os.path.join(data_dir, "store")) as store:  # a writer: the lock was released
+        assert store.count_streams("session") == 1  # the original only: no fork was made
 
 
 def model_steps(data_dir: str, session_id: str) -> list[str]:

@@ -108,9 +108,9 @@ def folded_items(data: str, rec: Recorder) -> dict[str, list[str]]:
 
 
 def verify_offline(data: str, rec: Recorder) -> dict[str, int | None]:
-    """actors.replay.timeline.verify: the stored snapshot is the fold of the events up to its version, and
+    """actors.replay.verify.verify: the stored snapshot is the fold of the events up to its version, and
     the listing record and history follow from the events."""
-    from sessionloop.actors.replay.timeline import verify
+    from sessionloop.actors.replay.verify import verify
 
     store = store_of(data)
     try:
