@@ -42,9 +42,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import click
+import msgspec
+from websockets.asyncio.client import connect
 
 from sessionloop.actors import events as E
-from sessionloop.actors.api.host import Host
+from sessionloop.actors.api.host import Host, new_id
+from sessionloop.actors.session.actor import Send, now_ms
+from sessionloop.actors.system import gc_policy
+from sessionloop.actors.system.pubsub import LoopWaiter, Reply
 from sessionloop.cli.bench_observers import (
     OBSERVE_MODES,
     PushCheck,
@@ -54,7 +59,9 @@ from sessionloop.cli.bench_observers import (
     attach,
     create_sessions,
 )
+from sessionloop.cli.serve import Server
 from sessionloop.eventstore import EventStore, RecordedEvent
+from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 
 PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
@@ -267,9 +274,6 @@ def inprocess_turn(host: Host) -> Callable[[str, str], Awaitable[Any]]:
     the send: one wake-up of the driver per turn (a :class:`LoopWaiter` the turn results complete
     directly); the receipt only matters when it is a refusal, which ends the wait with
     :class:`NotAccepted`."""
-    from sessionloop.actors.api.host import new_id
-    from sessionloop.actors.session.actor import Send, now_ms
-    from sessionloop.actors.system.pubsub import LoopWaiter, Reply
 
     results = host.rt.results
 
@@ -308,8 +312,6 @@ def inprocess_sender(host: Host, ids: list[str]) -> SendTurn:
 
 
 async def run_inprocess(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
-    from sessionloop.actors.system import gc_policy
-
     gc_policy.apply()  # this process hosts the sessions: the server's GC settings, as ``serve``
     host = open_host(data_dir, cfg)
     gc_policy.freeze_startup()  # as ``serve`` does once it is up
@@ -333,8 +335,6 @@ class WsClient:
     the ``item/completed`` push of its ``turn`` item (one turn at a time per session)."""
 
     def __init__(self, ws: Any) -> None:
-        import msgspec
-
         self.ws = ws
         self.ids = itertools.count(1)
         self.calls: dict[int, asyncio.Future[Any]] = {}
@@ -419,10 +419,6 @@ class WsClient:
 
 
 async def run_ws(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
-    from websockets.asyncio.client import connect
-
-    from sessionloop.cli.serve import Server
-    from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 
     server = Server(data_dir, port=0, token=BENCH_TOKEN, durability=cfg.durability, permission_mode="acceptCalls",
                     max_live=cfg.max_live or max(4000, 2 * cfg.sessions),

@@ -25,7 +25,9 @@ from typing import Any
 
 import click
 
+from sessionloop.actors.api.host import Host
 from sessionloop.actors.errors import InvalidCommand
+from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model.registry import (
     CONFIG_PROVIDERS,
     ModelConfigError,
@@ -46,9 +48,11 @@ from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimit
 from sessionloop.cli.logs import FORMATS as LOG_FORMATS
 from sessionloop.cli.logs import LEVELS as LOG_LEVELS
 from sessionloop.cli.logs import configure as configure_logging
+from sessionloop.cli.metrics import render_metrics
 from sessionloop.eventstore.errors import SessionloopError
+from sessionloop.protocol.connection import Limits
 from sessionloop.protocol.frames import DEFAULT_MAX_FRAME_BYTES
-from sessionloop.protocol.transport import AppCredential
+from sessionloop.protocol.transport import AppCredential, SessionServer, TransportConfig
 
 DEFAULT_DATA = ".sessionloop"
 DEFAULT_PORT = 8765
@@ -164,9 +168,6 @@ class Server:
                  inflight_wait: float = 30.0, metrics_public: bool = False, auth_failures: int = 20,
                  auth_window: float = 60.0, span_exporter: Any = None, model_flags: ModelFlags | None = None,
                  **host_options: Any) -> None:
-        from sessionloop.actors.api.host import Host
-        from sessionloop.protocol.transport import TransportConfig
-
         if max_inflight_mb < max_frame_mb:
             raise ValueError(f"--max-inflight-mb {max_inflight_mb} is below --max-frame-mb {max_frame_mb}: "
                              "a frame the socket accepts could never be received")
@@ -251,9 +252,6 @@ class Server:
                 f"(default {models.default.entry_id})")
 
     def _service(self, apps: dict[str, Any], max_request_bytes: int) -> Any:
-        from sessionloop.actors.gateway.service import SessionProtocolService
-        from sessionloop.protocol.connection import Limits
-
         service = SessionProtocolService(self.host.rt, host=self.host, limits=Limits(max_frame_bytes=max_request_bytes))
         for hook in service_hooks:
             hook(self, service, apps)
@@ -334,9 +332,6 @@ class Server:
         return closed
 
     async def start(self) -> int:
-        from sessionloop.cli.metrics import render_metrics
-        from sessionloop.protocol.transport import SessionServer
-
         self.transport = SessionServer(self.service, self.config, metrics=lambda: render_metrics(self.host),
                                        health=self.health)
         port = await self.transport.start()

@@ -25,6 +25,7 @@ re-pushes what it may answer.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import threading
 import time
@@ -412,8 +413,6 @@ def build_approval(state: Any, rec: Any, approval_id: str, wait_s: float, chain:
 
 
 def _patch(old: str | None, new: Any) -> str:
-    import difflib
-
     before = (old or "").splitlines(keepends=True)
     after = (new if isinstance(new, str) else "").splitlines(keepends=True)
     return "".join(difflib.unified_diff(before, after, "before", "after"))

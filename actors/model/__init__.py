@@ -16,7 +16,6 @@ from sessionloop.actors.model.base import (
     ModelResponse,
     Provider,
     ignore_delta,
-    make_provider,
 )
 from sessionloop.actors.model.mock import MockProvider
 from sessionloop.actors.model.registry import (
@@ -25,6 +24,7 @@ from sessionloop.actors.model.registry import (
     ModelFlags,
     ModelRegistry,
     load_model_configs,
+    make_provider,
 )
 from sessionloop.actors.model.replay import ReplayDivergence, ReplayProvider
 from sessionloop.actors.model.scripted import ScriptedProvider
@@ -34,7 +34,7 @@ def __getattr__(name: str) -> object:
     """``OpenAIProvider`` on first use: the ``openai`` SDK takes about a second to import, which
     every server start (and restart after a crash) paid even on the mock model."""
     if name == "OpenAIProvider":
-        from sessionloop.actors.model.openai import OpenAIProvider
+        from sessionloop.actors.model.openai import OpenAIProvider  # noqa: PLC0415 - the openai SDK, on demand
 
         return OpenAIProvider
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

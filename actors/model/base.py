@@ -250,38 +250,3 @@ def response_from_dict(data: dict[str, Any], provider: str, model: str = "") -> 
         model=str(data.get("model", model)),
         provider=str(data.get("provider", provider)),
     )
-
-
-# --- the factory --------------------------------------------------------------------------------
-
-
-def make_provider(name: str, **options: Any) -> Provider:
-    """Build the provider called ``name`` with its keyword ``options``.
-
-    ``mock`` takes ``latency_ms``; ``scripted`` takes ``responses``; ``replay`` takes
-    ``recorded`` (``LlmCompleted`` events); ``openai`` takes ``model``, ``base_url``,
-    ``api_key``, ``timeout``, ``limits`` (:class:`~actors.model.limits.ModelLimits`), ``retry``
-    (:class:`~actors.model.limits.RetryPolicy`) and ``vision``. Raises ModelError for an unknown
-    name or bad options, so a misspelt ``--provider`` becomes one clear line.
-    """
-    # Imported here: each provider module imports this one.
-    from sessionloop.actors.model.mock import MockProvider
-    from sessionloop.actors.model.openai import OpenAIProvider
-    from sessionloop.actors.model.replay import ReplayProvider
-    from sessionloop.actors.model.scripted import ScriptedProvider
-
-    factories: dict[str, Callable[..., Provider]] = {
-        "mock": MockProvider,
-        "scripted": ScriptedProvider,
-        "replay": ReplayProvider,
-        "openai": OpenAIProvider,
-    }
-    factory = factories.get(name)
-    if factory is None:
-        raise ModelError(
-            f"unknown model provider {name!r}; known: {', '.join(PROVIDER_NAMES)}", provider=name
-        )
-    try:
-        return factory(**options)
-    except TypeError as e:
-        raise ModelError(f"bad options for model provider {name!r}: {e}", provider=name) from e

@@ -50,9 +50,11 @@ from typing import Any
 
 import msgspec
 
-from sessionloop.actors.model.base import ModelError, Provider, make_provider
+from sessionloop.actors.model.base import PROVIDER_NAMES, ModelError, Provider
 from sessionloop.actors.model.limits import ModelLimits
 from sessionloop.actors.model.mock import MockProvider
+from sessionloop.actors.model.replay import ReplayProvider
+from sessionloop.actors.model.scripted import ScriptedProvider
 from sessionloop.eventstore.errors import SessionloopError
 
 log = logging.getLogger("sessionloop.models")
@@ -281,7 +283,7 @@ def build_provider(cfg: ModelConfig, env: Mapping[str, str] | None = None) -> Pr
     if cfg.provider == "openai":
         # imported here, when an OpenAI-compatible model is configured: the openai SDK takes about
         # a second to import, which a server on the mock must not pay (as actors.model.__getattr__)
-        from sessionloop.actors.model.openai import openai_provider
+        from sessionloop.actors.model.openai import openai_provider  # noqa: PLC0415 - the openai SDK, on demand
 
         environ = os.environ if env is None else env
         key = environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
@@ -458,6 +460,38 @@ def _resolve(snap: _Snapshot, ref: str | None) -> Resolved:
 
 def _label(cfg: ModelConfig) -> str:
     return cfg.name if cfg.name == cfg.model else f"{cfg.name} ({cfg.model})"
+
+# --- the factory --------------------------------------------------------------------------------
+
+
+def make_provider(name: str, **options: Any) -> Provider:
+    """Build the provider called ``name`` with its keyword ``options``.
+
+    ``mock`` takes ``latency_ms``; ``scripted`` takes ``responses``; ``replay`` takes
+    ``recorded`` (``LlmCompleted`` events); ``openai`` takes ``model``, ``base_url``,
+    ``api_key``, ``timeout``, ``limits`` (:class:`~actors.model.limits.ModelLimits`), ``retry``
+    (:class:`~actors.model.limits.RetryPolicy`) and ``vision``. Raises ModelError for an unknown
+    name or bad options, so a misspelt ``--provider`` becomes one clear line.
+    """
+    factories: dict[str, Callable[..., Provider]] = {
+        "mock": MockProvider, "scripted": ScriptedProvider, "replay": ReplayProvider}
+    factory = _openai_provider_class() if name == "openai" else factories.get(name)
+    if factory is None:
+        raise ModelError(
+            f"unknown model provider {name!r}; known: {', '.join(PROVIDER_NAMES)}", provider=name
+        )
+    try:
+        return factory(**options)
+    except TypeError as e:
+        raise ModelError(f"bad options for model provider {name!r}: {e}", provider=name) from e
+
+
+def _openai_provider_class() -> Callable[..., Provider]:
+    # imported when an OpenAI-compatible provider is asked for: the openai SDK takes about a
+    # second to import, which a server on the mock must not pay (as actors.model.__getattr__)
+    from sessionloop.actors.model.openai import OpenAIProvider  # noqa: PLC0415
+
+    return OpenAIProvider
 
 
 __all__ = [

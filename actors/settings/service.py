@@ -47,6 +47,7 @@ import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -57,6 +58,7 @@ from msgspec import UNSET
 
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import InvalidCommand
+from sessionloop.actors.session.decide import ensure_usable
 from sessionloop.actors.settings.context import (
     DEFAULT_WORKSPACE,
     DEFAULT_WORKSPACE_NAME,
@@ -692,7 +694,6 @@ class SettingsService:
 
     def session_events(self, state: Any, plugin: str, key: str, value: Any, now: int) -> list[E.Event]:
         """The events of a write to one session's layer (the session decides a ``SetSetting`` command with it)."""
-        from sessionloop.actors.session.decide import ensure_usable
 
         ensure_usable(state)
         current = state.settings.get(f"{plugin}/{key}", _MISSING)
@@ -897,8 +898,6 @@ def _same(current: Any, value: Any) -> bool:
 
 
 def _now() -> int:
-    import time
-
     return int(time.time() * 1000)
 
 

