@@ -49,7 +49,6 @@ from typing import Final
 
 import msgspec
 
-from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.protocol.errors import INVALID_PARAMS, ProtocolMisuse, RpcError, from_domain_error
 from sessionloop.protocol.frames import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -356,11 +355,12 @@ class Connection:
         del self._in_flight[request_id]
         return result_frame(request_id, result, self.encoder)
 
-    def error(self, request_id: RequestId, error: SessionloopError) -> str | None:
+    def error(self, request_id: RequestId, error: BaseException) -> str | None:
         """The error frame for a dispatched request, or ``None`` if the connection closed.
 
-        Any error of the tree is accepted: non-:class:`RpcError` ones are translated by
-        :func:`protocol.errors.from_domain_error` (business codes kept, the rest internalError).
+        Any exception is accepted and translated by :func:`protocol.errors.from_domain_error`: an
+        :class:`RpcError` as it is, an error with a business ``code`` as that application error, the
+        rest as ``internalError``.
         """
         if self._take(request_id) is None:
             return None

@@ -34,10 +34,9 @@ import pykka
 from sessionloop.actors.settings.texts import Text, enc_hook
 from sessionloop.actors.system.runtime import DeltaPayload, Runtime
 from sessionloop.actors.views.index import SummaryIndex
-from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.protocol import file_handles
 from sessionloop.protocol.connection import Close, Connection, Dispatch, Limits, Send, ServerInfo
-from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.errors import RpcError, from_domain_error, is_domain_error
 from sessionloop.protocol.frames import notification_frame
 from sessionloop.protocol.schemas import FeaturesChanged, ItemDelta, ItemPush, SessionResync
 from sessionloop.protocol.schemas_types import Features, Identity, ItemAttachment, UserMessageItem
@@ -118,14 +117,16 @@ class ClientConnection:
             self._send(text)
 
     def error(self, request_id: Any, error: BaseException) -> None:
-        if not isinstance(error, SessionloopError):
+        """Answer with ``error``: one of ours (a ``code`` and ``data``) as the protocol translates it,
+        anything else as ``internalError`` (and logged: it is a bug)."""
+        if not is_domain_error(error):
             log.exception("request failed", exc_info=error)
-            error = RpcError.internal_error(f"{type(error).__name__}: {error}")
+            error = from_domain_error(error)
         with self._lock:
             method = self._methods.pop(request_id, "?")
             text = self.protocol.error(request_id, error)
-        code = getattr(error, "data", {}).get("code") if isinstance(getattr(error, "data", None), dict) else None
-        self.service.rt.metrics.frames.labels(method, str(code or getattr(error, "code", "error"))).inc()
+        label = str(error.data.get("code") or error.code) if is_domain_error(error) else "error"
+        self.service.rt.metrics.frames.labels(method, label).inc()
         if text is not None:
             self._send(text)
 
@@ -171,11 +172,11 @@ class GatewayActor(pykka.ThreadingActor):
             return
         try:
             handler(conn, request.id, request.params)
-        except SessionloopError as e:
+        except Exception as e:
+            if not is_domain_error(e):  # a bug in a handler: the request fails, the gateway lives on
+                log.exception("handler for %s failed", request.method)
+                e = from_domain_error(e)
             conn.error(request.id, e)
-        except Exception as e:  # a bug in a handler: the request fails, the gateway lives on
-            log.exception("handler for %s failed", request.method)
-            conn.error(request.id, RpcError.internal_error(f"{type(e).__name__}: {e}"))
 
 
 class SessionProtocolService:
