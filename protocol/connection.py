@@ -13,9 +13,14 @@ touches a socket, a clock or an actor: the transport feeds it every received tex
 * :class:`Close` -- close the socket with this code and reason (after sending what precedes it).
 
 Every request gets exactly one reply frame: either at once (a :class:`Send` from ``receive``) or
-later (from ``result``/``error`` after a :class:`Dispatch`). Server pushes go through
-:meth:`Connection.notify` (or :func:`protocol.frames.notification_frame` once for many
-connections, checking :attr:`Connection.is_open`).
+later (from ``result``/``error`` after a :class:`Dispatch`).
+
+Every frame the server sends comes out of a :class:`Connection` (as websockets'
+``data_to_send()`` and h11's ``Connection.send()`` do), so the connection's state decides whether
+it goes out. A notification to one connection is :meth:`Connection.notify`; a notification to
+many (a session's pushes to its subscribers) is encoded once with :func:`encode_push` and the one
+:class:`Push` handed to each connection's :meth:`Connection.push`, which gives back the shared
+text while the connection is open and ``None`` otherwise.
 
 States and what may happen in each (the table :data:`TRANSITIONS` is the authority)::
 
@@ -82,10 +87,12 @@ __all__ = [
     "Event",
     "Limits",
     "Output",
+    "Push",
     "Send",
     "ServerInfo",
     "State",
     "TokenBucket",
+    "encode_push",
     "truncate_close_reason",
 ]
 
@@ -151,6 +158,31 @@ class Close:
 
 
 Output = Send | Dispatch | Close
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A notification encoded once for every connection it goes to (:func:`encode_push`); each
+    connection's :meth:`Connection.push` decides whether ``text`` goes out on it."""
+
+    method: str
+    text: str
+
+
+def _check_notification(method: str, params: msgspec.Struct) -> None:
+    expected = NOTIFICATIONS.get(method)
+    if expected is None:
+        raise ProtocolMisuse(f"unknown notification {method!r}", method=method)
+    if not isinstance(params, expected):
+        raise ProtocolMisuse(f"{method} takes {expected.__name__}, not {type(params).__name__}", method=method)
+
+
+def encode_push(method: str, params: msgspec.Struct, encoder: msgspec.json.Encoder | None = None) -> Push:
+    """The frame of notification ``method`` encoded once, for :meth:`Connection.push` on any number of
+    connections. Raises :class:`ProtocolMisuse` for a notification the protocol does not have, params
+    of the wrong type or params that cannot be encoded."""
+    _check_notification(method, params)
+    return Push(method, notification_frame(method, params, encoder))
 
 
 def truncate_close_reason(reason: str, limit: int = MAX_CLOSE_REASON_BYTES) -> str:
@@ -368,17 +400,25 @@ class Connection:
         return error_frame(request_id, from_domain_error(error), self.encoder)
 
     def notify(self, method: str, params: msgspec.Struct) -> str | None:
-        """A notification frame, or ``None`` while the connection is not open (nothing to push)."""
-        expected = NOTIFICATIONS.get(method)
-        if expected is None:
-            raise ProtocolMisuse(f"unknown notification {method!r}", method=method)
-        if not isinstance(params, expected):
-            raise ProtocolMisuse(
-                f"{method} takes {expected.__name__}, not {type(params).__name__}", method=method
-            )
+        """A notification frame, or ``None`` while the connection is not open (nothing to push).
+
+        Raises :class:`ProtocolMisuse` for an unknown notification or params of the wrong type,
+        whatever the state."""
+        _check_notification(method, params)
         if self._state is not State.OPEN:
             return None
         return notification_frame(method, params, self.encoder)
+
+    def push(self, push: Push) -> str | None:
+        """The text of a notification encoded once for many connections (:func:`encode_push`), or
+        ``None`` while this connection is not open.
+
+        It only reads the state, so a caller that serializes the other methods with a lock may call
+        it without (pushes come from many threads): a push that races a close may then still be
+        handed out, and the transport drops it with the socket."""
+        if self._state is not State.OPEN:
+            return None
+        return push.text
 
     # --- closing --------------------------------------------------------------------------------
 
