@@ -58,6 +58,7 @@ from websockets.exceptions import (
 
 from sessionloop.cli.serve import DEFAULT_DATA, DEFAULT_PORT, TOKEN_FILE
 from sessionloop.eventstore.errors import SessionloopError
+from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 from sessionloop.protocol.sanitize import sanitize_text
 from sessionloop.protocol.schemas import (
@@ -148,7 +149,6 @@ class _Envelope(msgspec.Struct, frozen=True):
 
 
 _ENVELOPE: Final = msgspec.json.Decoder(_Envelope)
-_ENCODER: Final = msgspec.json.Encoder()
 _RESULTS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
     name: msgspec.json.Decoder(spec.result) for name, spec in METHODS.items()
 }
@@ -261,11 +261,11 @@ class Client:
             raise self._lost
         self._next_id += 1
         request_id = self._next_id
+        frame = request_frame(request_id, method, params)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = (method, future, plain)
-        frame = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {} if params is None else params}
         try:
-            await self._ws.send(_ENCODER.encode(frame).decode())
+            await self._ws.send(frame)
         except ConnectionClosed:
             self._pending.pop(request_id, None)
             raise self._lost or self._connection_lost() from None

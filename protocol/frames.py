@@ -63,6 +63,7 @@ __all__ = [
     "notification_frame",
     "peek_id",
     "render_validation_error",
+    "request_frame",
     "result_frame",
 ]
 
@@ -283,6 +284,13 @@ class _ErrorFrame(msgspec.Struct):
     error: _ErrorBody
 
 
+class _RequestFrame(msgspec.Struct):
+    jsonrpc: str
+    id: RequestId
+    method: str
+    params: Any
+
+
 class _NotificationFrame(msgspec.Struct):
     jsonrpc: str
     method: str
@@ -296,6 +304,13 @@ def encode_json(value: Any, encoder: msgspec.json.Encoder | None = None) -> str:
         return (encoder or _ENCODER).encode(value).decode("utf-8")
     except (TypeError, ValueError, OverflowError) as e:  # UnicodeEncodeError is a ValueError
         raise ProtocolMisuse(f"cannot encode a frame: {e}") from e
+
+
+def request_frame(request_id: RequestId, method: str, params: Any = None,
+                  encoder: msgspec.json.Encoder | None = None) -> str:
+    """``{"jsonrpc":"2.0","id":…,"method":…,"params":{…}}``, the frame a client sends; ``params`` is a
+    params Struct or a dict with the wire's camelCase keys, ``None`` for ``{}``."""
+    return encode_json(_RequestFrame("2.0", request_id, method, {} if params is None else params), encoder)
 
 
 def result_frame(request_id: RequestId, result: msgspec.Struct, encoder: msgspec.json.Encoder | None = None) -> str:
