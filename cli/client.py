@@ -12,7 +12,7 @@ one reader task owns the socket's receive side:
   and queued, in arrival order, for :meth:`Client.next` / :meth:`Client.notifications`.
 
 Frames are read in the order the server sent them, so a push sent before a reply is already queued
-when ``call`` returns (the seed's snapshot rule depends on this: no push of a session reaches a
+when ``call`` returns (the protocol's snapshot rule depends on this: no push of a session reaches a
 connection before its ``session/subscribe`` reply, and later ones carry a larger ``seq``).
 
 Results are decoded two-stage, as the server decodes params (STYLE: msgspec): the envelope with
@@ -241,7 +241,7 @@ class Client:
         self._reader = asyncio.create_task(self._read(), name="sessionloop-client-reader")
 
     async def initialize(self) -> InitializeResult:
-        """The handshake (seed 004, 握手); an incompatible server is an ``unsupported`` RpcFailed."""
+        """The handshake (docs/protocol.md, Handshake); an incompatible server is an ``unsupported`` RpcFailed."""
         try:
             version = metadata.version("sessionloop")
         except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree

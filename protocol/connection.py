@@ -29,8 +29,8 @@ States and what may happen in each (the table :data:`TRANSITIONS` is the authori
     AWAITING_INIT / OPEN --transport closed / server shutdown--> CLOSED
 
 * AWAITING_INIT: only ``initialize`` is served (answered here, from the injected
-  :attr:`ServerInfo.describe`); any other method is ``invalidRequest`` (seed: 握手之前的其它请求回
-  invalidRequest). A malformed version is ``invalidParams`` and the connection stays here.
+  :attr:`ServerInfo.describe`); any other method is ``invalidRequest`` (a request before the
+  handshake is refused so). A malformed version is ``invalidParams`` and the connection stays here.
 * OPEN: every registered method is decoded and dispatched; a second ``initialize`` is
   ``invalidRequest``; an unknown method ``methodNotFound``.
 * CLOSED: nothing is produced any more: ``receive`` returns ``[]``, ``result``/``error``/``notify``
@@ -96,9 +96,9 @@ __all__ = [
     "truncate_close_reason",
 ]
 
-#: The seed's own transport closes with 1000 and the reason after an unsupported version.
+#: After an unsupported version the connection is closed with 1000 and the refusal as the reason.
 CLOSE_UNSUPPORTED_VERSION: Final = 1000
-#: Server stopping or reloading: clients reconnect (seed: 会话服务停止或重载).
+#: Server stopping or reloading: clients reconnect.
 CLOSE_GOING_AWAY: Final = 1001
 #: WebSocket close frames carry at most 123 bytes of reason.
 MAX_CLOSE_REASON_BYTES: Final = 123
@@ -198,7 +198,7 @@ def truncate_close_reason(reason: str, limit: int = MAX_CLOSE_REASON_BYTES) -> s
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Per-connection limits (SPEC §7). ``requests_per_second=None`` turns the rate limit off."""
+    """Per-connection limits (docs/protocol.md, Transport). ``requests_per_second=None`` turns the rate limit off."""
 
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     requests_per_second: float | None = 100.0
@@ -210,7 +210,7 @@ class Limits:
 class ServerInfo:
     """What ``initialize`` answers. ``describe`` returns ``(features, app_name)`` and is called on
     every handshake, so a renamed app or a service coming up shows on the next connection without a
-    restart (seed: 每次握手现读). It is our code, not peer input: an exception from it propagates."""
+    restart (read afresh on every handshake). It is our code, not peer input: an exception from it propagates."""
 
     name: str
     describe: Callable[[], tuple[Features, str]]

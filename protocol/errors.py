@@ -60,7 +60,7 @@ __all__ = [
     "is_domain_error",
 ]
 
-# --- JSON-RPC numeric codes (seed 004, RPC_ERROR_CODES) ------------------------------------------
+# --- JSON-RPC numeric codes (docs/protocol.md, Errors) ------------------------------------------
 
 PARSE_ERROR: Final = -32700  # the frame is not JSON
 INVALID_REQUEST: Final = -32600  # not a JSON-RPC 2.0 request; before/duplicate handshake
@@ -78,7 +78,7 @@ RPC_ERROR_CODES: Final[dict[str, int]] = {
     "applicationError": APPLICATION_ERROR,
 }
 
-# --- business codes for error.data.code (seed 004) ------------------------------------------------
+# --- business codes for error.data.code (docs/protocol.md, Error codes) ---------------------------
 
 NOT_FOUND: Final = "not-found"  # session, approval, task ... does not exist
 FORBIDDEN: Final = "forbidden"  # this connection's identity may not do this
@@ -87,7 +87,7 @@ APPROVAL_SETTLED: Final = "approval-settled"  # the approval was already settled
 HASH_MISMATCH: Final = "hash-mismatch"  # the answer's contentHash does not match
 EXPECTED_TURN_MISMATCH: Final = "expected-turn-mismatch"  # turn/abort named a turn that is not running
 UNSUPPORTED: Final = "unsupported"  # protocol version mismatch, or a needed service is absent
-# Ours, not the seed's: back-pressure (rate limit, too many requests in flight) and size limits.
+# Beyond the protocol's original set: back-pressure (rate limit, too many requests in flight) and size limits.
 REJECTED: Final = "rejected"
 TOO_LARGE: Final = "too-large"
 # The event store could not take the write (disk full, I/O error); ``data.retryAfterMs`` says
@@ -111,7 +111,7 @@ BUSINESS_CODES: Final[frozenset[str]] = frozenset(
 )
 
 # The string ``code`` given to RpcErrors that are not application errors, so every member of the
-# tree has a meaningful ``code`` (used by metrics: frames by error code, SPEC §11a).
+# tree has a meaningful ``code`` (used by metrics: frames counted by error code).
 _JSONRPC_NAMES: Final[dict[int, str]] = {value: key for key, value in RPC_ERROR_CODES.items()}
 
 # A peer can make us echo its own text in a message (a method name, an enum value); keep replies
@@ -218,7 +218,8 @@ class RpcError(ProtocolError):
 
     @classmethod
     def rejected(cls, message: str, retry_after_ms: int, **extra: Any) -> RpcError:
-        """Back-pressure: the client should retry after ``retry_after_ms`` (SPEC §7 limits)."""
+        """Back-pressure (the per-connection rate and in-flight limits): the client should retry after
+        ``retry_after_ms``."""
         return cls.application(REJECTED, message, retryAfterMs=max(0, int(retry_after_ms)), **extra)
 
     @classmethod
