@@ -12,7 +12,7 @@ one reader task owns the socket's receive side:
   and queued, in arrival order, for :meth:`Client.next` / :meth:`Client.notifications`.
 
 Frames are read in the order the server sent them, so a push sent before a reply is already queued
-when ``call`` returns (the snapshot rule of ``session/subscribe`` depends on this: no push of a session reaches a
+when ``call`` returns (the protocol's snapshot rule depends on this: no push of a session reaches a
 connection before its ``session/subscribe`` reply, and later ones carry a larger ``seq``).
 
 Results are decoded two-stage, as the server decodes params (STYLE: msgspec): the envelope with
@@ -58,6 +58,7 @@ from websockets.exceptions import (
 
 from sessionloop.cli.serve import DEFAULT_DATA, DEFAULT_PORT, TOKEN_FILE
 from sessionloop.eventstore.errors import SessionloopError
+from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 from sessionloop.protocol.sanitize import sanitize_text
 from sessionloop.protocol.schemas import (
@@ -148,7 +149,6 @@ class _Envelope(msgspec.Struct, frozen=True):
 
 
 _ENVELOPE: Final = msgspec.json.Decoder(_Envelope)
-_ENCODER: Final = msgspec.json.Encoder()
 _RESULTS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
     name: msgspec.json.Decoder(spec.result) for name, spec in METHODS.items()
 }
@@ -241,7 +241,7 @@ class Client:
         self._reader = asyncio.create_task(self._read(), name="sessionloop-client-reader")
 
     async def initialize(self) -> InitializeResult:
-        """The ``initialize`` handshake (docs/protocol.md); an incompatible server is an ``unsupported`` RpcFailed."""
+        """The handshake (docs/protocol.md, Handshake); an incompatible server is an ``unsupported`` RpcFailed."""
         try:
             version = metadata.version("sessionloop")
         except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
@@ -261,11 +261,11 @@ class Client:
             raise self._lost
         self._next_id += 1
         request_id = self._next_id
+        frame = request_frame(request_id, method, params)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = (method, future, plain)
-        frame = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {} if params is None else params}
         try:
-            await self._ws.send(_ENCODER.encode(frame).decode())
+            await self._ws.send(frame)
         except ConnectionClosed:
             self._pending.pop(request_id, None)
             raise self._lost or self._connection_lost() from None

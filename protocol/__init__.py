@@ -1,4 +1,4 @@
-"""The session protocol, sans I/O (SPEC §6, seed 004): frames, schemas, handshake, connections.
+"""The session protocol, sans I/O (docs/protocol.md): frames, schemas, handshake, connections.
 
 Nothing here opens a socket, starts a thread, reads a clock or imports an actor: the transport
 feeds received text to a :class:`Connection` and carries out what it returns (frames to send,

@@ -13,9 +13,14 @@ touches a socket, a clock or an actor: the transport feeds it every received tex
 * :class:`Close` -- close the socket with this code and reason (after sending what precedes it).
 
 Every request gets exactly one reply frame: either at once (a :class:`Send` from ``receive``) or
-later (from ``result``/``error`` after a :class:`Dispatch`). Server pushes go through
-:meth:`Connection.notify` (or :func:`protocol.frames.notification_frame` once for many
-connections, checking :attr:`Connection.is_open`).
+later (from ``result``/``error`` after a :class:`Dispatch`).
+
+Every frame the server sends comes out of a :class:`Connection` (as websockets'
+``data_to_send()`` and h11's ``Connection.send()`` do), so the connection's state decides whether
+it goes out. A notification to one connection is :meth:`Connection.notify`; a notification to
+many (a session's pushes to its subscribers) is encoded once with :func:`encode_push` and the one
+:class:`Push` handed to each connection's :meth:`Connection.push`, which gives back the shared
+text while the connection is open and ``None`` otherwise.
 
 States and what may happen in each (the table :data:`TRANSITIONS` is the authority)::
 
@@ -24,8 +29,8 @@ States and what may happen in each (the table :data:`TRANSITIONS` is the authori
     AWAITING_INIT / OPEN --transport closed / server shutdown--> CLOSED
 
 * AWAITING_INIT: only ``initialize`` is served (answered here, from the injected
-  :attr:`ServerInfo.describe`); any other method is ``invalidRequest`` (seed: 握手之前的其它请求回
-  invalidRequest). A malformed version is ``invalidParams`` and the connection stays here.
+  :attr:`ServerInfo.describe`); any other method is ``invalidRequest`` (a request before the
+  handshake is refused so). A malformed version is ``invalidParams`` and the connection stays here.
 * OPEN: every registered method is decoded and dispatched; a second ``initialize`` is
   ``invalidRequest``; an unknown method ``methodNotFound``.
 * CLOSED: nothing is produced any more: ``receive`` returns ``[]``, ``result``/``error``/``notify``
@@ -49,7 +54,6 @@ from typing import Final
 
 import msgspec
 
-from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.protocol.errors import INVALID_PARAMS, ProtocolMisuse, RpcError, from_domain_error
 from sessionloop.protocol.frames import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -83,16 +87,18 @@ __all__ = [
     "Event",
     "Limits",
     "Output",
+    "Push",
     "Send",
     "ServerInfo",
     "State",
     "TokenBucket",
+    "encode_push",
     "truncate_close_reason",
 ]
 
-#: The seed's own transport closes with 1000 and the reason after an unsupported version.
+#: After an unsupported version the connection is closed with 1000 and the refusal as the reason.
 CLOSE_UNSUPPORTED_VERSION: Final = 1000
-#: Server stopping or reloading: clients reconnect (seed: 会话服务停止或重载).
+#: Server stopping or reloading: clients reconnect.
 CLOSE_GOING_AWAY: Final = 1001
 #: WebSocket close frames carry at most 123 bytes of reason.
 MAX_CLOSE_REASON_BYTES: Final = 123
@@ -154,6 +160,31 @@ class Close:
 Output = Send | Dispatch | Close
 
 
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A notification encoded once for every connection it goes to (:func:`encode_push`); each
+    connection's :meth:`Connection.push` decides whether ``text`` goes out on it."""
+
+    method: str
+    text: str
+
+
+def _check_notification(method: str, params: msgspec.Struct) -> None:
+    expected = NOTIFICATIONS.get(method)
+    if expected is None:
+        raise ProtocolMisuse(f"unknown notification {method!r}", method=method)
+    if not isinstance(params, expected):
+        raise ProtocolMisuse(f"{method} takes {expected.__name__}, not {type(params).__name__}", method=method)
+
+
+def encode_push(method: str, params: msgspec.Struct, encoder: msgspec.json.Encoder | None = None) -> Push:
+    """The frame of notification ``method`` encoded once, for :meth:`Connection.push` on any number of
+    connections. Raises :class:`ProtocolMisuse` for a notification the protocol does not have, params
+    of the wrong type or params that cannot be encoded."""
+    _check_notification(method, params)
+    return Push(method, notification_frame(method, params, encoder))
+
+
 def truncate_close_reason(reason: str, limit: int = MAX_CLOSE_REASON_BYTES) -> str:
     """Cut ``reason`` to at most ``limit`` UTF-8 bytes without splitting a character."""
     encoded = reason.encode("utf-8", "replace")
@@ -167,7 +198,7 @@ def truncate_close_reason(reason: str, limit: int = MAX_CLOSE_REASON_BYTES) -> s
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Per-connection limits (SPEC §7). ``requests_per_second=None`` turns the rate limit off."""
+    """Per-connection limits (docs/protocol.md, Transport). ``requests_per_second=None`` turns the rate limit off."""
 
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     requests_per_second: float | None = 100.0
@@ -179,7 +210,7 @@ class Limits:
 class ServerInfo:
     """What ``initialize`` answers. ``describe`` returns ``(features, app_name)`` and is called on
     every handshake, so a renamed app or a service coming up shows on the next connection without a
-    restart (seed: 每次握手现读). It is our code, not peer input: an exception from it propagates."""
+    restart (read afresh on every handshake). It is our code, not peer input: an exception from it propagates."""
 
     name: str
     describe: Callable[[], tuple[Features, str]]
@@ -356,11 +387,12 @@ class Connection:
         del self._in_flight[request_id]
         return result_frame(request_id, result, self.encoder)
 
-    def error(self, request_id: RequestId, error: SessionloopError) -> str | None:
+    def error(self, request_id: RequestId, error: BaseException) -> str | None:
         """The error frame for a dispatched request, or ``None`` if the connection closed.
 
-        Any error of the tree is accepted: non-:class:`RpcError` ones are translated by
-        :func:`protocol.errors.from_domain_error` (business codes kept, the rest internalError).
+        Any exception is accepted and translated by :func:`protocol.errors.from_domain_error`: an
+        :class:`RpcError` as it is, an error with a business ``code`` as that application error, the
+        rest as ``internalError``.
         """
         if self._take(request_id) is None:
             return None
@@ -368,17 +400,25 @@ class Connection:
         return error_frame(request_id, from_domain_error(error), self.encoder)
 
     def notify(self, method: str, params: msgspec.Struct) -> str | None:
-        """A notification frame, or ``None`` while the connection is not open (nothing to push)."""
-        expected = NOTIFICATIONS.get(method)
-        if expected is None:
-            raise ProtocolMisuse(f"unknown notification {method!r}", method=method)
-        if not isinstance(params, expected):
-            raise ProtocolMisuse(
-                f"{method} takes {expected.__name__}, not {type(params).__name__}", method=method
-            )
+        """A notification frame, or ``None`` while the connection is not open (nothing to push).
+
+        Raises :class:`ProtocolMisuse` for an unknown notification or params of the wrong type,
+        whatever the state."""
+        _check_notification(method, params)
         if self._state is not State.OPEN:
             return None
         return notification_frame(method, params, self.encoder)
+
+    def push(self, push: Push) -> str | None:
+        """The text of a notification encoded once for many connections (:func:`encode_push`), or
+        ``None`` while this connection is not open.
+
+        It only reads the state, so a caller that serializes the other methods with a lock may call
+        it without (pushes come from many threads): a push that races a close may then still be
+        handed out, and the transport drops it with the socket."""
+        if self._state is not State.OPEN:
+            return None
+        return push.text
 
     # --- closing --------------------------------------------------------------------------------
 

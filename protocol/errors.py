@@ -8,30 +8,37 @@ Two kinds of failure meet here (STYLE rule 4, after h11):
 * **we misused our own API** (answering a request id that is not in flight, pushing a notification
   that does not exist, ...) -> :class:`ProtocolMisuse` is raised at once, because it is a bug.
 
-Both descend from the one exception tree of sessionloop (``eventstore/errors.py``)::
+``protocol/`` imports nothing of ours outside ``protocol/``, so its errors have their own root,
+shaped like the root of the rest of sessionloop (``SessionloopError``: a string ``code`` and a
+``data`` dict)::
 
-    SessionloopError                    code: str, data: dict
+    ProtocolError                       code: str, data: dict
     ├── RpcError                        rpc_code: int (JSON-RPC), code: business code, message
     └── ProtocolMisuse                  our own code misused protocol/
 
-Naming: ``SessionloopError.code`` is already a *string* business code in the tree
-(``WrongExpectedVersion.code == "conflict"``), so on :class:`RpcError` the string ``code`` is the
-business code (``error.data.code`` for application errors) and the JSON-RPC number lives in
-``rpc_code``. That keeps one meaning per attribute name across the whole tree and lets
-:func:`from_domain_error` map store and actor errors by their ``code`` without parsing messages.
+Errors raised elsewhere (the event store's, the actors') reach a client through
+:func:`from_domain_error`, which reads them through the :class:`DomainError` protocol: any
+exception whose ``code`` is a string and whose ``data`` is a mapping, whatever class it is. That
+is how a ``WrongExpectedVersion`` (``code == "conflict"``) becomes a ``conflict`` application error
+without ``protocol/`` importing the store.
+
+Naming: ``code`` is a *string* business code in both trees, so on :class:`RpcError` the string
+``code`` is the business code (``error.data.code`` for application errors) and the JSON-RPC
+number lives in ``rpc_code``. That keeps one meaning per attribute name across the code base and
+lets :func:`from_domain_error` map errors by their ``code`` without parsing messages.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
-
-from sessionloop.eventstore.errors import SessionloopError
+from collections.abc import Mapping
+from typing import Any, Final, Protocol, TypeGuard
 
 __all__ = [
     "APPLICATION_ERROR",
     "APPROVAL_SETTLED",
     "BUSINESS_CODES",
     "CONFLICT",
+    "DomainError",
     "EXPECTED_TURN_MISMATCH",
     "FORBIDDEN",
     "HASH_MISMATCH",
@@ -46,12 +53,14 @@ __all__ = [
     "STORAGE_UNAVAILABLE",
     "TOO_LARGE",
     "UNSUPPORTED",
+    "ProtocolError",
     "ProtocolMisuse",
     "RpcError",
     "from_domain_error",
+    "is_domain_error",
 ]
 
-# --- JSON-RPC numeric codes (seed 004, RPC_ERROR_CODES) ------------------------------------------
+# --- JSON-RPC numeric codes (docs/protocol.md, Errors) ------------------------------------------
 
 PARSE_ERROR: Final = -32700  # the frame is not JSON
 INVALID_REQUEST: Final = -32600  # not a JSON-RPC 2.0 request; before/duplicate handshake
@@ -69,7 +78,7 @@ RPC_ERROR_CODES: Final[dict[str, int]] = {
     "applicationError": APPLICATION_ERROR,
 }
 
-# --- business codes for error.data.code (seed 004) ------------------------------------------------
+# --- business codes for error.data.code (docs/protocol.md, Error codes) ---------------------------
 
 NOT_FOUND: Final = "not-found"  # session, approval, task ... does not exist
 FORBIDDEN: Final = "forbidden"  # this connection's identity may not do this
@@ -78,7 +87,7 @@ APPROVAL_SETTLED: Final = "approval-settled"  # the approval was already settled
 HASH_MISMATCH: Final = "hash-mismatch"  # the answer's contentHash does not match
 EXPECTED_TURN_MISMATCH: Final = "expected-turn-mismatch"  # turn/abort named a turn that is not running
 UNSUPPORTED: Final = "unsupported"  # protocol version mismatch, or a needed service is absent
-# Ours, not the seed's: back-pressure (rate limit, too many requests in flight) and size limits.
+# Beyond the protocol's original set: back-pressure (rate limit, too many requests in flight) and size limits.
 REJECTED: Final = "rejected"
 TOO_LARGE: Final = "too-large"
 # The event store could not take the write (disk full, I/O error); ``data.retryAfterMs`` says
@@ -102,7 +111,7 @@ BUSINESS_CODES: Final[frozenset[str]] = frozenset(
 )
 
 # The string ``code`` given to RpcErrors that are not application errors, so every member of the
-# tree has a meaningful ``code`` (used by metrics: frames by error code, SPEC §11a).
+# tree has a meaningful ``code`` (used by metrics: frames counted by error code).
 _JSONRPC_NAMES: Final[dict[int, str]] = {value: key for key, value in RPC_ERROR_CODES.items()}
 
 # A peer can make us echo its own text in a message (a method name, an enum value); keep replies
@@ -114,7 +123,18 @@ def _clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-class RpcError(SessionloopError):
+class ProtocolError(Exception):
+    """Root of the errors ``protocol/`` raises: a string ``code`` and a ``data`` dict, as every error
+    sessionloop raises on purpose has (so a :class:`ProtocolError` is a :class:`DomainError` too)."""
+
+    code: str = "protocol"
+
+    def __init__(self, message: str, **data: Any) -> None:
+        super().__init__(message)
+        self.data = data
+
+
+class RpcError(ProtocolError):
     """An error reply: raise it from a handler and the connection turns it into an error frame.
 
     ``rpc_code`` is the JSON-RPC number, ``message`` the human-readable text, ``data`` the
@@ -198,7 +218,8 @@ class RpcError(SessionloopError):
 
     @classmethod
     def rejected(cls, message: str, retry_after_ms: int, **extra: Any) -> RpcError:
-        """Back-pressure: the client should retry after ``retry_after_ms`` (SPEC §7 limits)."""
+        """Back-pressure (the per-connection rate and in-flight limits): the client should retry after
+        ``retry_after_ms``."""
         return cls.application(REJECTED, message, retryAfterMs=max(0, int(retry_after_ms)), **extra)
 
     @classmethod
@@ -215,14 +236,40 @@ class RpcError(SessionloopError):
         return body
 
 
-class ProtocolMisuse(SessionloopError):
+class ProtocolMisuse(ProtocolError):
     """Our own code used protocol/ wrongly (a bug, never peer input): raised, not replied."""
 
     code = "protocol-misuse"
 
 
-# Domain codes from the rest of the tree that map one-to-one onto a business code; anything else
-# is an internal error (its message still goes out: it was written for people).
+class DomainError(Protocol):
+    """What :func:`from_domain_error` reads of an error raised outside ``protocol/``.
+
+    ``code`` names the failure (a business code such as ``"conflict"`` is answered as that
+    application error), ``data`` holds its structured fields (those that are JSON scalars and do not
+    start with ``_`` go out in ``error.data``: a retry hint ``retryAfterMs``, an ``outcome``, ...),
+    ``args[0]`` is the message as raised. The errors of the event store and of the actors have this
+    shape by construction; nothing needs to inherit from this class.
+    """
+
+    @property
+    def code(self) -> str: ...
+
+    @property
+    def data(self) -> Mapping[str, Any]: ...
+
+    @property
+    def args(self) -> tuple[Any, ...]: ...
+
+
+def is_domain_error(error: BaseException) -> TypeGuard[DomainError]:
+    """Whether ``error`` is one sessionloop raised on purpose: a string ``code`` and a mapping
+    ``data`` (any other exception is a bug, answered ``internalError``)."""
+    return isinstance(getattr(error, "code", None), str) and isinstance(getattr(error, "data", None), Mapping)
+
+
+# Codes of errors raised outside protocol/ that map one-to-one onto a business code; any other
+# code is an internal error (its message still goes out: it was written for people).
 _DOMAIN_CODE_MAP: Final[dict[str, str]] = {
     "conflict": CONFLICT,
     "not-found": NOT_FOUND,
@@ -237,17 +284,19 @@ _DOMAIN_CODE_MAP: Final[dict[str, str]] = {
 }
 
 
-def from_domain_error(error: SessionloopError) -> RpcError:
-    """Translate any error of the tree into the reply a client should get.
+def from_domain_error(error: BaseException) -> RpcError:
+    """Translate an error into the reply a client should get.
 
-    An :class:`RpcError` is returned unchanged; an error whose ``code`` is a business code becomes
-    that ``applicationError`` (keeping JSON-safe scalar ``data`` fields, not those whose name
-    starts with ``_``); everything else is an ``internalError``. A store that cannot write
-    (``StorageFull``, ``StorageUnavailable``; seed: 落盘失败) answers ``storage-unavailable``
-    with ``retryAfterMs`` and ``outcome``.
+    An :class:`RpcError` is returned unchanged. A :class:`DomainError` whose ``code`` is a business
+    code becomes that ``applicationError``, keeping the JSON scalar fields of its ``data`` whose
+    names do not start with ``_`` (a store that cannot write answers ``storage-unavailable`` with
+    ``retryAfterMs`` and ``outcome``); one with any other code is an ``internalError`` with its
+    message. Any other exception is a bug: an ``internalError`` naming its type and message.
     """
     if isinstance(error, RpcError):
         return error
+    if not is_domain_error(error):
+        return RpcError.internal_error(f"{type(error).__name__}: {error}")
     business = _DOMAIN_CODE_MAP.get(error.code)
     # the message as raised (``str(error)`` would copy a text object into a plain string: the
     # application renders its text objects when the frame is encoded, see protocol.frames)

@@ -1,7 +1,7 @@
-"""Opaque, unforgeable file handles for attachments (seed 004, 文件句柄; SPEC §7).
+"""Opaque, unforgeable file handles for attachments (docs/protocol.md: attachments are fetched by handle).
 
 A handle names one stored file for one session during one epoch (one start of the server). It is
-``<payload>.<mac>``, both base64url without padding, so it has the seed's shape (letters, digits,
+``<payload>.<mac>``, both base64url without padding, so it has the documented shape (letters, digits,
 ``-``, ``_`` and exactly one ``.``) and clients pass it through untouched:
 
 * ``payload`` is the file id (UTF-8, base64url);

@@ -6,7 +6,8 @@ the raw params with the method's own decoder once the method is known. Neither r
 input: every failure comes back as a :class:`BadFrame` or an :class:`~protocol.errors.RpcError`
 value that becomes one error frame.
 
-How each kind of bad input is answered (seed 004 + RELIABILITY "msgspec" and "websockets"):
+How each kind of bad input is answered (docs/protocol.md, Errors; the msgspec and websockets
+failure modes each gets its row):
 
 =========================================  =====================  ==========================
 input                                      reply                  id
@@ -16,10 +17,10 @@ larger than the application limit          invalidRequest         cheaply found,
 not UTF-8 / not JSON / NaN / trailing junk parseError             null
 nested deeper than MAX_NESTING (512)       invalidRequest         cheaply found, else null
   levels, measured before parsing
-a JSON array (a batch: the seed has none)  invalidRequest         null
+a JSON array (batches are not supported)   invalidRequest         null
 any other non-object JSON value            invalidRequest         null
 no ``id`` (a client notification: the      invalidRequest         null
-  seed says clients never send them)
+  protocol says clients never send them)
 ``id`` not a string or an integer          invalidRequest         null
 ``jsonrpc`` missing or not ``"2.0"``       invalidRequest         the id
 ``method`` not a string                    invalidRequest         the id
@@ -28,11 +29,11 @@ params not matching the method's schema    invalidParams          the id
 =========================================  =====================  ==========================
 
 Catch order matters: ``ValidationError`` is a subclass of ``DecodeError``, so it is caught first
-(else every invalid request looks like a parse error). Unknown keys are accepted everywhere (seed:
-对象 schema 不拒多余的键). Encoders and decoders are built once, at import.
+(else every invalid request looks like a parse error). Unknown keys are accepted everywhere (an
+object schema never refuses extra keys). Encoders and decoders are built once, at import.
 
 Human text: a field may hold a *text object*, a ``str`` subclass that the application renders in
-its language (seed 004 文字与语言: 发出前渲染成字符串). The frame functions take the ``encoder``
+its language (text is rendered to a plain string before it is sent). The frame functions take the ``encoder``
 whose ``enc_hook`` renders them (the gateway builds one); the shared encoder writes any ``str``
 subclass as the plain string it is, so a text object never makes a frame fail.
 """
@@ -63,6 +64,7 @@ __all__ = [
     "notification_frame",
     "peek_id",
     "render_validation_error",
+    "request_frame",
     "result_frame",
 ]
 
@@ -70,7 +72,7 @@ RequestId = str | int
 
 #: The application's frame limit, kept below the transport's ``max_size`` so an oversized request
 #: gets an ``invalidRequest`` reply instead of a bare close 1009 (RELIABILITY, websockets). 24 MiB
-#: leaves room for 20 MB of attachments base64-encoded (SPEC §7).
+#: leaves room for 20 MB of attachments base64-encoded (the attachment limit).
 DEFAULT_MAX_FRAME_BYTES: Final = 24 * 1024 * 1024
 
 #: A peer could choose an id of any length and have it echoed in every reply; bound it.
@@ -233,7 +235,7 @@ def decode_params(decoder: msgspec.json.Decoder[Any], raw: msgspec.Raw) -> Any:
     """Decode a request's raw params with its method's decoder.
 
     Returns the params Struct, or an :class:`RpcError` (invalidParams naming the field) as a
-    value; never raises on peer input. Absent params decode as ``{}`` (seed: 不传或传 {}).
+    value; never raises on peer input. Absent params decode as ``{}`` (no params and ``{}`` mean the same).
     """
     try:
         return decoder.decode(raw if raw else _EMPTY_OBJECT)
@@ -283,6 +285,13 @@ class _ErrorFrame(msgspec.Struct):
     error: _ErrorBody
 
 
+class _RequestFrame(msgspec.Struct):
+    jsonrpc: str
+    id: RequestId
+    method: str
+    params: Any
+
+
 class _NotificationFrame(msgspec.Struct):
     jsonrpc: str
     method: str
@@ -296,6 +305,13 @@ def encode_json(value: Any, encoder: msgspec.json.Encoder | None = None) -> str:
         return (encoder or _ENCODER).encode(value).decode("utf-8")
     except (TypeError, ValueError, OverflowError) as e:  # UnicodeEncodeError is a ValueError
         raise ProtocolMisuse(f"cannot encode a frame: {e}") from e
+
+
+def request_frame(request_id: RequestId, method: str, params: Any = None,
+                  encoder: msgspec.json.Encoder | None = None) -> str:
+    """``{"jsonrpc":"2.0","id":…,"method":…,"params":{…}}``, the frame a client sends; ``params`` is a
+    params Struct or a dict with the wire's camelCase keys, ``None`` for ``{}``."""
+    return encode_json(_RequestFrame("2.0", request_id, method, {} if params is None else params), encoder)
 
 
 def result_frame(request_id: RequestId, result: msgspec.Struct, encoder: msgspec.json.Encoder | None = None) -> str:

@@ -1,6 +1,6 @@
-"""Protocol version negotiation for ``initialize`` (seed 004, 握手): a pure function.
+"""Protocol version negotiation for ``initialize`` (docs/protocol.md, Handshake): a pure function.
 
-The rule, from the seed:
+The rule:
 
 * the protocol number follows the protocol, not the package. Below 1.0 it is written ``0.x.y``:
   an incompatible change bumps the second part, an additive one the third, and the handshake

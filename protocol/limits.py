@@ -1,11 +1,11 @@
-"""Every bound on what a client sends, in one table (SPEC §7: every field a client sends has a bound).
+"""Every bound on what a client sends, in one table (every field a client sends has a bound).
 
 The wire schemas (:mod:`protocol.schemas`, :mod:`protocol.schemas_types`,
 :mod:`protocol.schemas_loop`) put these into ``msgspec.Meta`` constraints, so an over-bound value
 is refused while decoding, as ``invalidParams`` naming the field; the in-process Session Loop API
 (``actors/api/loop.py``) checks the same numbers, and the listing records read back from the
 store are cut to them (``actors/views/summary.py``), so a store written before a bound existed
-still lists small. Where a seed gives a number, it is the seed's; every other number is chosen
+still lists small. Where the protocol's contract gives a number, it is that one; every other number is chosen
 so that no real client reaches it while any reply built from such values stays small.
 
 Pure data and one pure function; no I/O.
@@ -74,18 +74,18 @@ MAX_PLACE_KEY: Final = 4_096 + 64
 MAX_TITLE: Final = 1_000
 #: ``sessions/list`` query: matched against titles, names and ids, none of which is longer.
 MAX_QUERY: Final = MAX_TITLE
-#: The one-sentence reason of a failed turn in a listing row (seed 004: 一句原因); model error
+#: The one-sentence reason of a failed turn in a listing row; model error
 #: texts can be long, the row stays small.
 MAX_REASON: Final = 1_000
 #: Opaque paging cursors we issue are under 200 characters.
 MAX_CURSOR: Final = 1_024
 #: ``initialize.protocolVersion``: "0.2.0"; echoed back in the ``unsupported`` refusal.
 MAX_VERSION: Final = 64
-#: seed 001 names no limit for ``space.spaceId``; an id, with the room the key's bound gives.
+#: the contract names no limit for ``space.spaceId``; an id, with the room the key's bound gives.
 MAX_SPACE_ID: Final = 512
-#: seed 000: idempotencyKey 必填,最长 512 字符.
+#: idempotencyKey is required, at most 512 characters.
 MAX_IDEMPOTENCY_KEY: Final = 512
-#: seed 000: 文本 10 万字符. Also the owner's ``turn/send`` content and an approval's note,
+#: a message's text: at most 100,000 characters. Also the owner's ``turn/send`` content and an approval's note,
 #: which reach the model the same way a message does.
 MAX_TEXT_CHARS: Final = 100_000
 #: An attachment's file name: NAME_MAX of every common file system.
@@ -98,9 +98,9 @@ TRACEPARENT_PATTERN: Final = r"^(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16}
 
 # --- collections and raw JSON ---------------------------------------------------------------------
 
-#: seed 000: 附件每条 10 个 (loop/send, and turn/send the same).
+#: at most 10 attachments per message (loop/send, and turn/send the same).
 MAX_ATTACHMENTS: Final = 10
-#: seed 000: 单个 20MB、总计 20MB (checked on the decoded bytes, each and all together).
+#: 20 MB per attachment and 20 MB in total (checked on the decoded bytes, each and all together).
 MAX_ATTACHMENT_BYTES: Final = 20 * 1024 * 1024
 _B64_CHARS: Final = 4 * -(-MAX_ATTACHMENT_BYTES // 3)
 #: A data URL holding the largest attachment: its base64, MIME line breaks (2 per 76), a header.
@@ -125,16 +125,16 @@ MAX_NESTING: Final = 512
 #: for any position, count or time of ours.
 MAX_INT: Final = 2**63 - 1
 MIN_INT: Final = -(2**63)
-#: seed 004: sessions/list limit 缺省 50、最大 200.
+#: sessions/list limit: 50 by default, at most 200.
 LIST_DEFAULT_LIMIT: Final = 50
 LIST_MAX_LIMIT: Final = 200
-#: seed 004: session/history limit 缺省 100、最大 200.
+#: session/history limit: 100 by default, at most 200.
 HISTORY_DEFAULT_LIMIT: Final = 100
 HISTORY_MAX_LIMIT: Final = 200
-#: ``loop/listEvents`` page: the seeds name none; 1,000 events of at most a message each.
+#: ``loop/listEvents`` page: the contract names none; 1,000 events of at most a message each.
 LOOP_EVENTS_DEFAULT_LIMIT: Final = 100
 LOOP_EVENTS_MAX_LIMIT: Final = 1_000
-#: seed 001: 超时默认 60 秒,钳制在 1–600 秒 (within int64 a timeout is clamped, never refused).
+#: a wait's timeout: 60 s by default, clamped to 1–600 s (within int64 a timeout is clamped, never refused).
 DEFAULT_WAIT_MS: Final = 60_000
 MIN_WAIT_MS: Final = 1_000
 MAX_WAIT_MS: Final = 600_000

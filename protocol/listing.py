@@ -1,4 +1,4 @@
-"""The pure rules of ``sessions/list`` and of the tree-computed summary fields (seed 004).
+"""The pure rules of ``sessions/list`` and of the tree-computed summary fields (docs/protocol.md).
 
 Two steps, both pure (no store, no clock), so the gateway can run them over whatever it holds:
 
@@ -10,7 +10,7 @@ Two steps, both pure (no store, no clock), so the gateway can run them over what
    sections, children of a parent, room groups (``instance`` / ``platform``), archived,
    background, search, sort order, pagination, and the :class:`RoomGroup` list.
 
-Every rule cites the seed section (列表的规则 / 按会话树算的字段). Errors are :class:`RpcError`
+Each function says the rule it implements, in words. Errors are :class:`RpcError`
 values raised for the gateway to answer: unknown parent -> ``not-found``; bad cursor ->
 ``invalidParams``. (``instance`` with ``platform`` and ``background`` with ``archived`` are refused
 by ``SessionsListParams`` itself, which cannot even be constructed that way.)
@@ -55,7 +55,7 @@ __all__ = [
     "with_ancestors",
 ]
 
-DEFAULT_LIMIT: Final = LIST_DEFAULT_LIMIT  # seed: limit 缺省 50、最大 200
+DEFAULT_LIMIT: Final = LIST_DEFAULT_LIMIT  # limit: 50 by default, at most 200
 MAX_LIMIT: Final = LIST_MAX_LIMIT
 
 
@@ -149,7 +149,7 @@ def _effective_parents(by_id: dict[str, SessionNode]) -> dict[str, str | None]:
 
 
 def compute_tree_fields(nodes: Iterable[SessionNode]) -> dict[str, TreeFields]:
-    """Fold the session tree (seed 004, 按会话树算的字段); total: never raises on odd trees.
+    """Fold the session tree into the fields computed over it; total: never raises on odd trees.
 
     * ``attention``: the session or any descendant has an unsettled pushed approval;
     * ``background``: its own running background tasks, plus the number of descendants (at any
@@ -227,7 +227,7 @@ def apply_tree_fields(summary: SessionSummary, fields: TreeFields) -> SessionSum
 
 
 def with_ancestors(changed: Iterable[str], fields: dict[str, TreeFields]) -> list[str]:
-    """The changed ids plus all their ancestors, each once (seed, 增量: 连同它的各级父会话)."""
+    """The changed ids plus all their ancestors, each once (an update carries every ancestor of a change)."""
     seen: dict[str, None] = {}
     for session_id in changed:
         seen.setdefault(session_id)
@@ -238,7 +238,7 @@ def with_ancestors(changed: Iterable[str], fields: dict[str, TreeFields]) -> lis
 
 
 def completed_unread(section: str, last_reply_at: int | None, seen_at: int | None) -> bool:
-    """Seed 完成未读: an owner-section session whose last reply is later than the owner's last
+    """Unread after a finished reply: an owner-section session whose last reply is later than the owner's last
     ``session/markSeen``; rooms are never unread."""
     if section != "owner" or last_reply_at is None:
         return False
@@ -262,7 +262,7 @@ def compute_room_groups(
     label: Callable[[str, str | None], str] | None = None,
     ids: set[str] | None = None,
 ) -> list[RoomGroup]:
-    """Non-archived rooms grouped by (platform, instance) (seed 004, 分组).
+    """Non-archived rooms grouped by (platform, instance).
 
     Not affected by section, search or paging. Ordered by platform; within a platform the groups
     with an instance first (by instance id), the instance-less group last. ``label(platform,
@@ -300,7 +300,7 @@ def _default_terms(summary: SessionSummary) -> Iterable[str]:
 
 def _query_matcher(query: str) -> Callable[[Iterable[str]], bool]:
     """Case-insensitive substring on each term; ``platform:group`` also hits
-    ``platform:<account>:group:<group>`` (seed: 也认「平台:群号」)."""
+    ``platform:<account>:group:<group>`` (the short form ``platform:group`` is accepted too)."""
     needle = query.strip().casefold()
     pair = _PLATFORM_GROUP.fullmatch(needle)
 
@@ -328,7 +328,7 @@ _CURSOR_SHAPE: Final = re.compile(r"[A-Za-z0-9_-]{1,2048}")
 
 def sort_key(summary: ListRow, children: bool) -> SortKey:
     """Owner section: attention, error, completed-unread, running first, then newest activity;
-    rooms and children: newest activity first; owner section before rooms (seed: 排序)."""
+    rooms and children: newest activity first; owner section before rooms."""
     newest = -summary.updated_at
     if children or summary.section == "rooms":
         return (0 if children else 1, 0, 0, 0, 0, newest, summary.id)
@@ -365,7 +365,7 @@ def decode_cursor(cursor: str) -> SortKey:
 
 
 def _candidates(summaries: Sequence[Row], params: SessionsListParams, ids: set[str]) -> list[Row]:
-    if params.parent_id is not None:  # seed: direct children only; section does not apply
+    if params.parent_id is not None:  # direct children only; section does not apply
         if params.parent_id not in ids:
             raise RpcError.not_found(f"session {params.parent_id} does not exist", sessionId=params.parent_id)
         return [s for s in summaries if s.parent_id == params.parent_id]
@@ -406,8 +406,8 @@ def list_sessions(
     (:class:`ListRow`), then ``materialize(row)`` gives the summary of each row of the page;
     ``key`` is :func:`sort_key` or one that remembers it for rows seen before.
     ``search_terms(summary)`` gives the texts ``query`` matches: by default id and title; the
-    gateway passes name, title and id but leaves out default names (seed: 没取名的会话的默认名不参
-    与匹配). Raises :class:`RpcError`: ``not-found`` for an unknown ``parentId``,
+    gateway passes name, title and id but leaves out default names (the default name of an unnamed session
+    does not match). Raises :class:`RpcError`: ``not-found`` for an unknown ``parentId``,
     ``invalidParams`` for a bad cursor.
 
     The page is the ``limit`` smallest sort keys after the cursor (a bounded heap, not a sort of

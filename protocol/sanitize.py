@@ -1,6 +1,6 @@
 """``sanitize_for_card``: make verbatim tool arguments safe to show on an approval card.
 
-Seed 004 (在场与审批, 显示): an approval's ``facts`` are the tool's arguments verbatim and may
+What an approval card shows: an approval's ``facts`` are the tool's arguments verbatim and may
 carry control characters, bidirectional controls and zero-width characters; a card must be
 cleaned before display. Those characters are how a malicious argument makes a card *read*
 differently from what will run (``rm -rf /`` shown reversed or hidden behind a zero-width joiner,

@@ -3,8 +3,8 @@
 The gateway never sees raw JSON: :mod:`protocol.connection` decodes a request's ``params`` with the
 decoder registered here for its method (built once, at import: msgspec perf tips) and hands the
 gateway a typed Struct; the gateway answers with the registered result Struct. Shapes are the
-seed's (004, field by field); the shared pieces (summaries, items, approvals, ...) are in
-:mod:`protocol.schemas_types`; the Session Loop API's bot methods (``loop/*``, seeds 000/001) in
+contract's (docs/protocol.md, field by field); the shared pieces (summaries, items, approvals, ...) are in
+:mod:`protocol.schemas_types`; the Session Loop API's bot methods (``loop/*``) in
 :mod:`protocol.schemas_loop`.
 
 Validation that msgspec constraints can express lives in the Structs (``Meta`` bounds, ``Literal``
@@ -161,14 +161,14 @@ Cursor = Annotated[str, Meta(max_length=MAX_CURSOR)]
 
 
 class SessionsListParams(Wire, frozen=True, kw_only=True):
-    """Filters of ``sessions/list`` (seed 004, 列表的规则); see :mod:`protocol.listing`."""
+    """Filters of ``sessions/list``; see :mod:`protocol.listing` for the rules."""
 
     section: Literal["owner", "rooms"] | None = None
     parent_id: Id | None = None
     instance: ShortName | None = None
     platform: ShortName | None = None
     archived: bool | None = None
-    background: Literal[True] | None = None  # seed: 只取 true
+    background: Literal[True] | None = None  # only ``true`` filters
     query: Annotated[str, Meta(max_length=MAX_QUERY)] | None = None
     cursor: Cursor | None = None
     limit: ListLimit | None = None
@@ -309,7 +309,7 @@ class SubscribeResult(Wire, frozen=True, kw_only=True):
 class HistoryParams(Wire, frozen=True, kw_only=True):
     session_id: Id
     before: Cursor | None = None
-    limit: Annotated[int, Meta(ge=1, le=HISTORY_MAX_LIMIT)] | None = None  # seed: default 100, max 200
+    limit: Annotated[int, Meta(ge=1, le=HISTORY_MAX_LIMIT)] | None = None  # default 100, max 200
 
 
 class HistoryResult(Wire, frozen=True, kw_only=True):
@@ -361,7 +361,7 @@ class TurnSendParams(Wire, frozen=True, kw_only=True):
 
     @property
     def text(self) -> str:
-        """The content with surrounding whitespace removed (seed: 文字去掉首尾空白)."""
+        """The content with surrounding whitespace removed: it is not part of the text."""
         return self.content.strip()
 
 
@@ -377,7 +377,7 @@ class TurnRewindParams(Wire, frozen=True, kw_only=True):
 
 
 class RewindResult(Wire, frozen=True, kw_only=True):
-    """Checkpoint rollback result (SPEC §6): files restored / removed / in conflict."""
+    """Checkpoint rollback result: files restored / removed / in conflict."""
 
     turn_id: str
     restored: list[str]
@@ -527,7 +527,7 @@ METHODS: Final[dict[str, MethodSpec]] = dict(
         _spec("approval/respond", ApprovalRespondParams, Empty),
         _spec("approval/grants/list", SessionIdParams, GrantsListResult),  # 0.2.1
         _spec("approval/grants/revoke", GrantRevokeParams, Empty),  # 0.2.1
-        # Session Loop API for bots (seeds 000/001, SPEC §5)
+        # Session Loop API for bots (see protocol.schemas_loop)
         _spec("loop/create", LoopCreateParams, LoopCreateResult),
         _spec("loop/send", LoopSendParams, LoopSendResult),
         _spec("loop/waitForTurn", LoopWaitForTurnParams, LoopWaitForTurnResult),

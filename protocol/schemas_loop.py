@@ -1,9 +1,9 @@
-"""Wire shapes of the Session Loop API for remote bots (seeds 000/001, SPEC §5).
+"""Wire shapes of the Session Loop API for remote bots (docs/protocol.md, ``loop/*``).
 
 The same operations as the in-process Python API (``create``, ``send``, ``waitForTurn``,
 ``listEvents``, ``onDidReceiveEvent``) as JSON-RPC methods ``loop/*`` on the session endpoint,
 authenticated as an app. Limits a Struct can check are checked here, with the numbers of
-:mod:`protocol.limits` (the seeds' key length, text length, number of attachments; our bounds on
+:mod:`protocol.limits` (the contract's key length, text length, number of attachments; our bounds on
 ids, titles, cursors and integers); the byte-size limits (20 MB per attachment and in total) need
 the decoded payloads and are the gateway's (``schemas_types.decode_data_url``).
 """
@@ -72,7 +72,7 @@ class InitialMessage(Wire, frozen=True, kw_only=True):
 
 
 class LoopChat(Wire, frozen=True, kw_only=True):
-    """The chat window a room is (seed 004 SessionSummary.chat): the platform's own type name,
+    """The chat window a room is (``SessionSummary.chat``): the platform's own type name,
     shown as is, and whether more than two parties talk in it."""
 
     type: ShortName
@@ -80,7 +80,7 @@ class LoopChat(Wire, frozen=True, kw_only=True):
 
 
 class LoopPlace(Wire, frozen=True, kw_only=True):
-    """A room's window place (seed 004 场所): its key (by convention
+    """A room's window place: its key (by convention
     ``<platform>:<account>:<type>:<number>``, so ``sessions/list`` finds ``<platform>:<number>``)
     and its display name (the group's name, or the other party's nickname)."""
 
@@ -89,11 +89,11 @@ class LoopPlace(Wire, frozen=True, kw_only=True):
 
 
 class LoopCreateParams(Wire, frozen=True, kw_only=True):
-    """Placement is ``containerId`` or ``space``, never both (seed 001: 投放位置二选一).
+    """Placement is ``containerId`` or ``space``, never both (a session is placed one way).
 
     ``context: 'caller'`` is accepted by the schema so the gateway can refuse it with a clear
-    error: over the wire there is no calling tool execution to inherit from (seed: 在工具调用之外
-    使用会抛错).
+    error: over the wire there is no calling tool execution to inherit from (outside a tool call it is an
+    error).
     """
 
     container_id: ShortName | None = None
@@ -104,7 +104,7 @@ class LoopCreateParams(Wire, frozen=True, kw_only=True):
     initial_message: InitialMessage | None = None
     context: Literal["caller"] | None = None
     #: a room's description (with ``containerId``): its chat window, the bot's account in it and
-    #: its window place (SPEC §5; seed 004 摘要: chat, account, place)
+    #: its window place (as the summary shows it: chat, account, place)
     chat: LoopChat | None = None
     account: ShortName | None = None
     place: LoopPlace | None = None
@@ -115,7 +115,7 @@ class LoopCreateParams(Wire, frozen=True, kw_only=True):
 
     @property
     def effective_permission_mode(self) -> str:
-        """Seed 001: interactive defaults to ``ask``, background to ``acceptCalls``."""
+        """Interactive defaults to ``ask``, background to ``acceptCalls``."""
         if self.permission_mode is not None:
             return self.permission_mode
         return "acceptCalls" if self.activity == "background" else "ask"
@@ -137,7 +137,7 @@ class LoopSendParams(Wire, frozen=True, kw_only=True):
 
 
 class LoopSendResult(Wire, frozen=True, kw_only=True):
-    """The receipt. ``rejected`` comes with ``retryAfterMs`` (seed: 1000 ms when the queue is full)."""
+    """The receipt. ``rejected`` comes with ``retryAfterMs`` (1000 ms when the queue is full)."""
 
     state: Literal["accepted", "queued", "duplicate", "rejected"]
     epoch: int
@@ -148,7 +148,7 @@ class LoopSendResult(Wire, frozen=True, kw_only=True):
 
 
 class LoopWaitForTurnParams(Wire, frozen=True, kw_only=True):
-    """Any int64 ``timeoutMs`` is accepted and clamped, not refused (seed: 钳制在 1–600 秒); a
+    """Any int64 ``timeoutMs`` is accepted and clamped, not refused (to 1–600 s); a
     longer integer (JSON has no limit) is invalidParams, not an overflow in the clamp."""
 
     session_id: Id

@@ -1,14 +1,14 @@
-"""The data shapes of the session protocol (seed 004): summaries, items, approvals, tasks, settings.
+"""The data shapes of the session protocol (docs/protocol.md): summaries, items, approvals, tasks, settings.
 
 Method params/results and the registry live in :mod:`protocol.schemas`; this module holds the
 shapes they are made of, so both the gateway (building them) and clients (parsing them) share one
 definition.
 
-Conventions, all from msgspec's guidance and the seed:
+Conventions, all from msgspec's guidance and the contract:
 
 * every Struct derives from :class:`Wire`: frozen, keyword-only, camelCase on the wire
   (``rename="camel"``: ``session_id`` <-> ``sessionId``), ``omit_defaults`` so optional fields are
-  simply absent, and unknown keys accepted (seed: 对象 schema 不拒多余的键);
+  simply absent, and unknown keys accepted (an object schema never refuses extra keys);
 * consequence of ``omit_defaults``: a field that must always be on the wire has **no default**,
   and optional fields default to ``None`` (or ``UNSET`` where ``null`` is a meaningful value);
 * tagged unions use stable tags on ``kind`` (items, tool displays) or ``scope`` (setting layers);
@@ -160,7 +160,7 @@ def check_json_value(field: str, value: Any) -> None:
 
 
 class Identity(Wire, frozen=True, kw_only=True):
-    """Who a connection is, as the transport authenticated it (seed: identity {platform, userId})."""
+    """Who a connection is, as the transport authenticated it (``identity {platform, userId}``)."""
 
     platform: str
     user_id: str
@@ -172,7 +172,7 @@ class ClientInfo(Wire, frozen=True, kw_only=True):
 
 
 class Features(Wire, frozen=True, kw_only=True):
-    """Feature bits (seed 004, 功能位): which services are present right now."""
+    """Feature bits: which services are present right now."""
 
     send: bool
     rewind: bool
@@ -216,7 +216,7 @@ class AncestorRef(Wire, frozen=True, kw_only=True):
 
 
 class SessionSummary(Wire, frozen=True, kw_only=True):
-    """One row of the session list (seed 004, 摘要). Tree fields: see ``listing.compute_tree_fields``."""
+    """One row of the session list (a summary). Tree fields: see ``listing.compute_tree_fields``."""
 
     id: str
     title: str
@@ -245,7 +245,7 @@ class SessionSummary(Wire, frozen=True, kw_only=True):
 
 
 class RoomGroup(Wire, frozen=True, kw_only=True):
-    """Non-archived rooms grouped by platform + adapter instance (seed 004, RoomGroup)."""
+    """Non-archived rooms grouped by platform + adapter instance."""
 
     platform: str
     label: str
@@ -271,7 +271,7 @@ _DATA_URL_HEAD: Final = r"^data:[^,]*;base64,"
 
 
 class OutgoingAttachment(Wire, frozen=True, kw_only=True):
-    """An attachment sent to the agent: ``data`` must be a base64 ``data:`` URL (seed 004)."""
+    """An attachment sent to the agent: ``data`` must be a base64 ``data:`` URL."""
 
     data: Annotated[str, Meta(pattern=_DATA_URL_HEAD, max_length=MAX_DATA_URL_CHARS)]
     name: Annotated[str, Meta(max_length=MAX_FILE_NAME)]
@@ -288,7 +288,7 @@ _B64_BODY = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 def decode_data_url(data: str) -> DataUrl | None:
     """Decode a base64 data URL, or ``None`` if it is not one (the gateway answers invalidParams).
 
-    The declared MIME is returned as given; the seed has the server sniff the real type from the
+    The declared MIME is returned as given; the contract has the server sniff the real type from the
     file header instead, so callers should not trust it.
     """
     head, sep, body = data.partition(",")
@@ -315,7 +315,7 @@ class CommandDisplay(_Display, tag="command", frozen=True, kw_only=True):
     command: str
     cwd: str | None = None
     exit_code: int | None = None
-    #: an extension of seed 004's display: the sandbox policy the command runs under (SPEC §7)
+    #: an extension of the protocol's display: the sandbox policy the command runs under
     sandbox: str | None = None
 
 
@@ -338,7 +338,7 @@ class Speaker(Wire, frozen=True, kw_only=True):
     owner: bool
     user_id: str | None = None
     nickname: str | None = None
-    source: str | None = None  # injection source (注入来源), when not a person typed it
+    source: str | None = None  # injection source, when not a person typed it
 
 
 SettlementSource = Literal["answer", "absent", "timeout", "ineligible", "rate-limit", "turn-ended", "shutdown",
@@ -495,7 +495,7 @@ class ToolCallItem(_Item, tag="tool-call", frozen=True, kw_only=True):
     not_executed: bool = False
     sent_to_room: bool = False
     task_id: str | None = None
-    #: an extension of seed 004's tool-call item: why a ``denied`` call was not approved, one line
+    #: an extension of the protocol's tool-call item: why a ``denied`` call was not approved, one line
     #: in the server's language (the result holds what the model was told, raw)
     reason: str | None = None
 
@@ -558,7 +558,7 @@ class TurnItem(_Item, tag="turn", frozen=True, kw_only=True):
     source: str | None = None
     outcome: TurnOutcome | None = None
     ended_at: int | None = None
-    #: an extension of seed 004's turn item: why a turn ended in ``error`` (one line), and the step
+    #: an extension of the protocol's turn item: why a turn ended in ``error`` (one line), and the step
     reason: str | None = None
     step_id: str | None = None
 
@@ -601,7 +601,7 @@ class BackgroundCall(Wire, frozen=True, kw_only=True):
 
 
 class BackgroundTask(Wire, frozen=True, kw_only=True):
-    """Work running in the background for the owner (seed 004, 后台任务)."""
+    """Work running in the background for the owner."""
 
     id: str
     session_id: str

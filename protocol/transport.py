@@ -1,6 +1,6 @@
 """The WebSocket transport: the one I/O shell of protocol/ (STYLE rule 1).
 
-It moves text between sockets and a session-protocol service (the seed's
+It moves text between sockets and a session-protocol service (through
 ``connect(peer, send) -> {receive, close}``) and serves three small HTTP endpoints. It imports
 no actor: the service is anything with ``connect``, ``resolve_file`` and ``can_read``.
 
@@ -11,7 +11,7 @@ no actor: the service is anything with ``connect``, ``resolve_file`` and ``can_r
 * ``GET /api/session-file?sessionId=…&handle=…`` — an attachment, as ``application/octet-stream``,
   only for a handle the service issued for that session in this epoch;
 * ``GET /api/models/<source>?dependency=…`` — the option list of a settings field's
-  ``dynamicOptions`` source (seed 004 可选项; ``llm``: the configured models), JSON, answered by
+  ``dynamicOptions`` source (``llm``: the configured models), JSON, answered by
   the service's ``options``; any valid token, the Origin check of ``/session``; 404 for a source
   nobody answers;
 * ``GET /metrics`` (Prometheus text; the owner token, unless ``metrics_public``) and ``GET /healthz``.
@@ -94,7 +94,7 @@ MAX_DEPENDENCY = 1024
 
 
 class Peer(msgspec.Struct, kw_only=True):
-    """An authenticated connection (seed 004 ``SessionPeer``): who, on which approval surface,
+    """An authenticated connection (a ``SessionPeer``): who, on which approval surface,
     and how the server asks the transport to close it."""
 
     platform: str
@@ -557,7 +557,7 @@ class SessionServer:
                          {"Content-Disposition": f"attachment; filename*=UTF-8''{quoted}"})
 
     async def _options(self, peer: Peer, source: str, request: Request) -> Response:
-        """Seed 004 可选项: the option list of ``source``, with the ``dependency`` a ``dependsOn``
+        """The option list of ``source``, with the ``dependency`` a ``dependsOn``
         field sends. Computed off the loop (a contributed source may be slow)."""
         source = urllib.parse.unquote(source)
         if not _SOURCE_NAME.fullmatch(source):

@@ -2,19 +2,21 @@
 
 The transport (``protocol/transport.py``) knows nothing of actors: it calls
 :meth:`SessionProtocolService.connect` with the authenticated peer and a thread-safe ``send``,
-then feeds every received text to :meth:`ClientConnection.receive` (the seed's
+then feeds every received text to :meth:`ClientConnection.receive` (the transport's
 ``connect(peer, send) -> {receive, close}``). Each connection owns a sans-I/O
 ``protocol.Connection``; decoded requests become messages to the ``GatewayActor``, whose
 handlers translate them into session actor messages and never wait: replies come back as
 callbacks that encode the result frame and hand it to ``send``.
 
-Pushes: a connection subscribed to a session is one of that session channel's subscribers. The
-frame of a push is encoded once per push and shared by every subscriber (a thread-local
-one-entry cache: a channel publishes to its subscribers in one go on one thread).
+Every frame goes out through the connection's ``protocol.Connection``, whose state decides whether
+it is sent (nothing after a close). Pushes: a connection subscribed to a session is one of that
+session channel's subscribers. The frame of a push is encoded once per push
+(``protocol.connection.encode_push``), left in the push's ``Publication.memo`` by the first
+subscriber and taken from there by the others; each hands it to its own ``Connection.push``.
 
 Human text: every frame of the service is encoded by :attr:`SessionProtocolService.encoder`,
 whose ``enc_hook`` renders the text objects in it (``actors.settings.texts``) in the server's language as
-it is when the frame is encoded (seed 004 文字与语言: 全局层的语言改了之后发出的帧按新的语言).
+it is when the frame is encoded (after the language changes, the next frame is in the new one).
 """
 
 from __future__ import annotations
@@ -32,13 +34,21 @@ import msgspec
 import pykka
 
 from sessionloop.actors.settings.texts import Text, enc_hook
+from sessionloop.actors.system.pubsub import Publication
 from sessionloop.actors.system.runtime import DeltaPayload, Runtime
 from sessionloop.actors.views.index import SummaryIndex
-from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.protocol import file_handles
-from sessionloop.protocol.connection import Close, Connection, Dispatch, Limits, Send, ServerInfo
-from sessionloop.protocol.errors import RpcError
-from sessionloop.protocol.frames import notification_frame
+from sessionloop.protocol.connection import (
+    Close,
+    Connection,
+    Dispatch,
+    Limits,
+    Push,
+    Send,
+    ServerInfo,
+    encode_push,
+)
+from sessionloop.protocol.errors import RpcError, from_domain_error, is_domain_error
 from sessionloop.protocol.schemas import FeaturesChanged, ItemDelta, ItemPush, SessionResync
 from sessionloop.protocol.schemas_types import Features, Identity, ItemAttachment, UserMessageItem
 from sessionloop.protocol.transport import Peer
@@ -48,25 +58,14 @@ log = logging.getLogger("sessionloop.gateway")
 SERVER_NAME = "sessionloop"
 
 
-_tls = threading.local()
-
-
-def _push_frame(session_id: str, epoch: int, seq: int, method: str, payload: Any,
-                decorate: Callable[[str, Any], Any], encoder: msgspec.json.Encoder) -> str:
-    cached = getattr(_tls, "last", None)
-    key = (session_id, epoch, seq)
-    if cached is not None and cached[0] == key:
-        return cached[1]  # type: ignore[no-any-return]
-    params: msgspec.Struct
+def _push_params(publication: Publication, decorate: Callable[[str, Any], Any]) -> msgspec.Struct:
+    """The params of a session push: a live delta, a resync, or an item (attachments signed)."""
+    sid, epoch, seq, payload = publication.session_id, publication.epoch, publication.seq, publication.payload
     if isinstance(payload, DeltaPayload):
-        params = ItemDelta(session_id=session_id, epoch=epoch, seq=seq, item_id=payload.item_id, text=payload.text)
-    elif method == "session/resync":
-        params = SessionResync(session_id=session_id, epoch=epoch, seq=seq)
-    else:
-        params = ItemPush(session_id=session_id, epoch=epoch, seq=seq, item=decorate(session_id, payload))
-    frame = notification_frame(method, params, encoder)
-    _tls.last = (key, frame)
-    return frame
+        return ItemDelta(session_id=sid, epoch=epoch, seq=seq, item_id=payload.item_id, text=payload.text)
+    if publication.method == "session/resync":
+        return SessionResync(session_id=sid, epoch=epoch, seq=seq)
+    return ItemPush(session_id=sid, epoch=epoch, seq=seq, item=decorate(sid, payload))
 
 
 class ClientConnection:
@@ -118,14 +117,16 @@ class ClientConnection:
             self._send(text)
 
     def error(self, request_id: Any, error: BaseException) -> None:
-        if not isinstance(error, SessionloopError):
+        """Answer with ``error``: one of ours (a ``code`` and ``data``) as the protocol translates it,
+        anything else as ``internalError`` (and logged: it is a bug)."""
+        if not is_domain_error(error):
             log.exception("request failed", exc_info=error)
-            error = RpcError.internal_error(f"{type(error).__name__}: {error}")
+            error = from_domain_error(error)
         with self._lock:
             method = self._methods.pop(request_id, "?")
             text = self.protocol.error(request_id, error)
-        code = getattr(error, "data", {}).get("code") if isinstance(getattr(error, "data", None), dict) else None
-        self.service.rt.metrics.frames.labels(method, str(code or getattr(error, "code", "error"))).inc()
+        label = str(error.data.get("code") or error.code) if is_domain_error(error) else "error"
+        self.service.rt.metrics.frames.labels(method, label).inc()
         if text is not None:
             self._send(text)
 
@@ -135,12 +136,25 @@ class ClientConnection:
         if text is not None:
             self._send(text)
 
-    def push(self, session_id: str, epoch: int, seq: int, method: str, payload: Any) -> None:
-        """A session channel's push (called under the channel's lock: must not block)."""
-        if self.closed:
-            return
-        self._send(_push_frame(session_id, epoch, seq, method, payload, self.service.decorate,
-                               self.service.encoder))
+    def push(self, publication: Publication) -> None:
+        """A session channel's push (called under the channel's lock: must not block). The frame is
+        encoded by the first subscriber and left in the publication for the others."""
+        memo = publication.memo
+        if memo is not None and memo[0] is self.service:
+            frame: Push = memo[1]
+        else:
+            frame = encode_push(publication.method, _push_params(publication, self.service.decorate),
+                                self.service.encoder)
+            publication.memo = (self.service, frame)
+        text = self.protocol.push(frame)
+        if text is not None:
+            self._send(text)
+
+    def send_push(self, frame: Push) -> None:
+        """A notification encoded once for many connections (``SessionProtocolService.notify_all``)."""
+        text = self.protocol.push(frame)
+        if text is not None:
+            self._send(text)
 
     def visible(self, record: Any) -> bool:
         """What this identity may see: the owner everything, an app only what it created."""
@@ -171,15 +185,15 @@ class GatewayActor(pykka.ThreadingActor):
             return
         try:
             handler(conn, request.id, request.params)
-        except SessionloopError as e:
+        except Exception as e:
+            if not is_domain_error(e):  # a bug in a handler: the request fails, the gateway lives on
+                log.exception("handler for %s failed", request.method)
+                e = from_domain_error(e)
             conn.error(request.id, e)
-        except Exception as e:  # a bug in a handler: the request fails, the gateway lives on
-            log.exception("handler for %s failed", request.method)
-            conn.error(request.id, RpcError.internal_error(f"{type(e).__name__}: {e}"))
 
 
 class SessionProtocolService:
-    """What the transport talks to (seed 004 ``SessionProtocolService``): ``connect`` and
+    """What the transport talks to (the protocol's ``SessionProtocolService``): ``connect`` and
     ``resolve_file``. Owns the gateway actor, the listing index and the file-handle key."""
 
     def __init__(self, runtime: Runtime, *, limits: Limits | None = None, host: Any = None) -> None:
@@ -251,7 +265,7 @@ class SessionProtocolService:
         return self.blobs.path(sha256), name or sha256
 
     def options(self, peer: Peer, source: str, dependency: str | None) -> Any:
-        """``GET /api/models/<source>`` (seed 004 可选项): ``{"service", "options"}``, or None for a
+        """``GET /api/models/<source>`` (a settings field's option list): ``{"service", "options"}``, or None for a
         source nobody answers. Any authenticated peer may ask: an app sets its own sessions' rows."""
         settings = self.rt.settings_service
         found = settings.option_list(source, dependency) if settings is not None else None
@@ -277,19 +291,19 @@ class SessionProtocolService:
             self.index.update(record)
 
     def going_offline(self) -> None:
-        """Seed 004: when the services behind the feature bits go away, every connection is told
+        """When the services behind the feature bits go away, every connection is told
         with ``features/changed`` (all off), so a client disables its input while the server
         drains instead of finding out from a dropped socket."""
         self.notify_all("features/changed",
                         FeaturesChanged(features=Features(send=False, rewind=False, compress=False, settings=False)))
 
     def notify_all(self, method: str, params: msgspec.Struct) -> None:
-        """``method`` to every open connection."""
+        """``method`` to every open connection, encoded once."""
+        frame = encode_push(method, params, self.encoder)
         with self._lock:
             conns = list(self.connections)
         for conn in conns:
-            if not conn.closed:
-                conn.notify(method, params)
+            conn.send_push(frame)
 
     def close(self) -> None:
         with self._lock:

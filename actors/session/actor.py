@@ -84,6 +84,7 @@ from sessionloop.eventstore import (
     StreamDeleted,
     WrongExpectedVersion,
 )
+from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.schemas_types import AgentMessageItem, ReasoningItem
 
 if TYPE_CHECKING:
@@ -423,7 +424,7 @@ class SessionBehaviour:
         """Run ``step`` (a message's handler or the rest of it after a commit) under supervision."""
         try:
             step()
-        except SessionloopError as e:
+        except (SessionloopError, RpcError) as e:  # RpcError: a gateway step's answer for the client
             # A refused command (the state is untouched) or a store failure (``_commit`` has
             # reloaded the state): the request fails with the error; an internal message
             # (a model or tool outcome) is retried, so a full disk does not lose a turn.

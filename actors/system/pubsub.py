@@ -3,8 +3,10 @@
 * :class:`Reply` — every request message carries one; the actor completes it once. Sync callers
   wait on it with a timeout (never forever); asyncio callers get an awaitable.
 * :class:`SessionChannel` — a session's live publication: ``(epoch, seq)`` allocation and the
-  subscribers. Pushes are produced on the actor thread (committed events) and on the worker
-  loop (live deltas), so both go through one lock: that lock is also what makes the seed's
+  subscribers. Each push is one :class:`Publication` handed to every subscriber, so what a
+  subscriber derives from it (a protocol connection: the encoded frame) is made once per push,
+  not once per subscriber. Pushes are produced on the actor thread (committed events) and on the worker
+  loop (live deltas), so both go through one lock: that lock is also what makes the protocol's
   "before the snapshot reply is sent, the connection gets no push of that session" hold,
   because a subscriber is added and its snapshot handed over under it.
 * :class:`TurnResults` — the outcome of recent turns and who waits for them (``wait_for_turn``
@@ -161,6 +163,28 @@ def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -
         fut.set_result(value)
 
 
+class Publication:
+    """One push of a session, made once and handed to every subscriber of it.
+
+    ``memo`` is for the subscribers: the first one that derives something from the push (a protocol
+    connection: the frame, encoded) leaves it there, with a key saying whose it is, and the others
+    take it (they get the push under the channel's lock, one after another).
+    """
+
+    __slots__ = ("session_id", "epoch", "seq", "method", "payload", "memo")
+
+    def __init__(self, session_id: str, epoch: int, seq: int, method: str, payload: Any) -> None:
+        self.session_id = session_id
+        self.epoch = epoch
+        self.seq = seq
+        self.method = method
+        self.payload = payload
+        self.memo: tuple[Any, Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"Publication({self.session_id!r}, {self.epoch}, {self.seq}, {self.method!r})"
+
+
 class Subscriber(Protocol):
     """A receiver of a session's pushes (a protocol connection, a test, a bot watcher).
 
@@ -168,7 +192,7 @@ class Subscriber(Protocol):
     not block (queue the frame and return).
     """
 
-    def push(self, session_id: str, epoch: int, seq: int, method: str, payload: Any) -> None: ...
+    def push(self, publication: Publication) -> None: ...
 
 
 class SessionChannel:
@@ -183,10 +207,10 @@ class SessionChannel:
         self.seq = 0  # the seq of the last push; read under ``lock`` for a snapshot
         self.subscribers: dict[Any, Subscriber] = {}
         #: the items a model call is streaming (never persisted): item id -> (the started item,
-        #: the text so far); a snapshot taken mid-stream holds them (seed 004: 在途回合已产出的条目)
+        #: the text so far); a snapshot taken mid-stream holds them (the items a running turn has produced so far)
         self.streaming: dict[str, tuple[Any, list[str]]] = {}
         #: the tool cards a model call announced while its arguments stream (status
-        #: ``generating``, seed 004 tool-call), by call id; live only like the text
+        #: ``generating`` tool-call items), by call id; live only like the text
         self.cards: dict[str, Any] = {}
 
     @property
@@ -198,8 +222,13 @@ class SessionChannel:
             if not self.subscribers:
                 return
             self.seq += 1
-            for sub in list(self.subscribers.values()):
-                sub.push(self.session_id, self.epoch, self.seq, method, payload)
+            self._deliver(list(self.subscribers.values()), method, payload)
+
+    def _deliver(self, subs: list[Subscriber], method: str, payload: Any) -> None:
+        """The push of ``self.seq`` to ``subs`` (call under ``lock``)."""
+        publication = Publication(self.session_id, self.epoch, self.seq, method, payload)
+        for sub in subs:
+            sub.push(publication)
 
     def publish_many(self, pushes: list[tuple[str, Any]]) -> None:
         with self.lock:
@@ -208,9 +237,7 @@ class SessionChannel:
             subs = list(self.subscribers.values())
             for method, payload in pushes:
                 self.seq += 1
-                seq = self.seq
-                for sub in subs:
-                    sub.push(self.session_id, self.epoch, seq, method, payload)
+                self._deliver(subs, method, payload)
 
     def stream(self, item_id: str, start: Callable[[str], Any], delta: Callable[[str, str], Any], text: str) -> None:
         """One delta of a streamed item: kept with the item's text so far and pushed, atomically
@@ -230,8 +257,7 @@ class SessionChannel:
             pushes = [("item/started", entry[0]), ("item/delta", push)] if first else [("item/delta", push)]
             for method, payload in pushes:
                 self.seq += 1
-                for sub in subs:
-                    sub.push(self.session_id, self.epoch, self.seq, method, payload)
+                self._deliver(subs, method, payload)
 
     def streamed_items(self) -> list[Any]:
         """The streaming items with their text so far, and the announced tool cards (call under
@@ -245,8 +271,7 @@ class SessionChannel:
             self.cards[card.item_id] = card
             if self.subscribers:
                 self.seq += 1
-                for sub in list(self.subscribers.values()):
-                    sub.push(self.session_id, self.epoch, self.seq, "item/started", card)
+                self._deliver(list(self.subscribers.values()), "item/started", card)
 
     def discard(self, item_ids: list[str], close: Callable[[Any, str], Any]) -> None:
         """Drop the streaming items ``item_ids`` and every announced card (a model call restarts
@@ -263,8 +288,7 @@ class SessionChannel:
             for item, text in gone:
                 payload = close(item, text)
                 self.seq += 1
-                for sub in subs:
-                    sub.push(self.session_id, self.epoch, self.seq, "item/completed", payload)
+                self._deliver(subs, "item/completed", payload)
 
     def end_streams(self) -> dict[str, Any]:
         """The model call's outcome is committed (its items are in the projection now); returns
@@ -286,7 +310,7 @@ class SessionChannel:
 
 
 class TurnOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """How a turn ended, as ``wait_for_turn`` reports it (seed 000)."""
+    """How a turn ended, as ``wait_for_turn`` reports it."""
 
     session_id: str
     turn_id: str

@@ -91,6 +91,15 @@ def test_every_layer_imports_only_the_layers_below_it() -> None:
     assert upward == []
 
 
+def test_protocol_imports_nothing_of_ours_outside_protocol() -> None:
+    """protocol/ is the wire: the store and the actors reach it, never the other way round (its
+    errors translate theirs by ``code`` and ``data``), at module level or inside a function."""
+    known = modules()
+    outside = [f"{mod} imports {target}" for mod, path in known.items() if layer(mod) == "protocol"
+               for target, _ in imports(mod, path, known) if layer(target) != "protocol"]
+    assert outside == []
+
+
 def test_no_module_level_import_closes_a_cycle() -> None:
     known = modules()
     graph = {mod: {t for t, top in imports(mod, path, known) if top and t in known and t != mod}

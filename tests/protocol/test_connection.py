@@ -16,9 +16,11 @@ from sessionloop.protocol.connection import (
     Dispatch,
     Event,
     Limits,
+    Push,
     Send,
     State,
     TokenBucket,
+    encode_push,
     truncate_close_reason,
 )
 from sessionloop.protocol.errors import (
@@ -28,9 +30,11 @@ from sessionloop.protocol.errors import (
     ProtocolMisuse,
     RpcError,
 )
+from sessionloop.protocol.frames import notification_frame
 from sessionloop.protocol.schemas import (
     Empty,
     FeaturesChanged,
+    ItemDelta,
     SessionIdParams,
     SessionResync,
     SessionsListParams,
@@ -162,6 +166,46 @@ def test_a_notification_with_the_wrong_params_type_is_misuse(peer: Peer) -> None
         peer.conn.notify("features/changed", Empty())
     features = Features(send=False, rewind=False, compress=False, settings=False)
     assert peer.conn.notify("features/changed", FeaturesChanged(features=features)) is not None
+
+
+def test_any_exception_answers_a_dispatched_request_and_a_bug_is_an_internal_error(peer: Peer) -> None:
+    peer.conn.receive(request("session/rename", {"sessionId": "s", "title": "t"}, 1))
+    bug = json.loads(peer.conn.error(1, KeyError("row-3")) or "")
+    assert bug == {"jsonrpc": "2.0", "id": 1, "error": {"code": -32603, "message": "KeyError: 'row-3'"}}
+    assert peer.conn.in_flight == 0
+
+
+# --- pushes encoded once for many connections -----------------------------------------------------
+
+
+def delta(seq: int) -> ItemDelta:
+    return ItemDelta(session_id="s", epoch=1, seq=seq, item_id="i1", text="hel")
+
+
+def test_a_push_encoded_once_is_the_same_text_on_every_open_connection(peer: Peer) -> None:
+    other = Peer(make_connection())
+    other.feed(hello())
+    push = encode_push("item/delta", delta(4))
+    assert push == Push("item/delta", notification_frame("item/delta", delta(4)))
+    assert peer.conn.push(push) is push.text and other.conn.push(push) is push.text
+
+
+def test_a_push_reaches_no_connection_before_its_handshake_or_after_its_close(fresh: Peer, peer: Peer) -> None:
+    push = encode_push("item/delta", delta(5))
+    assert fresh.conn.push(push) is None
+    peer.conn.close()
+    assert peer.conn.push(push) is None
+    ended = Peer(make_connection())
+    ended.feed(hello())
+    ended.conn.shutdown("server stopping")
+    assert ended.conn.push(push) is None
+
+
+def test_encoding_an_unknown_push_or_one_with_the_wrong_params_is_misuse() -> None:
+    with pytest.raises(ProtocolMisuse):
+        encode_push("item/exploded", delta(1))
+    with pytest.raises(ProtocolMisuse):
+        encode_push("item/delta", SessionResync(session_id="s", epoch=1, seq=1))
 
 
 # --- closing --------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from sessionloop.protocol.frames import (
     notification_frame,
     peek_id,
     render_validation_error,
+    request_frame,
     result_frame,
 )
 from sessionloop.protocol.limits import MAX_NESTING
@@ -300,3 +301,21 @@ def test_error_frames_omit_empty_data_and_keep_business_codes() -> None:
 def test_notification_frames_have_no_id() -> None:
     frame = json.loads(notification_frame("session/config/changed", Empty()))
     assert frame == {"jsonrpc": "2.0", "method": "session/config/changed", "params": {}}
+
+
+def test_request_frames_are_the_bytes_a_client_always_sent() -> None:
+    """What cli/client.py sent before it asked protocol/ for its frames: the same bytes, for plain
+    params, params Structs and no params at all."""
+    old = msgspec.json.Encoder()
+    params = {"sessionId": "s1", "limit": 5, "text": "héllo \u2028"}
+    assert request_frame(4, "session/history", params) == old.encode(
+        {"jsonrpc": "2.0", "id": 4, "method": "session/history", "params": params}).decode()
+    assert request_frame("x", "session/subscribe", SessionIdParams(session_id="s1")) == (
+        '{"jsonrpc":"2.0","id":"x","method":"session/subscribe","params":{"sessionId":"s1"}}')
+    assert request_frame(5, "sessions/list") == '{"jsonrpc":"2.0","id":5,"method":"sessions/list","params":{}}'
+
+
+def test_a_request_frame_the_server_decodes_is_the_request_it_was_built_from() -> None:
+    decoded = decode_request(request_frame(9, "session/subscribe", {"sessionId": "s1"}))
+    assert isinstance(decoded, Request) and (decoded.id, decoded.method) == (9, "session/subscribe")
+    assert decode_params(METHODS["session/subscribe"].decoder, decoded.params) == SessionIdParams(session_id="s1")
