@@ -61,6 +61,7 @@ from sessionloop.cli.bench_observers import (
 )
 from sessionloop.cli.serve import Server
 from sessionloop.eventstore import EventStore, RecordedEvent
+from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 
 PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"
@@ -344,7 +345,6 @@ class WsClient:
         self.stream = StreamCheck()  # the answers as this client got them streamed
         self.pushes = PushCheck(self.stream)
         self.decode = msgspec.json.Decoder().decode
-        self.encode = msgspec.json.Encoder().encode
         self.reader = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
@@ -382,7 +382,7 @@ class WsClient:
         rid = next(self.ids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.calls[rid] = fut
-        await self.ws.send(self.encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}).decode())
+        await self.ws.send(request_frame(rid, method, params))
         msg = await fut
         if "error" in msg:
             error, data = msg["error"], msg["error"].get("data") or {}

@@ -36,6 +36,7 @@ import msgspec
 
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.system.worker import LoopBatch
+from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 from sessionloop.protocol.transport import DEFAULT_MAX_OUTBOX, Outbox, Peer, Waker
 
@@ -159,7 +160,7 @@ class Subscribers:
                     params: dict[str, Any]) -> None:
         rid = next(self.ids)
         replies[rid] = asyncio.get_running_loop().create_future()
-        conn.receive(msgspec.json.encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}))
+        conn.receive(request_frame(rid, method, params))
         reply = await asyncio.wait_for(replies[rid], 30)
         if "error" in reply:
             raise RuntimeError(f"{method} refused: {reply['error']}")

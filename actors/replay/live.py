@@ -22,6 +22,7 @@ from sessionloop.actors.session.actor import Ask
 from sessionloop.actors.session.commands import ProjectionView
 from sessionloop.actors.views.items import HISTORY_MAX_LIMIT
 from sessionloop.protocol.file_handles import HANDLE_SHAPE
+from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 from sessionloop.protocol.schemas_types import ItemAttachment, UserMessageItem
 from sessionloop.protocol.transport import Peer
@@ -122,7 +123,7 @@ class MemoryClient:
         with self.cond:
             self.next_id += 1
             rid = self.next_id
-        self.conn.receive(msgspec.json.encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}))
+        self.conn.receive(request_frame(rid, method, params))
         with self.cond:
             if not self.cond.wait_for(lambda: rid in self.answers, self.timeout):
                 raise LiveUnavailable(f"the live host did not answer {method} within {self.timeout:g} s")
