@@ -8,6 +8,7 @@ import gc
 import pytest
 
 from sessionloop.actors.api.host import Host
+from sessionloop.actors.gateway.service import SessionProtocolService
 
 
 @pytest.fixture
@@ -42,7 +43,6 @@ def host(open_host):
 def service(open_host):
     """``make(**host options) -> (host, its SessionProtocolService)``: the gateway without sockets,
     for tests that talk to it through ``gateway_harness.MemoryClient``."""
-    from sessionloop.actors.gateway.service import SessionProtocolService
 
     def make(**options):
         host = open_host(**options)

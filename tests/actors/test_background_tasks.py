@@ -10,6 +10,7 @@ import pytest
 
 from sessionloop.actors import events as E
 from sessionloop.actors.gateway.service import SessionProtocolService
+from sessionloop.actors.views.summary import decode_summary_record
 from tests.actors.gateway_harness import MemoryClient, wait_until
 
 
@@ -172,8 +173,6 @@ class TimedClient(MemoryClient):
 
 
 def stored_background(host, sid: str) -> int:
-    from sessionloop.actors.views.summary import decode_summary_record
-
     return decode_summary_record(host.store.stream_meta(f"session-{sid}")).background
 
 

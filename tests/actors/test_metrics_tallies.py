@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from sessionloop.actors.system.metrics import _TallyBoard
 from tests.actors.gateway_harness import wait_until
 
 
@@ -95,8 +96,6 @@ def test_failed_and_aborted_model_calls_are_counted_with_their_duration(open_hos
 
 
 def test_ended_threads_tallies_are_folded_not_kept(open_host):
-    from sessionloop.actors.system.metrics import _TallyBoard
-
     board = _TallyBoard()
 
     def bump():

@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 
 from sessionloop.actors import events as E
+from sessionloop.actors.session.actor import Ask
+from sessionloop.actors.session.commands import StateCopy
 from tests.actors.gateway_harness import MemoryClient, wait_until
 
 
@@ -110,8 +112,6 @@ def test_the_chain_of_a_child_session_runs_from_below_the_root_down_to_it(servic
     assert requested(c, child)["chain"] == [{"id": child, "title": "child"}]
     assert requested(c, grandchild)["chain"] == [{"id": child, "title": "child"},
                                                  {"id": grandchild, "title": "grandchild"}]
-    from sessionloop.actors.session.actor import Ask
-    from sessionloop.actors.session.commands import StateCopy
 
     state = host.rt.ask(grandchild, lambda r: Ask(StateCopy(), r))
     assert [link.id for link in host.rt.chain_of(state)] == [child, grandchild]

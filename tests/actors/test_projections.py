@@ -12,6 +12,7 @@ from msgspec import UNSET
 
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import NotFound
+from sessionloop.actors.session.context import summary_message
 from sessionloop.actors.session.state import SessionState, evolve, new_state
 from sessionloop.actors.settings.texts import enc_hook
 from sessionloop.actors.views.items import (
@@ -585,8 +586,6 @@ def test_outside_rooms_nothing_is_marked_undelivered() -> None:
 
 
 def test_a_fork_imports_its_messages_as_archived_items() -> None:
-    from sessionloop.actors.session.context import summary_message
-
     messages = [
         E.Message(role="system", content="You are helpful."),
         summary_message("earlier they met"),

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+import re
 import threading
 import time
 
 import pytest
 
 from sessionloop.actors import events as E
+from sessionloop.actors.api.host import new_id
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.model import ModelResponse
 from sessionloop.actors.model.scripted import ScriptedProvider
@@ -358,7 +361,6 @@ def test_a_sessions_history_holds_nothing_the_cyclic_gc_must_walk(open_host):
     """A full GC pass stops every thread and walks every tracked object (README, Turns: the
     latency tail). Events, messages and per-turn records are untracked msgspec structs, and a
     message's calls are a tuple, so a long conversation does not lengthen those pauses."""
-    import gc
 
     host = open_host(permission_mode="acceptCalls")
     session = host.create(title="gc")
@@ -376,10 +378,7 @@ def test_a_sessions_history_holds_nothing_the_cyclic_gc_must_walk(open_host):
 
 def test_ids_are_time_ordered_hex_and_unique_without_a_system_call_each():
     """``new_id``: 11 hex digits of milliseconds, 10 of a generator seeded once from the OS."""
-    import re
-    import time
 
-    from sessionloop.actors.api.host import new_id
 
     before = int(time.time() * 1000)
     ids = [new_id() for _ in range(100_000)]

@@ -9,7 +9,7 @@ import pytest
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import ActorError, RequestTimeout, SessionParked
 from sessionloop.actors.system.pubsub import Reply
-from sessionloop.eventstore import StorageFull
+from sessionloop.eventstore import StorageFull, WrongExpectedVersion
 
 
 def test_a_failing_handler_fails_that_request_clearly_and_the_session_recovers(host):
@@ -89,7 +89,6 @@ def test_an_append_refused_at_commit_time_fails_the_input_and_the_session_goes_o
     suspended (here another writer took the stream's next version, as an overlapping actor
     instance would). The input fails with the store's error, nothing of it is written, the actor
     reloads from the log, and its next input runs."""
-    from sessionloop.eventstore import WrongExpectedVersion
 
     s = host.create()
     stream = f"session-{s.id}"

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import pytest
 from click.testing import CliRunner, Result
 
+from sessionloop.cli.main import main
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_TIMEOUT_S = 20.0
 APP_ID = "clibot"
@@ -88,8 +90,6 @@ class Cli:
         self.env = env
 
     def __call__(self, *args: str, input: str | None = None, env: dict[str, str] | None = None) -> Result:
-        from sessionloop.cli.main import main
-
         runner = CliRunner()
         return runner.invoke(main, list(args), input=input, env={**self.env, **(env or {})}, catch_exceptions=False)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
+import time
 
 import pytest
 from click.testing import CliRunner, Result
@@ -11,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sessionloop.actors import events as E
+from sessionloop.actors.api.host import Host
 from sessionloop.cli import bench_cmd, bench_observers
 from sessionloop.cli.main import main
 from sessionloop.eventstore import RecordedEvent
@@ -197,10 +200,7 @@ def test_help_has_an_example_and_bad_options_fail_clearly() -> None:
 def test_a_refused_send_ends_the_drivers_wait_with_not_accepted_at_once(tmp_path) -> None:
     """The in-process driver waits for the turn's end from before the send; a refusal (here: a
     session that does not exist) must end that wait with the error, not a timeout."""
-    import asyncio
-    import time
 
-    from sessionloop.actors.api.host import Host
 
     host = Host.open(str(tmp_path / "data"), durability="nosync")
     try:

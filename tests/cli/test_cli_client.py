@@ -14,6 +14,10 @@ import time
 
 import pytest
 
+from sessionloop.cli.chat import SessionView
+from sessionloop.cli.client import Notification
+from sessionloop.protocol.schemas import ItemDelta, SessionSummary, SubscribeResult
+
 
 def new_session(cli, name: str) -> str:
     result = cli("sessions", "new", name)
@@ -327,9 +331,6 @@ def test_every_client_command_has_help_with_an_example(cli, command):
 
 
 def _view(seq: int = 5, epoch: int = 1):
-    from sessionloop.cli.chat import SessionView
-    from sessionloop.protocol.schemas import SessionSummary, SubscribeResult
-
     summary = SessionSummary(id="s1", title="t", child_count=0, kind="owner", section="owner", created_at=0,
                              updated_at=0, running=False, error=False, unread=False, attention=False,
                              archived=False, background=0)
@@ -340,9 +341,6 @@ def _view(seq: int = 5, epoch: int = 1):
 
 
 def _delta(seq: int, text: str, epoch: int = 1, session_id: str = "s1"):
-    from sessionloop.cli.client import Notification
-    from sessionloop.protocol.schemas import ItemDelta
-
     return Notification("item/delta", ItemDelta(session_id=session_id, epoch=epoch, seq=seq, item_id="m1", text=text))
 
 

@@ -22,8 +22,9 @@ from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
 from sessionloop.actors.events import open_store
 from sessionloop.actors.model import ScriptedProvider
+from sessionloop.actors.replay.values import fold_events
 from sessionloop.actors.session.state import encode_state
-from sessionloop.actors.views.summary import decode_summary_record, encode_summary_record
+from sessionloop.actors.views.summary import decode_summary_record, encode_summary_record, summary_record
 from sessionloop.cli.main import main
 from sessionloop.eventstore.codec import event_to_builtins
 
@@ -252,7 +253,6 @@ def test_verify_reports_a_snapshot_that_disagrees_with_the_events(recorded) -> N
     data_dir, session_id, _ = recorded
     stream = f"session-{session_id}"
     events = stream_events(data_dir, session_id)
-    from sessionloop.actors.replay.values import fold_events
 
     state = fold_events(session_id, events[:7])
     state.title = "tampered"
@@ -270,8 +270,6 @@ def test_verify_ignores_listing_fields_that_come_from_other_streams(recorded) ->
     with open_store(os.path.join(data_dir, "store"), durability="nosync") as store:
         record = decode_summary_record(store.stream_meta(stream))
         events = store.read_stream(stream)
-        from sessionloop.actors.replay.values import fold_events
-        from sessionloop.actors.views.summary import summary_record
 
         state = fold_events(session_id, events)
         state = fold_events(session_id, [E.SessionSeen(at=state.updated_at)], state)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 
 import httpx
 import pytest
@@ -253,8 +254,6 @@ def test_bad_frames_get_errors_while_another_connection_keeps_working(server):
 
 
 def test_a_client_that_never_reads_is_closed_as_a_slow_consumer_and_others_are_unaffected(server_factory):
-    import os
-
     server = server_factory("--max-outbox-mb", "0.5")
 
     async def go():

@@ -18,7 +18,7 @@ from websockets.asyncio.client import connect
 from sessionloop.actors import events as E
 from sessionloop.actors.events import open_store
 from tests.conftest import REPO
-from tests.e2e.conftest import TOKEN, ServerProcess, initialized, open_client
+from tests.e2e.conftest import TOKEN, Client, ServerProcess, initialized, open_client
 from tests.reliability.harness import (
     APP_TOKEN,
     Op,
@@ -141,7 +141,6 @@ def test_an_app_cannot_read_another_apps_sessions_events_or_files(tmp_path):
             handle = next(i for i in snap["items"] if i["kind"] == "user-message")["attachments"][0]["src"]
             spy_ws = await connect(server.url,
                                    additional_headers={"Authorization": "Bearer spy-token-for-the-reliability-tests"})
-            from tests.e2e.conftest import Client
 
             spy = Client(spy_ws)
             await spy.result("initialize", {"protocolVersion": "0.2.0", "client": {"name": "spy", "version": "1"}})

@@ -30,6 +30,8 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from sessionloop.actors import events as E
 from sessionloop.actors.events import open_store
+from sessionloop.actors.replay.verify import verify
+from sessionloop.actors.views.items import ItemsProjection
 from sessionloop.cli.main import main as cli_main
 from sessionloop.eventstore import EventStore
 from tests.conftest import REPO
@@ -93,7 +95,6 @@ async def subscribe_all(server: ServerProcess, rec: Recorder) -> dict[str, list[
 
 def folded_items(data: str, rec: Recorder) -> dict[str, list[str]]:
     """The item ids a subscription snapshot holds, projected from all the events."""
-    from sessionloop.actors.views.items import ItemsProjection
 
     store = store_of(data)
     try:
@@ -110,7 +111,6 @@ def folded_items(data: str, rec: Recorder) -> dict[str, list[str]]:
 def verify_offline(data: str, rec: Recorder) -> dict[str, int | None]:
     """actors.replay.verify.verify: the stored snapshot is the fold of the events up to its version, and
     the listing record and history follow from the events."""
-    from sessionloop.actors.replay.verify import verify
 
     store = store_of(data)
     try:
