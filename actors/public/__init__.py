@@ -16,6 +16,7 @@ The names below are the public API; everything else is internal and may change b
 """
 
 from sessionloop.actors.api.host import Host, RunResult, Session, SessionInfo
+from sessionloop.actors.session.actor import Receipt
 from sessionloop.actors.api.loop import (
     AsyncSessionLoop,
     CreateResult,
@@ -66,6 +67,7 @@ __all__ = [
     "LoopEvent",
     "LoopReceipt",
     "NotFound",
+    "Receipt",
     "RequestTimeout",
     "RunResult",
     "Session",
