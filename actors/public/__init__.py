@@ -16,7 +16,6 @@ The names below are the public API; everything else is internal and may change b
 """
 
 from sessionloop.actors.api.host import Host, RunResult, Session, SessionInfo
-from sessionloop.actors.session.actor import Receipt
 from sessionloop.actors.api.loop import (
     AsyncSessionLoop,
     CreateResult,
@@ -40,6 +39,7 @@ from sessionloop.actors.errors import (
     SessionParked,
     Unsupported,
 )
+from sessionloop.actors.session.actor import Receipt
 from sessionloop.actors.system.runtime import HostOptions
 from sessionloop.eventstore.errors import (
     IdempotencyConflict,
