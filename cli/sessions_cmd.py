@@ -375,8 +375,8 @@ async def _send_as_app(client: Client, session_id: str, text: str, key: str, wai
 
 
 #: Why the owner token cannot take ``--key`` (one line, said before anything is sent).
-OWNER_KEY_REFUSED = ("--key cannot be kept with the owner token: the owner sends with turn/send, which has no "
-                     "idempotency key (seed 004), so sending again would make a second turn; send without --key, "
+OWNER_KEY_REFUSED = ("--key cannot be kept with the owner token: the owner sends with turn/send, which takes no "
+                     "idempotency key, so sending again would make a second turn; send without --key, "
                      "or with an app token (loop/send keeps the key)")
 APP_KEY_REQUIRED = ("--key is required with an app token: loop/send needs an idempotency key (sending again with "
                     "the same key returns the first receipt)")

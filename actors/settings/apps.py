@@ -1,5 +1,5 @@
-"""Apps (the seeds' "minitool"): registered client identities, their manifests, and the ceiling a
-manifest puts on its sessions' permissions (SPEC §5, §7 "who may change what").
+"""Apps: registered client identities, their manifests, and the ceiling a manifest puts on its
+sessions' permissions (docs/bots.md, "1. Declare the app"; docs/security.md, "Who may change what").
 
 A bot takes strangers' messages, so what its sessions may do is the owner's decision, written in
 the app's manifest (``apps.toml``)::
@@ -38,7 +38,7 @@ class AppManifest(msgspec.Struct, frozen=True, kw_only=True):
     sessions: bool = True  # permissions.sessions
     containers: list[str] = []  # contributes.sessionContainers
     token: str | None = None
-    name: str = ""  # the display name: the label of the app's room group (seed 004 RoomGroup.label)
+    name: str = ""  # the display name: the label of the app's room group (``RoomGroup.label``)
     permission_modes: list[str] = msgspec.field(default_factory=lambda: list(MODES))
     sandbox: str = DEFAULT_POLICY  # the widest sandbox policy its sessions may use
 
@@ -116,8 +116,8 @@ class AppRegistry:
         return found if found is not None else AppManifest(id=app_id, permission_modes=["deny"], sandbox="read-only")
 
     def group_label(self, platform: str, instance: str | None) -> str:
-        """A room group's label (seed 004 分组: the instance's display name; the platform's name
-        for the rooms of no instance): the app's ``name``, else its id."""
+        """A room group's label (the instance's display name; the platform's name for the rooms
+        of no instance): the app's ``name``, else its id."""
         if instance is None:
             return platform
         app = self.find(instance)

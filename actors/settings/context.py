@@ -1,4 +1,4 @@
-"""Places and session context for session settings (seed 004): what resolution needs to know of
+"""Places and session context for session settings: what resolution needs to know of
 a session, and the layers it resolves through.
 
 A session resolves through its root: :class:`SessionContext` holds its own kind and its root's
@@ -36,7 +36,7 @@ PlaceKind = Literal["window", "workspace"]  # as the place.registered event reco
 
 DEFAULT_WORKSPACE = "workspace:default"
 #: the default workspace's recorded name: English data; whatever is recorded, it is shown as
-#: 「默认工作区」 in the server's language (the catalogue's ``place.default-workspace``, by key)
+#: the catalogue's ``place.default-workspace`` (by key) in the server's language
 DEFAULT_WORKSPACE_NAME = text(DEFAULT_LANGUAGE, "place.default-workspace")
 
 
@@ -53,7 +53,7 @@ class PlaceFacts(msgspec.Struct, frozen=True, kw_only=True):
 
 class SessionContext(msgspec.Struct, frozen=True, kw_only=True):
     """What resolution needs of a session: its own kind, and its root's platform, chat type and
-    place (seed: 子会话按根会话取)."""
+    place (a child session resolves through its root)."""
 
     kind: str
     root_id: str
@@ -91,7 +91,9 @@ def root_context(created: E.SessionCreated, default_name: str = DEFAULT_WORKSPAC
 
 def session_chain(ctx: SessionContext, platform: str | None, layer_values: Callable[[Layer], Mapping[Ident, Any]],
                   own: Mapping[Ident, Any] | None) -> Chain:
-    """The layers a session resolves through, lowest first (seed: 生效值 and 取哪几层)."""
+    """The layers a session resolves through, lowest first: a workspace place right above global, a
+    window place above platform and platformType; platform only with a platform, platformType only
+    with a platform and a chat type."""
     chain: Chain = [("global", layer_values(GlobalLayer()))]
     place = ctx.place
     if place is not None and place.kind == "workspace":
@@ -109,7 +111,7 @@ def session_chain(ctx: SessionContext, platform: str | None, layer_values: Calla
 
 def layer_chain(layer: Layer, place: PlaceFacts | None,
                 layer_values: Callable[[Layer], Mapping[Ident, Any]]) -> Chain:
-    """The layers up to and including ``layer`` (seed: 解析到这一层为止)."""
+    """The layers up to and including ``layer``: what a layer's row resolves to."""
     chain: Chain = [("global", layer_values(GlobalLayer()))]
     if isinstance(layer, PlatformLayer):
         chain.append(("platform", layer_values(layer)))

@@ -1,6 +1,6 @@
-"""The host configuration document ``<data>/config.toml`` (seed 004): the TOML file that holds
-the host's ``name`` (the ``appName`` of handshakes) and ``language`` (``en`` or ``zh``: the
-language of human text in frames, seed 004 文字与语言: 全局层的语言), and the session-setting
+"""The host configuration document ``<data>/config.toml`` (docs/owners.md, "Settings"): the TOML
+file that holds the host's ``name`` (the ``appName`` of handshakes) and ``language`` (``en`` or
+``zh``: the language of human text in frames, the global layer's language), and the session-setting
 values of the global (the plugins' configuration), platform and platformType layers::
 
     name = "Aalis"

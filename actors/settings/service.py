@@ -1,4 +1,4 @@
-"""Session settings (seed 004, 会话设置; SPEC §6): the fields plugins declare with a ``session``
+"""Session settings (docs/owners.md, "Settings"): the fields plugins declare with a ``session``
 spec, the layers they are set on, and the effective values a session's agent runs with.
 
 Theory of operation
@@ -11,7 +11,8 @@ Layers, in the nominal order of ``session/config/layers`` (later ones win)::
 
     global < platform < platformType < place < session
 
-The effective precedence for one session depends on its place (seed: 生效值)::
+The effective precedence for one session depends on its place (a window place is above the platform
+layers, a workspace place only above global)::
 
     window place     global < platform < platformType < place < session
     workspace place  global < place < platform < platformType < session
@@ -27,7 +28,7 @@ its own. Where each layer lives:
 
   written atomically (temp file, fsync, rename), keeping every other key (``name``...). A write
   takes effect in memory first and is then saved; a failed save is not undone but reported as
-  ``unsaved`` (seed: 先在运行态生效再落盘;落盘失败时不撤回).
+  ``unsaved``.
 * place: ``place.registered`` / ``place.setting.changed`` events in stream ``place-<key>``;
 * session: ``session.setting.changed`` events on the session (``state.settings``).
 
@@ -89,10 +90,10 @@ from sessionloop.protocol.schemas_types import (
 
 log = logging.getLogger("sessionloop.settings")
 
-OWNER_PLATFORM = "console"  # SPEC §6: the owner's identity is {platform: 'console'}
+OWNER_PLATFORM = "console"  # the owner token's identity is {platform: 'console'}
 Prominence = Literal["composer", "common", "advanced"]  # a row's prominence, as the wire has it
 PROMINENCE_RANK: dict[str, int] = {"composer": 0, "common": 1, "advanced": 2}
-COMPOSER_PER_GROUP = 2  # seed: composer 同一组最多两项,多出的已退到 common
+COMPOSER_PER_GROUP = 2  # at most two composer rows per group (plugin); the rest fall back to common
 _MISSING: Any = object()
 #: the option source of the model field: the configured models (``GET /api/models/llm``)
 MODEL_OPTIONS = "llm"
@@ -107,7 +108,7 @@ class InvalidSetting(InvalidCommand):
 
 @dataclass(frozen=True)
 class SettingField:
-    """A field a plugin declares with a ``session`` spec (seed: WireSchemaField & {session})."""
+    """A field a plugin declares with a ``session`` spec (sent as its wire schema field plus that spec)."""
 
     plugin: str
     key: str
@@ -123,7 +124,7 @@ class SettingField:
     order: int | None = None
     applies_to: tuple[str, ...] | None = None  # session kinds: owner | room | task; None: all
     narrowest: str | None = None  # 'place': cannot be set on one session
-    #: seed 可选项: the option source clients fetch with ``GET /api/models/<source>``
+    #: ``dynamicOptions``: the option source clients fetch with ``GET /api/models/<source>``
     dynamic_options: str | None = None
     #: the key of the row (same plugin) whose effective value the options depend on
     depends_on: str | None = None
@@ -211,7 +212,7 @@ def default_fields(rt: Any) -> list[SettingField]:
 
     def model_actual(state: Any) -> SettingActual | None:
         # the model in use without a setting: the one the session was created with, else the
-        # default; as an entry id <name>/<model id> (seed 004 可选项)
+        # default; as an entry id <name>/<model id>, the form the option list uses
         created = state.created if state is not None else None
         resolved = rt.models.resolve(created.model if created is not None else None)
         return SettingActual(value=resolved.entry_id, label=Text("settings.follow", model=resolved.model_id))
@@ -246,7 +247,7 @@ def default_fields(rt: Any) -> list[SettingField]:
                      # no default: unset, each session keeps the mode it was created with (actual)
                      options=("ask", "acceptCalls", "deny"),
                      prominence="composer", order=2, actual=permission_actual),
-        # seed 002: maxSteps 默认 20; Infinity 不限 -- JSON has no Infinity: 0 is unlimited
+        # maxSteps defaults to 20 and may be unlimited; JSON has no Infinity: 0 is unlimited
         # (actors.session.decide.UNLIMITED_STEPS), and no finite maximum caps it
         SettingField("agent", "maxSteps", "integer", title("agent", "maxSteps"), about("agent", "maxSteps"),
                      default=opts.max_steps, minimum=0, prominence="common", order=3),
@@ -267,7 +268,7 @@ def default_fields(rt: Any) -> list[SettingField]:
 
 def resolve(f: SettingField, chain: Chain) -> tuple[Any, SettingSource] | None:
     """The effective value of ``f`` and its source: the highest layer with a valid value, then
-    the field's default, else None (seed: 默认值、actual、unset)."""
+    the field's default, else None (the row then shows the plugin's ``actual`` value, else nothing)."""
     for source, values in reversed(chain):
         value = values.get(f.ident, _MISSING)
         if value is not _MISSING and check_value(f, value) is None:
@@ -278,7 +279,7 @@ def resolve(f: SettingField, chain: Chain) -> tuple[Any, SettingSource] | None:
 
 
 def effective_prominence(fields: Iterable[SettingField]) -> dict[Ident, Prominence]:
-    """Seed: at most two composer items per group (plugin); the rest fall back to common."""
+    """At most two composer items per group (plugin); the rest fall back to common."""
     out: dict[Ident, Prominence] = {}
     used: dict[str, int] = {}
     for f in sorted(fields, key=lambda f: (f.order is None, f.order or 0)):
@@ -292,12 +293,13 @@ def effective_prominence(fields: Iterable[SettingField]) -> dict[Ident, Prominen
 
 
 def sorted_fields(fields: Iterable[SettingField], prominence: Mapping[Ident, str]) -> list[SettingField]:
-    """Seed 排序: composer, common, then advanced; by declared order, those without one last."""
+    """Row order: composer, common, then advanced; by declared order, those without one last."""
     return sorted(fields, key=lambda f: (PROMINENCE_RANK[prominence[f.ident]], f.order is None, f.order or 0))
 
 
 def layer_kinds(layer: Layer, place_kind: str | None) -> frozenset[str] | None:
-    """Which sessions a layer's rows are for (seed 哪些行); None: every field."""
+    """Which sessions a layer's rows are for: a platformType layer's apply to rooms and tasks, a
+    window place's to rooms, a workspace place's to owner sessions; None: every field."""
     if isinstance(layer, PlatformTypeLayer):
         return frozenset({"room", "task"})
     if isinstance(layer, PlaceLayer):
@@ -379,7 +381,7 @@ class SettingsService:
         self._seen_platforms: set[tuple[str | None, str | None]] = {(OWNER_PLATFORM, None)}
         for f in default_fields(rt):
             self.fields[f.ident] = f
-        #: seed 可选项: option sources by name, ``answer(dependency) -> options``
+        #: option sources by name (what ``GET /api/models/<source>`` answers), ``answer(dependency) -> options``
         self.option_sources: dict[str, Callable[[str | None], list[dict[str, Any]]]] = {
             MODEL_OPTIONS: lambda dependency: rt.models.options()}
         if self.doc.problem is not None:  # at start there is nothing older to keep
@@ -387,7 +389,7 @@ class SettingsService:
                         self.doc.path, self.doc.problem)
         else:
             problem = self._document_values_problem(self.doc.doc)
-            if problem is not None:  # kept and shown (seed: 全局层不合法的值也照样给出), never in force
+            if problem is not None:  # kept and shown (a row shows an invalid global value as it is), never in force
                 log.warning("%s: %s; that value is not used (fix the file, then send the server SIGHUP)",
                             self.doc.path, problem)
         self._load_places()
@@ -404,7 +406,7 @@ class SettingsService:
         self._changed(generation=True)
 
     def withdraw(self, plugin: str) -> None:
-        """A plugin went away: its rows are no longer listed; its values are kept (seed 哪些行)."""
+        """A plugin went away: its rows are no longer listed; its values are kept."""
         with self._lock:
             for ident in [i for i in self.fields if i[0] == plugin]:
                 del self.fields[ident]
@@ -417,7 +419,7 @@ class SettingsService:
         self._changed(generation=False)
 
     def declare_options(self, source: str, answer: Callable[[str | None], list[dict[str, Any]]]) -> None:
-        """An option source (seed 可选项: one a plugin contributes). ``answer(dependency)`` lists
+        """An option source (one a plugin contributes). ``answer(dependency)`` lists
         the options of the fields declaring ``dynamicOptions=source``; ``dependency`` is what the
         client sends for a field with ``dependsOn``: the effective value of the row it depends
         on (that row's actual when unset), else None."""
@@ -593,7 +595,7 @@ class SettingsService:
         return changed
 
     def _apply_language(self) -> None:
-        """The global layer's language (seed 004 文字与语言: 按全局层的语言渲染): config.toml's
+        """The global layer's language, in which human text is rendered: config.toml's
         ``language``, else the host's option (``serve --language``). Frames encoded from now on
         use it (``Runtime.language``)."""
         with self._lock:
@@ -639,7 +641,7 @@ class SettingsService:
 
     def session_rows(self, state: Any, connection_platform: str | None) -> tuple[list[SettingRow], str | None]:
         """``session/config/get``: the rows for this session and the platform its platform layer
-        used (the birth or entry platform, else the asking connection's; seed 取哪几层)."""
+        used (the birth or entry platform, else the asking connection's)."""
         ctx = self.context_of(state)
         assert ctx is not None, "ensure_usable first"
         platform = ctx.platform or connection_platform
@@ -727,7 +729,7 @@ class SettingsService:
                 return None
             self.doc.put([*layer_path(layer, f.plugin), f.key], value)
             rendered = dump_toml(self.doc.doc)
-        self._changed(generation=True)  # seed: in effect first, then saved
+        self._changed(generation=True)  # in effect first, then saved
         return self.doc.save(rendered)
 
     def _write_place(self, place: PlaceFacts, f: SettingField, value: Any) -> None:

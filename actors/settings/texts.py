@@ -1,16 +1,18 @@
-"""Human text in the server's language (seed 004, 文字与语言; SPEC §6: ``en`` by default, ``zh``
-supported): the one catalogue of every sentence, label and name the server writes for the owner.
+"""Human text in the server's language (``en`` by default, ``zh`` supported; docs/owners.md,
+"Settings", **Language**): the one catalogue of every sentence, label and name the server writes
+for the owner.
 
 Theory of operation
 -------------------
 :data:`CATALOGUE` maps a key to its text in every language of :data:`LANGUAGES`, with
-``{placeholders}`` for the values. A :class:`Text` is a *text object* (seed: 帧里给人看的字段在服务端是
-字符串或文字对象): a key and its values. It is a ``str`` whose value is its English rendering, so
-it goes wherever a string goes (a Struct field, an error message, a log line: logs stay
-English), and the frame encoder of the gateway renders it into the server's current language
-when the frame is sent (``actors.gateway.service``: ``enc_hook`` of :func:`enc_hook`). A language change
-(``language`` in config.toml, re-read on SIGHUP; ``serve --language`` at start) therefore applies
-to every frame encoded after it, also of items built before it.
+``{placeholders}`` for the values. A :class:`Text` is a *text object* (on the server, a field of a
+frame written for people is a string or a text object): a key and its values. It is a ``str`` whose
+value is its English rendering, so it goes wherever a string goes (a Struct field, an error message,
+a log line: logs stay English), and the frame encoder of the gateway renders it into the server's
+current language when the frame is sent (``actors.gateway.service``: ``enc_hook`` of
+:func:`enc_hook`). A language change (``language`` in config.toml, re-read on SIGHUP; ``serve
+--language`` at start) therefore applies to every frame encoded after it, also of items built
+before it.
 
 What is stored and what is rendered
 -----------------------------------
@@ -27,15 +29,15 @@ Events are facts; human text belongs to what is sent. The rule, per kind of text
   ``not executed`` and crash results, the background-task notice the agent reads as its input) is
   part of the model's conversation: written once, in English, into the event, and never
   re-rendered, so a replay or a ``rerun`` rebuilds the same conversation whatever the server's
-  language is now. Seed 004: tool-call args, output and result are raw data (原样数据不渲染).
+  language is now. Tool-call args, output and result are raw data, never rendered.
 * **Raw data is never rendered**: tool args/output/result, facts anywhere, user text, setting
   values, effective values and defaults, titles and names people gave.
 
 Not in the catalogue (English whatever the language, and said so): the frame-level protocol errors
 built in ``protocol/`` (``parseError``, ``invalidRequest``, the handshake's version refusal) and
 msgspec's own validation messages (``params.sessionId: Expected `str`, got `int```) — they name a
-field of the wire, for the client's developer; a turn's failure reason (the agent's own sentence,
-seed 摘要 reason: agent 给的); internal errors (a bug's exception text); log lines and
+field of the wire, for the client's developer; a turn's failure reason (the sentence the agent
+gave, a summary's ``reason``); internal errors (a bug's exception text); log lines and
 ``sessionloop`` command output; the Session Loop API (``loop/*``), whose readers are bots.
 
 Missing texts: :func:`text` and :class:`Text` raise :class:`MissingText` for an unknown key, a
@@ -80,7 +82,7 @@ _HISTORY_CHANGED_ZH = "压缩期间历史有了变化："
 
 #: key -> {language: text}. Keys are grouped by where the text shows; placeholders are camelCase.
 CATALOGUE: Final[dict[str, dict[str, str]]] = {
-    # --- notices (seed 004 notice topics) ------------------------------------------------------
+    # --- notices (by notice topic) ------------------------------------------------------------------
     "notice.tool-limit": {
         "en": "Stopped after {limit} model calls; continue to let the agent go on.",
         "zh": "模型已调用 {limit} 次，这一轮先停在这里；选择继续即可让 agent 接着做。",
@@ -103,7 +105,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
     },
     "notice.compress-failed": {"en": "Compression failed: {error}", "zh": "压缩失败：{error}"},
     "notice.summary-marker": {"en": "Earlier conversation was summarized", "zh": "之前的对话已压缩为摘要"},
-    # --- background tasks (seed 004 BackgroundTask.status and reason) ------------------------------
+    # --- background tasks (BackgroundTask.status and reason) ----------------------------------------
     "task.status.running": {"en": "running", "zh": "运行中"},
     "task.status.completed": {"en": "completed", "zh": "已完成"},
     "task.status.failed": {"en": "failed", "zh": "失败"},
@@ -115,7 +117,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "zh": "任务运行期间服务停止了",
     },
     "task.reason.shutdown": {"en": "the server is shutting down", "zh": "服务正在关闭"},
-    # --- why a compaction did not happen (seed 004 session/compress: 没压成, 写明原因) -------------
+    # --- why a compaction did not happen (session/compress says why) --------------------------------
     "compress.model-unavailable": {
         "en": "the summary model is not available: {error}",
         "zh": "摘要模型不可用：{error}",
@@ -141,7 +143,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
     "compress.deleted": {"en": "the session was deleted during compression", "zh": "压缩期间会话被删除了"},
     "compress.parked": {"en": "the session was parked during compression", "zh": "压缩期间会话被挂起了"},
     "compress.cancelled": {"en": "cancelled: {reason}", "zh": "已取消：{reason}"},
-    # --- agent messages a room never got (seed 004 agent-message undelivered.reason) ----------------
+    # --- agent messages a room never got (agent-message undelivered.reason) -------------------------
     "undelivered.before-tool": {
         "en": "said before a tool call; only the last reply of a turn is sent to the room",
         "zh": "这是工具调用之前说的话；一轮只把最后的回复发进房间",
@@ -155,7 +157,7 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
     "retry.cause.stream": {"en": "an error in the stream", "zh": "流式输出出错"},
     "retry.cause.error": {"en": "an error", "zh": "出错"},
     "undelivered.no-reply": {"en": "the turn ended without a reply", "zh": "这一轮没有回复就结束了"},
-    # --- usage parts (seed 004 usage.parts: 显示名) -------------------------------------------------
+    # --- usage parts (the display names of usage.parts) ---------------------------------------------
     "usage.context": {"en": "Context", "zh": "上下文"},
     "usage.reply": {"en": "Reply", "zh": "回复"},
     # --- why a tool call was not approved (the tool card's reason; the model's result says the same
@@ -176,10 +178,10 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
     "denial.answer": {"en": "the user denied it", "zh": "用户拒绝了"},
     "denial.answer-note": {"en": "the user denied it: {note}", "zh": "用户拒绝了：{note}"},
     "denial.other": {"en": "not approved ({state})", "zh": "没有获得批准（{state}）"},
-    # --- places (seed 004 摘要 place, 层的称呼) -----------------------------------------------------
+    # --- places (a summary's place name, a place layer's label) -------------------------------------
     "place.default-workspace": {"en": "Default workspace", "zh": "默认工作区"},
     "place.workspace": {"en": 'Workspace "{name}"', "zh": "工作区「{name}」"},
-    # --- settings layers (seed 004 session/config/layers: order 的称呼) ------------------------------
+    # --- settings layers (the labels of session/config/layers' order) -------------------------------
     "layer.global": {"en": "Global (plugin configuration)", "zh": "全局（插件配置）"},
     "layer.platform": {"en": "Platform", "zh": "平台档"},
     "layer.platformType": {"en": "Platform chat type", "zh": "平台类型档"},

@@ -1,11 +1,12 @@
-"""The in-memory index of every session's listing record (SPEC §10: answer ``sessions/list`` over
+"""The in-memory index of every session's listing record (built to answer ``sessions/list`` over
 100,000 stored sessions in under a second without activating any actor).
 
 Loaded once at open from the store's per-stream metadata records, then kept current by the
 sessions themselves: every commit that changes a summary writes the record in its own append
 and hands it here. Watchers (``sessions/watch``) hear about each change with the changed
 session's ancestors, whose tree-computed fields (attention, background, tokens, childCount)
-may have moved with it (seed 004, 增量).
+may have moved with it: a ``sessions/changed`` push carries the full summary of the changed session
+and of each of its ancestors.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class SummaryIndex:
 
     def descendants(self, session_id: str) -> list[str]:
         """Every session below ``session_id``, each after its parent (archive and delete take
-        children along, seed 004; a delete purges them in the reverse order)."""
+        children along; a delete purges them in the reverse order)."""
         with self._lock:
             return self._below(session_id)
 
@@ -139,7 +140,7 @@ class SummaryIndex:
 
     @classmethod
     def _summary(cls, record: SummaryRecord, fields: dict[str, TreeFields], records: dict[str, SummaryRecord]) -> Any:
-        """A summary with its tree fields; a child takes chat and place from its root (seed 004)."""
+        """A summary with its tree fields; a child takes chat and place from its root session."""
         return summary_from_record(cls._rooted(record, fields, records), fields.get(record.id))
 
     @staticmethod

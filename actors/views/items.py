@@ -1,13 +1,13 @@
-"""Projections of a session's events into what the session protocol shows (seed 004, SPEC §6).
+"""Projections of a session's events into what the session protocol shows (docs/protocol.md).
 
 A pure projection, a deterministic fold with no I/O, no clock and no randomness, so the
 gateway can rebuild it by replaying a session's log and get the same items, ids and pages:
 
-* :class:`ItemsProjection` turns events into timeline items (seed 004, 订阅与条目): every event
+* :class:`ItemsProjection` turns events into timeline items (docs/protocol.md, "Item kinds"): every event
   gives the ``item/started`` / ``item/completed`` pushes it causes, and the projection keeps the
   current items for ``session/subscribe`` snapshots and ``session/history`` pages.
 
-The session summaries (seed 004, 摘要) live in :mod:`actors.views.summary`.
+The session summaries live in :mod:`actors.views.summary`.
 
 Theory of operation of the items. The timeline is one list ordered by *ordinal*: the position at
 which an item first appeared, which is the order of the events in the log (so "merged by time").
@@ -15,10 +15,10 @@ An item is *in flight* while its turn is running and *archived* otherwise; items
 (notices outside turns, imported messages) are archived at once. History pages walk the archived
 items backwards from the newest; a snapshot is the newest page plus every in-flight item. A turn's
 ``turn`` item is pushed when the turn starts, and on its end moves to after the turn's last item,
-where the seed's history places it (条目 turn: 排在这一轮最后落库的那条之后).
+where history places it: after the last message of that turn that was stored.
 
-Three items are singletons, not timeline entries: ``plan``, ``usage`` and ``queue`` (itemIds fixed
-by the seed). They are kept apart and replaced whole.
+Three items are singletons, not timeline entries: ``plan``, ``usage`` and ``queue``, each with its
+kind as its fixed itemId. They are kept apart and replaced whole.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ __all__ = [
     "retry_discarded",
 ]
 
-HISTORY_DEFAULT_LIMIT: Final = 100  # seed 004 session/history: limit 缺省 100、最大 200
+HISTORY_DEFAULT_LIMIT: Final = 100  # session/history: limit defaults to 100, at most 200
 HISTORY_MAX_LIMIT: Final = 200
 
 PushMethod = Literal["item/started", "item/completed"]
@@ -86,7 +86,7 @@ STARTED: Final = "item/started"
 COMPLETED: Final = "item/completed"
 
 # Human-facing texts: text objects, rendered in the server's language when a frame is sent
-# (actors.settings.texts; SPEC §6). Those without values are shared.
+# (actors.settings.texts; ``en`` by default, ``zh`` supported). Those without values are shared.
 TEXT_SUMMARY_MARKER: Final = Text("notice.summary-marker")
 TEXT_BEFORE_TOOL: Final = Text("undelivered.before-tool")
 TEXT_NO_REPLY: Final = Text("undelivered.no-reply")
@@ -95,8 +95,8 @@ LABEL_REPLY: Final = Text("usage.reply")
 
 
 def retry_discarded(cause: str) -> Text:
-    """Seed 004 agent-message undelivered: 重试丢掉的那版 (the version a retry dropped); ``cause``
-    is raw (the provider's status or error)."""
+    """The ``undelivered.reason`` of an agent message a retry dropped (the version the retry replaced);
+    ``cause`` is raw (the provider's status or error)."""
     return Text("undelivered.retry-discarded", cause=cause)
 
 _MESSAGE_KINDS: Final = (UserMessageItem, AgentMessageItem, NoticeItem)
@@ -108,7 +108,7 @@ _TERMINAL: Final = frozenset({"completed", "failed", "denied", "aborted"})
 
 
 def _speaker(speaker: E.Speaker | None, source: str | None = None) -> Speaker | None:
-    """The wire speaker; ``source`` is the injection source (seed: 注入来源)."""
+    """The wire speaker; ``source`` is the input's injection source (a person's own message has none)."""
     if speaker is None:
         return None
     return Speaker(
@@ -122,14 +122,14 @@ def _speaker(speaker: E.Speaker | None, source: str | None = None) -> Speaker | 
 
 def _attachment(ref: E.AttachmentRef) -> ItemAttachment:
     """``src`` is ``blob:<sha256>``, an internal reference the gateway replaces by a signed,
-    epoch-bound download handle before anything leaves the server (seed 004, 文件句柄)."""
+    epoch-bound download handle before anything leaves the server (docs/protocol.md, "Transport")."""
     kind = ref.kind if ref.kind in _ATTACHMENT_KINDS else "file"
     return ItemAttachment(kind=cast(Literal["image", "audio", "video", "file"], kind), name=ref.name,
                           src=f"blob:{ref.sha256}")
 
 
 def _display(display: E.ToolDisplay | None, exit_code: int | None = None) -> ToolDisplay | None:
-    """Seed 004 工具卡的展示: none when the command or path is not a string; the exit code only
+    """A tool card's display: none when the command or path is not a string; the exit code only
     once the call ended (``exit_code`` comes from the finished call)."""
     if display is None:
         return None
@@ -165,7 +165,7 @@ def wire_grant(session_id: str, g: Grant) -> ApprovalGrant:
 
 
 def _failed_result(output: Any, exit_code: int | None) -> bool:
-    """Seed 004 tool-call: 结果是带 error 的 JSON 对象、或 display 里的退出码不为 0 时为 failed."""
+    """A finished call is ``failed`` when its result is a JSON object with ``error``, or its exit code is not 0."""
     return (isinstance(output, dict) and "error" in output) or (exit_code is not None and exit_code != 0)
 
 
@@ -190,7 +190,7 @@ def _unique(existing: Callable[[str], bool], base: str) -> str:
 
 
 def clamp_history_limit(limit: int | None) -> int:
-    """Seed 004 session/history: limit 缺省 100、最大 200 (and at least one message)."""
+    """A ``session/history`` limit: 100 when not given, at most 200 (and at least one message)."""
     if limit is None:
         return HISTORY_DEFAULT_LIMIT
     return max(1, min(limit, HISTORY_MAX_LIMIT))
@@ -213,7 +213,7 @@ class _TurnView(msgspec.Struct, kw_only=True):
 
 
 class ItemsProjection:
-    """A session's timeline items as a deterministic fold of its events (seed 004, 订阅与条目).
+    """A session's timeline items as a deterministic fold of its events.
 
     Feed every event of the session, in log order, to :meth:`apply`; it returns the pushes the
     event causes. The same events always give the same pushes, items and pages. ``apply`` never
@@ -233,7 +233,7 @@ class ItemsProjection:
         self._turn_order: list[str] = []
         self._inputs: dict[str, E.InputAccepted] = {}  # the queue, in FIFO order
         #: turn id -> the text of the host notice that opens it (a background task's end): its
-        #: input is the agent's, shown as the notice (seed 004 queue: 宿主通知 … 同通知)
+        #: input is the agent's; the queue shows the notice's text, as the notice item does
         self._notice_turns: dict[str, str] = {}
         self._call_args: dict[str, Any] = {}
         self._answer_ids: dict[str, str] = {}  # step id -> the item its answer streams as (after a retry)
@@ -292,7 +292,7 @@ class ItemsProjection:
         return None if pos is None else self._items[pos]
 
     def plan_item(self) -> PlanItem | None:
-        """The current plan; None when there is none (seed: 有计划条目才有计划)."""
+        """The current plan; None when there is none (an empty plan is no plan)."""
         return self._plan if self._plan is not None and self._plan.entries else None
 
     def usage_item(self) -> UsageItem | None:
@@ -300,7 +300,7 @@ class ItemsProjection:
         return self._usage
 
     def queue_item(self) -> QueueItem | None:
-        """The inputs waiting for a turn; None when empty (seed: 空的不带)."""
+        """The inputs waiting for a turn; None when empty (a snapshot leaves an empty queue out)."""
         return self._queue if self._queue is not None and self._queue.entries else None
 
     def in_flight(self) -> bool:
@@ -308,7 +308,7 @@ class ItemsProjection:
         return any(view.live for view in self._turns.values())
 
     def history_page(self, before: str | None = None, limit: int | None = None) -> Page:
-        """One ``session/history`` page: archived items older than ``before`` (seed 004).
+        """One ``session/history`` page: archived items older than ``before``.
 
         ``limit`` counts messages (user messages, agent messages and notices: the archive's
         messages), default 100, max 200; tool calls, reasoning and turn items ride along with them.
@@ -317,7 +317,7 @@ class ItemsProjection:
         older page (the id of this page's first item), None when there is nothing older.
 
         Raises :class:`NotFound` when ``before`` no longer names an archived item (removed by a
-        rewind, or never issued): seed 004, before 指向的消息已不在存档里时回 not-found.
+        rewind, or never issued): ``session/history`` then answers ``not-found``.
         """
         end = len(self._items)
         if before is not None:
@@ -330,7 +330,7 @@ class ItemsProjection:
         return page, self._cursor(start)
 
     def snapshot_items(self, limit: int | None = None, *, singletons: bool = True) -> Page:
-        """The items of a ``session/subscribe`` snapshot and its ``before`` cursor (seed 004, 快照).
+        """The items of a ``session/subscribe`` snapshot and its ``before`` cursor.
 
         The newest history page plus every item of the turn in flight, merged in timeline order
         (things said during the turn stay between its items); then, with ``singletons``, the
@@ -429,8 +429,9 @@ class ItemsProjection:
         return pos
 
     def _keep_tool_group(self, start: int) -> int:
-        """Seed 004: 一轮的工具调用组不拆在两页 -- when ``start`` falls between the first and the
-        last tool call of one turn, the page grows back to the message before the first call."""
+        """A turn's tool-call group is never split across two pages: when ``start`` falls between the
+        first and the last tool call of one turn, the page grows back to the message before the first
+        call."""
         turn_id = self._items[start].turn_id
         if turn_id is None or not self._tool_call_from(start, turn_id):
             return start
@@ -468,7 +469,7 @@ class ItemsProjection:
     # --- session and fork -------------------------------------------------------------------------
 
     def _created(self, e: E.SessionCreated) -> list[Push]:
-        # Seed 004 agent-message undelivered: rooms only (a room's child has no window).
+        # An agent message is marked undelivered in rooms only (a room's child has no window).
         self._room = e.kind == "room"
         return []
 
@@ -481,8 +482,8 @@ class ItemsProjection:
         return []
 
     def _imported(self, e: E.MessagesImported) -> list[Push]:
-        """A fork's copied messages, as archived items (seed 002 fork; seed 004 history rules:
-        calls without a result are aborted, a summary is an ``event-marker`` notice)."""
+        """A fork's copied messages, as archived items, by the rules of history: calls without a
+        result are aborted, a summary is an ``event-marker`` notice."""
         results = {m.tool_call_id: m for m in e.messages if m.role == "tool" and m.tool_call_id}
         pushes: list[Push] = []
         for index, message in enumerate(e.messages):
@@ -493,7 +494,7 @@ class ItemsProjection:
     # --- inputs and the queue -----------------------------------------------------------------------
 
     def _queue_push(self, at: int) -> list[Push]:
-        """Seed 004 queue: the waiting inputs, replaced whole, itemId ``queue``."""
+        """The queue item: the waiting inputs, replaced whole, itemId ``queue``."""
         entries = [
             QueueEntry(text=self._notice_turns.get(i.turn_id, i.text), attachments=len(i.attachments),
                        speaker=_speaker(i.speaker, i.source))
@@ -515,7 +516,7 @@ class ItemsProjection:
 
     def _turn_started(self, e: E.TurnStarted) -> list[Push]:
         """The turn's inputs leave the queue and appear as its user messages (entry ``opened``),
-        then the turn item starts (seed 004 turn: source is the opening input's source)."""
+        then the turn item starts (its ``source`` is the source of the input that opened the turn)."""
         view = self._turns.get(e.turn_id)
         if view is None:
             view = self._turns[e.turn_id] = _TurnView(turn_id=e.turn_id)
@@ -535,7 +536,7 @@ class ItemsProjection:
                 attachments=[_attachment(a) for a in i.attachments], speaker=_speaker(i.speaker, i.source),
                 entry="opened",
             )))
-        # Seed order of pushes: the inputs, then the turn, then the queue; but the turn item must
+        # Pushes go in this order: the inputs, then the turn, then the queue; but the turn item must
         # sit first in the timeline so the turn's in-flight range starts at it.
         pushes = pushes[1:] + pushes[:1]
         if taken:
@@ -559,10 +560,10 @@ class ItemsProjection:
         return pushes
 
     def _close_calls(self, view: _TurnView, *, stopped: bool) -> list[Push]:
-        """Seed 004 tool-call at turn end. Stopped turn: every unfinished call is ``aborted`` (also
+        """Tool calls at turn end. Stopped turn: every unfinished call is ``aborted`` (also
         the generated, never executed ones). Otherwise (limit, error): a call generated but never
         executed is ``failed`` with ``notExecuted`` and no result; a call that was running has no
-        result and was interrupted, which the seed's history shows as ``aborted``."""
+        result and was interrupted, which history shows as ``aborted`` (a call with no result)."""
         pushes: list[Push] = []
         for call_id in view.calls:
             item = self.item(call_id)
@@ -578,7 +579,7 @@ class ItemsProjection:
         return pushes
 
     def _mark_unsent_reply(self, view: _TurnView) -> list[Push]:
-        """Seed 004 undelivered: in a room, what she said after the last tool call of a turn that
+        """Undelivered: in a room, what she said after the last tool call of a turn that
         ended without a reply (silent, aborted, error) was never sent."""
         if not self._room or not view.messages:
             return []
@@ -598,13 +599,13 @@ class ItemsProjection:
         return self._end_turn(e.turn_id, e.at, "aborted", stopped=True)
 
     def _turn_limit(self, e: E.TurnLimitReached) -> list[Push]:
-        # No outcome of its own: the seed's outcomes are replied/silent/aborted/error; the
+        # No outcome of its own: a turn's outcomes are replied/silent/aborted/error; the
         # ``tool-limit`` notice (with canContinue) is posted by the session as notice.posted.
         return self._end_turn(e.turn_id, e.at, "silent", stopped=False)
 
     def _rewound(self, e: E.TurnRewound) -> list[Push]:
         """``code-and-chat``: the items of that turn and later ones disappear; no pushes, the
-        caller sends ``session/resync`` (seed 004). ``code`` only leaves the timeline alone."""
+        caller sends ``session/resync`` (the history was rewritten). ``code`` only leaves the timeline alone."""
         if not e.chat_deleted or e.turn_id not in self._turn_order:
             return []
         index = self._turn_order.index(e.turn_id)
@@ -631,14 +632,14 @@ class ItemsProjection:
         """A retry pushes nothing here: the discarded attempt's items were live only (their
         ``item/completed`` is pushed by the streaming session, see ``actors/session/stream_sink.py``).
         It names the item the answer streams as from now on, so the committed answer replaces
-        the streamed one by itemId (seed 004: item/completed 按 itemId 覆盖)."""
+        the streamed one by itemId (``item/completed`` is the canonical copy and replaces by itemId)."""
         if e.next_item_id:
             self._answer_ids[e.step_id] = e.next_item_id
         return []
 
     def _llm_completed(self, e: E.LlmCompleted) -> list[Push]:
         """Reasoning, the agent message (itemId = step id, or the item a retry named) and the
-        generated tool calls (status ``generating``, no args yet: seed 004 tool-call), then the
+        generated tool calls (status ``generating``, no args yet), then the
         usage item."""
         view = self._view(e.turn_id)
         view.completion_tokens += e.usage.completion_tokens
@@ -661,7 +662,7 @@ class ItemsProjection:
         return pushes
 
     def _agent_message(self, e: E.LlmCompleted, view: _TurnView, item_id: str) -> AgentMessageItem:
-        """Seed 004 agent-message model: promptTokens of this call (the turn's latest context) and
+        """An agent message's ``model``: promptTokens of this call (the turn's latest context) and
         completionTokens summed over the turn so far; no tokens when the provider reported none."""
         reported = e.usage.prompt_tokens or e.usage.completion_tokens
         model = AgentModel(
@@ -676,7 +677,7 @@ class ItemsProjection:
                                 model=model, undelivered=undelivered)
 
     def _usage_push(self, e: E.LlmCompleted) -> list[Push]:
-        """Seed 004 usage: the latest call's tokens, replaced whole, itemId ``usage``."""
+        """The usage item: the latest call's tokens, replaced whole, itemId ``usage``."""
         prompt, completion = e.usage.prompt_tokens, e.usage.completion_tokens
         if not prompt and not completion:
             return []
@@ -695,9 +696,9 @@ class ItemsProjection:
                          usage_ratio=tokens / window if window else None)
 
     def estimated_usage(self, at: int, context_tokens: int) -> UsageItem:
-        """A usage item for a session no model call has reported on yet (seed 004 快照: 还没有用量
-        时 … 请 agent 算一次): the context its next model call would get. Not kept here: the
-        projection stays a fold of the log (a live push, like a delta)."""
+        """A usage item for a session no model call has reported on yet (when a snapshot has no usage
+        yet, the agent estimates one after it, sent as a push): the context its next model call would
+        get. Not kept here: the projection stays a fold of the log (a live push, like a delta)."""
         return self._usage_item(at, [UsagePart(label=LABEL_CONTEXT, tokens=context_tokens)])
 
     def _call(self, turn_id: str, call_id: str, tool: str, at: int) -> ToolCallItem:
@@ -711,7 +712,7 @@ class ItemsProjection:
         return ToolCallItem(item_id=call_id, at=at, turn_id=turn_id, tool=tool, status="generating")
 
     def _tool_started(self, e: E.ToolStarted) -> list[Push]:
-        """Seed 004: 开始执行时同一个 itemId 转为 running, with args and display."""
+        """When the call starts to run, the same itemId turns ``running``, with args and display."""
         item = self._call(e.turn_id, e.call_id, e.tool, e.at)
         if e.call_id in self._ended_by_turn:
             return []
@@ -722,8 +723,8 @@ class ItemsProjection:
         return [(STARTED, self._put(running))]
 
     def _tool_finished(self, e: E.ToolFinished) -> list[Push]:
-        """The final card. A call its turn's stop already closed stays ``aborted`` (seed: 停止之后
-        工具照样返回了结果也不改)."""
+        """The final card. A call its turn's stop already closed stays ``aborted``, even when the tool
+        returns a result after the stop."""
         if e.call_id in self._ended_by_turn:
             return []
         item = self._call(e.turn_id, e.call_id, "?", e.at)
@@ -747,15 +748,15 @@ class ItemsProjection:
         return [self._done(done)]
 
     def _approval_requested(self, e: E.ToolApprovalRequested) -> list[Push]:
-        """Seed 004: 审批推给了审批面时带 approvalId(挂上时再推一次 item/started)."""
+        """A call whose approval was requested carries ``approvalId`` (``item/started`` is pushed again)."""
         item = self._call(e.turn_id, e.call_id, "?", e.at)
         if item.status in _TERMINAL:
             return [self._done(msgspec.structs.replace(item, approval_id=e.approval_id))]
         return [(STARTED, self._put(msgspec.structs.replace(item, approval_id=e.approval_id)))]
 
     def _approval_settled(self, e: E.ToolApprovalSettled) -> list[Push]:
-        """Seed 004: 结算后带 approvalId 与 settlement(再推一次); not approved -> ``denied``, and
-        the card is final (completed); approved -> the call goes on (started again, then running)."""
+        """Once settled the call carries ``approvalId`` and ``settlement`` (pushed again); not approved
+        -> ``denied``, and the card is final (completed); approved -> the call goes on (started again, then running)."""
         item = self._call(e.turn_id, e.call_id, "?", e.at)
         settlement = _settlement(e.settlement)
         settled = msgspec.structs.replace(item, approval_id=e.approval_id, settlement=settlement)
@@ -768,7 +769,7 @@ class ItemsProjection:
     # --- notices, plan, compression ------------------------------------------------------------------
 
     def _notice(self, e: E.NoticePosted) -> list[Push]:
-        """Seed 004 notice: topic, text, noticeId, facts, canContinue (tool-limit); a notice that
+        """A notice item: topic, text, noticeId, facts, canContinue (tool-limit); a notice that
         opened a turn carries ``entry: opened``."""
         text = Text.stored(e.text, e.text_key, e.text_values)
         if e.turn_id is not None and e.starts_turn and e.turn_id not in self._turns:
@@ -789,14 +790,14 @@ class ItemsProjection:
         return [self._done(item)]
 
     def _compress_notice(self, at: int, turn_id: str | None, text: str, facts: dict[str, Any]) -> list[Push]:
-        """Seed 004 notice topic ``compress``; the event has no id, so one is made from its time
+        """The notice of topic ``compress``; the event has no id, so one is made from its time
         (deterministic on replay)."""
         item_id = _unique(lambda candidate: candidate in self._ordinal, f"compress.{at}")
         return [self._done(NoticeItem(item_id=item_id, at=at, turn_id=turn_id, topic="compress", text=text,
                                       facts=facts))]
 
     def _compacted(self, e: E.ContextCompacted) -> list[Push]:
-        """The compress notice, then the latest usage (seed 004 session/compress: 之后推最新用量):
+        """The compress notice, then the latest usage (``session/compress`` pushes it after compacting):
         the context the next model call gets, as the compaction estimated it."""
         pushes = self._compress_notice(e.at, e.turn_id, Text("notice.compressed", turns=e.turns),
                                        {"turns": e.turns, "chars": e.chars, "auto": e.auto})
@@ -809,7 +810,7 @@ class ItemsProjection:
                                      {"error": e.error, "auto": e.auto, "failed": True})
 
     def _plan_updated(self, e: E.PlanUpdated) -> list[Push]:
-        """Seed 004 plan: replaced whole, itemId ``plan``."""
+        """The plan item: replaced whole, itemId ``plan``."""
         entries = [PlanEntry(text=p.text, status=p.status) for p in e.entries]
         self._plan = PlanItem(item_id="plan", at=e.at, entries=entries)
         return [(COMPLETED, self._plan)]

@@ -1,4 +1,4 @@
-"""Session summaries (seed 004, 摘要, SPEC §6): the compact per-session listing record.
+"""Session summaries (``SessionSummary`` in docs/protocol.md): the compact per-session listing record.
 
 :class:`SummaryRecord` is what ``sessions/list`` needs of one session, small enough to keep for
 every stored session in the store's ``stream_meta`` (encoded with :func:`encode_summary_record`),
@@ -70,7 +70,7 @@ LISTING_EVENT_TYPES: Final = frozenset({
     E.SessionSeen, E.SessionParked, E.SessionUnparked, E.TurnStarted, E.TurnCompleted, E.TurnFailed,
     E.TurnAborted, E.TurnLimitReached, E.MessagesImported, E.ToolApprovalRequested, E.ToolApprovalSettled,
     E.TaskEnded,
-    # seed 004 增量: token 记账 pushes too: every model call's tokens, a summary call's included
+    # token accounting changes the listing too: the tokens of every model call, a summary call's included
     E.LlmCompleted, E.ContextCompacted, E.ContextCompactFailed,
 })
 
@@ -92,11 +92,13 @@ def rewrites_listing(events: list[E.Event]) -> bool:
 
 class SummaryRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     """What :func:`summary_from_record` needs of one session, small enough to keep for every
-    stored session (no messages), so ``sessions/list`` never activates an actor (SPEC §2.5).
+    stored session (no messages), so ``sessions/list`` never activates an actor (an actor is
+    activated on first use only).
 
     Encoded as a msgpack array: **append new fields at the end, with defaults**, never reorder or
     retype (records written before a field then still decode). ``title`` and ``name`` are kept
-    apart because search leaves default names out (seed 004, 列表的规则: 搜索).
+    apart because search matches a session's name, title and id, but not the default name of a session
+    nobody named.
     """
 
     id: str
@@ -124,8 +126,8 @@ class SummaryRecord(msgspec.Struct, frozen=True, array_like=True, omit_defaults=
     last_ended_at: int | None = None
     last_reason: str | None = None
     deleted: bool = False  # the Session Loop API's listing skips deleted sessions
-    status: str = "idle"  # seed 002 session status (``session_model.Status``), for SessionInfo
-    app_id: str | None = None  # the app that created it (SPEC §5: an app sees only its own)
+    status: str = "idle"  # the agent runtime's session status (``session_model.Status``), for SessionInfo
+    app_id: str | None = None  # the app that created it (an app sees only the sessions it created)
     activity: str = "interactive"
 
 
@@ -154,7 +156,7 @@ def _bounded(record: SummaryRecord) -> SummaryRecord:
 
 
 def _last_turn(state: SessionState) -> tuple[TurnOutcome | None, int | None, str | None]:
-    """Seed 004 lastTurn/reason: the latest ended turn; one without an outcome counts as silent;
+    """``lastTurn`` and ``reason``: the latest ended turn; one without an outcome counts as silent;
     the reason only for an error, and only when the agent gave one."""
     turn = state.last_turn()
     if turn is None:
@@ -205,7 +207,7 @@ def summary_record(state: SessionState, attention: bool = False, background: int
 
 def tombstone_record(state: SessionState, now: int) -> SummaryRecord:
     """The listing record a deleted session keeps: ids, tree place, owner and ``deleted``, no
-    title, name, reason or place name (seed 004: delete clears the history), so ``sessions/list``
+    title, name, reason or place name (a delete clears the session's history), so ``sessions/list``
     skips it, ``sessions/changed`` removes it and its children's ancestors stay known."""
     created = state.created
     return SummaryRecord(
@@ -218,12 +220,12 @@ def tombstone_record(state: SessionState, now: int) -> SummaryRecord:
 
 
 def _title(record: SummaryRecord) -> str:
-    """Seed 004 摘要 title: 标题,没有时是会话名 (and a default name when it has neither)."""
+    """A summary's title: the session's title, else its name (and a default name when it has neither)."""
     return record.title or record.name or DEFAULT_TITLE
 
 
 def _own_tokens(record: SummaryRecord) -> TokenCount | None:
-    """Seed 004 tokens: 都还没有记账时没有."""
+    """The session's own tokens; None while no model call has been accounted yet."""
     if not record.metered and not record.tokens_in and not record.tokens_out:
         return None
     return TokenCount(input=record.tokens_in, output=record.tokens_out)
@@ -301,11 +303,12 @@ def listing_key(row: ListingRow, children: bool) -> SortKey:
 
 
 def summary_from_record(record: SummaryRecord, tree: TreeFields | None = None) -> SessionSummary:
-    """The ``SessionSummary`` of a record (seed 004, 摘要), with the tree fields from ``tree``.
+    """The ``SessionSummary`` of a record, with the tree fields from ``tree``.
 
     Without ``tree`` the session stands alone: its own attention, background and tokens, no
     children, and a task's section is ``owner`` (a task takes its root's section, which only the
-    tree knows). ``unread`` follows the section (seed 004, 完成未读: rooms never unread).
+    tree knows). ``unread`` follows the section: only a session in the owner section is ever unread,
+    a room never is.
     """
     return summary_from_row(listing_row(record, tree))
 
@@ -346,8 +349,9 @@ def summary_from_row(row: ListingRow) -> SessionSummary:
 
 
 def place_name(place: E.PlaceRef) -> str:
-    """A place's display name (seed 004 摘要 place): the default workspace is 「默认工作区」 in the
-    server's language (a text object, rendered when sent); other places keep their own name."""
+    """A place's display name (``PlaceInfo.name``): the default workspace is named by the text
+    ``place.default-workspace`` in the server's language (a text object, rendered when sent); other
+    places keep their own name."""
     if place.key == DEFAULT_WORKSPACE:
         return _DEFAULT_WORKSPACE_NAME
     return place.name
@@ -364,5 +368,6 @@ def summary_of(
 
 
 def summary_node(state: SessionState, *, attention: bool = False, background: int = 0) -> SessionNode:
-    """The tree node of a live session (what it knows about itself, seed 按会话树算的字段)."""
+    """The tree node of a live session: what it knows about itself, the input of the tree-computed
+    fields."""
     return node_from_record(summary_record(state, attention, background))

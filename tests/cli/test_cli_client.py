@@ -228,8 +228,8 @@ def test_send_with_the_owner_token_refuses_a_key_it_cannot_keep_before_sending_a
         result = run_cli_process("send", session_id, "twice?", *args)
         assert result.returncode == 1 and result.stdout == ""
         assert result.stderr.strip().splitlines() == [(
-            "Error: --key cannot be kept with the owner token: the owner sends with turn/send, which has no "
-            "idempotency key (seed 004), so sending again would make a second turn; send without --key, or with "
+            "Error: --key cannot be kept with the owner token: the owner sends with turn/send, which takes no "
+            "idempotency key, so sending again would make a second turn; send without --key, or with "
             "an app token (loop/send keeps the key)")]
     assert user_messages(cli, session_id) == []  # the same key twice made two turns before: now none
 
