@@ -402,7 +402,11 @@ class LmdbRecorder:
         over the source, in key order (appended: pages filled, never split), in write
         transactions of ``_COPY_BATCH`` entries; then each one's entry count is checked against
         the source's. The main database must hold nothing but the named databases (a plain key
-        there would not be copied, so it fails the copy)."""
+        there would not be copied, so it fails the copy). The fresh environment's reused page
+        buffers hold only pages of the copy itself, so whatever a page's unused end holds is
+        live data too. Its map is twice the source's: the file grows only by the pages written,
+        and a ``dupsort`` database (its new keys are inserted, not appended) may take more pages
+        than in the source."""
         with self._env.begin() as src:
             names = [bytes(k) for k in src.cursor().iternext(keys=True, values=False)]
             dbs = {name: self._source_db(name, src) for name in names}
