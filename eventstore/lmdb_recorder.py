@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import logging
 import os
 import shutil
@@ -366,34 +367,56 @@ class LmdbRecorder:
             reason="stopped", retry_after_ms=STOPPED_RETRY_AFTER_MS, path=self.path)
 
     def compact(self) -> tuple[int, int]:
-        """Rewrite ``data.mdb`` without its free pages; returns its size in bytes before and after.
+        """Rewrite ``data.mdb`` with nothing but the store's live data; returns its size in bytes
+        before and after.
 
         LMDB does not zero the pages a transaction frees (a purge's, a pruned feed's): their bytes
-        stay in the file until later commits reuse them. A compacting copy (``mdb_env_copy2`` with
-        ``MDB_CP_COMPACT``) holds only the pages in use, so swapping it in takes deleted content
-        off the disk. Runs on the group commit's leader, after the writes queued before it and
-        with no transaction open (readers wait at the gate), so nothing written meanwhile is
-        lost: the copy is fsynced, renamed over ``data.mdb`` (atomic: a crash leaves the old file
-        or the new, never half) and the environment reopened. It stalls reads and writes for as
-        long as the copy takes (about the time to write the live data once): maintenance, not a
-        per-delete step."""
+        stay in the file until later commits reuse them. Nor does it zero a freed page's buffer
+        when it reuses it in memory, so a page written later (a purge's tombstone, say) can carry
+        deleted bytes in its unused end; a page-by-page copy (``mdb_env_copy2`` with
+        ``MDB_CP_COMPACT``) keeps them. So the copy is rebuilt key by key (``_compacted_copy``):
+        every page of it is written from live data. Runs on the group commit's leader, after the
+        writes queued before it and with no transaction open (readers wait at the gate), so
+        nothing written meanwhile is lost: the copy is fsynced, renamed over ``data.mdb``
+        (atomic: a crash leaves the old file or the new, never half) and the environment
+        reopened. It stalls reads and writes for as long as the copy takes (about the time to
+        write the live data once): maintenance, not a per-delete step."""
         self._check_writable()
         return self._committer.submit(CompactOp())  # type: ignore[no-any-return]
 
     def backup(self, dest: str) -> int:
         """A consistent copy of the store at ``dest`` (a new directory), written while the store
-        serves: one read transaction (``mdb_env_copy2`` with ``MDB_CP_COMPACT``: only the pages
-        in use, so no freed bytes), fsynced, mode 0600; returns its size in bytes. Works on a
-        read-only open, so another process can back up a running server's store."""
+        serves: one read transaction, rebuilt key by key as ``compact`` does (so no byte of
+        deleted data), fsynced, mode 0600; returns its size in bytes. Works on a read-only open,
+        so another process can back up a running server's store."""
         os.makedirs(dest, mode=0o700)
         with self._read():
             copied = self._compacted_copy(dest)
         return os.path.getsize(copied)
 
     def _compacted_copy(self, dest: str) -> str:
-        """``mdb_env_copy2`` with ``MDB_CP_COMPACT`` into the directory ``dest``: its ``data.mdb``,
-        owner-only and fsynced."""
-        self._env.copy(dest, compact=True)
+        """The store's live data, as one read transaction sees it, written into a fresh
+        environment in the directory ``dest``: its ``data.mdb``, owner-only and fsynced.
+
+        Every named database is created there with the source's flags and filled from a cursor
+        over the source, in key order (appended: pages filled, never split), in write
+        transactions of ``_COPY_BATCH`` entries; then each one's entry count is checked against
+        the source's. The main database must hold nothing but the named databases (a plain key
+        there would not be copied, so it fails the copy). The fresh environment's reused page
+        buffers hold only pages of the copy itself, so whatever a page's unused end holds is
+        live data too. Its map is twice the source's: the file grows only by the pages written,
+        and a ``dupsort`` database (its new keys are inserted, not appended) may take more pages
+        than in the source."""
+        with self._env.begin() as src:
+            names = [bytes(k) for k in src.cursor().iternext(keys=True, values=False)]
+            dbs = {name: self._source_db(name, src) for name in names}
+            copy = lmdb.open(dest, map_size=2 * max(self._map_size, int(self._env.info()["map_size"])),
+                             max_dbs=len(dbs) + 2, sync=False, metasync=False, lock=False, readahead=False,
+                             writemap=False, meminit=True, mode=0o600)
+            try:
+                _copy_databases(src, dbs, copy)
+            finally:
+                copy.close()
         copied = os.path.join(dest, "data.mdb")
         os.chmod(copied, 0o600)
         fd = os.open(copied, os.O_RDONLY)
@@ -402,6 +425,18 @@ class LmdbRecorder:
         finally:
             os.close(fd)
         return copied
+
+    def _source_db(self, name: bytes, txn: Any) -> Any:
+        """The handle of the named database ``name`` (opened at open, or now in ``txn`` for one
+        this release does not know of, so it is copied too)."""
+        known = self._db.get(name.decode("utf-8", "replace"))
+        if known is not None:
+            return known
+        try:
+            return self._env.open_db(name, txn=txn, create=False)
+        except lmdb.Error as e:
+            raise StorageError(f"the main database of the event store at {self.path} holds {name!r}, which is "
+                               f"not a named database ({e}); it cannot be copied", path=self.path) from e
 
     def _compact_now(self) -> tuple[int, int]:
         data = os.path.join(self.path, "data.mdb")
@@ -444,7 +479,7 @@ class LmdbRecorder:
             for req in compacting:
                 try:
                     req.result, req.error = self._compact_now(), None
-                except (OSError, lmdb.Error) as e:
+                except (OSError, lmdb.Error, StorageError) as e:
                     req.result, req.error = None, StorageError(
                         f"compacting the event store at {self.path} failed: {e}; the store is as it was",
                         path=self.path)
@@ -837,6 +872,31 @@ class LmdbRecorder:
             for k in times:
                 txn.put(k, b"", db=self._db["idem_time"])
         return len(claims)
+
+
+#: entries copied per write transaction of a compacted copy: bounds the memory its dirty pages take
+_COPY_BATCH = 10_000
+
+
+def _copy_databases(src: Any, dbs: dict[bytes, Any], copy: lmdb.Environment) -> None:
+    """Every key and value of every database in ``dbs`` (name -> handle, read in ``src``) into the
+    fresh environment ``copy``, the same named databases with the same flags; fails if any
+    entry did not make it (``putmulti`` skips, not fails, a key appended out of order)."""
+    for name, db in dbs.items():
+        flags = db.flags(src)
+        with copy.begin(write=True) as txn:
+            target = copy.open_db(name, txn=txn, **flags)
+        items = src.cursor(db=db).iternext(keys=True, values=True)
+        while True:
+            with copy.begin(write=True, db=target) as txn:
+                consumed, _ = txn.cursor().putmulti(itertools.islice(items, _COPY_BATCH), append=True)
+            if consumed < _COPY_BATCH:
+                break
+        with copy.begin(db=target) as txn:
+            copied, wanted = txn.stat(target)["entries"], src.stat(db)["entries"]
+        if copied != wanted:
+            raise StorageError(f"the copy of database {name.decode('utf-8', 'replace')!r} holds {copied} "
+                               f"entries, the store {wanted}; the copy is incomplete")
 
 
 def _decode_record(raw: bytes, stream: str, where: int, unit: str = "version") -> CommitRecordIn:

@@ -3,10 +3,10 @@ writes racing it kept, and ``sessionloop compact`` refusing a store a server hol
 
 Real LMDB in temporary directories; the file's raw bytes are read to look for the secret.
 
-A session's events (actors/events.py), not the store tests' own union: what is checked is that a
-deleted session's bytes leave the disk. (With the store tests' smaller events a stale copy of them
-survives compact in the unused tail of a one-page overflow record: LMDB reuses a freed dirty-page
-buffer without zeroing it and the compacting copy copies pages verbatim.)
+A session's events (actors/events.py): what is checked is that a deleted session's bytes leave
+the disk. tests/eventstore/test_compact.py checks the same on the store tests' own union, at the
+sizes where a purge's tombstone lands on a reused page buffer whose unused end still holds the
+deleted bytes (which is why the compacted copy is rebuilt key by key, not copied page by page).
 """
 
 from __future__ import annotations
