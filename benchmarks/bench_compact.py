@@ -1,7 +1,7 @@
 """How long ``EventStore.compact`` and ``EventStore.backup`` take on a store of realistic size (not
-a test: run it by hand).
+a test: run it by hand); writes ``benchmarks/results/compact.json``.
 
-    python -m tests.eventstore.bench_compact [--sessions 2000] [--turns 10] [--runs 3]
+    python benchmarks/bench_compact.py [--sessions 2000] [--turns 10] [--runs 3]
 
 Builds a store of SESSIONS sessions of TURNS turns each (an input of ~200 bytes, a step, an
 answer of ~1.5 KB, the feed, idempotency receipts, a snapshot, stream metadata and flags, as
@@ -16,9 +16,13 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.measure import write_results  # noqa: E402
 from sessionloop.eventstore import ANY_VERSION, EventStore, IdempotencyClaim, request_hash
 from tests.eventstore.test_purge import purge
 from tests.eventstore.union import Finished, Noted, Opened, Stepped, open_test_store
@@ -82,6 +86,9 @@ def main() -> None:
               f"({', '.join(f'{b * 1000:.0f}' for b in backups)})")
         print(f"compact: median {statistics.median(compacts) * 1000:.0f} ms of {args.runs} "
               f"({', '.join(f'{c * 1000:.0f}' for c in compacts)})")
+        write_results("compact", {"sessions": args.sessions, "turns": args.turns, "runs": args.runs,
+                                  "backup_ms": [b * 1000 for b in backups], "compact_ms": [c * 1000 for c in compacts],
+                                  "data_mdb_bytes": [list(s) for s in sizes], "backup_bytes": size})
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
