@@ -21,7 +21,18 @@ import msgspec
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.session import commands as C
-from sessionloop.actors.session.actor import Ask, Cancel, Compact, Create, Decide, Receipt, Send, SessionActor, now_ms
+from sessionloop.actors.session.actor import (
+    Ask,
+    Cancel,
+    Compact,
+    Create,
+    Decide,
+    Receipt,
+    Send,
+    SessionActor,
+    SessionBehaviour,
+    now_ms,
+)
 from sessionloop.actors.session.context import keep_turns
 from sessionloop.actors.session.decide import steps_limit
 from sessionloop.actors.session.state import SessionState, Status
@@ -46,7 +57,7 @@ def new_id() -> str:
 
 
 #: a commit listener: (session actor, the committed events, the append's result)
-Listener = Callable[[SessionActor, list[E.Event], Any], None]
+Listener = Callable[[SessionBehaviour, list[E.Event], Any], None]
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -169,9 +180,9 @@ class Host:
 
     # --- the session service (seed 002) -----------------------------------------------------------
 
-    def create(self, *, title: str = "", name: str = "", permission_mode: str | None = None,
-               activity: str = "interactive", cwd: str = "", model: str | None = None,
-               parent_id: str | None = None, kind: str = "owner", initial_input: str | None = None,
+    def create(self, *, title: str = "", name: str = "", permission_mode: E.PermissionMode | None = None,
+               activity: E.Activity = "interactive", cwd: str = "", model: str | None = None,
+               parent_id: str | None = None, kind: E.SessionKind = "owner", initial_input: str | None = None,
                idempotency_key: str | None = None, **created: Any) -> Session:
         """Create a session (``session.created``); with ``initial_input`` its first input is
         accepted in the same commit, so a failure leaves no session behind."""
@@ -243,7 +254,7 @@ class Host:
         return Session(self, new)
 
 
-def _default_mode(activity: str) -> str:
+def _default_mode(activity: str) -> E.PermissionMode:
     return "acceptCalls" if activity == "background" else "ask"
 
 
@@ -269,10 +280,10 @@ class Session:
 
     def snapshot(self) -> SessionState:
         """A copy of the folded state: messages, steps, tool calls, artifacts, checkpoints."""
-        return self._query(C.StateCopy())  # type: ignore[no-any-return]
+        return self._query(C.StateCopy())
 
     def events(self) -> list[RecordedEvent]:
-        return self.rt.store.read_stream(f"session-{self.id}")  # type: ignore[no-any-return]
+        return self.rt.store.read_stream(f"session-{self.id}")
 
     def send(self, text: str, *, idempotency_key: str | None = None, scope: str = "session",
              speaker: E.Speaker | None = None, source: str | None = None,
@@ -286,7 +297,7 @@ class Session:
         if idempotency_key is not None:
             body = {"text": text, "attachments": [a.sha256 for a in attachments or []]}
             claim = IdempotencyClaim(f"{scope}:{self.id}", idempotency_key, request_hash(body))
-        return self.rt.ask(self.id, lambda r: Send(accepted, claim, r, check))  # type: ignore[no-any-return]
+        return self.rt.ask(self.id, lambda r: Send(accepted, claim, r, check))
 
     def run(self, text: str, timeout: float = 600.0) -> RunResult:
         """Send ``text`` and wait for its turn to end."""
@@ -306,7 +317,7 @@ class Session:
         reply = Reply()
         self.watch_turn(turn_id, reply)
         try:
-            return reply.result(timeout)  # type: ignore[no-any-return]
+            return reply.result(timeout)
         except Exception as e:
             from sessionloop.actors.errors import RequestTimeout
 
@@ -352,7 +363,7 @@ class Session:
         ``{turns, chars}``, or None when there is nothing to compact. Raises SessionBusy while a
         turn or another compaction runs, CompactionFailed when the summary model is not available
         or fails, the history changes meanwhile (an input, a rewind...) or ``cancel()`` stops it."""
-        return self.rt.ask(self.id, Compact, timeout)  # type: ignore[no-any-return]
+        return self.rt.ask(self.id, Compact, timeout)
 
     def rename(self, title: str) -> None:
         self.rt.ask(self.id, lambda r: Decide(C.Rename(title=title), r))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import msgspec
 
@@ -129,7 +129,7 @@ def _traceparent(value: Any) -> str | None:
     if value is not None and parse_traceparent(value) is None:
         raise InvalidCommand("traceparent is not a W3C traceparent (version-traceid-parentid-flags in lowercase "
                              "hex, e.g. 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01)")
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def _keys(field: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
@@ -183,10 +183,18 @@ class EventsPage(msgspec.Struct, frozen=True, kw_only=True):
     next_cursor: int | None = None
 
 
+class _EventBase(TypedDict):
+    """What every event of the feed has besides its type, turn and data."""
+
+    cursor: int
+    session_id: str
+    at: int
+
+
 def feed_event(recorded: RecordedEvent) -> LoopEvent | None:
     """The seed-000 view of a stored event, or None for events bots do not see."""
     e, sid = recorded.event, recorded.stream[len("session-"):]
-    base = {"cursor": recorded.position, "session_id": sid, "at": recorded.at}
+    base: _EventBase = {"cursor": recorded.position, "session_id": sid, "at": recorded.at}
     if isinstance(e, E.TurnStarted):
         return LoopEvent(type="turn.started", turn_id=e.turn_id, data={"source": e.source}, **base)
     if isinstance(e, E.LlmCompleted):

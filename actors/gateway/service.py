@@ -53,10 +53,10 @@ _tls = threading.local()
 
 def _push_frame(session_id: str, epoch: int, seq: int, method: str, payload: Any,
                 decorate: Callable[[str, Any], Any], encoder: msgspec.json.Encoder) -> str:
-    cached = getattr(_tls, "last", None)
+    cached: tuple[tuple[str, int, int], str] | None = getattr(_tls, "last", None)
     key = (session_id, epoch, seq)
     if cached is not None and cached[0] == key:
-        return cached[1]  # type: ignore[no-any-return]
+        return cached[1]
     params: msgspec.Struct
     if isinstance(payload, DeltaPayload):
         params = ItemDelta(session_id=session_id, epoch=epoch, seq=seq, item_id=payload.item_id, text=payload.text)

@@ -98,7 +98,7 @@ _TURN_END_TYPES = frozenset(_TURN_END)
 #: a model call's streamed items are in the projection (or gone) once one of these is committed
 _STREAM_END_TYPES = _TURN_END_TYPES | {E.LlmCompleted, E.LlmFailed}
 #: a model step's outcome: where the live frames of an answer taken in place go out (``_publish``)
-_STEP_END_TYPES = frozenset({E.LlmCompleted, E.LlmFailed})
+_STEP_END = (E.LlmCompleted, E.LlmFailed)
 #: the deltas a model call reported, ``(kind, text)`` in order
 Deltas = list[tuple[str, str]]
 #: the events a commit acts on after it is durable (effects to start, turns to report)
@@ -367,7 +367,10 @@ class SessionBehaviour:
     """The session actor's behaviour, independent of the pykka runtime that runs it: a thread per
     actor (:class:`SessionActor`) or a shared pool (:class:`PooledSessionActor`)."""
 
-    actor_ref: Any
+    actor_ref: pykka.ActorRef[Any]
+
+    if TYPE_CHECKING:  # given by the pykka actor class the behaviour is mixed into
+        def stop(self) -> None: ...
 
     def __init__(self, runtime: Runtime, session_id: str) -> None:
         super().__init__()
@@ -802,14 +805,15 @@ class SessionBehaviour:
                 continue
             if t in _TURN_END_TYPES:
                 self.rt.turn_ended(state, event)
-            elif t is E.LlmStarted and event.step_id not in inline:  # type: ignore[attr-defined]
-                self._launch_model(event.turn_id, event.step_id)  # type: ignore[attr-defined]
-            elif t is E.ToolStarted:
-                self._launch_tool(event.turn_id, event.call_id, event.tool, event.args)  # type: ignore[attr-defined]
-            elif t is E.ToolApprovalRequested:
+            elif type(event) is E.LlmStarted:
+                if event.step_id not in inline:
+                    self._launch_model(event.turn_id, event.step_id)
+            elif type(event) is E.ToolStarted:
+                self._launch_tool(event.turn_id, event.call_id, event.tool, event.args)
+            elif type(event) is E.ToolApprovalRequested:
                 self.rt.approvals.open(self, event)
-            elif t is E.ToolApprovalSettled and event.settlement.source in ("turn-ended", "shutdown"):  # type: ignore[attr-defined]
-                self.rt.approvals.cancel(event.approval_id, event.settlement.source)  # type: ignore[attr-defined]
+            elif type(event) is E.ToolApprovalSettled and event.settlement.source in ("turn-ended", "shutdown"):
+                self.rt.approvals.cancel(event.approval_id, event.settlement.source)
         self._account_unfinished()
         if inline:
             self.loop_deltas = self._loop_deltas_in_place(events, inline)
@@ -834,7 +838,7 @@ class SessionBehaviour:
                 flight.abandon(None)
             return
         for event in events:
-            if type(event) is E.ContextCompactFailed and not event.auto:  # type: ignore[attr-defined]
+            if type(event) is E.ContextCompactFailed and not event.auto:
                 self.compaction = None
                 flight.abandon(CompactionFailed(compact_error(event)))
                 return
@@ -850,7 +854,7 @@ class SessionBehaviour:
         pushes: list[tuple[str, Any]] = []
         streams = bool(inline) and self.channel.has_subscribers
         for event in events:
-            if streams and type(event) in _STEP_END_TYPES and (deltas := inline.get(event.step_id)):  # type: ignore[attr-defined]
+            if streams and isinstance(event, _STEP_END) and (deltas := inline.get(event.step_id)):
                 pushes.extend(self._stream_in_place(event, deltas))
             pushes.extend(self.items.apply(event))
         pushes = self._coalesce(pushes)
@@ -892,8 +896,8 @@ class SessionBehaviour:
             return None
         out: dict[str, list[dict[str, Any]]] = {}
         for event in events:
-            if type(event) in _STEP_END_TYPES and (deltas := inline.get(event.step_id)):  # type: ignore[attr-defined]
-                step_id = event.step_id  # type: ignore[attr-defined]
+            if isinstance(event, _STEP_END) and (deltas := inline.get(event.step_id)):
+                step_id = event.step_id
                 texts = [{"text": text, "itemId": step_id} for kind, text in deltas if kind == "text"]
                 if texts:
                     out[step_id] = texts
@@ -945,7 +949,7 @@ class SessionBehaviour:
         cards = self.channel.end_streams()
         if not cards:
             return
-        keep = {c.call_id for e in events if type(e) is E.LlmCompleted for c in e.tool_calls}  # type: ignore[attr-defined]
+        keep = {c.call_id for e in events if type(e) is E.LlmCompleted for c in e.tool_calls}
         status = "aborted" if any(type(e) is E.TurnAborted for e in events) else "failed"
         closing = close_cards(cards, keep, status)
         if closing:
@@ -1203,14 +1207,13 @@ class SessionBehaviour:
     def caller_facts(self) -> CallerFacts:
         """What a session made with ``context='caller'`` takes from this one: its workspace
         directory (also when it has no explicit cwd), its effective model and permission policy."""
-        state = self.state
-        ensure_usable(state)
+        created = ensure_usable(self.state)
         try:
             cwd = str(self.workspace().root)
         except ValueError:  # its cwd is not a directory: its own tools fail the same way
-            cwd = state.created.cwd
+            cwd = created.cwd
         cfg = self.config()
-        return CallerFacts(created=state.created, cwd=cwd, model=cfg.model, permission_mode=cfg.permission_mode)
+        return CallerFacts(created=created, cwd=cwd, model=cfg.model, permission_mode=cfg.permission_mode)
 
     def on_passivate(self, msg: Passivate) -> None:
         state = self.state

@@ -107,11 +107,15 @@ def steps_limit(value: object, name: str = "max_steps") -> int:
 # --- commands ---------------------------------------------------------------------------------
 
 
-def ensure_usable(state: SessionState) -> None:
-    if state.created is None or state.deleted:
+def ensure_usable(state: SessionState) -> E.SessionCreated:
+    """The session's creation, when it can take commands: NotFound before it was created or
+    after it was deleted, SessionParked while it is parked."""
+    created = state.created
+    if created is None or state.deleted:
         raise NotFound(Text("error.session-not-found", session=state.session_id))
     if state.parked is not None:
         raise SessionParked(Text("error.session-parked", session=state.session_id, reason=state.parked))
+    return created
 
 
 def decide_create(state: SessionState, created: E.SessionCreated) -> list[E.Event]:
@@ -389,7 +393,7 @@ def decide_compaction_done(turns: int, text: str, error: str | None, usage: E.Us
 
 
 def drive(state: SessionState, cfg: AgentConfig, check: ToolCheck, now: int,
-          apply: Callable[[E.Event], None]) -> Drive:
+          apply: Callable[[E.Event], object]) -> Drive:
     """Decide, apply (through ``apply``) and return every event that follows from ``state``
     without outside input, until the session waits for a model, a tool, or new input."""
     out = Drive(events=[])

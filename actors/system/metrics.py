@@ -70,7 +70,7 @@ class _TallyBoard:
 
     def mine(self) -> _Tally:
         try:
-            return self._local.tally  # type: ignore[no-any-return]
+            return self._local.tally
         except AttributeError:
             return self._register()
 

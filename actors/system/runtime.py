@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -20,11 +20,11 @@ from sessionloop.actors.events import open_store
 from sessionloop.actors.model import ModelRequest, Provider
 from sessionloop.actors.model.prompts import ToolLine, default_system_prompt
 from sessionloop.actors.model.registry import ModelConfig, ModelRegistry, builtin_model
-from sessionloop.actors.session.actor import Decide
+from sessionloop.actors.session.actor import Decide, SessionBehaviour
 from sessionloop.actors.session.commands import CheckpointImage, PostTaskNotice, RecordCheckpoints, SettleApproval
 from sessionloop.actors.session.compaction import Compaction
 from sessionloop.actors.session.context import summary_text
-from sessionloop.actors.session.decide import AgentConfig, ToolPolicy, steps_limit, system_messages
+from sessionloop.actors.session.decide import AgentConfig, ToolCheck, ToolPolicy, steps_limit, system_messages
 from sessionloop.actors.session.deletion import Deletions
 from sessionloop.actors.session.queries import turn_outcome
 from sessionloop.actors.settings.apps import AppRegistry, clamp_mode, clamp_policy
@@ -38,9 +38,6 @@ from sessionloop.actors.tools import ToolContext, ToolError, ToolRegistry, Works
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
 from sessionloop.eventstore import EventStore
 from sessionloop.protocol.limits import one_line
-
-if TYPE_CHECKING:
-    from sessionloop.actors.session.actor import SessionActor
 
 log = logging.getLogger("sessionloop.runtime")
 
@@ -61,7 +58,7 @@ class HostOptions(msgspec.Struct, kw_only=True):
     #: seed's Infinity (``Host.open`` and ``serve --max-steps`` also take ``math.inf`` / "unlimited")
     max_steps: int = 20
     context_chars: int | None = None
-    permission_mode: str | None = None  # None: ask for interactive sessions, acceptCalls for background
+    permission_mode: E.PermissionMode | None = None  # None: ask for interactive sessions, acceptCalls for background
     idle_timeout_s: float = 300.0
     max_live: int = 4000
     snapshot_every: int = 500
@@ -139,7 +136,7 @@ class Runtime:
         self._channels: dict[str, SessionChannel] = {}
         self._channels_lock = threading.Lock()
         self.config_generation = 0  # bump when a host-level setting changes
-        self.listeners: list[Callable[[SessionActor, list[E.Event], Any], None]] = []
+        self.listeners: list[Callable[[SessionBehaviour, list[E.Event], Any], None]] = []
         #: the session settings service, once a gateway serving ``session/config/*`` made it
         #: (``gateway.settings.install_settings``): its layers resolve every session's options
         self.settings_service: Any = None
@@ -311,7 +308,7 @@ class Runtime:
         return Workspace.child(self._workspace_base, state.session_id)
 
     def tool_checker(self, state: Any, workspace: Callable[[], Workspace],
-                     cfg: AgentConfig) -> Callable[[str, Any], ToolPolicy]:
+                     cfg: AgentConfig) -> ToolCheck:
         """``drive``'s view of the registry for one session: existence, argument validation,
         approval need, and the display taken from the arguments (a command's names the sandbox
         policy it will run under, decided here and recorded with the call)."""
@@ -336,7 +333,7 @@ class Runtime:
 
         return check
 
-    def tool_context(self, actor: SessionActor, turn_id: str, call_id: str) -> ToolContext:
+    def tool_context(self, actor: SessionBehaviour, turn_id: str, call_id: str) -> ToolContext:
         workspace = actor.workspace()
         ref, channel, sid = actor.actor_ref, actor.channel, actor.sid
 
@@ -451,13 +448,13 @@ class Runtime:
 
     def pending_approvals(self, session_id: str) -> list[Any]:
         """The session's pushed, unsettled approvals for a subscribe snapshot."""
-        return self.approvals.pending_for(session_id)  # type: ignore[no-any-return]
+        return self.approvals.pending_for(session_id)
 
     def background(self, session_id: str) -> int:
         """The session's own running background tasks (the tasks layer answers)."""
-        return self.tasks_service.running_count(session_id)  # type: ignore[no-any-return]
+        return self.tasks_service.running_count(session_id)
 
-    def build_items(self, actor: SessionActor) -> Any:
+    def build_items(self, actor: SessionBehaviour) -> Any:
         from sessionloop.actors.views.items import ItemsProjection
 
         items = ItemsProjection()
@@ -479,7 +476,7 @@ class Runtime:
             self.results.complete(TurnOutcome(session_id=state.session_id, turn_id=turn_id, state="failed",
                                               code=code, reason=f"session {code}", outcome="error"))
 
-    def committed(self, actor: SessionActor, events: list[E.Event], result: Any) -> None:
+    def committed(self, actor: SessionBehaviour, events: list[E.Event], result: Any) -> None:
         for listener in self.listeners:
             try:
                 listener(actor, events, result)
