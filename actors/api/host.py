@@ -14,7 +14,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -258,10 +258,18 @@ def _default_mode(activity: str) -> E.PermissionMode:
     return "acceptCalls" if activity == "background" else "ask"
 
 
+class HasRuntime(Protocol):
+    """What a session handle needs of what made it (a :class:`Host`, the gateway's service):
+    the runtime that reaches the session."""
+
+    @property
+    def rt(self) -> Runtime: ...
+
+
 class Session:
     """A handle on one session; cheap to create, safe to share between threads."""
 
-    def __init__(self, host: Host, session_id: str) -> None:
+    def __init__(self, host: HasRuntime, session_id: str) -> None:
         self.host = host
         self.rt = host.rt
         self.id = session_id
