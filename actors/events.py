@@ -115,7 +115,7 @@ class Settlement(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defau
 
 
 class ToolDisplay(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
-    """Seed 004 tool display: ``command`` (command, cwd, exitCode) or ``file-change`` (path, removed, added)."""
+    """A tool call's display: ``command`` (command, cwd, exitCode) or ``file-change`` (path, removed, added)."""
 
     kind: Literal["command", "file-change"]
     command: str | None = None

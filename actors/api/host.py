@@ -4,7 +4,7 @@
         session = host.create(title="demo")
         result = session.run("hello")          # RunResult(state="completed", output_text="echo: hello")
 
-The API follows seed 002's session service (``create / get / list / fork``, ``run / resume /
+The API is the session service (``create / get / list / fork``, ``run / resume /
 cancel / compact``); every call that waits on an actor has a timeout.
 """
 
@@ -110,7 +110,7 @@ class Host:
         option.
         """
         try:
-            if "max_steps" in options:  # seed 002: maxSteps Infinity 不限 (math.inf, "unlimited" or 0)
+            if "max_steps" in options:  # maxSteps without a limit: math.inf, "unlimited" or 0
                 options = {**options, "max_steps": steps_limit(options["max_steps"])}
             opts = msgspec.convert(options, HostOptions)
         except ValueError as e:
@@ -136,13 +136,13 @@ class Host:
     def store(self) -> Any:
         return self.rt.store
 
-    # --- the Session Loop API (seeds 000/001) ------------------------------------------------------
+    # --- the Session Loop API -----------------------------------------------------------------------
 
     def register_app(self, app_id: str, *, platform: str = "", sessions: bool = True,
                      containers: list[str] | tuple[str, ...] = (), token: str | None = None,
                      permission_modes: list[str] | tuple[str, ...] = MODES, sandbox: str = DEFAULT_POLICY,
                      name: str = "") -> None:
-        """Register an app (the seeds' minitool) with its manifest; ``permission_modes`` and
+        """Register an app (a bot) with its manifest; ``permission_modes`` and
         ``sandbox`` bound what its sessions may do (:mod:`actors.settings.apps`). Raises InvalidCommand."""
         self.apps.register(AppManifest(id=app_id, platform=platform or app_id, sessions=sessions,
                                        containers=list(containers), token=token, name=name,
@@ -178,7 +178,7 @@ class Host:
             if loop_event is not None:
                 self.loop_watchers.emit(app, loop_event)
 
-    # --- the session service (seed 002) -----------------------------------------------------------
+    # --- the session service -----------------------------------------------------------------------
 
     def create(self, *, title: str = "", name: str = "", permission_mode: E.PermissionMode | None = None,
                activity: E.Activity = "interactive", cwd: str = "", model: str | None = None,
@@ -239,7 +239,7 @@ class Host:
         return out
 
     def fork(self, session_id: str, turns: int | None = None, *, title: str | None = None) -> Session:
-        """A new session with a copy of the source's messages (seed 002 ``fork``): new id, steps
+        """A new session with a copy of the source's messages (``fork``): new id, steps
         and events start empty, the source is unchanged; ``turns=N`` keeps the first N turns
         (counted by user messages; 0 keeps only the system part)."""
         if turns is not None and turns < 0:
@@ -283,7 +283,7 @@ class Session:
 
     @property
     def state(self) -> str:
-        """``idle | running | waiting_tool | completed | failed | cancelled`` (seed 002)."""
+        """``idle | running | waiting_tool | completed | failed | cancelled``."""
         return str(self._query(C.StatusOf()))
 
     def snapshot(self) -> SessionState:
@@ -357,17 +357,17 @@ class Session:
         return self.wait(last, timeout)
 
     def continue_turn(self) -> Receipt:
-        """Let the agent go on after a ``tool-limit`` stop (seed 004 ``turn/continue``): a new
+        """Let the agent go on after a ``tool-limit`` stop (``turn/continue``): a new
         turn with no user message, queued like any input."""
         return self.send("", source="continue")
 
     def cancel(self, turn_id: str | None = None, reason: str = "cancelled by the user") -> bool:
         """Stop the running turn (model and tools get the abort), or the running manual compaction
-        (seed 002: cancel() 可以中止; its ``compact()`` raises CompactionFailed); True if one was."""
+        (its ``compact()`` raises CompactionFailed); True if one was."""
         return bool(self.rt.ask(self.id, lambda r: Cancel(turn_id, reason, r)))
 
     def compact(self, timeout: float = 600.0) -> dict[str, int] | None:
-        """Summarise all turns so far into one summary message (seed 002 manual compact):
+        """Summarise all turns so far into one summary message (manual compaction):
         ``{turns, chars}``, or None when there is nothing to compact. Raises SessionBusy while a
         turn or another compaction runs, CompactionFailed when the summary model is not available
         or fails, the history changes meanwhile (an input, a rewind...) or ``cancel()`` stops it."""
@@ -377,7 +377,7 @@ class Session:
         self.rt.ask(self.id, lambda r: Decide(C.Rename(title=title), r))
 
     def rewind(self, turn_id: str, scope: str = "code") -> dict[str, Any]:
-        """Restore files to their state before ``turn_id`` (SPEC §6 checkpoints); with
+        """Restore files to their state before ``turn_id`` (the checkpoints taken before each file change); with
         ``code-and-chat`` the turn and later ones leave the conversation too."""
         from sessionloop.actors.session.checkpoints import restore_before
 

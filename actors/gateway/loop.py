@@ -1,7 +1,7 @@
-"""The Session Loop API over the wire (``loop/*``, SPEC §5) for connections holding an app token.
+"""The Session Loop API over the wire (``loop/*``, docs/protocol.md) for connections holding an app token.
 
 The same rules as the Python API in ``session_loop.py`` (it is called underneath); answers are
-camelCase mirrors of the seed's TypeScript objects. The owner's connection has no app identity
+camelCase mirrors of the Python API's objects. The owner's connection has no app identity
 and gets ``forbidden``.
 """
 

@@ -1,4 +1,4 @@
-"""The session protocol's methods (seed 004), each a translation into session actor messages.
+"""The session protocol's methods (docs/protocol.md), each a translation into session actor messages.
 
 Every handler is ``(conn, request_id, params) -> None`` and answers later through
 ``conn.result`` / ``conn.error``; it never waits. Work that reads many records or touches files
@@ -30,7 +30,7 @@ from sessionloop.actors.views.items import wire_grant
 from sessionloop.actors.views.summary import ListingRow, listing_key, summary_from_row
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.frames import RequestId
-from sessionloop.protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # seed 000: each, and all together
+from sessionloop.protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # per attachment and in all
 from sessionloop.protocol.listing import compute_room_groups, list_sessions
 from sessionloop.protocol.schemas import (
     ApprovalRespondParams,
@@ -198,7 +198,7 @@ class _Handlers:
                 named = [t for t in (record.title, record.name) if t]
                 # a room's window key (``platform:account:group:number``) answers ``platform:group``
                 window = [row.place.key] if row.place is not None and row.place.kind == "window" else []
-                return [row.id, *named, *window]  # default names do not match (seed 004, 搜索)
+                return [row.id, *named, *window]  # default names do not match a search
 
             if params.parent_id is not None:
                 self.check(conn, params.parent_id)
@@ -224,7 +224,7 @@ class _Handlers:
 
     def session_create(self, conn: Client, request_id: RequestId, params: SessionCreateParams) -> None:
         if params.parent_id is not None and self.rt.settings_service is None:
-            # seed 004: with parentId and no session-settings service, answer unsupported, create nothing
+            # with parentId and no session-settings service, answer unsupported, create nothing
             raise RpcError.unsupported(Text("error.child-needs-settings"))
         if params.parent_id is not None:
             self.check(conn, params.parent_id)
@@ -234,7 +234,7 @@ class _Handlers:
             at=now_ms(), session_id=session_id, name=params.name or "", kind="task" if params.parent_id else "owner",
             parent_id=params.parent_id, app_id=conn.peer.app_id, created_by=speaker,
             permission_mode=self.rt.options.permission_mode or "ask",
-            # seed 004 摘要 place: an owner's session lives in the default workspace
+            # the summary's place: an owner's session lives in the default workspace
             place=None if params.parent_id else DEFAULT_WORKSPACE,
         )
         reply = answer(conn, request_id, lambda _: SessionResult(session=self.summary(session_id)))
@@ -245,7 +245,7 @@ class _Handlers:
 
     def tree_op(self, conn: Client, request_id: RequestId, session_id: str, op: str,
                 done: Callable[[BaseException | None], None] | None = None) -> None:
-        """archive / unarchive / delete a session and every session below it (seed 004)."""
+        """archive / unarchive / delete a session and every session below it."""
         self.check(conn, session_id)
         if op == "delete":
             def delete() -> msgspec.Struct:
@@ -289,7 +289,7 @@ class _Handlers:
             try:
                 self.check(conn, sid)
                 gone.update(self.rt.deletions.delete_tree(sid, self.index.descendants))
-            except Exception as e:  # noqa: BLE001 - seed 004: each id that failed is named with why
+            except Exception as e:  # noqa: BLE001 - each id that failed is named with why
                 failures.append(BatchFailure(session_id=sid, message=message_of(e)))
         return SessionBatchResult(failed=failures)
 
@@ -405,10 +405,10 @@ class _Handlers:
                 conn.result(request_id, EMPTY)
             elif isinstance(error, NotFound):
                 conn.error(request_id, error)
-            elif isinstance(error, SessionBusy):  # seed 004: 正在压缩时直接拒绝 (a turn runs, likewise)
+            elif isinstance(error, SessionBusy):  # refused while a compaction (or a turn) runs
                 conn.error(request_id, RpcError.internal_error(Text("error.compress-refused",
                                                                     error=message_of(error))))
-            else:  # seed 004: 没压成 is internalError, the message says why (as the notice does)
+            else:  # not compressed is internalError, the message says why (as the notice does)
                 conn.error(request_id, RpcError.internal_error(Text("error.compress-failed",
                                                                     error=message_of(error))))
 
@@ -483,7 +483,7 @@ class _Handlers:
         self.rt.tasks_service.stop(params.task_id, answer(conn, request_id, lambda _: EMPTY))
 
     def background_stop_all(self, conn: Client, request_id: RequestId, params: SessionIdParams) -> None:
-        """Seed 004: stop everything below a session: child sessions' turns and queued inputs, and
+        """Stop everything below a session: child sessions' turns and queued inputs, and
         the session's and its children's tasks; the session's own turn is turn/abort's business."""
         self.check(conn, params.session_id)
         children = self.index.descendants(params.session_id)
@@ -510,8 +510,8 @@ class _Handlers:
 
 def store_attachments(svc: SessionProtocolService, attachments: list[OutgoingAttachment],
                       session_id: str) -> list[E.AttachmentRef]:
-    """Decode, check and store outgoing attachments for ``session_id`` (seed 004: base64 data URLs
-    only; the type is sniffed from the bytes; seed 000: at most 10, each and all together at most
+    """Decode, check and store outgoing attachments for ``session_id`` (base64 data URLs
+    only; the type is sniffed from the bytes; at most 10, each and all together at most
     20 MB). Every one is checked before the first is stored."""
     refs: list[E.AttachmentRef] = []
     payloads: list[tuple[str, bytes]] = []
@@ -536,7 +536,7 @@ def store_attachments(svc: SessionProtocolService, attachments: list[OutgoingAtt
 
 
 class _ChangeBatcher:
-    """Coalesces a connection's ``sessions/changed`` pushes to at most one per 50 ms: the seed
+    """Coalesces a connection's ``sessions/changed`` pushes to at most one per 50 ms: the protocol
     lets clients overwrite by id, so only the latest summary of each session matters."""
 
     def __init__(self, handlers: _Handlers, conn: Client) -> None:

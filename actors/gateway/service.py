@@ -2,7 +2,7 @@
 
 The transport (``protocol/transport.py``) knows nothing of actors: it calls
 :meth:`SessionProtocolService.connect` with the authenticated peer and a thread-safe ``send``,
-then feeds every received text to :meth:`ClientConnection.receive` (the seed's
+then feeds every received text to :meth:`ClientConnection.receive` (the transport's
 ``connect(peer, send) -> {receive, close}``). Each connection owns a sans-I/O
 ``protocol.Connection``; decoded requests become messages to the ``GatewayActor``, whose
 handlers translate them into session actor messages and never wait: replies come back as
@@ -14,7 +14,7 @@ one-entry cache: a channel publishes to its subscribers in one go on one thread)
 
 Human text: every frame of the service is encoded by :attr:`SessionProtocolService.encoder`,
 whose ``enc_hook`` renders the text objects in it (``actors.settings.texts``) in the server's language as
-it is when the frame is encoded (seed 004 文字与语言: 全局层的语言改了之后发出的帧按新的语言).
+it is when the frame is encoded (after the global layer's language changes, the frames sent are in the new language).
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class GatewayActor(pykka.ThreadingActor):
 
 
 class SessionProtocolService:
-    """What the transport talks to (seed 004 ``SessionProtocolService``): ``connect`` and
+    """What the transport talks to (``SessionProtocolService``): ``connect`` and
     ``resolve_file``. Owns the gateway actor, the listing index and the file-handle key."""
 
     def __init__(self, runtime: Runtime, *, limits: Limits | None = None, host: Any = None) -> None:
@@ -251,7 +251,7 @@ class SessionProtocolService:
         return self.blobs.path(sha256), name or sha256
 
     def options(self, peer: Peer, source: str, dependency: str | None) -> Any:
-        """``GET /api/models/<source>`` (seed 004 可选项): ``{"service", "options"}``, or None for a
+        """``GET /api/models/<source>`` (a setting's options): ``{"service", "options"}``, or None for a
         source nobody answers. Any authenticated peer may ask: an app sets its own sessions' rows."""
         settings = self.rt.settings_service
         found = settings.option_list(source, dependency) if settings is not None else None
@@ -277,7 +277,7 @@ class SessionProtocolService:
             self.index.update(record)
 
     def going_offline(self) -> None:
-        """Seed 004: when the services behind the feature bits go away, every connection is told
+        """When the services behind the feature bits go away, every connection is told
         with ``features/changed`` (all off), so a client disables its input while the server
         drains instead of finding out from a dropped socket."""
         self.notify_all("features/changed",

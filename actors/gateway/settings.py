@@ -1,4 +1,4 @@
-"""The ``session/config/*`` methods and the ``session/config/changed`` push (seed 004, 会话设置),
+"""The ``session/config/*`` methods and the ``session/config/changed`` push (docs/protocol.md, session settings),
 over the settings service of :mod:`actors.settings.service`.
 
 :func:`install_settings` is the one entry point: the protocol service calls it at the end of its
@@ -167,7 +167,7 @@ class _SettingsHandlers:
         self.rt.tell(params.session_id, Ask(C.SettingRows(platform=platform), answer(conn, request_id, rows)))
 
     def update(self, conn: Client, request_id: RequestId, params: ConfigUpdateParams) -> None:
-        """Seed 写: the session's own layer, through a ``SetSetting`` command (InvalidSetting -> invalidParams,
+        """A write: the session's own layer, through a ``SetSetting`` command (InvalidSetting -> invalidParams,
         nothing written); then the rows as ``session/config/get`` gives them. An app may not raise
         its session's permission mode or sandbox policy beyond its manifest: ``forbidden``."""
         self._record(conn, params.session_id)
@@ -243,7 +243,7 @@ class _SettingsHandlers:
         return OverridesResult(items=items)
 
     def _session_target(self, session_id: str) -> SessionTarget | None:
-        """Seed: 某个会话的本会话层(带标题,子会话另带父会话)."""
+        """A session's own layer as a target: its title, and for a child session its parents."""
         record = self.svc.index.get(session_id)
         if record is None:
             return None
@@ -256,7 +256,7 @@ class _SettingsHandlers:
 
 
 def layer_infos(settings: SettingsService) -> list[SettingLayerInfo]:
-    """Seed 可以设的各层: global; each platform; each platform chat type (declared or written,
+    """The layers that can be set: global; each platform; each platform chat type (declared or written,
     with its display name when declared); every place, workspaces first, the default one first.
     A place's label has no platform; a window carries its platform and type instead."""
     platforms, types = settings.known_platforms()

@@ -1,4 +1,4 @@
-"""The directory of virtual actors (Orleans-style, SPEC §2.5).
+"""The directory of virtual actors (Orleans-style: activated on first message, passivated when idle).
 
 A session actor exists only while it is used: the first message to a session activates it
 (its thread starts, ``on_start`` folds snapshot + later events), and a session idle for

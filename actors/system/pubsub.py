@@ -4,7 +4,7 @@
   wait on it with a timeout (never forever); asyncio callers get an awaitable.
 * :class:`SessionChannel` — a session's live publication: ``(epoch, seq)`` allocation and the
   subscribers. Pushes are produced on the actor thread (committed events) and on the worker
-  loop (live deltas), so both go through one lock: that lock is also what makes the seed's
+  loop (live deltas), so both go through one lock: that lock is also what makes the protocol's
   "before the snapshot reply is sent, the connection gets no push of that session" hold,
   because a subscriber is added and its snapshot handed over under it.
 * :class:`TurnResults` — the outcome of recent turns and who waits for them (``wait_for_turn``
@@ -183,10 +183,10 @@ class SessionChannel:
         self.seq = 0  # the seq of the last push; read under ``lock`` for a snapshot
         self.subscribers: dict[Any, Subscriber] = {}
         #: the items a model call is streaming (never persisted): item id -> (the started item,
-        #: the text so far); a snapshot taken mid-stream holds them (seed 004: 在途回合已产出的条目)
+        #: the text so far); a snapshot taken mid-stream holds them (what a running turn has produced so far)
         self.streaming: dict[str, tuple[Any, list[str]]] = {}
         #: the tool cards a model call announced while its arguments stream (status
-        #: ``generating``, seed 004 tool-call), by call id; live only like the text
+        #: ``generating`` tool-call card), by call id; live only like the text
         self.cards: dict[str, Any] = {}
 
     @property
@@ -286,7 +286,7 @@ class SessionChannel:
 
 
 class TurnOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """How a turn ended, as ``wait_for_turn`` reports it (seed 000)."""
+    """How a turn ended, as ``wait_for_turn`` reports it."""
 
     session_id: str
     turn_id: str

@@ -2,7 +2,7 @@
 turn results, model providers, tools, configuration and the hooks later layers attach to.
 
 Actors reach each other only through the directory (by session id), never by holding another
-actor's reference (SPEC §12).
+actor's reference.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class HostOptions(msgspec.Struct, kw_only=True):
     #: the configured models (``[models.NAME]``, ``serve --model-*``; actors.model.registry), validated
     models: list[ModelConfig] = []
     system_prompt: str | None = None
-    #: model calls per turn (seed 002 maxSteps, default 20); 0 (``UNLIMITED_STEPS``): no limit, the
-    #: seed's Infinity (``Host.open`` and ``serve --max-steps`` also take ``math.inf`` / "unlimited")
+    #: model calls per turn (``maxSteps``, default 20); 0 (``UNLIMITED_STEPS``): no limit, the
+    #: protocol's Infinity (``Host.open`` and ``serve --max-steps`` also take ``math.inf`` / "unlimited")
     max_steps: int = 20
     context_chars: int | None = None
     permission_mode: E.PermissionMode | None = None  # None: ask for interactive sessions, acceptCalls for background
@@ -69,9 +69,9 @@ class HostOptions(msgspec.Struct, kw_only=True):
     #: the language of human text in frames (``actors.settings.texts``; ``serve --language``); config.toml's
     #: ``language``, when it has one, is in force instead (``Runtime.language``)
     language: Language = "en"
-    approval_wait_s: float = 300.0  # seed 004: 300 s total wait for an approval
-    approval_grace_s: float = 30.0  # seed 004: 30 s reconnect grace
-    presence_window_s: float = 600.0  # seed 004: present for 10 minutes after activity
+    approval_wait_s: float = 300.0  # 300 s total wait for an approval
+    approval_grace_s: float = 30.0  # 30 s reconnect grace
+    presence_window_s: float = 600.0  # present for 10 minutes after activity
     approval_rate_limit: int = 10  # approvals per session per minute
     exec_yield_s: float = 10.0  # exec runs in the foreground this long, then as a background task
     #: how exec runs commands: ``bwrap`` (the sandbox; exec refuses where none can be made) or
@@ -201,7 +201,7 @@ class Runtime:
     # --- configuration ---------------------------------------------------------------------------
 
     def agent_config(self, state: Any) -> AgentConfig:
-        """The effective options for ``state`` (seed 002 v0.22: current configuration wins)."""
+        """The effective options for ``state`` (the current configuration wins)."""
         opts = self.options
         values: dict[str, Any] = {
             "system_prompt": opts.system_prompt,
@@ -375,7 +375,7 @@ class Runtime:
         return DeltaPayload(session_id, item_id, text)
 
     def chain_of(self, state: Any) -> list[Any]:
-        """Seed 004 Approval.chain: for a session below its root, the sessions from just below the
+        """``Approval.chain``: for a session below its root, the sessions from just below the
         root down to this one."""
         from sessionloop.actors.views.summary import decode_summary_record
         from sessionloop.protocol.schemas_types import AncestorRef
@@ -409,7 +409,7 @@ class Runtime:
         return not record.deleted and conn.visible(record)
 
     def task_notice(self, task: Any) -> None:
-        """A finished background task tells its session (seed 004: the background-task notice,
+        """A finished background task tells its session (the background-task notice,
         notice id = task id), which opens a turn so the agent hears of it."""
         from sessionloop.actors.api.host import new_id
 
@@ -500,7 +500,7 @@ class Runtime:
 
 
 def background_task_notice(task: Any) -> Text:
-    """Seed 004 background-task notice: ``Background task exec (t1) completed with exit code 0;
+    """The background-task notice: ``Background task exec (t1) completed with exit code 0;
     last line: ...`` (the exit code and the last line when the task has them)."""
     status = Text(f"task.status.{task.status}")
     notice = Text("notice.background-task", label=task.label, task=task.id, status=status)
