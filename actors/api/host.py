@@ -168,10 +168,10 @@ class Host:
 
         live = actor.loop_deltas  # an answer taken in place: its assistant.delta just before its outcome
         for i, event in enumerate(events):
-            if live is not None and type(event) in (E.LlmCompleted, E.LlmFailed):
-                for data in live.get(event.step_id, ()):  # type: ignore[attr-defined]
+            if live is not None and isinstance(event, (E.LlmCompleted, E.LlmFailed)):
+                for data in live.get(event.step_id, ()):
                     self.loop_watchers.emit(app, LoopEvent(cursor=0, session_id=actor.sid, type="assistant.delta",
-                                                           at=now_ms(), turn_id=event.turn_id, data=data))  # type: ignore[attr-defined]
+                                                           at=now_ms(), turn_id=event.turn_id, data=data))
             recorded = RecordedEvent(actor.stream, result.first_version + i, result.first_position + i, result.at,
                                      event)
             loop_event = feed_event(recorded)
