@@ -1,1 +1,1 @@
-"""The actors and the agent runtime of sessionloop (SPEC §2, §4; seed 002 "Agent 与 Session")."""
+"""The actors and the agent runtime of sessionloop (the session actors, the agent loop and the services they share)."""

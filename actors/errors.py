@@ -44,7 +44,7 @@ class SessionBusy(ActorError):
 
 
 class CompactionFailed(ActorError):
-    """A compaction did not happen (seed 004 session/compress: 没压成): the summary model is not
+    """A compaction did not happen (``session/compress``: not compressed): the summary model is not
     available or failed, the history changed while it ran, or it was cancelled; the message
     says which, and so does the compress notice. No summary was committed."""
 

@@ -115,7 +115,7 @@ class Settlement(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defau
 
 
 class ToolDisplay(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
-    """Seed 004 tool display: ``command`` (command, cwd, exitCode) or ``file-change`` (path, removed, added)."""
+    """A tool call's display: ``command`` (command, cwd, exitCode) or ``file-change`` (path, removed, added)."""
 
     kind: Literal["command", "file-change"]
     command: str | None = None
@@ -187,11 +187,18 @@ class ToolCallRef(msgspec.Struct, frozen=True, gc=False, kw_only=True):
 # --- session lifecycle ------------------------------------------------------------------------
 
 
+#: what a session is: the owner's own, an app's room, or a task below another session
+SessionKind = Literal["owner", "room", "task"]
+Activity = Literal["interactive", "background"]
+#: how a session's tool calls that need approval are settled (ask the approvers, accept, deny)
+PermissionMode = Literal["ask", "acceptCalls", "deny"]
+
+
 class SessionCreated(Event, tag="session.created", frozen=True, kw_only=True):
     session_id: str
     title: str = ""
     name: str = ""
-    kind: Literal["owner", "room", "task"] = "owner"
+    kind: SessionKind = "owner"
     parent_id: str | None = None
     root_id: str | None = None
     app_id: str | None = None
@@ -200,8 +207,8 @@ class SessionCreated(Event, tag="session.created", frozen=True, kw_only=True):
     account: str | None = None
     container_id: str | None = None
     space_id: str | None = None
-    activity: Literal["interactive", "background"] = "interactive"
-    permission_mode: Literal["ask", "acceptCalls", "deny"] = "ask"
+    activity: Activity = "interactive"
+    permission_mode: PermissionMode = "ask"
     cwd: str = ""
     model: str | None = None
     chat: ChatInfo | None = None

@@ -4,7 +4,7 @@
         session = host.create(title="demo")
         result = session.run("hello")          # RunResult(state="completed", output_text="echo: hello")
 
-The API follows seed 002's session service (``create / get / list / fork``, ``run / resume /
+The API is the session service (``create / get / list / fork``, ``run / resume /
 cancel / compact``); every call that waits on an actor has a timeout.
 """
 
@@ -14,14 +14,25 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.session import commands as C
-from sessionloop.actors.session.actor import Ask, Cancel, Compact, Create, Decide, Receipt, Send, SessionActor, now_ms
+from sessionloop.actors.session.actor import (
+    Ask,
+    Cancel,
+    Compact,
+    Create,
+    Decide,
+    Receipt,
+    Send,
+    SessionActor,
+    SessionBehaviour,
+    now_ms,
+)
 from sessionloop.actors.session.context import keep_turns
 from sessionloop.actors.session.decide import steps_limit
 from sessionloop.actors.session.state import SessionState, Status
@@ -46,7 +57,7 @@ def new_id() -> str:
 
 
 #: a commit listener: (session actor, the committed events, the append's result)
-Listener = Callable[[SessionActor, list[E.Event], Any], None]
+Listener = Callable[[SessionBehaviour, list[E.Event], Any], None]
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,7 +110,7 @@ class Host:
         option.
         """
         try:
-            if "max_steps" in options:  # seed 002: maxSteps Infinity 不限 (math.inf, "unlimited" or 0)
+            if "max_steps" in options:  # maxSteps without a limit: math.inf, "unlimited" or 0
                 options = {**options, "max_steps": steps_limit(options["max_steps"])}
             opts = msgspec.convert(options, HostOptions)
         except ValueError as e:
@@ -125,13 +136,13 @@ class Host:
     def store(self) -> Any:
         return self.rt.store
 
-    # --- the Session Loop API (seeds 000/001) ------------------------------------------------------
+    # --- the Session Loop API -----------------------------------------------------------------------
 
     def register_app(self, app_id: str, *, platform: str = "", sessions: bool = True,
                      containers: list[str] | tuple[str, ...] = (), token: str | None = None,
                      permission_modes: list[str] | tuple[str, ...] = MODES, sandbox: str = DEFAULT_POLICY,
                      name: str = "") -> None:
-        """Register an app (the seeds' minitool) with its manifest; ``permission_modes`` and
+        """Register an app (a bot) with its manifest; ``permission_modes`` and
         ``sandbox`` bound what its sessions may do (:mod:`actors.settings.apps`). Raises InvalidCommand."""
         self.apps.register(AppManifest(id=app_id, platform=platform or app_id, sessions=sessions,
                                        containers=list(containers), token=token, name=name,
@@ -157,21 +168,21 @@ class Host:
 
         live = actor.loop_deltas  # an answer taken in place: its assistant.delta just before its outcome
         for i, event in enumerate(events):
-            if live is not None and type(event) in (E.LlmCompleted, E.LlmFailed):
-                for data in live.get(event.step_id, ()):  # type: ignore[attr-defined]
+            if live is not None and isinstance(event, (E.LlmCompleted, E.LlmFailed)):
+                for data in live.get(event.step_id, ()):
                     self.loop_watchers.emit(app, LoopEvent(cursor=0, session_id=actor.sid, type="assistant.delta",
-                                                           at=now_ms(), turn_id=event.turn_id, data=data))  # type: ignore[attr-defined]
+                                                           at=now_ms(), turn_id=event.turn_id, data=data))
             recorded = RecordedEvent(actor.stream, result.first_version + i, result.first_position + i, result.at,
                                      event)
             loop_event = feed_event(recorded)
             if loop_event is not None:
                 self.loop_watchers.emit(app, loop_event)
 
-    # --- the session service (seed 002) -----------------------------------------------------------
+    # --- the session service -----------------------------------------------------------------------
 
-    def create(self, *, title: str = "", name: str = "", permission_mode: str | None = None,
-               activity: str = "interactive", cwd: str = "", model: str | None = None,
-               parent_id: str | None = None, kind: str = "owner", initial_input: str | None = None,
+    def create(self, *, title: str = "", name: str = "", permission_mode: E.PermissionMode | None = None,
+               activity: E.Activity = "interactive", cwd: str = "", model: str | None = None,
+               parent_id: str | None = None, kind: E.SessionKind = "owner", initial_input: str | None = None,
                idempotency_key: str | None = None, **created: Any) -> Session:
         """Create a session (``session.created``); with ``initial_input`` its first input is
         accepted in the same commit, so a failure leaves no session behind."""
@@ -228,7 +239,7 @@ class Host:
         return out
 
     def fork(self, session_id: str, turns: int | None = None, *, title: str | None = None) -> Session:
-        """A new session with a copy of the source's messages (seed 002 ``fork``): new id, steps
+        """A new session with a copy of the source's messages (``fork``): new id, steps
         and events start empty, the source is unchanged; ``turns=N`` keeps the first N turns
         (counted by user messages; 0 keeps only the system part)."""
         if turns is not None and turns < 0:
@@ -243,14 +254,22 @@ class Host:
         return Session(self, new)
 
 
-def _default_mode(activity: str) -> str:
+def _default_mode(activity: str) -> E.PermissionMode:
     return "acceptCalls" if activity == "background" else "ask"
+
+
+class HasRuntime(Protocol):
+    """What a session handle needs of what made it (a :class:`Host`, the gateway's service):
+    the runtime that reaches the session."""
+
+    @property
+    def rt(self) -> Runtime: ...
 
 
 class Session:
     """A handle on one session; cheap to create, safe to share between threads."""
 
-    def __init__(self, host: Host, session_id: str) -> None:
+    def __init__(self, host: HasRuntime, session_id: str) -> None:
         self.host = host
         self.rt = host.rt
         self.id = session_id
@@ -264,15 +283,15 @@ class Session:
 
     @property
     def state(self) -> str:
-        """``idle | running | waiting_tool | completed | failed | cancelled`` (seed 002)."""
+        """``idle | running | waiting_tool | completed | failed | cancelled``."""
         return str(self._query(C.StatusOf()))
 
     def snapshot(self) -> SessionState:
         """A copy of the folded state: messages, steps, tool calls, artifacts, checkpoints."""
-        return self._query(C.StateCopy())  # type: ignore[no-any-return]
+        return self._query(C.StateCopy())
 
     def events(self) -> list[RecordedEvent]:
-        return self.rt.store.read_stream(f"session-{self.id}")  # type: ignore[no-any-return]
+        return self.rt.store.read_stream(f"session-{self.id}")
 
     def send(self, text: str, *, idempotency_key: str | None = None, scope: str = "session",
              speaker: E.Speaker | None = None, source: str | None = None,
@@ -286,7 +305,7 @@ class Session:
         if idempotency_key is not None:
             body = {"text": text, "attachments": [a.sha256 for a in attachments or []]}
             claim = IdempotencyClaim(f"{scope}:{self.id}", idempotency_key, request_hash(body))
-        return self.rt.ask(self.id, lambda r: Send(accepted, claim, r, check))  # type: ignore[no-any-return]
+        return self.rt.ask(self.id, lambda r: Send(accepted, claim, r, check))
 
     def run(self, text: str, timeout: float = 600.0) -> RunResult:
         """Send ``text`` and wait for its turn to end."""
@@ -306,7 +325,7 @@ class Session:
         reply = Reply()
         self.watch_turn(turn_id, reply)
         try:
-            return reply.result(timeout)  # type: ignore[no-any-return]
+            return reply.result(timeout)
         except Exception as e:
             from sessionloop.actors.errors import RequestTimeout
 
@@ -338,27 +357,27 @@ class Session:
         return self.wait(last, timeout)
 
     def continue_turn(self) -> Receipt:
-        """Let the agent go on after a ``tool-limit`` stop (seed 004 ``turn/continue``): a new
+        """Let the agent go on after a ``tool-limit`` stop (``turn/continue``): a new
         turn with no user message, queued like any input."""
         return self.send("", source="continue")
 
     def cancel(self, turn_id: str | None = None, reason: str = "cancelled by the user") -> bool:
         """Stop the running turn (model and tools get the abort), or the running manual compaction
-        (seed 002: cancel() 可以中止; its ``compact()`` raises CompactionFailed); True if one was."""
+        (its ``compact()`` raises CompactionFailed); True if one was."""
         return bool(self.rt.ask(self.id, lambda r: Cancel(turn_id, reason, r)))
 
     def compact(self, timeout: float = 600.0) -> dict[str, int] | None:
-        """Summarise all turns so far into one summary message (seed 002 manual compact):
+        """Summarise all turns so far into one summary message (manual compaction):
         ``{turns, chars}``, or None when there is nothing to compact. Raises SessionBusy while a
         turn or another compaction runs, CompactionFailed when the summary model is not available
         or fails, the history changes meanwhile (an input, a rewind...) or ``cancel()`` stops it."""
-        return self.rt.ask(self.id, Compact, timeout)  # type: ignore[no-any-return]
+        return self.rt.ask(self.id, Compact, timeout)
 
     def rename(self, title: str) -> None:
         self.rt.ask(self.id, lambda r: Decide(C.Rename(title=title), r))
 
     def rewind(self, turn_id: str, scope: str = "code") -> dict[str, Any]:
-        """Restore files to their state before ``turn_id`` (SPEC §6 checkpoints); with
+        """Restore files to their state before ``turn_id`` (the checkpoints taken before each file change); with
         ``code-and-chat`` the turn and later ones leave the conversation too."""
         from sessionloop.actors.session.checkpoints import restore_before
 

@@ -1,4 +1,4 @@
-"""The Session Loop API for bots (seeds 000/001, SPEC §5): create, send, wait_for_turn,
+"""The Session Loop API for bots (docs/protocol.md, loop/*): create, send, wait_for_turn,
 on_did_receive_event, list_events — per app, idempotent, FIFO, quota-guarded.
 
     loop = host.sessions(app="mybot")
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import msgspec
 
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 # the input bounds (MAX_*) are protocol.limits': one table for this API and the wire, where
 # loop/* params are decoded with the same numbers before they get here
-SESSION_QUOTA = 20  # unfinished turns per session (seed 000, 配额)
+SESSION_QUOTA = 20  # unfinished turns per session
 APP_QUOTA = 200  # unfinished turns per app
 RETRY_AFTER_MS = 1000
 
@@ -99,7 +99,7 @@ def _check_room(container_id: str | None, chat: Any, account: Any, place: Any) -
 
 
 class LoopReceipt(Receipt, frozen=True, kw_only=True):
-    """A send receipt (seed 000) with the cursors of that input. ``(epoch, seq)``: on the session
+    """A send receipt with the cursors of that input. ``(epoch, seq)``: on the session
     protocol stream, the input's pushes are those of ``epoch`` with a seq above ``seq``.
     ``cursor``: ``list_events(after=cursor)`` starts right before the input's events (None for a
     rejected send, which wrote nothing)."""
@@ -129,7 +129,7 @@ def _traceparent(value: Any) -> str | None:
     if value is not None and parse_traceparent(value) is None:
         raise InvalidCommand("traceparent is not a W3C traceparent (version-traceid-parentid-flags in lowercase "
                              "hex, e.g. 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01)")
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def _keys(field: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
@@ -167,7 +167,7 @@ class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LoopEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """One event of the app's feed (seed 000 event types). ``cursor`` is stable: pass the last one
+    """One event of the app's feed (its event types). ``cursor`` is stable: pass the last one
     back as ``after`` to resume."""
 
     cursor: int
@@ -183,10 +183,18 @@ class EventsPage(msgspec.Struct, frozen=True, kw_only=True):
     next_cursor: int | None = None
 
 
+class _EventBase(TypedDict):
+    """What every event of the feed has besides its type, turn and data."""
+
+    cursor: int
+    session_id: str
+    at: int
+
+
 def feed_event(recorded: RecordedEvent) -> LoopEvent | None:
-    """The seed-000 view of a stored event, or None for events bots do not see."""
+    """The feed's view of a stored event, or None for events bots do not see."""
     e, sid = recorded.event, recorded.stream[len("session-"):]
-    base = {"cursor": recorded.position, "session_id": sid, "at": recorded.at}
+    base: _EventBase = {"cursor": recorded.position, "session_id": sid, "at": recorded.at}
     if isinstance(e, E.TurnStarted):
         return LoopEvent(type="turn.started", turn_id=e.turn_id, data={"source": e.source}, **base)
     if isinstance(e, E.LlmCompleted):
@@ -319,7 +327,7 @@ class SessionLoop:
                initial_message: dict[str, Any] | None = None, context: str | None = None,
                chat: dict[str, Any] | None = None, account: str | None = None,
                place: dict[str, Any] | None = None) -> CreateResult:
-        """Create a session (seed 000). With ``initial_message`` its first input is accepted in the
+        """Create a session. With ``initial_message`` its first input is accepted in the
         same commit: if anything fails, no session exists afterwards. With ``context='caller'``
         (only inside a tool's execution) it is a child of the calling session and works in its
         directory with its model and permission policy. A room (``container_id``) may say what
@@ -396,7 +404,7 @@ class SessionLoop:
         return Send(accepted, claim, reply, self._quota)
 
     def _quota(self, state: Any) -> Receipt | None:
-        """Seed 000 配额: 20 unfinished turns per session, 200 per app -> ``rejected`` (not stored).
+        """The quota: 20 unfinished turns per session, 200 per app -> ``rejected`` (not stored).
 
         Runs on the session's thread. The app's count is shared by all its sessions, so the slot
         is taken atomically here (``app_reserve``); the session's own accounting then counts the
@@ -429,7 +437,7 @@ class SessionLoop:
 
     @staticmethod
     def clamp_timeout_ms(timeout_ms: int | float | None) -> float:
-        """Seed 000: default 60 s, clamped to 1-600 s; returned in seconds. Any int or float
+        """Default 60 s, clamped to 1-600 s; returned in seconds. Any int or float
         but NaN is clamped: it is compared in milliseconds and never converted to a float
         before, so an integer beyond float range (``10**310``) clamps to 600 s instead of
         overflowing."""
@@ -481,7 +489,7 @@ class SessionLoop:
         return self.host.loop_watchers.add(self.app.id, callback)
 
     def list_events(self, session_id: str | None = None, after: int | None = None, limit: int = 100) -> EventsPage:
-        """History and reconnection only (seed 000: never sleep-and-poll this; use wait_for_turn).
+        """History and reconnection only (never sleep-and-poll this; use wait_for_turn).
         Retention: 7 days and 10,000 events per app. ``after`` is an event's ``cursor`` or a
         receipt's ``cursor`` (the events of that input on)."""
         if after is not None and not 0 <= _integer("after", after) <= MAX_INT:
@@ -547,7 +555,7 @@ def _turn_result(outcome: TurnOutcome) -> TurnResult:
                       message=one_line(outcome.reason or outcome.code or "error"))
 
 
-# --- the spawn_session tool (SPEC §4: starts a child session with context='caller') ------------
+# --- the spawn_session tool (starts a child session with context='caller') ------------
 
 MAX_SPAWN_DEPTH = 5
 
@@ -577,7 +585,7 @@ async def _spawn(host: Host, args: dict[str, Any], ctx: Any) -> dict[str, Any]:
     call = CURRENT_CALL.get()
     if call is None:
         raise ToolError("spawn_session runs only as a tool call")
-    # the model may be an attacker (SPEC §7): its arguments get the bounds a client's get
+    # the model may be an attacker: its arguments get the bounds a client's get
     for field, limit in (("task", MAX_TEXT_CHARS), ("title", MAX_TITLE)):
         if len(args.get(field, "")) > limit:
             raise ToolError(f"field '{field}' is {len(args[field])} characters; at most {limit}")

@@ -1,7 +1,7 @@
-"""The Session Loop API over the wire (``loop/*``, SPEC §5) for connections holding an app token.
+"""The Session Loop API over the wire (``loop/*``, docs/protocol.md) for connections holding an app token.
 
 The same rules as the Python API in ``session_loop.py`` (it is called underneath); answers are
-camelCase mirrors of the seed's TypeScript objects. The owner's connection has no app identity
+camelCase mirrors of the Python API's objects. The owner's connection has no app identity
 and gets ``forbidden``.
 """
 
@@ -14,30 +14,35 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from sessionloop.actors.errors import InvalidCommand
-from sessionloop.actors.gateway.methods import answer, in_background, store_attachments
+from sessionloop.actors.gateway.methods import Client, Handler, answer, in_background, store_attachments
 from sessionloop.actors.system.pubsub import Reply
 from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.frames import RequestId
 from sessionloop.protocol.schemas import Empty
 from sessionloop.protocol.schemas_loop import (
+    LoopCreateParams,
     LoopCreateResult,
     LoopEvent,
     LoopEventParams,
+    LoopListEventsParams,
     LoopListEventsResult,
+    LoopSendParams,
     LoopSendResult,
+    LoopWaitForTurnParams,
     LoopWaitForTurnResult,
 )
 
 if TYPE_CHECKING:
-    from sessionloop.actors.gateway.service import ClientConnection, SessionProtocolService
+    from sessionloop.actors.gateway.service import SessionProtocolService
 
 log = logging.getLogger("sessionloop.gateway")
 
 
-def loop_handlers(svc: SessionProtocolService, host: Any) -> tuple[dict[str, Any], Callable[[Any], None]]:
+def loop_handlers(svc: SessionProtocolService, host: Any) -> tuple[dict[str, Handler], Callable[[Any], None]]:
     """The ``loop/*`` methods, and what the service calls when a connection closes (its event
     watch ends)."""
     h = _LoopHandlers(svc, host)
-    handlers = {
+    handlers: dict[str, Handler] = {
         "loop/create": h.create,
         "loop/send": h.send,
         "loop/waitForTurn": h.wait_for_turn,
@@ -58,12 +63,12 @@ class _LoopHandlers:
         self.host = host
         self.unsubscribers: dict[Any, Any] = {}
 
-    def loop_of(self, conn: ClientConnection) -> Any:
+    def loop_of(self, conn: Client) -> Any:
         if conn.peer.app_id is None:
             raise RpcError.forbidden("loop/* methods are for apps: connect with an app token")
         return self.host.sessions(app=conn.peer.app_id)
 
-    def create(self, conn: ClientConnection, request_id: Any, p: Any) -> None:
+    def create(self, conn: Client, request_id: RequestId, p: LoopCreateParams) -> None:
         loop = self.loop_of(conn)
         if p.context is not None:
             raise RpcError.invalid_params("params.context: 'caller' is only valid inside a tool's execution")
@@ -82,7 +87,7 @@ class _LoopHandlers:
 
         in_background(self.svc, conn, request_id, work)
 
-    def send(self, conn: ClientConnection, request_id: Any, p: Any) -> None:
+    def send(self, conn: Client, request_id: RequestId, p: LoopSendParams) -> None:
         loop = self.loop_of(conn)
 
         def receipt(r: Any) -> msgspec.Struct:
@@ -102,7 +107,7 @@ class _LoopHandlers:
         self.svc.rt.tell(p.session_id, loop._send_message(p.session_id, p.text, p.idempotency_key, [], reply,
                                                           p.traceparent))
 
-    def wait_for_turn(self, conn: ClientConnection, request_id: Any, p: Any) -> None:
+    def wait_for_turn(self, conn: Client, request_id: RequestId, p: LoopWaitForTurnParams) -> None:
         loop = self.loop_of(conn)
         timeout = loop.clamp_timeout_ms(p.timeout_ms)  # before the waiter exists: nothing to undo
         reply: Reply = loop._watch(p.session_id, p.turn_id)
@@ -126,7 +131,7 @@ class _LoopHandlers:
         reply.add_callback(done)
         worker.call_soon_threadsafe(worker.call_later, timeout, expire)
 
-    def list_events(self, conn: ClientConnection, request_id: Any, p: Any) -> None:
+    def list_events(self, conn: Client, request_id: RequestId, p: LoopListEventsParams) -> None:
         loop = self.loop_of(conn)
 
         def work() -> LoopListEventsResult:  # errors raised here become the request's error reply
@@ -140,7 +145,7 @@ class _LoopHandlers:
 
         in_background(self.svc, conn, request_id, work)
 
-    def watch(self, conn: ClientConnection, request_id: Any, p: Any) -> None:
+    def watch(self, conn: Client, request_id: RequestId, p: Empty) -> None:
         loop = self.loop_of(conn)
         if conn not in self.unsubscribers:
             self.unsubscribers[conn] = loop.on_did_receive_event(

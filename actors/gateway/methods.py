@@ -1,4 +1,4 @@
-"""The session protocol's methods (seed 004), each a translation into session actor messages.
+"""The session protocol's methods (docs/protocol.md), each a translation into session actor messages.
 
 Every handler is ``(conn, request_id, params) -> None`` and answers later through
 ``conn.result`` / ``conn.error``; it never waits. Work that reads many records or touches files
@@ -8,15 +8,16 @@ actor's thread.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from sessionloop.actors import events as E
+from sessionloop.actors.api.host import Session, new_id
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.actor import Ask, Cancel, Compact, Create, Decide, Send, Snapshot, Subscribe, now_ms
@@ -28,36 +29,72 @@ from sessionloop.actors.system.pubsub import Reply
 from sessionloop.actors.views.items import wire_grant
 from sessionloop.actors.views.summary import ListingRow, listing_key, summary_from_row
 from sessionloop.protocol.errors import RpcError
-from sessionloop.protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # seed 000: each, and all together
+from sessionloop.protocol.frames import RequestId
+from sessionloop.protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # per attachment and in all
 from sessionloop.protocol.listing import compute_room_groups, list_sessions
 from sessionloop.protocol.schemas import (
+    ApprovalRespondParams,
     BackgroundListResult,
+    BackgroundOutputParams,
     BackgroundOutputResult,
     BatchFailure,
     Empty,
+    GrantRevokeParams,
     GrantsListResult,
+    HistoryParams,
     HistoryResult,
+    OutgoingAttachment,
+    PresenceParams,
     RewindResult,
+    SessionBatchParams,
     SessionBatchResult,
+    SessionCreateParams,
+    SessionIdParams,
+    SessionRenameParams,
     SessionResult,
     SessionsChanged,
+    SessionsListParams,
     SessionsListResult,
     SubscribeResult,
+    TaskIdParams,
+    TurnAbortParams,
+    TurnRewindParams,
+    TurnSendParams,
 )
 from sessionloop.protocol.schemas_types import decode_data_url
+from sessionloop.protocol.transport import Peer
 
 if TYPE_CHECKING:
-    from sessionloop.actors.gateway.service import ClientConnection, SessionProtocolService
+    from sessionloop.actors.gateway.service import SessionProtocolService
 
 log = logging.getLogger("sessionloop.gateway")
 
-Handler = Callable[["ClientConnection", Any, Any], None]
+
+class Client(Protocol):
+    """What the method handlers need of a client connection (``service.ClientConnection``):
+    who it is, what it sees, its subscriptions, and the frames it answers and is told with."""
+
+    peer: Peer
+    subscriptions: set[str]
+    closed: bool
+
+    def result(self, request_id: RequestId, result: msgspec.Struct) -> None: ...
+
+    def error(self, request_id: RequestId, error: BaseException) -> None: ...
+
+    def notify(self, method: str, params: msgspec.Struct) -> None: ...
+
+    def visible(self, record: Any) -> bool: ...
+
+#: a method's handler: (connection, request id, the method's params Struct, decoded and
+#: validated by the protocol layer) -> None; it answers later through ``conn.result``/``conn.error``
+Handler = Callable[["Client", RequestId, Any], None]
 EMPTY = Empty()
 #: recorded with an owner's session; its name is shown in the server's language (summary_records.place_name)
 DEFAULT_WORKSPACE = E.PlaceRef(key=DEFAULT_WORKSPACE_KEY, kind="workspace", name=DEFAULT_WORKSPACE_NAME)
 
 
-def answer(conn: ClientConnection, request_id: Any, convert: Callable[[Any], msgspec.Struct]) -> Reply:
+def answer(conn: Client, request_id: RequestId, convert: Callable[[Any], msgspec.Struct]) -> Reply:
     """A Reply whose completion answers the request (result converted, or the error)."""
     reply = Reply()
 
@@ -81,7 +118,7 @@ def _as_rpc(error: BaseException) -> BaseException:
     return error
 
 
-def in_background(svc: SessionProtocolService, conn: ClientConnection, request_id: Any,
+def in_background(svc: SessionProtocolService, conn: Client, request_id: RequestId,
                   work: Callable[[], msgspec.Struct]) -> None:
     def run() -> None:
         try:
@@ -133,7 +170,7 @@ class _Handlers:
 
     # --- helpers ----------------------------------------------------------------------------
 
-    def check(self, conn: ClientConnection, session_id: str) -> Any:
+    def check(self, conn: Client, session_id: str) -> Any:
         """The listing record of a session this connection may see; NotFound otherwise (an app
         gets not-found, not forbidden, for another app's session: ids do not leak)."""
         record = self.index.get(session_id)
@@ -147,21 +184,21 @@ class _Handlers:
             raise NotFound(Text("error.session-not-found", session=session_id))
         return found[0]
 
-    def decide(self, conn: ClientConnection, request_id: Any, session_id: str, command: C.Command) -> None:
+    def decide(self, conn: Client, request_id: RequestId, session_id: str, command: C.Command) -> None:
         """Tell the session ``command``; the request is answered (empty) after its commit."""
         self.check(conn, session_id)
         self.rt.tell(session_id, Decide(command, answer(conn, request_id, lambda _: EMPTY)))
 
     # --- listing -------------------------------------------------------------------------------
 
-    def sessions_list(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def sessions_list(self, conn: Client, request_id: RequestId, params: SessionsListParams) -> None:
         def work() -> SessionsListResult:
             def terms(row: ListingRow) -> list[str]:
                 record = row.record
                 named = [t for t in (record.title, record.name) if t]
                 # a room's window key (``platform:account:group:number``) answers ``platform:group``
                 window = [row.place.key] if row.place is not None and row.place.kind == "window" else []
-                return [row.id, *named, *window]  # default names do not match (seed 004, 搜索)
+                return [row.id, *named, *window]  # default names do not match a search
 
             if params.parent_id is not None:
                 self.check(conn, params.parent_id)
@@ -171,12 +208,12 @@ class _Handlers:
 
         in_background(self.svc, conn, request_id, work)
 
-    def sessions_watch(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def sessions_watch(self, conn: Client, request_id: RequestId, params: Empty) -> None:
         batcher = _ChangeBatcher(self, conn)
         self.index.watch(conn, batcher.add)
         conn.result(request_id, EMPTY)
 
-    def changed(self, conn: ClientConnection, upserts: list[str], removes: list[str]) -> SessionsChanged:
+    def changed(self, conn: Client, upserts: list[str], removes: list[str]) -> SessionsChanged:
         visible = [sid for sid in upserts if (rec := self.index.get(sid)) is not None and conn.visible(rec)]
         summaries = self.index.summaries_for(visible, conn.visible) if visible else []
         rooms = self.index.room_trees(conn.visible)
@@ -185,32 +222,30 @@ class _Handlers:
 
     # --- session lifecycle -------------------------------------------------------------------------
 
-    def session_create(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def session_create(self, conn: Client, request_id: RequestId, params: SessionCreateParams) -> None:
         if params.parent_id is not None and self.rt.settings_service is None:
-            # seed 004: with parentId and no session-settings service, answer unsupported, create nothing
+            # with parentId and no session-settings service, answer unsupported, create nothing
             raise RpcError.unsupported(Text("error.child-needs-settings"))
         if params.parent_id is not None:
             self.check(conn, params.parent_id)
-        from sessionloop.actors.api.host import new_id
-
         session_id = new_id()
         speaker = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
         created = E.SessionCreated(
             at=now_ms(), session_id=session_id, name=params.name or "", kind="task" if params.parent_id else "owner",
             parent_id=params.parent_id, app_id=conn.peer.app_id, created_by=speaker,
             permission_mode=self.rt.options.permission_mode or "ask",
-            # seed 004 摘要 place: an owner's session lives in the default workspace
+            # the summary's place: an owner's session lives in the default workspace
             place=None if params.parent_id else DEFAULT_WORKSPACE,
         )
         reply = answer(conn, request_id, lambda _: SessionResult(session=self.summary(session_id)))
         self.rt.tell(session_id, Create(created, None, reply))
 
-    def session_rename(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def session_rename(self, conn: Client, request_id: RequestId, params: SessionRenameParams) -> None:
         self.decide(conn, request_id, params.session_id, C.Rename(title=params.title))
 
-    def tree_op(self, conn: ClientConnection, request_id: Any, session_id: str, op: str,
+    def tree_op(self, conn: Client, request_id: RequestId, session_id: str, op: str,
                 done: Callable[[BaseException | None], None] | None = None) -> None:
-        """archive / unarchive / delete a session and every session below it (seed 004)."""
+        """archive / unarchive / delete a session and every session below it."""
         self.check(conn, session_id)
         if op == "delete":
             def delete() -> msgspec.Struct:
@@ -220,19 +255,20 @@ class _Handlers:
             in_background(self.svc, conn, request_id, delete)
             return
         targets = [session_id, *self.index.descendants(session_id)]
-        pending = {"left": len(targets), "error": None}
+        left = len(targets)
+        first_error: BaseException | None = None
 
         def finished(r: Reply) -> None:
+            nonlocal left, first_error
             _, error = r.outcome()
             if error is not None and not isinstance(error, NotFound):
-                pending["error"] = pending["error"] or error
-            pending["left"] -= 1  # type: ignore[operator]
-            if pending["left"] == 0:
-                err = pending["error"]
+                first_error = first_error or error
+            left -= 1
+            if left == 0:
                 if done is not None:
-                    done(err)  # type: ignore[arg-type]
-                elif err is not None:
-                    conn.error(request_id, err)  # type: ignore[arg-type]
+                    done(first_error)
+                elif first_error is not None:
+                    conn.error(request_id, first_error)
                 else:
                     conn.result(request_id, EMPTY)
 
@@ -241,7 +277,7 @@ class _Handlers:
             reply.add_callback(finished)
             self.rt.tell(sid, Decide(C.Archive(archived=op == "archive"), reply))
 
-    def _delete_batch(self, conn: ClientConnection, ids: list[str]) -> SessionBatchResult:
+    def _delete_batch(self, conn: Client, ids: list[str]) -> SessionBatchResult:
         """``session/batch`` delete: each session with its children (``actors/session/deletion.py``), one
         after another on a pool thread. A session already deleted as the child of an earlier one
         of the batch is not a failure."""
@@ -253,11 +289,11 @@ class _Handlers:
             try:
                 self.check(conn, sid)
                 gone.update(self.rt.deletions.delete_tree(sid, self.index.descendants))
-            except Exception as e:  # noqa: BLE001 - seed 004: each id that failed is named with why
+            except Exception as e:  # noqa: BLE001 - each id that failed is named with why
                 failures.append(BatchFailure(session_id=sid, message=message_of(e)))
         return SessionBatchResult(failed=failures)
 
-    def session_batch(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def session_batch(self, conn: Client, request_id: RequestId, params: SessionBatchParams) -> None:
         failures: list[BatchFailure] = []
         left = {"n": len(params.ids)}
         if not params.ids:
@@ -276,16 +312,16 @@ class _Handlers:
 
         for sid in params.ids:
             try:
-                self.tree_op(conn, request_id, sid, params.op, lambda e, sid=sid: one_done(sid, e))
+                self.tree_op(conn, request_id, sid, params.op, functools.partial(one_done, sid))
             except Exception as e:
                 one_done(sid, e)
 
-    def mark_seen(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def mark_seen(self, conn: Client, request_id: RequestId, params: SessionIdParams) -> None:
         self.decide(conn, request_id, params.session_id, C.MarkSeen())
 
     # --- subscription and history ------------------------------------------------------------------
 
-    def subscribe(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def subscribe(self, conn: Client, request_id: RequestId, params: SessionIdParams) -> None:
         session_id = params.session_id
         self.check(conn, session_id)
         summary = self.summary(session_id)
@@ -300,13 +336,13 @@ class _Handlers:
 
         self.rt.tell(session_id, Subscribe(conn, answer(conn, request_id, result)))
 
-    def unsubscribe(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def unsubscribe(self, conn: Client, request_id: RequestId, params: SessionIdParams) -> None:
         self.check(conn, params.session_id)
         self.rt.channel(params.session_id).remove(conn)
         conn.subscriptions.discard(params.session_id)
         conn.result(request_id, EMPTY)
 
-    def history(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def history(self, conn: Client, request_id: RequestId, params: HistoryParams) -> None:
         session_id = params.session_id
         self.check(conn, session_id)
 
@@ -319,7 +355,7 @@ class _Handlers:
 
     # --- turns -------------------------------------------------------------------------------------
 
-    def turn_send(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def turn_send(self, conn: Client, request_id: RequestId, params: TurnSendParams) -> None:
         self.check(conn, params.session_id)
         if len(params.attachments) > MAX_ATTACHMENTS:
             raise RpcError.invalid_params(Text("error.too-many-attachments", field="params.attachments",
@@ -329,7 +365,7 @@ class _Handlers:
             return
         self._send(conn, request_id, params.session_id, params.text, [], traceparent=params.traceparent)
 
-    def _send_with_files(self, conn: ClientConnection, request_id: Any, params: Any) -> msgspec.Struct:
+    def _send_with_files(self, conn: Client, request_id: RequestId, params: TurnSendParams) -> msgspec.Struct:
         refs = store_attachments(self.svc, params.attachments, params.session_id)
         reply = Reply()
         self.rt.tell(params.session_id, self._send_message(conn, params.session_id, params.text, refs, reply,
@@ -337,31 +373,29 @@ class _Handlers:
         reply.result(self.rt.options.request_timeout_s)  # on the pool thread, not an actor's
         return EMPTY
 
-    def _send(self, conn: ClientConnection, request_id: Any, session_id: str, text: str,
+    def _send(self, conn: Client, request_id: RequestId, session_id: str, text: str,
               refs: list[E.AttachmentRef], source: str | None = None, traceparent: str | None = None) -> None:
         reply = answer(conn, request_id, lambda _: EMPTY)
         self.rt.tell(session_id, self._send_message(conn, session_id, text, refs, reply, source, traceparent))
 
-    def _send_message(self, conn: ClientConnection, session_id: str, text: str, refs: list[E.AttachmentRef],
+    def _send_message(self, conn: Client, session_id: str, text: str, refs: list[E.AttachmentRef],
                       reply: Reply, source: str | None = None, traceparent: str | None = None) -> Send:
-        from sessionloop.actors.api.host import new_id
-
         speaker = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner,
                             app_id=conn.peer.app_id)
         accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=new_id(), text=text, attachments=refs,
                                    speaker=speaker, source=source, traceparent=traceparent)
         return Send(accepted, None, reply)
 
-    def turn_continue(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def turn_continue(self, conn: Client, request_id: RequestId, params: SessionIdParams) -> None:
         self.check(conn, params.session_id)
         self._send(conn, request_id, params.session_id, "", [], source="continue")
 
-    def turn_abort(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def turn_abort(self, conn: Client, request_id: RequestId, params: TurnAbortParams) -> None:
         self.check(conn, params.session_id)
         self.rt.tell(params.session_id, Cancel(params.turn_id, "stopped by the owner",
                                                answer(conn, request_id, lambda _: EMPTY)))
 
-    def compress(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def compress(self, conn: Client, request_id: RequestId, params: SessionIdParams) -> None:
         self.check(conn, params.session_id)
         reply = Reply()
 
@@ -371,130 +405,113 @@ class _Handlers:
                 conn.result(request_id, EMPTY)
             elif isinstance(error, NotFound):
                 conn.error(request_id, error)
-            elif isinstance(error, SessionBusy):  # seed 004: 正在压缩时直接拒绝 (a turn runs, likewise)
+            elif isinstance(error, SessionBusy):  # refused while a compaction (or a turn) runs
                 conn.error(request_id, RpcError.internal_error(Text("error.compress-refused",
                                                                     error=message_of(error))))
-            else:  # seed 004: 没压成 is internalError, the message says why (as the notice does)
+            else:  # not compressed is internalError, the message says why (as the notice does)
                 conn.error(request_id, RpcError.internal_error(Text("error.compress-failed",
                                                                     error=message_of(error))))
 
         reply.add_callback(done)
         self.rt.tell(params.session_id, Compact(reply))
 
-    def rewind(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def rewind(self, conn: Client, request_id: RequestId, params: TurnRewindParams) -> None:
         self.check(conn, params.session_id)
-        from sessionloop.actors.api.host import Session
 
         def work() -> RewindResult:
-            result = Session(SimpleNamespace(rt=self.rt), params.session_id).rewind(  # type: ignore[arg-type]
-                params.turn_id, params.scope)
+            result = Session(self.svc, params.session_id).rewind(params.turn_id, params.scope)
             return RewindResult(turn_id=result["turnId"], restored=result["restored"], removed=result["removed"],
                                 conflicts=result["conflicts"], deleted_messages=result.get("deletedMessages"),
                                 chat_deleted=result.get("chatDeleted"))
 
         in_background(self.svc, conn, request_id, work)
 
-    def plan_clear(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def plan_clear(self, conn: Client, request_id: RequestId, params: SessionIdParams) -> None:
         self.decide(conn, request_id, params.session_id, C.ClearPlan())
 
+    # --- presence, approvals, background tasks -------------------------------------------------
 
-def _presence(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
-    self.rt.approvals.update_presence(conn, params.active)
-    conn.result(request_id, EMPTY)
+    def presence(self, conn: Client, request_id: RequestId, params: PresenceParams) -> None:
+        self.rt.approvals.update_presence(conn, params.active)
+        conn.result(request_id, EMPTY)
 
+    def approval_respond(self, conn: Client, request_id: RequestId, params: ApprovalRespondParams) -> None:
+        self.rt.approvals.respond(conn, params.approval_id, params.decision, params.content_hash, params.note,
+                                  answer(conn, request_id, lambda _: EMPTY), grant=params.grant)
 
-def _approval_respond(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
-    self.rt.approvals.respond(conn, params.approval_id, params.decision, params.content_hash, params.note,
-                              answer(conn, request_id, lambda _: EMPTY), grant=params.grant)
+    def grants_list(self, conn: Client, request_id: RequestId, params: SessionIdParams) -> None:
+        """``approval/grants/list``: the session's grants that settle calls now (0.2.1)."""
+        sid = params.session_id
+        self.check(conn, sid)
 
+        self.rt.tell(sid, Ask(C.ActiveGrants(), answer(
+            conn, request_id, lambda grants: GrantsListResult(grants=[wire_grant(sid, g) for g in grants]))))
 
-def _grants_list(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
-    """``approval/grants/list``: the session's grants that settle calls now (0.2.1)."""
-    sid = params.session_id
-    self.check(conn, sid)
+    def grants_revoke(self, conn: Client, request_id: RequestId, params: GrantRevokeParams) -> None:
+        """``approval/grants/revoke``: the grant settles no more calls; who may answer approvals may
+        revoke (the owner); not-found for a grant the session does not have or that already ended."""
+        if not self.rt.approvals.eligible(conn):
+            raise RpcError.forbidden(Text("error.grants-forbidden"))
+        by = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
 
-    self.rt.tell(sid, Ask(C.ActiveGrants(), answer(
-        conn, request_id, lambda grants: GrantsListResult(grants=[wire_grant(sid, g) for g in grants]))))
+        self.decide(conn, request_id, params.session_id, C.RevokeGrant(grant_id=params.grant_id, by=by))
 
+    def background_list(self, conn: Client, request_id: RequestId, params: Empty) -> None:
+        def work() -> msgspec.Struct:
+            tasks = [t for t in self.rt.tasks_service.listing() if self.rt.can_see(conn, t.session_id)]
+            return BackgroundListResult(tasks=tasks)
 
-def _grants_revoke(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
-    """``approval/grants/revoke``: the grant settles no more calls; who may answer approvals may
-    revoke (the owner); not-found for a grant the session does not have or that already ended."""
-    if not self.rt.approvals.eligible(conn):
-        raise RpcError.forbidden(Text("error.grants-forbidden"))
-    by = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
+        in_background(self.svc, conn, request_id, work)
 
-    self.decide(conn, request_id, params.session_id, C.RevokeGrant(grant_id=params.grant_id, by=by))
+    def background_watch(self, conn: Client, request_id: RequestId, params: Empty) -> None:
+        self.rt.tasks_service.watch(conn)
+        conn.result(request_id, EMPTY)
 
+    def visible_task(self, conn: Client, task_id: str) -> Any:
+        task = self.rt.tasks_service.get(task_id)
+        if task is None or not self.rt.can_see(conn, task.session_id):
+            raise NotFound(Text("error.task-not-found", task=task_id))
+        return task
 
-def _background_list(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
-    def work() -> msgspec.Struct:
-        tasks = [t for t in self.rt.tasks_service.listing() if self.rt.can_see(conn, t.session_id)]
-        return BackgroundListResult(tasks=tasks)
+    def background_output(self, conn: Client, request_id: RequestId, params: BackgroundOutputParams) -> None:
+        self.visible_task(conn, params.task_id)
+        text, end, truncated = self.rt.tasks_service.output(params.task_id, params.after)
+        conn.result(request_id, BackgroundOutputResult(text=text, end=end, truncated=truncated))
 
-    in_background(self.svc, conn, request_id, work)
+    def background_stop(self, conn: Client, request_id: RequestId, params: TaskIdParams) -> None:
+        self.visible_task(conn, params.task_id)
+        self.rt.tasks_service.stop(params.task_id, answer(conn, request_id, lambda _: EMPTY))
 
+    def background_stop_all(self, conn: Client, request_id: RequestId, params: SessionIdParams) -> None:
+        """Stop everything below a session: child sessions' turns and queued inputs, and
+        the session's and its children's tasks; the session's own turn is turn/abort's business."""
+        self.check(conn, params.session_id)
+        children = self.index.descendants(params.session_id)
 
-def _background_watch(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
-    self.rt.tasks_service.watch(conn)
-    conn.result(request_id, EMPTY)
+        def work() -> msgspec.Struct:
+            waits = []
+            for sid in children:
+                reply = Reply()
+                self.rt.tell(sid, Cancel(None, "stopped with the background work of its parent", reply,
+                                         drop_queue=True))
+                waits.append(reply)
+            waits += self.rt.tasks_service.stop_session([params.session_id, *children])
+            for reply in waits:
+                try:
+                    reply.result(10)
+                except NotFound:
+                    pass
+            return EMPTY
 
-
-def _visible_task(self: _Handlers, conn: ClientConnection, task_id: str) -> Any:
-    task = self.rt.tasks_service.get(task_id)
-    if task is None or not self.rt.can_see(conn, task.session_id):
-        raise NotFound(Text("error.task-not-found", task=task_id))
-    return task
-
-
-def _background_output(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
-    _visible_task(self, conn, params.task_id)
-    text, end, truncated = self.rt.tasks_service.output(params.task_id, params.after)
-    conn.result(request_id, BackgroundOutputResult(text=text, end=end, truncated=truncated))
-
-
-def _background_stop(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
-    _visible_task(self, conn, params.task_id)
-    self.rt.tasks_service.stop(params.task_id, answer(conn, request_id, lambda _: EMPTY))
-
-
-def _background_stop_all(self: _Handlers, conn: ClientConnection, request_id: Any, params: Any) -> None:
-    """Seed 004: stop everything below a session: child sessions' turns and queued inputs, and
-    the session's and its children's tasks; the session's own turn is turn/abort's business."""
-    self.check(conn, params.session_id)
-    children = self.index.descendants(params.session_id)
-
-    def work() -> msgspec.Struct:
-        waits = []
-        for sid in children:
-            reply = Reply()
-            self.rt.tell(sid, Cancel(None, "stopped with the background work of its parent", reply, drop_queue=True))
-            waits.append(reply)
-        waits += self.rt.tasks_service.stop_session([params.session_id, *children])
-        for reply in waits:
-            try:
-                reply.result(10)
-            except NotFound:
-                pass
-        return EMPTY
-
-    in_background(self.svc, conn, request_id, work)
+        in_background(self.svc, conn, request_id, work)
 
 
-_Handlers.background_list = _background_list  # type: ignore[attr-defined]
-_Handlers.background_watch = _background_watch  # type: ignore[attr-defined]
-_Handlers.background_output = _background_output  # type: ignore[attr-defined]
-_Handlers.background_stop = _background_stop  # type: ignore[attr-defined]
-_Handlers.background_stop_all = _background_stop_all  # type: ignore[attr-defined]
-_Handlers.presence = _presence  # type: ignore[attr-defined]
-_Handlers.approval_respond = _approval_respond  # type: ignore[attr-defined]
-_Handlers.grants_list = _grants_list  # type: ignore[attr-defined]
-_Handlers.grants_revoke = _grants_revoke  # type: ignore[attr-defined]
 
 
-def store_attachments(svc: SessionProtocolService, attachments: list[Any], session_id: str) -> list[E.AttachmentRef]:
-    """Decode, check and store outgoing attachments for ``session_id`` (seed 004: base64 data URLs
-    only; the type is sniffed from the bytes; seed 000: at most 10, each and all together at most
+def store_attachments(svc: SessionProtocolService, attachments: list[OutgoingAttachment],
+                      session_id: str) -> list[E.AttachmentRef]:
+    """Decode, check and store outgoing attachments for ``session_id`` (base64 data URLs
+    only; the type is sniffed from the bytes; at most 10, each and all together at most
     20 MB). Every one is checked before the first is stored."""
     refs: list[E.AttachmentRef] = []
     payloads: list[tuple[str, bytes]] = []
@@ -519,10 +536,10 @@ def store_attachments(svc: SessionProtocolService, attachments: list[Any], sessi
 
 
 class _ChangeBatcher:
-    """Coalesces a connection's ``sessions/changed`` pushes to at most one per 50 ms: the seed
+    """Coalesces a connection's ``sessions/changed`` pushes to at most one per 50 ms: the protocol
     lets clients overwrite by id, so only the latest summary of each session matters."""
 
-    def __init__(self, handlers: _Handlers, conn: ClientConnection) -> None:
+    def __init__(self, handlers: _Handlers, conn: Client) -> None:
         self.h = handlers
         self.conn = conn
         self.upserts: dict[str, None] = {}

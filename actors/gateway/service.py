@@ -119,7 +119,8 @@ class ClientConnection:
     def error(self, request_id: Any, error: BaseException) -> None:
         """Answer with ``error``: one of ours (a ``code`` and ``data``) as the protocol translates it,
         anything else as ``internalError`` (and logged: it is a bug)."""
-        if not is_domain_error(error):
+        ours: bool = is_domain_error(error)  # a plain bool: ``error`` stays an exception for mypy
+        if not ours:
             log.exception("request failed", exc_info=error)
             error = from_domain_error(error)
         with self._lock:
@@ -186,7 +187,8 @@ class GatewayActor(pykka.ThreadingActor):
         try:
             handler(conn, request.id, request.params)
         except Exception as e:
-            if not is_domain_error(e):  # a bug in a handler: the request fails, the gateway lives on
+            ours: bool = is_domain_error(e)
+            if not ours:  # a bug in a handler: the request fails, the gateway lives on
                 log.exception("handler for %s failed", request.method)
                 e = from_domain_error(e)
             conn.error(request.id, e)

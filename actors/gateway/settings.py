@@ -1,4 +1,4 @@
-"""The ``session/config/*`` methods and the ``session/config/changed`` push (seed 004, 会话设置),
+"""The ``session/config/*`` methods and the ``session/config/changed`` push (docs/protocol.md, session settings),
 over the settings service of :mod:`actors.settings.service`.
 
 :func:`install_settings` is the one entry point: the protocol service calls it at the end of its
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from sessionloop.actors.errors import NotFound
-from sessionloop.actors.gateway.methods import _as_rpc, answer, in_background
+from sessionloop.actors.gateway.methods import Client, Handler, _as_rpc, answer, in_background
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.actor import Ask, Decide
 from sessionloop.actors.settings.apps import MODES
@@ -32,15 +32,21 @@ from sessionloop.actors.tools.sandbox import POLICIES
 from sessionloop.actors.views.summary import summary_from_record
 from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.frames import RequestId
 from sessionloop.protocol.schemas import (
     ConfigLayersResult,
     ConfigRows,
+    ConfigUpdateParams,
     Empty,
+    LayerGetParams,
     LayerName,
     LayerRows,
+    LayerUpdateParams,
     OverrideEntry,
     OverrideGroup,
+    OverridesParams,
     OverridesResult,
+    SessionIdParams,
 )
 from sessionloop.protocol.schemas_types import (
     AncestorRef,
@@ -53,11 +59,13 @@ from sessionloop.protocol.schemas_types import (
 )
 
 if TYPE_CHECKING:
-    from sessionloop.actors.gateway.service import ClientConnection, SessionProtocolService
+    from sessionloop.actors.gateway.service import SessionProtocolService
 
 log = logging.getLogger("sessionloop.gateway")
 
-LAYER_NAMES = ("global", "platform", "platformType", "place", "session")  # seed: SESSION_LAYERS
+LayerKind = Literal["global", "platform", "platformType", "place", "session"]
+#: the settings layers, from the widest to the session's own (the order a client shows them in)
+LAYER_NAMES: tuple[LayerKind, ...] = ("global", "platform", "platformType", "place", "session")
 PUSH_DELAY_S = 0.05  # coalesce a burst of changes (a bot creating sessions) into one push
 
 
@@ -116,7 +124,7 @@ class _Broadcast:
         self.service.notify_all("session/config/changed", Empty())
 
 
-def settings_handlers(service: SessionProtocolService, settings: SettingsService) -> dict[str, Any]:
+def settings_handlers(service: SessionProtocolService, settings: SettingsService) -> dict[str, Handler]:
     h = _SettingsHandlers(service, settings)
     return {
         "session/config/get": h.get,
@@ -134,20 +142,20 @@ class _SettingsHandlers:
         self.rt = service.rt
         self.settings = settings
 
-    def _record(self, conn: ClientConnection, session_id: str) -> Any:
+    def _record(self, conn: Client, session_id: str) -> Any:
         record = self.svc.index.get(session_id)
         if record is None or not conn.visible(record):
             raise NotFound(Text("error.session-not-found", session=session_id))
         return record
 
     @staticmethod
-    def _owner(conn: ClientConnection, method: str) -> None:
+    def _owner(conn: Client, method: str) -> None:
         if not conn.peer.is_owner:
             raise RpcError.forbidden(Text("error.owner-only", method=method))
 
     # --- one session ----------------------------------------------------------------------------
 
-    def get(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def get(self, conn: Client, request_id: RequestId, params: SessionIdParams | ConfigUpdateParams) -> None:
         self._record(conn, params.session_id)
         self.settings.refresh_host_config()
         platform = conn.peer.platform
@@ -158,8 +166,8 @@ class _SettingsHandlers:
 
         self.rt.tell(params.session_id, Ask(C.SettingRows(platform=platform), answer(conn, request_id, rows)))
 
-    def update(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
-        """Seed 写: the session's own layer, through a ``SetSetting`` command (InvalidSetting -> invalidParams,
+    def update(self, conn: Client, request_id: RequestId, params: ConfigUpdateParams) -> None:
+        """A write: the session's own layer, through a ``SetSetting`` command (InvalidSetting -> invalidParams,
         nothing written); then the rows as ``session/config/get`` gives them. An app may not raise
         its session's permission mode or sandbox policy beyond its manifest: ``forbidden``."""
         self._record(conn, params.session_id)
@@ -180,7 +188,7 @@ class _SettingsHandlers:
         self.rt.tell(params.session_id, Decide(C.SetSetting(plugin=params.plugin, key=params.key, value=params.value),
                                                 reply))
 
-    def _within_manifest(self, conn: ClientConnection, plugin: str, key: str, value: Any) -> None:
+    def _within_manifest(self, conn: Client, plugin: str, key: str, value: Any) -> None:
         app = self.rt.apps.find(conn.peer.app_id)
         if app is None or plugin != "tools" or not isinstance(value, str):
             return  # the owner; another field; a delete or a value of the wrong type (invalidParams)
@@ -193,19 +201,19 @@ class _SettingsHandlers:
 
     # --- layers ---------------------------------------------------------------------------------
 
-    def layers(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def layers(self, conn: Client, request_id: RequestId, params: Empty) -> None:
         self._owner(conn, "session/config/layers")
         self.settings.refresh_host_config()
-        order = [LayerName(name=name, label=Text(f"layer.{name}")) for name in LAYER_NAMES]  # type: ignore[arg-type]
+        order = [LayerName(name=name, label=Text(f"layer.{name}")) for name in LAYER_NAMES]
         in_background(self.svc, conn, request_id,
                       lambda: ConfigLayersResult(layers=layer_infos(self.settings), order=order))
 
-    def layer_get(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def layer_get(self, conn: Client, request_id: RequestId, params: LayerGetParams) -> None:
         self._owner(conn, "session/config/layer/get")
         self.settings.refresh_host_config()
         in_background(self.svc, conn, request_id, lambda: LayerRows(items=self.settings.layer_rows(params.layer)))
 
-    def layer_update(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def layer_update(self, conn: Client, request_id: RequestId, params: LayerUpdateParams) -> None:
         self._owner(conn, "session/config/layer/update")
 
         def work() -> LayerRows:
@@ -214,7 +222,7 @@ class _SettingsHandlers:
 
         in_background(self.svc, conn, request_id, work)
 
-    def overrides(self, conn: ClientConnection, request_id: Any, params: Any) -> None:
+    def overrides(self, conn: Client, request_id: RequestId, params: OverridesParams) -> None:
         self._owner(conn, "session/config/overrides")
         in_background(self.svc, conn, request_id, lambda: self._overrides(params.plugin))
 
@@ -235,7 +243,7 @@ class _SettingsHandlers:
         return OverridesResult(items=items)
 
     def _session_target(self, session_id: str) -> SessionTarget | None:
-        """Seed: 某个会话的本会话层(带标题,子会话另带父会话)."""
+        """A session's own layer as a target: its title, and for a child session its parents."""
         record = self.svc.index.get(session_id)
         if record is None:
             return None
@@ -248,7 +256,7 @@ class _SettingsHandlers:
 
 
 def layer_infos(settings: SettingsService) -> list[SettingLayerInfo]:
-    """Seed 可以设的各层: global; each platform; each platform chat type (declared or written,
+    """The layers that can be set: global; each platform; each platform chat type (declared or written,
     with its display name when declared); every place, workspaces first, the default one first.
     A place's label has no platform; a window carries its platform and type instead."""
     platforms, types = settings.known_platforms()

@@ -93,13 +93,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sessionloop.session")
 
-_SINGLETONS = frozenset({"queue", "plan", "usage"})  # items replaced whole (seed 004)
+_SINGLETONS = frozenset({"queue", "plan", "usage"})  # items a push replaces whole, never appended to
 _TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
 _TURN_END_TYPES = frozenset(_TURN_END)
 #: a model call's streamed items are in the projection (or gone) once one of these is committed
 _STREAM_END_TYPES = _TURN_END_TYPES | {E.LlmCompleted, E.LlmFailed}
 #: a model step's outcome: where the live frames of an answer taken in place go out (``_publish``)
-_STEP_END_TYPES = frozenset({E.LlmCompleted, E.LlmFailed})
+_STEP_END = (E.LlmCompleted, E.LlmFailed)
 #: the deltas a model call reported, ``(kind, text)`` in order
 Deltas = list[tuple[str, str]]
 #: the events a commit acts on after it is durable (effects to start, turns to report)
@@ -337,7 +337,7 @@ class Passivate(Msg):
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
-    """What ``send`` answers (seed 000): ``accepted`` (opened a turn now), ``queued`` (behind
+    """What ``send`` answers: ``accepted`` (opened a turn now), ``queued`` (behind
     others), ``duplicate`` (this idempotency key was seen: the original turn), ``rejected``."""
 
     state: str
@@ -368,7 +368,10 @@ class SessionBehaviour:
     """The session actor's behaviour, independent of the pykka runtime that runs it: a thread per
     actor (:class:`SessionActor`) or a shared pool (:class:`PooledSessionActor`)."""
 
-    actor_ref: Any
+    actor_ref: pykka.ActorRef[Any]
+
+    if TYPE_CHECKING:  # given by the pykka actor class the behaviour is mixed into
+        def stop(self) -> None: ...
 
     def __init__(self, runtime: Runtime, session_id: str) -> None:
         super().__init__()
@@ -467,7 +470,7 @@ class SessionBehaviour:
         self.rt.results.expect([q.turn_id for q in state.queue] + ([state.current_turn] if state.current_turn else []))
 
     def _account_unfinished(self) -> None:
-        """Keep the host's count of each app's unfinished turns (seed 000 quota: 200 per app)."""
+        """Keep the host's count of each app's unfinished turns (an app may have at most 200 unfinished turns)."""
         app = self._app_id()
         if app is None:
             return
@@ -545,8 +548,8 @@ class SessionBehaviour:
         The state is updated before the append (``drive`` needs the evolved state); if the
         append fails the state is reloaded from the store, so nothing unpersisted survives.
         A model step the provider can answer at once (the mock with nothing to wait for) is
-        taken into the same commit: a plain turn is then one commit (SPEC §10: "commit once
-        per step or per turn"); its deltas still stream, after the commit (``_publish``).
+        taken into the same commit: a plain turn is then one commit (a commit per step
+        or per turn, never per delta); its deltas still stream, after the commit (``_publish``).
         ``then(result)`` answers the request once the append committed
         (``None``: nothing to commit), see ``_committed``.
         """
@@ -676,8 +679,8 @@ class SessionBehaviour:
         """The events of the pending model step when the provider answers it at once, with the
         deltas it streamed; None when the call must go to the worker loop.
 
-        An answer taken in place streams like any other (SPEC §4): its deltas are kept here and
-        go out after the commit that makes the step exist (``_publish``, SPEC §2.6), as the same
+        An answer taken in place streams like any other: its deltas are kept here and
+        go out after the commit that makes the step exist (``_publish``: persist, then publish), as the same
         frames a subscriber and a loop watcher get for an answer streamed over time."""
         provider = self.rt.provider_for(self.state)
         answer_now = getattr(provider, "answer_now", None)
@@ -722,7 +725,7 @@ class SessionBehaviour:
                           loop_delta=self._loop_delta())
 
     def _loop_delta(self) -> Any:
-        """Emits a bot's live ``assistant.delta`` (seed 000) with ``data``; None outside apps."""
+        """Emits a bot's live ``assistant.delta`` with ``data``; None outside apps."""
         app, watchers = self._app_id(), self.rt.loop_watchers
         if app is None:
             return None
@@ -730,7 +733,7 @@ class SessionBehaviour:
 
         def emit(data: dict[str, Any]) -> None:
             if watchers.any(app):
-                from sessionloop.actors.api.loop import LoopEvent  # seed 000: assistant.delta is live only
+                from sessionloop.actors.api.loop import LoopEvent  # assistant.delta is live only, never in the feed
 
                 watchers.emit(app, LoopEvent(cursor=0, session_id=sid, type="assistant.delta", at=now_ms(),
                                              turn_id=turn_id, data=data))
@@ -738,7 +741,8 @@ class SessionBehaviour:
         return emit
 
     def push_usage_estimate(self) -> None:
-        """Seed 004 快照: 还没有用量时，服务端在快照之后请 agent 算一次，结果按推送到达. Called right
+        """When a snapshot has no usage yet, the server has it estimated and pushes it after the
+        snapshot (docs/protocol.md, subscribing). Called right
         after a subscriber got its snapshot: a session with history that no model call has
         reported usage on (forked, imported, every call failed) gets the usage item its next
         model call would have, estimated as the mock counts (characters / 4), pushed to its
@@ -770,7 +774,7 @@ class SessionBehaviour:
         return encode_summary_record(self.last_record)
 
     def _awaiting_approval(self) -> bool:
-        """Seed 004 attention: an approval was pushed and is not settled yet."""
+        """The listing's attention flag: an approval was pushed and is not settled yet."""
         state = self.state
         return any((rec := state.tool_calls.get(c)) is not None and rec.approval_id is not None
                    and rec.settlement is None for c in state.batch)
@@ -803,14 +807,15 @@ class SessionBehaviour:
                 continue
             if t in _TURN_END_TYPES:
                 self.rt.turn_ended(state, event)
-            elif t is E.LlmStarted and event.step_id not in inline:  # type: ignore[attr-defined]
-                self._launch_model(event.turn_id, event.step_id)  # type: ignore[attr-defined]
-            elif t is E.ToolStarted:
-                self._launch_tool(event.turn_id, event.call_id, event.tool, event.args)  # type: ignore[attr-defined]
-            elif t is E.ToolApprovalRequested:
+            elif type(event) is E.LlmStarted:
+                if event.step_id not in inline:
+                    self._launch_model(event.turn_id, event.step_id)
+            elif type(event) is E.ToolStarted:
+                self._launch_tool(event.turn_id, event.call_id, event.tool, event.args)
+            elif type(event) is E.ToolApprovalRequested:
                 self.rt.approvals.open(self, event)
-            elif t is E.ToolApprovalSettled and event.settlement.source in ("turn-ended", "shutdown"):  # type: ignore[attr-defined]
-                self.rt.approvals.cancel(event.approval_id, event.settlement.source)  # type: ignore[attr-defined]
+            elif type(event) is E.ToolApprovalSettled and event.settlement.source in ("turn-ended", "shutdown"):
+                self.rt.approvals.cancel(event.approval_id, event.settlement.source)
         self._account_unfinished()
         if inline:
             self.loop_deltas = self._loop_deltas_in_place(events, inline)
@@ -835,7 +840,7 @@ class SessionBehaviour:
                 flight.abandon(None)
             return
         for event in events:
-            if type(event) is E.ContextCompactFailed and not event.auto:  # type: ignore[attr-defined]
+            if type(event) is E.ContextCompactFailed and not event.auto:
                 self.compaction = None
                 flight.abandon(CompactionFailed(compact_error(event)))
                 return
@@ -851,12 +856,12 @@ class SessionBehaviour:
         pushes: list[tuple[str, Any]] = []
         streams = bool(inline) and self.channel.has_subscribers
         for event in events:
-            if streams and type(event) in _STEP_END_TYPES and (deltas := inline.get(event.step_id)):  # type: ignore[attr-defined]
+            if streams and isinstance(event, _STEP_END) and (deltas := inline.get(event.step_id)):
                 pushes.extend(self._stream_in_place(event, deltas))
             pushes.extend(self.items.apply(event))
         pushes = self._coalesce(pushes)
         if any(isinstance(e, E.TurnRewound) and e.chat_deleted for e in events):
-            # seed 004: the history was rewritten; what clients hold is void, they resubscribe
+            # the history was rewritten; what clients hold is void, they resubscribe
             pushes.append(("session/resync", None))
         if pushes:
             self.channel.publish_many(pushes)
@@ -893,8 +898,8 @@ class SessionBehaviour:
             return None
         out: dict[str, list[dict[str, Any]]] = {}
         for event in events:
-            if type(event) in _STEP_END_TYPES and (deltas := inline.get(event.step_id)):  # type: ignore[attr-defined]
-                step_id = event.step_id  # type: ignore[attr-defined]
+            if isinstance(event, _STEP_END) and (deltas := inline.get(event.step_id)):
+                step_id = event.step_id
                 texts = [{"text": text, "itemId": step_id} for kind, text in deltas if kind == "text"]
                 if texts:
                     out[step_id] = texts
@@ -946,7 +951,7 @@ class SessionBehaviour:
         cards = self.channel.end_streams()
         if not cards:
             return
-        keep = {c.call_id for e in events if type(e) is E.LlmCompleted for c in e.tool_calls}  # type: ignore[attr-defined]
+        keep = {c.call_id for e in events if type(e) is E.LlmCompleted for c in e.tool_calls}
         status = "aborted" if any(type(e) is E.TurnAborted for e in events) else "failed"
         closing = close_cards(cards, keep, status)
         if closing:
@@ -1080,7 +1085,7 @@ class SessionBehaviour:
         events += decide_cancel(self.state, msg.turn_id, msg.reason, now)
         flight = self.compaction
         if flight is not None and not flight.auto and self.state.current_turn is None:
-            events += decide_compaction_cancelled(msg.reason, now)  # seed 002: cancel() 可以中止
+            events += decide_compaction_cancelled(msg.reason, now)  # cancel() also stops a manual compaction
         if events:
             self._cancel_tasks()
             self._commit(events)
@@ -1165,7 +1170,7 @@ class SessionBehaviour:
         events = decide_tool_done(self.state, finished)
         rec = self.state.tool_calls.get(msg.call_id)
         if events and rec is not None and rec.tool == "update_plan" and not failed and isinstance(r.output, dict):
-            from sessionloop.actors.tools.builtin import plan_from_output  # seed 004: the plan item, replaced whole
+            from sessionloop.actors.tools.builtin import plan_from_output  # the plan item, replaced whole
 
             entries, explanation = plan_from_output(r.output)
             events.append(E.PlanUpdated(at=finished.at, entries=entries, explanation=explanation))
@@ -1204,14 +1209,13 @@ class SessionBehaviour:
     def caller_facts(self) -> CallerFacts:
         """What a session made with ``context='caller'`` takes from this one: its workspace
         directory (also when it has no explicit cwd), its effective model and permission policy."""
-        state = self.state
-        ensure_usable(state)
+        created = ensure_usable(self.state)
         try:
             cwd = str(self.workspace().root)
         except ValueError:  # its cwd is not a directory: its own tools fail the same way
-            cwd = state.created.cwd
+            cwd = created.cwd
         cfg = self.config()
-        return CallerFacts(created=state.created, cwd=cwd, model=cfg.model, permission_mode=cfg.permission_mode)
+        return CallerFacts(created=created, cwd=cwd, model=cfg.model, permission_mode=cfg.permission_mode)
 
     def on_passivate(self, msg: Passivate) -> None:
         state = self.state

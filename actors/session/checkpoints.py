@@ -1,4 +1,4 @@
-"""Restoring files from checkpoints (SPEC §6 decision: ``turn/rewind``).
+"""Restoring files from checkpoints (``turn/rewind``: files go back to how they were before the turn).
 
 Tools that change files record each file's before-image once per turn (``checkpoint.recorded``,
 written before the change). Rewinding to before turn T restores, for every file any turn from T

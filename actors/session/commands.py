@@ -192,8 +192,8 @@ class ActiveGrants(Query, frozen=True, kw_only=True):
 class HistoryPage(Query, frozen=True, kw_only=True):
     """One page of the timeline's items older than ``before`` (the items and the next cursor)."""
 
-    before: Any
-    limit: int
+    before: str | None
+    limit: int | None  # None: the projection's default
 
 
 class CallerOf(Query, frozen=True, kw_only=True):

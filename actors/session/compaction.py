@@ -1,18 +1,19 @@
-"""Summary compaction (seed 002, 上下文压缩 0.31; seed 004, session/compress).
+"""Summary compaction: automatic before a model call over ``contextChars``, manual with
+``compact()`` and ``session/compress``.
 
 Two ways in. *Automatic*: before the first model call of a turn that is over ``contextChars``
 (once per turn), the turns before it are summarised and the summary goes right before the
 current user message; a failure falls back to trimming. *Manual* (``compact()``,
 ``session/compress``): every turn so far is summarised and the summary appended; it refuses
-while a turn runs and while another compaction runs (seed 004: 直接拒绝, no notice).
+while a turn runs and while another compaction runs (refused at once, no notice).
 
 A compaction under way is a :class:`Flight`, held by its session actor (``actor.compaction``,
 never stored: a restart forgets it, and a client retries). The summary call runs on the worker
 loop and comes back as a :class:`~actors.session.actor.SummaryDone` message. What ends a manual
 flight early is decided with the command that causes it, in the same commit
 (``session_decide.decide_compaction_interrupted`` / ``decide_compaction_cancelled``): a new input,
-a turn, a rewind or replaced messages (seed 004: 期间历史被改动 → 没压成), a delete or park, and
-``cancel()`` (seed 002: cancel() 可以中止). Its request then fails with :class:`CompactionFailed`
+a turn, a rewind or replaced messages (the history changed meanwhile: not compressed), a delete or park, and
+``cancel()``. Its request then fails with :class:`CompactionFailed`
 naming the reason, the compress notice says the same, and the summary, when it comes, is
 dropped: no summary is committed for a history that moved on. An automatic flight ends
 silently when its turn ends first (aborted): there is no turn left to insert the summary into.
@@ -89,7 +90,7 @@ class Compaction:
         actor.compaction = flight
         try:
             provider = self.rt.provider_for(actor.state)
-        except Exception as e:  # seed 004: 摘要模型不在 -> not compressed, the reason said
+        except Exception as e:  # no summary model: not compressed, the reason said
             actor.actor_ref.tell(SummaryDone(flight, "", Text("compress.model-unavailable", error=str(e)), None))
             return
         ref = actor.actor_ref
@@ -99,7 +100,7 @@ class Compaction:
                 response = await provider.generate(request, ignore_delta)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # the seed: a failed automatic summary falls back to trimming
+            except Exception as e:  # a failed automatic summary falls back to trimming
                 done = SummaryDone(flight, "", Text("compress.model-failed", error=str(e) or type(e).__name__), None)
             else:
                 text = response.text.strip()

@@ -1,12 +1,12 @@
-"""What the model sees: context trimming and compaction, as pure functions (seed 002, SPEC §4).
+"""What the model sees: context trimming and compaction, as pure functions.
 
 Theory of operation. A session keeps its *full* history forever (the UI, ``fork`` and recovery
 read it). Before each model call the runtime derives the copy that is sent:
 
-1. :func:`apply_summary` (seed 002 上下文压缩 0.31): the latest summary message — a ``system``
+1. :func:`apply_summary`: the latest summary message — a ``system``
    message starting with :data:`SUMMARY_PREFIX` — is merged into the leading system message and
    everything before it is left out;
-2. :func:`project_context` (seed 002 上下文裁剪 v0.22): if the result is over ``contextChars``,
+2. :func:`project_context`: if the result is over ``contextChars``,
    it is cut in three stages, each only as far as needed:
 
    (1) tool outputs of *old* turns are replaced by ``[tool output omitted … N chars]``, oldest
@@ -16,10 +16,10 @@ read it). Before each model call the runtime derives the copy that is sent:
    (3) tool outputs of the *current* turn that the model has already seen are omitted; the latest
        batch of tool results and the current turn itself are always kept.
 
-A *turn* runs from a user message up to the next user message (seed 002: "user 起到下一条 user 前").
+A *turn* runs from a user message up to the next user message.
 A user message that would separate a tool call from its result (an input joined mid-step) does
 not start a turn here, so dropping whole turns can never split a ``tool_calls``/``tool`` pair —
-providers reject requests with unpaired calls (seed 002: "不会触发 API 的配对校验错误").
+providers reject requests with unpaired calls.
 
 Characters are counted as ``len(content)`` plus the length of every tool call's arguments as
 JSON (:func:`message_chars`). Nothing here mutates its input: messages are frozen Structs and
@@ -38,9 +38,9 @@ from sessionloop.actors.model.base import args_json, content_chars
 
 SUMMARY_PREFIX = "[Summary of the earlier conversation]"
 
-#: Seed 002 摘要输入: the summarisation input is at most 200,000 characters in all.
+#: the summarisation input is at most 200,000 characters in all.
 SUMMARY_INPUT_LIMIT = 200_000
-#: Each entry of the summarisation input is cut to this many characters (seed: 每条截断).
+#: Each entry of the summarisation input is cut to this many characters.
 SUMMARY_ITEM_LIMIT = 4_000
 
 SUMMARY_PROMPT = """\
@@ -122,7 +122,7 @@ def turns_of(messages: Sequence[Message]) -> list[tuple[int, int]]:
 
 
 def keep_turns(messages: Sequence[Message], turns: int) -> list[Message]:
-    """The first ``turns`` turns with the preamble (seed 002 ``fork``: 0 keeps only the system part)."""
+    """The first ``turns`` turns with the preamble (``fork``: 0 keeps only the system part)."""
     if turns < 0:
         raise ValueError(f"turns must be >= 0, got {turns}")
     starts = turn_starts(messages)
@@ -131,7 +131,7 @@ def keep_turns(messages: Sequence[Message], turns: int) -> list[Message]:
 
 
 def unanswered_tool_calls(messages: Sequence[Message]) -> list[ToolCallSpec]:
-    """Tool calls with no tool result after them (seed 002 v0.22: they get a "not executed" result
+    """Tool calls with no tool result after them (they get a "not executed" result
     before the next run, so the provider does not refuse the request)."""
     answered = {m.tool_call_id for m in messages if m.role == "tool"}
     return [c for m in messages for c in m.tool_calls if c.call_id not in answered]
@@ -141,7 +141,7 @@ def unanswered_tool_calls(messages: Sequence[Message]) -> list[ToolCallSpec]:
 
 
 def omitted_placeholder(chars: int) -> str:
-    """The text that replaces an omitted tool output (seed 002 v0.22)."""
+    """The text that replaces an omitted tool output."""
     return f"[tool output omitted … {chars} chars]"
 
 
@@ -206,7 +206,7 @@ class _Trim:
         start, end = self.turns[-1]
         last_call = max((i for i in range(start, end) if self.messages[i].tool_calls), default=start)
         # Results before the last assistant call were seen by the model; the ones after it are
-        # the latest batch and stay (seed 002: 最新一批工具结果与当前轮始终保留).
+        # the latest batch and stay: the latest batch of tool results and the current turn are always kept.
         for i in range(start, last_call):
             if not self.over():
                 return
@@ -241,7 +241,7 @@ class _Trim:
 def project_context(
     messages: Sequence[Message], budget_chars: int | None
 ) -> tuple[list[Message], TrimReport]:
-    """The copy of ``messages`` to send to the model within ``budget_chars`` (seed 002 v0.22).
+    """The copy of ``messages`` to send to the model within ``budget_chars``.
 
     Promises: the input is not changed; ``budget_chars`` None (or a history within budget)
     returns an equal copy with ``trimmed`` False; whole-turn dropping never separates a tool
@@ -273,7 +273,7 @@ def project_context(
 
 
 def is_summary(message: Message) -> bool:
-    """Whether ``message`` is a summary inserted by compaction (seed 002 0.31)."""
+    """Whether ``message`` is a summary inserted by compaction."""
     return message.role == "system" and message.content.startswith(SUMMARY_PREFIX)
 
 
@@ -301,7 +301,8 @@ def latest_summary_index(messages: Sequence[Message]) -> int | None:
 def apply_summary(messages: Sequence[Message]) -> list[Message]:
     """Merge the latest summary into the leading system message and leave out what it replaced.
 
-    Seed 002 0.31: "applySummary(messages) 把最近一条摘要并进开头的 system，摘要之前的消息不再发送".
+    The latest summary is merged into the leading system message; the messages before it are
+    no longer sent.
     Without a summary the result equals the input.
     """
     s = latest_summary_index(messages)
@@ -322,7 +323,7 @@ def model_view(messages: Sequence[Message], budget_chars: int | None) -> tuple[l
 
 def estimated_context_tokens(messages: Sequence[Message], budget_chars: int | None) -> int:
     """The prompt tokens of a model call sent ``messages`` (system part first), estimated as
-    the mock model counts them (characters / 4, SPEC §4): what the usage item shows before a
+    the mock model counts them (characters / 4): what the usage item shows before a
     model has reported any (after a compaction; a forked or imported session)."""
     view, _ = model_view(messages, budget_chars)
     return content_chars(view) // 4
@@ -338,7 +339,7 @@ class CompactionInput(msgspec.Struct, frozen=True, kw_only=True):
 
 def compaction_input(messages: Sequence[Message], *, include_current: bool) -> CompactionInput:
     """The turns to summarise: after the latest summary, and before the current turn unless
-    ``include_current`` (seed 002 0.31: automatic compaction summarises the turns before the
+    ``include_current`` (automatic compaction summarises the turns before the
     current one and inserts the summary before the current user message; ``compact()`` summarises
     every turn so far and appends it). ``turns`` 0 means there is nothing to compact."""
     s = latest_summary_index(messages)
@@ -378,7 +379,7 @@ def _transcript_items(messages: Sequence[Message]) -> list[str]:
 
 
 def build_summary_request(messages: Sequence[Message], previous_summary: str | None) -> list[Message]:
-    """The messages of the model call that writes a summary (seed 002 0.31 摘要输入).
+    """The messages of the model call that writes a summary.
 
     The user message holds the previous summary and a transcript of user messages, model
     replies, tool calls and tool results, each cut to :data:`SUMMARY_ITEM_LIMIT` characters; its

@@ -1,4 +1,4 @@
-"""Commands decide events; ``drive`` decides what follows on its own (pure, seed 002 default loop).
+"""Commands decide events; ``drive`` decides what follows on its own (pure: the default agent loop).
 
 Every function here is ``(state, command/config) -> events``: no I/O, no clock (``now`` and ids
 arrive in the command), no randomness. The actor shell applies the events, asks ``drive`` what
@@ -6,7 +6,7 @@ follows from the new state, and commits everything as one append; only after the
 it start the effects those events imply (a model call for ``llm.started``, a tool run for
 ``tool.started``). Crash recovery is the same path: ``repairs_after_restart`` then ``drive``.
 
-The default loop, as the seed writes it: call the model with the messages and tool schemas; no
+The default loop: call the model with the messages and tool schemas; no
 tool calls -> the turn ends; else run each call in order, append its result, and call the model
 again; after ``maxSteps`` model calls the turn stops with a ``tool-limit`` notice that
 ``turn/continue`` resumes.
@@ -38,7 +38,7 @@ from sessionloop.protocol.limits import MAX_TITLE
 
 NOT_EXECUTED = "not executed: the turn ended before this tool call ran"
 
-#: ``maxSteps`` without a limit (seed 002 agentPlugin: 默认 20; Infinity 不限). JSON and TOML have no
+#: ``maxSteps`` without a limit (the default is 20; Infinity means no limit). JSON and TOML have no
 #: Infinity (a JavaScript client's ``JSON.stringify(Infinity)`` is ``null``, which deletes a
 #: setting), and ``null`` already means "not recorded" in ``turn.started``; a limit of 0 model
 #: calls means nothing else, so 0 stands for unlimited everywhere: the host option, the
@@ -48,8 +48,8 @@ _UNLIMITED_WORDS = frozenset({"unlimited", "infinity", "inf"})
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """The effective agent options for a session at the moment of a decision (seed 002 v0.22:
-    a reopened session uses the current configuration, not stored values)."""
+    """The effective agent options for a session at the moment of a decision
+    (a reopened session uses the current configuration, not stored values)."""
 
     system_prompt: str | None = None
     max_steps: int = 20  # model calls per turn; UNLIMITED_STEPS (0): no limit
@@ -85,7 +85,7 @@ class Drive(msgspec.Struct, kw_only=True):
 
 def steps_limit(value: object, name: str = "max_steps") -> int:
     """``value`` as a ``maxSteps`` limit: a whole number of model calls, or unlimited as
-    :data:`UNLIMITED_STEPS` — given as 0, ``math.inf`` (the seed's Infinity) or one of the words
+    :data:`UNLIMITED_STEPS` — given as 0, ``math.inf`` (Infinity) or one of the words
     ``unlimited`` / ``infinity`` / ``inf`` (any case). Raises ValueError naming ``name`` (an
     empty ``name``: the caller names the field itself)."""
     prefix = f"{name}: " if name else ""
@@ -107,11 +107,15 @@ def steps_limit(value: object, name: str = "max_steps") -> int:
 # --- commands ---------------------------------------------------------------------------------
 
 
-def ensure_usable(state: SessionState) -> None:
-    if state.created is None or state.deleted:
+def ensure_usable(state: SessionState) -> E.SessionCreated:
+    """The session's creation, when it can take commands: NotFound before it was created or
+    after it was deleted, SessionParked while it is parked."""
+    created = state.created
+    if created is None or state.deleted:
         raise NotFound(Text("error.session-not-found", session=state.session_id))
     if state.parked is not None:
         raise SessionParked(Text("error.session-parked", session=state.session_id, reason=state.parked))
+    return created
 
 
 def decide_create(state: SessionState, created: E.SessionCreated) -> list[E.Event]:
@@ -128,7 +132,7 @@ def decide_input(state: SessionState, accepted: E.InputAccepted) -> list[E.Event
 
 
 def decide_cancel(state: SessionState, turn_id: str | None, reason: str, now: int) -> list[E.Event]:
-    """Stop the running turn (seed 004 ``turn/abort``): unfinished calls are recorded aborted."""
+    """Stop the running turn (``turn/abort``): unfinished calls are recorded aborted."""
     ensure_usable(state)
     current = state.current_turn
     if current is None:
@@ -198,12 +202,12 @@ def decide_model_done(state: SessionState, step_id: str, completed: E.LlmComplet
 def decide_tool_done(state: SessionState, finished: E.ToolFinished) -> list[E.Event]:
     rec = state.tool_calls.get(finished.call_id)
     if rec is None or rec.status != "running" or state.current_turn != finished.turn_id:
-        return []  # late result of an aborted call: the seed keeps it aborted
+        return []  # late result of an aborted call: it stays aborted
     return [finished]
 
 
 def decide_stop_for_delete(state: SessionState, reason: str, now: int) -> list[E.Event]:
-    """What a delete stops before it purges (seed 004 session/delete): the running turn is
+    """What a delete stops before it purges (``session/delete``): the running turn is
     aborted (unfinished calls aborted, pending approvals settled ``turn-ended``) and the queued
     inputs are dropped. NotFound for a session that does not exist or is deleted; a parked
     session (nothing runs in it) can be deleted too."""
@@ -325,7 +329,7 @@ def _decide_fork(state: SessionState, command: C.ImportFork, now: int) -> list[E
 
 
 def decide_compact_allowed(state: SessionState, compacting: bool) -> None:
-    """Seed 002 compact(): 运行中调用会抛错; seed 004 session/compress: 这个会话正在压缩时直接拒绝
+    """A compaction is refused while a turn runs and while another compaction of the session runs
     (nothing recorded, so no notice)."""
     ensure_usable(state)
     if state.current_turn is not None:
@@ -334,7 +338,7 @@ def decide_compact_allowed(state: SessionState, compacting: bool) -> None:
         raise SessionBusy(Text("error.compress-already", session=state.session_id))
 
 
-#: Seed 004 session/compress, 没压成: 期间会话被清空或历史被改动. What a manual compaction's
+#: ``session/compress`` fails when the session was cleared or its history changed meanwhile. What a manual compaction's
 #: summary would no longer describe: a new input (it starts a turn at once: the summary would
 #: land after that turn's user message and hide it from every later model call), a turn, a
 #: rewind (of the chat, or of the files the summary's "file changes" describe), messages
@@ -360,7 +364,7 @@ def decide_compaction_interrupted(events: list[E.Event], now: int) -> list[E.Eve
 
 
 def decide_compaction_cancelled(reason: str, now: int) -> list[E.Event]:
-    """Seed 002 compact(): cancel() 可以中止: the manual compaction ends, failed, with the reason."""
+    """``cancel()`` stops a manual compaction: the manual compaction ends, failed, with the reason."""
     return [compact_failed(Text("compress.cancelled", reason=reason), at=now)]
 
 
@@ -374,7 +378,7 @@ def compact_failed(error: str, **fields: Any) -> E.ContextCompactFailed:
 def decide_compaction_done(turns: int, text: str, error: str | None, usage: E.Usage | None, *, auto: bool,
                            turn_id: str | None, now: int,
                            context_tokens: Callable[[E.ContextCompacted], int]) -> E.Event:
-    """The end of a summary call: the summary (seed 002 0.31: a system message that starts with
+    """The end of a summary call: the summary (a system message that starts with
     :data:`SUMMARY_PREFIX`) with the context the next model call gets (``context_tokens`` of the
     event), or the failure with its reason. ``usage`` is the summary call's own tokens."""
     if error is not None:
@@ -389,7 +393,7 @@ def decide_compaction_done(turns: int, text: str, error: str | None, usage: E.Us
 
 
 def drive(state: SessionState, cfg: AgentConfig, check: ToolCheck, now: int,
-          apply: Callable[[E.Event], None]) -> Drive:
+          apply: Callable[[E.Event], object]) -> Drive:
     """Decide, apply (through ``apply``) and return every event that follows from ``state``
     without outside input, until the session waits for a model, a tool, or new input."""
     out = Drive(events=[])
@@ -420,7 +424,7 @@ def drive(state: SessionState, cfg: AgentConfig, check: ToolCheck, now: int,
             continue
         limit = turn.max_steps_or(cfg.max_steps)
         if limit != UNLIMITED_STEPS and turn.llm_calls >= limit:
-            # the notice first: it is the turn's last entry, then the turn item closes (seed 004)
+            # the notice first: it is the turn's last entry, then the turn item closes
             text, key, values = stored_parts(Text("notice.tool-limit", limit=limit))
             emit(E.NoticePosted(at=now, notice_id=f"{turn_id}.limit", topic="tool-limit", turn_id=turn_id,
                                 text=text, text_key=key, text_values=values, can_continue=True))
@@ -435,7 +439,7 @@ def drive(state: SessionState, cfg: AgentConfig, check: ToolCheck, now: int,
 
 def _start_turn(state: SessionState, cfg: AgentConfig, now: int, emit: Callable[[E.Event], None]) -> None:
     q = state.queue[0]
-    # seed 002 v0.22: before a new run, unanswered tool calls of an earlier turn get a
+    # before a new run, unanswered tool calls of an earlier turn get a
     # "not executed" result so the provider never sees a call without its result.
     last = state.turns[state.turn_order[-1]].message_start if state.turn_order else 0
     recent = state.messages[last:]
@@ -514,7 +518,7 @@ def approval_id_of(session_id: str, turn_id: str, call_id: str) -> str:
 
 def _gate(state: SessionState, cfg: AgentConfig, policy: ToolPolicy, rec: Any, turn_id: str, now: int,
           emit: Callable[[E.Event], None]) -> bool:
-    """Seed 004 审批: approved -> run; settled otherwise -> denied with the note for the model;
+    """An approval's outcome: approved -> run; settled otherwise -> denied with the note for the model;
     nobody present -> denied at once as ``absent`` (no push); else request and wait."""
     settlement = rec.settlement
     approval_id = rec.approval_id or approval_id_of(state.session_id, turn_id, rec.call_id)
@@ -574,7 +578,7 @@ def _denied(turn_id: str, call_id: str, approval_id: str, settlement: E.Settleme
 
 def repairs_after_restart(state: SessionState, now: int,
                           decided: Mapping[str, E.Settlement] | None = None) -> list[E.Event]:
-    """What a restart must record before the loop can go on (SPEC §4 crash rules): a tool call
+    """What a restart must record before the loop can go on (after a crash): a tool call
     that started and has no result is ``aborted`` (never re-run: it may have had side effects)
     and the model is told; a model call without an answer is closed so it can be re-issued.
 

@@ -1,7 +1,7 @@
-"""Deleting sessions (seed 004 ``session/delete`` and ``session/batch`` delete): a session and every
+"""Deleting sessions (``session/delete`` and ``session/batch`` delete): a session and every
 session below it lose their running work, their history and their files.
 
-Seed 004: delete takes the child sessions along and "clears their message history and long-term
+A delete takes the child sessions along and "clears their message history and long-term
 memory"; a background task removed by a session's deletion is in ``background/changed``
 ``removes``. How one tree is deleted (:meth:`Deletions.delete_tree`, on a thread that may wait,
 never an actor's):

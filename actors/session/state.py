@@ -6,7 +6,7 @@ snapshots and ``rerun`` all run it again, so it must never have effects. For spe
 ``state`` in place and returns it (a session's message list would otherwise be copied on every
 event); take ``copy_state`` first when the old value is still needed.
 
-Session status (seed 002) is a small state machine, written as a table below::
+Session status is a small state machine, written as a table below::
 
     idle ──turn.started──▶ running ──tool.started──▶ waiting_tool ──llm.started──▶ running
     running / waiting_tool ──turn.completed / limit-reached──▶ completed
@@ -125,7 +125,7 @@ class ToolCallRecord(msgspec.Struct, kw_only=True, gc=False):
 
 
 class StepRecord(msgspec.Struct, kw_only=True, gc=False):
-    """Seed 002 AgentStep: ``thinking``, ``llm`` or ``tool``, the unit of debugging and billing."""
+    """An agent step: ``thinking``, ``llm`` or ``tool``, the unit of debugging and billing."""
 
     step_id: str
     type: str  # thinking | llm | tool
@@ -473,7 +473,7 @@ def _compacted(s: SessionState, e: E.ContextCompacted) -> None:
     s.summaries += 1
     turn = s.turns.get(e.turn_id) if e.turn_id else None
     if e.auto and turn is not None:
-        # seed 002, 上下文压缩: the automatic summary goes right before the current user message
+        # the automatic summary goes right before the current user message
         turn.compaction_tried = True
         s.messages.insert(turn.message_start, msgspec.structs.replace(message, turn_id=e.turn_id))
     else:

@@ -2,29 +2,29 @@
 
 A :class:`StreamSink` runs on the worker loop's thread, called by the provider
 (``actors/model/base.py``): text and reasoning deltas become live items of the session's channel
-(seed 004: ``item/started`` with the first delta, then ``item/delta``; never persisted, SPEC §2.7),
-a tool call whose name is known becomes a ``generating`` card (seed 004 tool-call: 模型还在生成
-参数时卡片已推出), and a retry restarts what the failed attempt had shown.
+(``item/started`` with the first delta, then ``item/delta``; never persisted),
+a tool call whose name is known becomes a ``generating`` card (the card is out while the
+model still generates the arguments), and a retry restarts what the failed attempt had shown.
 
 How a retry looks to a subscriber, and why. A provider may try a call again after an attempt
-already streamed text (a 500 in the middle of a stream, a lost connection). Seed 004's item model
+already streamed text (a 500 in the middle of a stream, a lost connection). The protocol's item model
 says an ``item/delta`` appends to an item's streaming text and ``item/completed`` is the one
-canonical copy, by itemId; it also names "the version a retry dropped" (重试丢掉的那版) as an
+canonical copy, by itemId; it also names "the version a retry dropped" as an
 agent-message of its own marked ``undelivered``. So the sink does exactly that:
 
 1. the failed attempt's items are closed: ``item/completed`` of the agent message with the text
    it had streamed and ``undelivered.reason`` "discarded: the model call was tried again after
    HTTP 500", its reasoning as it was, and each announced card ``failed`` with ``notExecuted``
-   (generated, never run: seed 004's live-only shape for such calls);
+   (generated, never run: the live-only shape of such calls);
 2. the next attempt streams as a **fresh item** ``<step>.a<attempt>``, so no client appends the
    new text to the old (reusing the itemId would depend on every client resetting an item's
-   streaming text on a second ``item/started``, which the seed does not promise);
+   streaming text on a second ``item/started``, which the protocol does not promise);
 3. the retry is committed as ``llm.retried`` with that item id (``next_item_id``), so the
    projection gives the committed answer the same id and its ``item/completed`` replaces the
    streamed copy; the stored text is the successful attempt's only.
 
 The discarded copy is live only, like the text it was made of: a snapshot taken after the retry
-does not hold it and history does not show it (seed 004 不落库的). A retry before anything was
+does not hold it and history does not show it (live items are never stored). A retry before anything was
 shown (a 429 before the first chunk) changes no item id.
 """
 
@@ -61,7 +61,7 @@ def _cause(notice: RetryNotice) -> str:
 def close_cards(cards: dict[str, ToolCallItem], keep: set[str], status: str) -> list[tuple[str, Any]]:
     """``item/completed`` for announced cards whose calls the committed answer does not have
     (the call failed or was stopped before its answer was whole): ``aborted`` when the turn was
-    stopped, else ``failed``; both ``notExecuted`` (seed 004: generated, never run)."""
+    stopped, else ``failed``; both ``notExecuted`` (generated, never run)."""
     return [("item/completed", msgspec.structs.replace(card, status=status, not_executed=True))
             for call_id, card in cards.items() if call_id not in keep]
 
@@ -70,7 +70,7 @@ class StreamSink:
     """The ``on_delta`` of one model step (see the module docstring).
 
     ``delta(session_id, item_id, text)`` builds an ``item/delta`` payload; ``loop_delta(data)``
-    (or None) emits a bot's live ``assistant.delta`` (seed 000); ``on_retry(notice, next_item_id)``
+    (or None) emits a bot's live ``assistant.delta``; ``on_retry(notice, next_item_id)``
     has the session record the retry; ``fault`` is the crash-point hook; ``now()`` the clock in ms.
     ``close()`` (from the actor thread, when the step's outcome is committed or the call is
     cancelled) makes every later call a no-op, so a late delta cannot revive a finished item.
@@ -108,13 +108,13 @@ class StreamSink:
                 return
             self.shown = True
             item_id = self.item_id if kind == "text" else self.thinking
-            # seed 004: item/started first, then its deltas; kept so a snapshot now holds the text
+            # item/started first, then its deltas; kept so a snapshot now holds the text
             self.channel.stream(item_id, self._start, self._push, text)
         if self._loop_delta is not None and kind == "text":
             self._loop_delta({"text": text, "itemId": item_id})
 
     def tool_call(self, call_id: str, name: str) -> None:
-        """Seed 004: the card is out while the arguments stream, ``generating``, no args yet."""
+        """The card is out while the arguments stream, ``generating``, no args yet."""
         if not usable_call_id(call_id):
             return  # the stored answer gets another id (storable.py): its card comes with the commit
         with self._lock:

@@ -7,7 +7,7 @@ the input was refused) is harmless.
 
 References: one blob may be sent to many sessions (the same image to every contact), and when a
 session is deleted its attachments go with it unless another session still refers to them
-(seed 004: delete clears the history). Each ``put`` for a session leaves two empty marker files,
+(a delete clears the history). Each ``put`` for a session leaves two empty marker files,
 ``blobs/ab/<sha>.refs/<session>`` (who refers to the blob) and ``blobs/sessions/<session>/<sha>``
 (what a session refers to, read again after a crash), before it writes the blob.
 :meth:`BlobStore.release_session` removes a session's markers and deletes each blob whose last
@@ -31,7 +31,7 @@ import filetype
 from sessionloop.actors.errors import NotFound
 from sessionloop.actors.settings.texts import Text
 
-#: Media kinds the protocol names (seed 004 ItemAttachment.kind); every other type is a "file".
+#: Media kinds the protocol names (``ItemAttachment.kind``); every other type is a "file".
 MEDIA = ("image", "audio", "video")
 OCTET_STREAM = "application/octet-stream"
 #: The head of a file the sniffer reads (every media signature sits near the start).
@@ -40,8 +40,8 @@ SNIFF_BYTES = 64 * 1024
 
 def sniff_mime(data: bytes) -> str:
     """The MIME type the bytes' header shows, for media; ``application/octet-stream`` for
-    everything else (seed 004 附件: 种类由会话服务按文件头判定 … 不是媒体的写
-    application/octet-stream): a PDF, a zip or a text file is a file, whatever the client called
+    everything else (the kind is judged by the server from the file header; what is not media
+    is application/octet-stream): a PDF, a zip or a text file is a file, whatever the client called
     it (a browser names types by extension: ``.ts`` becomes video/mp2t). The signatures are the
     ``filetype`` package's, not a table of ours (it names Ogg, the container of IM voice notes,
     audio/ogg)."""

@@ -1,4 +1,4 @@
-"""The directory of virtual actors (Orleans-style, SPEC §2.5).
+"""The directory of virtual actors (Orleans-style: activated on first message, passivated when idle).
 
 A session actor exists only while it is used: the first message to a session activates it
 (its thread starts, ``on_start`` folds snapshot + later events), and a session idle for
@@ -20,13 +20,20 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, cast
 
 import pykka
 
 from sessionloop.actors.errors import HostClosed
 
 log = logging.getLogger("sessionloop.directory")
+
+
+class _CountedInbox(Protocol):
+    """The mailboxes this host's actors have (``queue.SimpleQueue``, ``PooledInbox``) count their
+    messages; pykka's ``ActorInbox`` protocol names only put, get and empty."""
+
+    def qsize(self) -> int: ...
 
 
 class _Entry:
@@ -117,7 +124,7 @@ class Directory:
         """Messages queued in every live actor's mailbox (a gauge: growth means actors fall behind)."""
         with self._lock:
             refs = [e.ref for e in self._live.values()]
-        return sum(ref.actor_inbox.qsize() for ref in refs)
+        return sum(cast(_CountedInbox, ref.actor_inbox).qsize() for ref in refs)
 
     def live_ids(self) -> list[str]:
         with self._lock:

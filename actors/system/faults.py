@@ -1,4 +1,4 @@
-"""Named fault points for the reliability harness (SPEC §11, RELIABILITY "crash_point_matrix").
+"""Named fault points for the reliability harness (tests/reliability: a crash or an error at each named point).
 
 A product feature, not a test double: ``SESSIONLOOP_CRASH_AT=after-commit:3`` makes the server
 SIGKILL itself the third time it passes ``after-commit``, so crash tests exercise the real

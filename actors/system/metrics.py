@@ -1,4 +1,4 @@
-"""Prometheus metrics of one host (SPEC §11a), in a registry of its own so several hosts (tests,
+"""Prometheus metrics of one host (``/metrics``), in a registry of its own so several hosts (tests,
 benchmarks) never collide. Counters move from the commit path; gauges are read when scraped.
 
 The store's histograms (commit duration, group-commit batch size, append latency) are kept by
@@ -70,7 +70,7 @@ class _TallyBoard:
 
     def mine(self) -> _Tally:
         try:
-            return self._local.tally  # type: ignore[no-any-return]
+            return self._local.tally
         except AttributeError:
             return self._register()
 

@@ -156,6 +156,7 @@ class PooledActor(pykka.Actor):
     """A pykka actor run by a :class:`Dispatcher`; set ``dispatcher`` before starting it."""
 
     dispatcher: Dispatcher
+    actor_inbox: PooledInbox  # what ``_create_actor_inbox`` makes
 
     @staticmethod
     def _create_actor_inbox() -> Any:
@@ -167,11 +168,11 @@ class PooledActor(pykka.Actor):
 
     def __init__(self) -> None:
         super().__init__()
-        self.actor_inbox.owner = self  # type: ignore[attr-defined]
+        self.actor_inbox.owner = self
         self._started = False
 
     def _start_actor_loop(self) -> None:
-        inbox: PooledInbox = self.actor_inbox  # type: ignore[assignment]
+        inbox = self.actor_inbox
         if inbox.claim():
             self.dispatcher.submit(self)
 
@@ -179,7 +180,7 @@ class PooledActor(pykka.Actor):
         if not self._started:
             self._started = True
             self._actor_loop_setup()
-        inbox: PooledInbox = self.actor_inbox  # type: ignore[assignment]
+        inbox = self.actor_inbox
         for _ in range(BUDGET):
             if self.actor_stopped.is_set():
                 self._actor_loop_teardown()
@@ -198,11 +199,11 @@ class PooledActor(pykka.Actor):
 
     def _suspend(self) -> None:
         """Serve no further message until ``_resume``; call it from the actor's own handler."""
-        self.actor_inbox.suspend()  # type: ignore[attr-defined]
+        self.actor_inbox.suspend()
 
     def _resume(self, fn: Any) -> None:
         """Run ``fn`` on the actor (before its next message) and serve its mailbox again."""
-        self.actor_inbox.resume_with(fn)  # type: ignore[attr-defined]
+        self.actor_inbox.resume_with(fn)
 
     def _run_continuation(self, fn: Any) -> None:
         """Like a message nobody waits on (a tell): a failure goes to ``on_failure``."""
@@ -238,7 +239,7 @@ class PooledActor(pykka.Actor):
             pykka.ActorRegistry.stop_all()
 
     def _actor_loop_teardown(self) -> None:
-        inbox: PooledInbox = self.actor_inbox  # type: ignore[assignment]
+        inbox = self.actor_inbox
         while not inbox.empty():
             envelope = inbox.get()
             if envelope.reply_to is None:

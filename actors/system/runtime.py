@@ -2,7 +2,7 @@
 turn results, model providers, tools, configuration and the hooks later layers attach to.
 
 Actors reach each other only through the directory (by session id), never by holding another
-actor's reference (SPEC §12).
+actor's reference.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -20,11 +20,11 @@ from sessionloop.actors.events import open_store
 from sessionloop.actors.model import ModelRequest, Provider
 from sessionloop.actors.model.prompts import ToolLine, default_system_prompt
 from sessionloop.actors.model.registry import ModelConfig, ModelRegistry, builtin_model
-from sessionloop.actors.session.actor import Decide
+from sessionloop.actors.session.actor import Decide, SessionBehaviour
 from sessionloop.actors.session.commands import CheckpointImage, PostTaskNotice, RecordCheckpoints, SettleApproval
 from sessionloop.actors.session.compaction import Compaction
 from sessionloop.actors.session.context import summary_text
-from sessionloop.actors.session.decide import AgentConfig, ToolPolicy, steps_limit, system_messages
+from sessionloop.actors.session.decide import AgentConfig, ToolCheck, ToolPolicy, steps_limit, system_messages
 from sessionloop.actors.session.deletion import Deletions
 from sessionloop.actors.session.queries import turn_outcome
 from sessionloop.actors.settings.apps import AppRegistry, clamp_mode, clamp_policy
@@ -38,9 +38,6 @@ from sessionloop.actors.tools import ToolContext, ToolError, ToolRegistry, Works
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
 from sessionloop.eventstore import EventStore
 from sessionloop.protocol.limits import one_line
-
-if TYPE_CHECKING:
-    from sessionloop.actors.session.actor import SessionActor
 
 log = logging.getLogger("sessionloop.runtime")
 
@@ -57,11 +54,11 @@ class HostOptions(msgspec.Struct, kw_only=True):
     #: the configured models (``[models.NAME]``, ``serve --model-*``; actors.model.registry), validated
     models: list[ModelConfig] = []
     system_prompt: str | None = None
-    #: model calls per turn (seed 002 maxSteps, default 20); 0 (``UNLIMITED_STEPS``): no limit, the
-    #: seed's Infinity (``Host.open`` and ``serve --max-steps`` also take ``math.inf`` / "unlimited")
+    #: model calls per turn (``maxSteps``, default 20); 0 (``UNLIMITED_STEPS``): no limit, the
+    #: protocol's Infinity (``Host.open`` and ``serve --max-steps`` also take ``math.inf`` / "unlimited")
     max_steps: int = 20
     context_chars: int | None = None
-    permission_mode: str | None = None  # None: ask for interactive sessions, acceptCalls for background
+    permission_mode: E.PermissionMode | None = None  # None: ask for interactive sessions, acceptCalls for background
     idle_timeout_s: float = 300.0
     max_live: int = 4000
     snapshot_every: int = 500
@@ -72,9 +69,9 @@ class HostOptions(msgspec.Struct, kw_only=True):
     #: the language of human text in frames (``actors.settings.texts``; ``serve --language``); config.toml's
     #: ``language``, when it has one, is in force instead (``Runtime.language``)
     language: Language = "en"
-    approval_wait_s: float = 300.0  # seed 004: 300 s total wait for an approval
-    approval_grace_s: float = 30.0  # seed 004: 30 s reconnect grace
-    presence_window_s: float = 600.0  # seed 004: present for 10 minutes after activity
+    approval_wait_s: float = 300.0  # 300 s total wait for an approval
+    approval_grace_s: float = 30.0  # 30 s reconnect grace
+    presence_window_s: float = 600.0  # present for 10 minutes after activity
     approval_rate_limit: int = 10  # approvals per session per minute
     exec_yield_s: float = 10.0  # exec runs in the foreground this long, then as a background task
     #: how exec runs commands: ``bwrap`` (the sandbox; exec refuses where none can be made) or
@@ -139,7 +136,7 @@ class Runtime:
         self._channels: dict[str, SessionChannel] = {}
         self._channels_lock = threading.Lock()
         self.config_generation = 0  # bump when a host-level setting changes
-        self.listeners: list[Callable[[SessionActor, list[E.Event], Any], None]] = []
+        self.listeners: list[Callable[[SessionBehaviour, list[E.Event], Any], None]] = []
         #: the session settings service, once a gateway serving ``session/config/*`` made it
         #: (``gateway.settings.install_settings``): its layers resolve every session's options
         self.settings_service: Any = None
@@ -204,7 +201,7 @@ class Runtime:
     # --- configuration ---------------------------------------------------------------------------
 
     def agent_config(self, state: Any) -> AgentConfig:
-        """The effective options for ``state`` (seed 002 v0.22: current configuration wins)."""
+        """The effective options for ``state`` (the current configuration wins)."""
         opts = self.options
         values: dict[str, Any] = {
             "system_prompt": opts.system_prompt,
@@ -311,7 +308,7 @@ class Runtime:
         return Workspace.child(self._workspace_base, state.session_id)
 
     def tool_checker(self, state: Any, workspace: Callable[[], Workspace],
-                     cfg: AgentConfig) -> Callable[[str, Any], ToolPolicy]:
+                     cfg: AgentConfig) -> ToolCheck:
         """``drive``'s view of the registry for one session: existence, argument validation,
         approval need, and the display taken from the arguments (a command's names the sandbox
         policy it will run under, decided here and recorded with the call)."""
@@ -336,7 +333,7 @@ class Runtime:
 
         return check
 
-    def tool_context(self, actor: SessionActor, turn_id: str, call_id: str) -> ToolContext:
+    def tool_context(self, actor: SessionBehaviour, turn_id: str, call_id: str) -> ToolContext:
         workspace = actor.workspace()
         ref, channel, sid = actor.actor_ref, actor.channel, actor.sid
 
@@ -378,7 +375,7 @@ class Runtime:
         return DeltaPayload(session_id, item_id, text)
 
     def chain_of(self, state: Any) -> list[Any]:
-        """Seed 004 Approval.chain: for a session below its root, the sessions from just below the
+        """``Approval.chain``: for a session below its root, the sessions from just below the
         root down to this one."""
         from sessionloop.actors.views.summary import decode_summary_record
         from sessionloop.protocol.schemas_types import AncestorRef
@@ -412,7 +409,7 @@ class Runtime:
         return not record.deleted and conn.visible(record)
 
     def task_notice(self, task: Any) -> None:
-        """A finished background task tells its session (seed 004: the background-task notice,
+        """A finished background task tells its session (the background-task notice,
         notice id = task id), which opens a turn so the agent hears of it."""
         from sessionloop.actors.api.host import new_id
 
@@ -451,13 +448,13 @@ class Runtime:
 
     def pending_approvals(self, session_id: str) -> list[Any]:
         """The session's pushed, unsettled approvals for a subscribe snapshot."""
-        return self.approvals.pending_for(session_id)  # type: ignore[no-any-return]
+        return self.approvals.pending_for(session_id)
 
     def background(self, session_id: str) -> int:
         """The session's own running background tasks (the tasks layer answers)."""
-        return self.tasks_service.running_count(session_id)  # type: ignore[no-any-return]
+        return self.tasks_service.running_count(session_id)
 
-    def build_items(self, actor: SessionActor) -> Any:
+    def build_items(self, actor: SessionBehaviour) -> Any:
         from sessionloop.actors.views.items import ItemsProjection
 
         items = ItemsProjection()
@@ -479,7 +476,7 @@ class Runtime:
             self.results.complete(TurnOutcome(session_id=state.session_id, turn_id=turn_id, state="failed",
                                               code=code, reason=f"session {code}", outcome="error"))
 
-    def committed(self, actor: SessionActor, events: list[E.Event], result: Any) -> None:
+    def committed(self, actor: SessionBehaviour, events: list[E.Event], result: Any) -> None:
         for listener in self.listeners:
             try:
                 listener(actor, events, result)
@@ -503,7 +500,7 @@ class Runtime:
 
 
 def background_task_notice(task: Any) -> Text:
-    """Seed 004 background-task notice: ``Background task exec (t1) completed with exit code 0;
+    """The background-task notice: ``Background task exec (t1) completed with exit code 0;
     last line: ...`` (the exit code and the last line when the task has them)."""
     status = Text(f"task.status.{task.status}")
     notice = Text("notice.background-task", label=task.label, task=task.id, status=status)

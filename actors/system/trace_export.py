@@ -5,7 +5,7 @@ Two ways out, one span tree:
 * :class:`LiveTraces`, a commit listener of the runtime (``runtime.listeners``): each span goes
   to a span processor (``BatchSpanProcessor`` over an OTLP/HTTP exporter in ``serve
   --otlp-endpoint``, over the SDK's ``InMemorySpanExporter`` in tests) when the event that ends
-  it has committed (persist, then publish: SPEC §2.6);
+  it has committed (persist, then publish);
 * :func:`otlp_json`, the OTLP/JSON form of spans rebuilt from a stored log (``sessionloop
   trace``): an ``ExportTraceServiceRequest`` as the SDK's encoder makes it for the wire, mapped
   to JSON with the OTLP deviations from protobuf's mapping (trace and span ids in hex, enums

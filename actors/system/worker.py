@@ -1,8 +1,8 @@
 """The shared worker loop: one asyncio event loop on its own thread for model calls and tools.
 
-Actors never block on I/O (SPEC §2.4): they hand coroutines to this loop and get the outcome
-back as a message. Cancelling the returned future cancels the task on the loop (seed 002:
-``cancel()`` propagates an abort signal to model and tool).
+Actors never block on I/O: they hand coroutines to this loop and get the outcome
+back as a message. Cancelling the returned future cancels the task on the loop
+(``cancel()`` propagates an abort signal to model and tool).
 """
 
 from __future__ import annotations

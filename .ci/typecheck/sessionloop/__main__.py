@@ -1,0 +1,1 @@
+../../../actors/public/__main__.py
