@@ -46,9 +46,10 @@ import msgspec
 from websockets.asyncio.client import connect
 
 from sessionloop.actors import events as E
-from sessionloop.actors.api.host import Host, new_id
+from sessionloop.actors.api.host import Host
 from sessionloop.actors.session.actor import Send, now_ms
 from sessionloop.actors.system import gc_policy
+from sessionloop.actors.system.ids import new_id
 from sessionloop.actors.system.pubsub import LoopWaiter, Reply
 from sessionloop.cli.bench_observers import (
     OBSERVE_MODES,

@@ -10,16 +10,14 @@ cancel / compact``); every call that waits on an actor has a timeout.
 
 from __future__ import annotations
 
-import os
-import random
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
 
 from sessionloop.actors import events as E
-from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
+from sessionloop.actors.api.loop import AsyncSessionLoop, LoopEvent, SessionLoop, feed_event, spawn_session_spec
+from sessionloop.actors.errors import InvalidCommand, NotFound, RequestTimeout, SessionBusy
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.actor import (
     Ask,
@@ -33,28 +31,19 @@ from sessionloop.actors.session.actor import (
     SessionBehaviour,
     now_ms,
 )
+from sessionloop.actors.session.checkpoints import restore_before
 from sessionloop.actors.session.context import keep_turns
 from sessionloop.actors.session.decide import steps_limit
 from sessionloop.actors.session.state import SessionState, Status
 from sessionloop.actors.settings.apps import MODES, AppManifest
 from sessionloop.actors.settings.texts import Text
+from sessionloop.actors.system.ids import new_id
 from sessionloop.actors.system.pubsub import Reply, TurnOutcome
 from sessionloop.actors.system.runtime import HostOptions, Runtime
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY
+from sessionloop.actors.views.summary import decode_summary_record
 from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
 from sessionloop.protocol.limits import MAX_TITLE
-
-#: the random part of ids: seeded once from the OS, then drawn without a system call. An id names
-#: a session, turn or input and grants nothing (access is checked by app and token), so it needs
-#: to be unique, not unguessable; ``os.urandom`` per id released the GIL twice per turn and every
-#: release handed it to another thread (measured: half of the in-process driver's time per turn).
-_id_random = random.Random(os.urandom(32))
-
-
-def new_id() -> str:
-    """A time-ordered id: 11 hex digits of milliseconds, then 10 random hex digits."""
-    return f"{int(time.time() * 1000):011x}{_id_random.getrandbits(40):010x}"
-
 
 #: a commit listener: (session actor, the committed events, the append's result)
 Listener = Callable[[SessionBehaviour, list[E.Event], Any], None]
@@ -87,8 +76,6 @@ class Host:
     """
 
     def __init__(self, runtime: Runtime) -> None:
-        from sessionloop.actors.api.loop import spawn_session_spec
-
         self.rt = runtime
         if "spawn_session" not in runtime.tools:
             runtime.tools.register(spawn_session_spec(self))
@@ -150,13 +137,11 @@ class Host:
 
     def sessions(self, app: str) -> Any:
         """The Session Loop API handle of a registered app (sync)."""
-        from sessionloop.actors.api.loop import SessionLoop
 
         return SessionLoop(self, self.apps.get(app))
 
     def async_sessions(self, app: str) -> Any:
         """The same API with coroutines, for asyncio bots."""
-        from sessionloop.actors.api.loop import AsyncSessionLoop, SessionLoop
 
         return AsyncSessionLoop(SessionLoop(self, self.apps.get(app)))
 
@@ -164,7 +149,6 @@ class Host:
         app = actor.state.created.app_id if actor.state.created is not None else None
         if app is None or not self.loop_watchers.any(app):
             return
-        from sessionloop.actors.api.loop import LoopEvent, feed_event
 
         live = actor.loop_deltas  # an answer taken in place: its assistant.delta just before its outcome
         for i, event in enumerate(events):
@@ -223,7 +207,6 @@ class Host:
     def list(self) -> list[SessionInfo]:
         """Every stored session, newest activity first, read from the listing records (no actor
         is activated)."""
-        from sessionloop.actors.views.summary import decode_summary_record
 
         out = []
         for stream, meta in self.rt.store.scan_stream_meta():
@@ -327,8 +310,6 @@ class Session:
         try:
             return reply.result(timeout)
         except Exception as e:
-            from sessionloop.actors.errors import RequestTimeout
-
             if isinstance(e, RequestTimeout):
                 return None
             raise
@@ -379,7 +360,6 @@ class Session:
     def rewind(self, turn_id: str, scope: str = "code") -> dict[str, Any]:
         """Restore files to their state before ``turn_id`` (the checkpoints taken before each file change); with
         ``code-and-chat`` the turn and later ones leave the conversation too."""
-        from sessionloop.actors.session.checkpoints import restore_before
 
         if scope not in ("code", "code-and-chat"):
             raise InvalidCommand(Text("error.rewind-scope"))

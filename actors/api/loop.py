@@ -28,8 +28,11 @@ from sessionloop.actors.session.actor import Ask, Create, Receipt, Send, now_ms
 from sessionloop.actors.session.commands import CallerOf
 from sessionloop.actors.session.queries import CallerFacts
 from sessionloop.actors.settings.apps import AppManifest, clamp_mode
-from sessionloop.actors.system.pubsub import Reply, TurnOutcome
+from sessionloop.actors.system.ids import new_id
+from sessionloop.actors.system.pubsub import LoopEvent, Reply, TurnOutcome
+from sessionloop.actors.tools import ToolError, ToolSpec
 from sessionloop.actors.tools.caller import CURRENT_CALL
+from sessionloop.actors.views.summary import decode_summary_record
 from sessionloop.actors.views.traces import parse_traceparent
 from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
 from sessionloop.protocol.limits import (
@@ -166,18 +169,6 @@ class TurnResult(msgspec.Struct, frozen=True, kw_only=True):
     message: str | None = None  # a failed turn's reason, one line
 
 
-class LoopEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """One event of the app's feed (its event types). ``cursor`` is stable: pass the last one
-    back as ``after`` to resume."""
-
-    cursor: int
-    session_id: str
-    type: str
-    at: int
-    turn_id: str | None = None
-    data: dict[str, Any] = {}
-
-
 class EventsPage(msgspec.Struct, frozen=True, kw_only=True):
     events: list[LoopEvent]
     next_cursor: int | None = None
@@ -265,7 +256,6 @@ class SessionLoop:
                      permission_mode: str | None, message: tuple[str, str] | None,
                      caller: CallerFacts | None, room: Room) -> tuple[E.SessionCreated, E.InputAccepted | None,
                                                                       IdempotencyClaim | None]:
-        from sessionloop.actors.api.host import new_id
 
         if permission_mode is not None and not self.app.allows_mode(permission_mode):
             raise Forbidden(f"app {self.app.id!r} may not create sessions in permission mode {permission_mode!r}: "
@@ -375,8 +365,6 @@ class SessionLoop:
             raise NotFound(f"session {session_id} not found")
 
     def _record(self, session_id: str) -> Any:
-        from sessionloop.actors.views.summary import decode_summary_record
-
         try:
             meta = self.rt.store.stream_meta(f"session-{session_id}")
         except Exception:
@@ -385,7 +373,6 @@ class SessionLoop:
 
     def _send_message(self, session_id: str, text: str, idempotency_key: str, attachments: list[Any] | None,
                       reply: Reply, traceparent: str | None = None) -> Send:
-        from sessionloop.actors.api.host import new_id
 
         if attachments is not None and not isinstance(attachments, (list, tuple)):
             raise InvalidCommand(f"attachments must be a list, not {type(attachments).__name__}")
@@ -448,14 +435,12 @@ class SessionLoop:
         return ms / 1000
 
     def _watch(self, session_id: str, turn_id: str) -> Reply:
-        from sessionloop.actors.api.host import Session
-
         self._owned(session_id)
         _string("turn_id", turn_id)
         if not turn_id or len(turn_id) > MAX_ID:  # no turn has such an id
             raise NotFound(f"turn {turn_id[:64]!r} not found in session {session_id}")
         reply = Reply()
-        Session(self.host, session_id).watch_turn(turn_id, reply)
+        self.host.session(session_id).watch_turn(turn_id, reply)
         return reply
 
     def wait_for_turn(self, session_id: str, turn_id: str, timeout_ms: int | float | None = 60_000) -> TurnResult:
@@ -563,7 +548,6 @@ MAX_SPAWN_DEPTH = 5
 def spawn_session_spec(host: Host) -> Any:
     """``spawn_session {task, title?, timeoutMs?}``: run ``task`` in a new background child session
     of ``host`` that inherits the caller's cwd, model and permission policy, and answer with its result."""
-    from sessionloop.actors.tools import ToolSpec
 
     async def spawn(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
         return await _spawn(host, args, ctx)
@@ -579,8 +563,6 @@ def spawn_session_spec(host: Host) -> Any:
 
 
 async def _spawn(host: Host, args: dict[str, Any], ctx: Any) -> dict[str, Any]:
-    from sessionloop.actors.tools import ToolError
-
     rt = host.rt
     call = CURRENT_CALL.get()
     if call is None:
@@ -622,7 +604,6 @@ def _depth(rt: Any, created: E.SessionCreated) -> int:
         meta = rt.store.stream_meta(f"session-{parent_id}")
         if meta is None:
             break
-        from sessionloop.actors.views.summary import decode_summary_record
 
         parent_id = decode_summary_record(meta).parent_id
     return depth
@@ -630,7 +611,6 @@ def _depth(rt: Any, created: E.SessionCreated) -> int:
 
 async def _owner_child(rt: Any, parent: CallerFacts, args: dict[str, Any], key: str) -> Any:
     """A child of an owner session: in the parent's directory, with its model and policy."""
-    from sessionloop.actors.api.host import new_id
 
     parent_id = parent.created.session_id
     now = now_ms()
@@ -647,10 +627,8 @@ async def _owner_child(rt: Any, parent: CallerFacts, args: dict[str, Any], key: 
 
 
 async def _await_outcome(host: Any, session_id: str, turn_id: str, timeout_ms: int) -> TurnResult:
-    from sessionloop.actors.api.host import Session
-
     reply = Reply()
-    Session(host, session_id).watch_turn(turn_id, reply)
+    host.session(session_id).watch_turn(turn_id, reply)
     try:
         outcome = await asyncio.wait_for(reply.future(), SessionLoop.clamp_timeout_ms(timeout_ms))
     except TimeoutError:

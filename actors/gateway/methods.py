@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 from sessionloop.actors import events as E
-from sessionloop.actors.api.host import Session, new_id
+from sessionloop.actors.api.host import Session
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.actor import Ask, Cancel, Compact, Create, Decide, Send, Snapshot, Subscribe, now_ms
@@ -25,6 +25,7 @@ from sessionloop.actors.settings.context import DEFAULT_WORKSPACE as DEFAULT_WOR
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE_NAME
 from sessionloop.actors.settings.texts import Text, message_of
 from sessionloop.actors.system.blobs import kind_of, sniff_mime
+from sessionloop.actors.system.ids import new_id
 from sessionloop.actors.system.pubsub import Reply
 from sessionloop.actors.views.items import wire_grant
 from sessionloop.actors.views.summary import ListingRow, listing_key, summary_from_row

@@ -33,6 +33,9 @@ from typing import Any
 import msgspec
 import pykka
 
+from sessionloop.actors.gateway.loop import loop_handlers
+from sessionloop.actors.gateway.methods import build_handlers
+from sessionloop.actors.gateway.settings import install_settings
 from sessionloop.actors.settings.texts import Text, enc_hook
 from sessionloop.actors.system.pubsub import Publication
 from sessionloop.actors.system.runtime import DeltaPayload, Runtime
@@ -199,9 +202,6 @@ class SessionProtocolService:
     ``resolve_file``. Owns the gateway actor, the listing index and the file-handle key."""
 
     def __init__(self, runtime: Runtime, *, limits: Limits | None = None, host: Any = None) -> None:
-        from sessionloop.actors.gateway.loop import loop_handlers
-        from sessionloop.actors.gateway.methods import build_handlers
-
         self.rt = runtime
         #: every frame of this service: text objects rendered in the language of the moment
         self.encoder = msgspec.json.Encoder(enc_hook=enc_hook(lambda: runtime.language))
@@ -220,7 +220,6 @@ class SessionProtocolService:
             self.handlers.update(loop)
         runtime.listeners.append(self._on_commit)
         self.gateway = GatewayActor.start(self)
-        from sessionloop.actors.gateway.settings import install_settings
 
         install_settings(self)
 

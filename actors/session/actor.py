@@ -43,6 +43,7 @@ import msgspec
 import pykka
 
 from sessionloop.actors import events as E
+from sessionloop.actors.approvals.actor import approval_stream as _approval_stream
 from sessionloop.actors.errors import ActorError, CompactionFailed, NotFound, SessionParked, compact_error
 from sessionloop.actors.model.attachments import has_attachments
 from sessionloop.actors.model.attachments import resolve as resolve_attachments
@@ -73,7 +74,8 @@ from sessionloop.actors.session.state import SessionState, decode_state, encode_
 from sessionloop.actors.session.stream_sink import StreamSink, close_cards
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pool import PooledActor
-from sessionloop.actors.system.pubsub import Reply, TurnOutcome
+from sessionloop.actors.system.pubsub import LoopEvent, Reply, TurnOutcome
+from sessionloop.actors.tools.builtin import plan_from_output  # the plan item, replaced whole
 from sessionloop.actors.tools.caller import CURRENT_CALL, CallerContext
 from sessionloop.actors.views.summary import encode_summary_record, rewrites_listing, summary_record, tombstone_record
 from sessionloop.eventstore import (
@@ -492,7 +494,6 @@ class SessionBehaviour:
         """The settlements the approval streams recorded for this session's open approvals (an
         answer committed just before a crash, before the session heard of it). Read once, at
         activation, like the session's own events."""
-        from sessionloop.actors.approvals.actor import approval_stream as _approval_stream
 
         out: dict[str, E.Settlement] = {}
         for call_id in self.state.batch:
@@ -733,8 +734,6 @@ class SessionBehaviour:
 
         def emit(data: dict[str, Any]) -> None:
             if watchers.any(app):
-                from sessionloop.actors.api.loop import LoopEvent  # assistant.delta is live only, never in the feed
-
                 watchers.emit(app, LoopEvent(cursor=0, session_id=sid, type="assistant.delta", at=now_ms(),
                                              turn_id=turn_id, data=data))
 
@@ -1170,8 +1169,6 @@ class SessionBehaviour:
         events = decide_tool_done(self.state, finished)
         rec = self.state.tool_calls.get(msg.call_id)
         if events and rec is not None and rec.tool == "update_plan" and not failed and isinstance(r.output, dict):
-            from sessionloop.actors.tools.builtin import plan_from_output  # the plan item, replaced whole
-
             entries, explanation = plan_from_output(r.output)
             events.append(E.PlanUpdated(at=finished.at, entries=entries, explanation=explanation))
         if events:

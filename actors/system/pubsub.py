@@ -369,6 +369,18 @@ class TurnResults:
                     del self._waiters[turn_id]
 
 
+class LoopEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One event of the app's feed (its event types). ``cursor`` is stable: pass the last one
+    back as ``after`` to resume."""
+
+    cursor: int
+    session_id: str
+    type: str
+    at: int
+    turn_id: str | None = None
+    data: dict[str, Any] = {}
+
+
 class Watchers:
     """``on_did_receive_event`` callbacks per app (the Session Loop API's event watch), fed from
     committed events (and live deltas); one per runtime (``Runtime.loop_watchers``)."""

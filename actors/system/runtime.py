@@ -16,11 +16,12 @@ from typing import Any
 import msgspec
 
 from sessionloop.actors import events as E
+from sessionloop.actors.approvals.actor import ApprovalService, ApprovalTiming
 from sessionloop.actors.events import open_store
 from sessionloop.actors.model import ModelRequest, Provider
 from sessionloop.actors.model.prompts import ToolLine, default_system_prompt
 from sessionloop.actors.model.registry import ModelConfig, ModelRegistry, builtin_model
-from sessionloop.actors.session.actor import Decide, SessionBehaviour
+from sessionloop.actors.session.actor import Decide, Passivate, PooledSessionActor, SessionActor, SessionBehaviour
 from sessionloop.actors.session.commands import CheckpointImage, PostTaskNotice, RecordCheckpoints, SettleApproval
 from sessionloop.actors.session.compaction import Compaction
 from sessionloop.actors.session.context import summary_text
@@ -32,12 +33,19 @@ from sessionloop.actors.settings.texts import Language, Text, language_of, store
 from sessionloop.actors.system.blobs import BlobStore
 from sessionloop.actors.system.directory import Directory
 from sessionloop.actors.system.faults import FaultInjector
-from sessionloop.actors.system.pubsub import Reply, SessionChannel, TurnResults, Watchers
+from sessionloop.actors.system.ids import new_id
+from sessionloop.actors.system.metrics import HostMetrics
+from sessionloop.actors.system.pool import Dispatcher
+from sessionloop.actors.system.pubsub import Reply, SessionChannel, TurnOutcome, TurnResults, Watchers
 from sessionloop.actors.system.worker import WorkerLoop
+from sessionloop.actors.tasks.actor import TaskService
 from sessionloop.actors.tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
+from sessionloop.actors.views.items import ItemsProjection
+from sessionloop.actors.views.summary import decode_summary_record
 from sessionloop.eventstore import EventStore
 from sessionloop.protocol.limits import one_line
+from sessionloop.protocol.schemas_types import AncestorRef
 
 log = logging.getLogger("sessionloop.runtime")
 
@@ -98,8 +106,6 @@ class DeltaPayload(msgspec.Struct, frozen=True):
 
 class Runtime:
     def __init__(self, data_dir: str, options: HostOptions, *, store: EventStore | None = None) -> None:
-        from sessionloop.actors.session.actor import Passivate, PooledSessionActor, SessionActor
-
         self.data_dir = os.path.abspath(data_dir)
         if type(options.max_steps) is not int:  # a Struct built in Python is not type-checked
             options = msgspec.structs.replace(options, max_steps=steps_limit(options.max_steps))
@@ -146,16 +152,13 @@ class Runtime:
         self._app_lock = threading.Lock()
         self.app_unfinished: dict[str, int] = {}
         self.compaction = Compaction(self)
-        from sessionloop.actors.system.metrics import HostMetrics
 
         self.metrics = HostMetrics(self)
         self.listeners.append(self.metrics.committed)
-        from sessionloop.actors.approvals.actor import ApprovalService, ApprovalTiming
 
         self.approvals = ApprovalService(self, ApprovalTiming(
             wait_s=options.approval_wait_s, grace_s=options.approval_grace_s,
             presence_s=options.presence_window_s, rate_limit=options.approval_rate_limit))
-        from sessionloop.actors.tasks.actor import TaskService
 
         self.tasks_service = TaskService(self)
         self.deletions = Deletions(self)
@@ -163,8 +166,6 @@ class Runtime:
         actor_class: Any = SessionActor
         self.dispatcher = None
         if options.dispatcher_threads > 0:
-            from sessionloop.actors.system.pool import Dispatcher
-
             self.dispatcher = Dispatcher(options.dispatcher_threads)
             actor_class = type("PooledSessionActor", (PooledSessionActor,), {"dispatcher": self.dispatcher})
         self.directory = Directory(
@@ -377,8 +378,6 @@ class Runtime:
     def chain_of(self, state: Any) -> list[Any]:
         """``Approval.chain``: for a session below its root, the sessions from just below the
         root down to this one."""
-        from sessionloop.actors.views.summary import decode_summary_record
-        from sessionloop.protocol.schemas_types import AncestorRef
 
         chain: list[Any] = []
         created = state.created
@@ -400,8 +399,6 @@ class Runtime:
         return list(reversed(chain))
 
     def can_see(self, conn: Any, session_id: str) -> bool:
-        from sessionloop.actors.views.summary import decode_summary_record
-
         meta = self.store.stream_meta(f"session-{session_id}")
         if meta is None:
             return False
@@ -411,7 +408,6 @@ class Runtime:
     def task_notice(self, task: Any) -> None:
         """A finished background task tells its session (the background-task notice,
         notice id = task id), which opens a turn so the agent hears of it."""
-        from sessionloop.actors.api.host import new_id
 
         # the owner's notice is rendered when sent (its key and values are kept); the agent
         # reads the English one as its input, text for the model (actors.settings.texts)
@@ -455,8 +451,6 @@ class Runtime:
         return self.tasks_service.running_count(session_id)
 
     def build_items(self, actor: SessionBehaviour) -> Any:
-        from sessionloop.actors.views.items import ItemsProjection
-
         items = ItemsProjection()
         for recorded in self.store.read_stream(actor.stream):
             items.apply(recorded.event)
@@ -469,8 +463,6 @@ class Runtime:
                         event.step_id or "-", event.code, one_line(event.reason or event.code))
 
     def results_fail_pending(self, state: Any, code: str) -> None:
-        from sessionloop.actors.system.pubsub import TurnOutcome
-
         pending = [q.turn_id for q in state.queue] + ([state.current_turn] if state.current_turn else [])
         for turn_id in pending:
             self.results.complete(TurnOutcome(session_id=state.session_id, turn_id=turn_id, state="failed",

@@ -10,10 +10,10 @@ import time
 import pytest
 
 from sessionloop.actors import events as E
-from sessionloop.actors.api.host import new_id
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.model import ModelResponse
 from sessionloop.actors.model.scripted import ScriptedProvider
+from sessionloop.actors.system.ids import new_id
 
 
 def tags(session) -> list[str]:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sessionloop.eventstore import (
@@ -9,6 +11,7 @@ from sessionloop.eventstore import (
     StoreClosed,
     WrongExpectedVersion,
 )
+from sessionloop.eventstore.lmdb_recorder import durability_mismatch
 from tests.eventstore.union import Opened, Retitled, Stepped, open_test_store
 
 
@@ -181,7 +184,6 @@ def test_durability_is_reported(store_path):
 def test_durability_is_checked_against_the_flags_lmdb_reads_back(store_path):
     """The store reports what LMDB says it does, and refuses to open when that is not what the
     durability needs (``durability_mismatch`` over the flags ``Environment.flags()`` returns)."""
-    from sessionloop.eventstore.lmdb_recorder import durability_mismatch
 
     with open_test_store(store_path, durability="sync") as s:
         flags = s._rec.env_flags
@@ -204,7 +206,6 @@ def test_json_lines_export_names_each_event_and_its_place(store):
     store.append("session-a", [Opened(name="a", title="t")], 0)
     lines = list(store.export_jsonl("session-a"))
     assert len(lines) == 1
-    import json
 
     row = json.loads(lines[0])
     assert row["stream"] == "session-a" and row["version"] == 1 and row["position"] == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -93,7 +94,6 @@ def test_the_index_is_rebuilt_by_replaying_the_log(store):
 def test_expired_receipts_are_pruned(store_path):
     with open_test_store(store_path, durability="nosync", idempotency_ttl_s=0, prune_interval_s=0) as s:
         s.append("session-a", [accepted("1")], 0, idempotency=claim("k", {"t": 1}))
-        import time
 
         time.sleep(0.01)
         s.append("session-b", [accepted("2")], 0)  # a later commit runs the pruning slice
