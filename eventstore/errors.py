@@ -1,8 +1,9 @@
-"""The one exception tree of sessionloop.
+"""The exception tree of sessionloop's domain errors.
 
-Every error we raise on purpose descends from :class:`SessionloopError`; each package adds
-one base and its leaves carry structured attributes (``code``, ``data``) so the protocol
-layer can turn them into ``applicationError`` frames without parsing messages::
+Every error the store and the actors raise on purpose descends from :class:`SessionloopError`;
+each package adds one base and its leaves carry structured attributes (``code``, ``data``) so the
+protocol layer can turn them into ``applicationError`` frames without parsing messages (it reads
+that shape, ``protocol.errors.DomainError``, and imports nothing from here)::
 
     SessionloopError
     ├── StoreError                      (eventstore/)
@@ -16,8 +17,10 @@ layer can turn them into ``applicationError`` frames without parsing messages::
     │   ├── StreamDeleted               stream (its partition was purged: nothing more is written)
     │   ├── InvalidStreamName           stream
     │   └── StoreClosed
-    ├── ActorError                      (actors/, see actors/errors.py)
-    └── ProtocolMisuse                  (protocol/: our own code misused the API)
+    └── ActorError                      (actors/, see actors/errors.py)
+
+protocol/ has a root of its own, ``protocol.errors.ProtocolError`` (``RpcError``, and
+``ProtocolMisuse``: our own code misused the API), shaped the same way.
 
 No ``lmdb`` or ``msgspec`` exception escapes eventstore/: the recorder translates them at the
 boundary with ``raise ... from e``.
