@@ -47,7 +47,7 @@ from websockets.asyncio.client import connect
 
 from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
-from sessionloop.actors.session.actor import Send, now_ms
+from sessionloop.actors.session.messages import Send, now_ms
 from sessionloop.actors.system import gc_policy
 from sessionloop.actors.system.ids import new_id
 from sessionloop.actors.system.pubsub import LoopWaiter, Reply

@@ -19,21 +19,11 @@ from sessionloop.actors import events as E
 from sessionloop.actors.api.loop import AsyncSessionLoop, LoopEvent, SessionLoop, feed_event, spawn_session_spec
 from sessionloop.actors.errors import InvalidCommand, NotFound, RequestTimeout, SessionBusy
 from sessionloop.actors.session import commands as C
-from sessionloop.actors.session.actor import (
-    Ask,
-    Cancel,
-    Compact,
-    Create,
-    Decide,
-    Receipt,
-    Send,
-    SessionActor,
-    SessionBehaviour,
-    now_ms,
-)
+from sessionloop.actors.session.actor import SessionActor, SessionBehaviour
 from sessionloop.actors.session.checkpoints import restore_before
 from sessionloop.actors.session.context import keep_turns
 from sessionloop.actors.session.decide import steps_limit
+from sessionloop.actors.session.messages import Ask, Cancel, Compact, Create, Decide, Receipt, Send, now_ms
 from sessionloop.actors.session.state import SessionState, Status
 from sessionloop.actors.settings.apps import MODES, AppManifest
 from sessionloop.actors.settings.texts import Text

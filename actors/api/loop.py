@@ -24,8 +24,8 @@ import msgspec
 
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import Forbidden, InvalidCommand, NotFound, RequestTimeout
-from sessionloop.actors.session.actor import Ask, Create, Receipt, Send, now_ms
 from sessionloop.actors.session.commands import CallerOf
+from sessionloop.actors.session.messages import Ask, Create, Receipt, Send, now_ms
 from sessionloop.actors.session.queries import CallerFacts
 from sessionloop.actors.settings.apps import AppManifest, clamp_mode
 from sessionloop.actors.system.ids import new_id

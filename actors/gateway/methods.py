@@ -20,7 +20,7 @@ from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Session
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.session import commands as C
-from sessionloop.actors.session.actor import Ask, Cancel, Compact, Create, Decide, Send, Snapshot, Subscribe, now_ms
+from sessionloop.actors.session.messages import Ask, Cancel, Compact, Create, Decide, Send, Snapshot, Subscribe, now_ms
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE as DEFAULT_WORKSPACE_KEY
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE_NAME
 from sessionloop.actors.settings.texts import Text, message_of

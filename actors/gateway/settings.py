@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from sessionloop.actors.errors import NotFound
 from sessionloop.actors.gateway.methods import Client, Handler, _as_rpc, answer, in_background
 from sessionloop.actors.session import commands as C
-from sessionloop.actors.session.actor import Ask, Decide
+from sessionloop.actors.session.messages import Ask, Decide
 from sessionloop.actors.settings.apps import MODES
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE
 from sessionloop.actors.settings.service import SettingsService

@@ -39,7 +39,7 @@ from sessionloop.actors.errors import (
     SessionParked,
     Unsupported,
 )
-from sessionloop.actors.session.actor import Receipt
+from sessionloop.actors.session.messages import Receipt
 from sessionloop.actors.system.runtime import HostOptions
 from sessionloop.eventstore.errors import (
     IdempotencyConflict,

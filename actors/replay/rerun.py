@@ -34,9 +34,9 @@ from sessionloop.actors.replay.compare import comparable, compare_logs
 from sessionloop.actors.replay.live import MemoryClient
 from sessionloop.actors.replay.plan import LaterTurn, RecordedApproval, RerunPlan
 from sessionloop.actors.replay.values import fold_events, one_line
-from sessionloop.actors.session.actor import Ask
 from sessionloop.actors.session.checkpoints import restore_before
 from sessionloop.actors.session.commands import SettingsOf
+from sessionloop.actors.session.messages import Ask
 from sessionloop.actors.tools import ToolResult
 from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.eventstore.records import RecordedEvent

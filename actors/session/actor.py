@@ -1,7 +1,7 @@
 """SessionActor: the thin pykka shell around a session's pure model (``state``: the fold,
 ``decide``: the decisions).
 
-One mailbox per session. What it accepts is closed: the message classes below, and for callers
+One mailbox per session. What it accepts is closed: the message classes of ``messages``, and for callers
 outside this package two envelopes with frozen values, ``Decide(commands.Command)`` and
 ``Ask(commands.Query)``, matched in ``decide.decide_command`` and ``queries.answer``; no callable
 travels in a message. A busy session still answers cancel, status and subscribe at once: model
@@ -44,12 +44,11 @@ import pykka
 
 from sessionloop.actors import events as E
 from sessionloop.actors.approvals.actor import approval_stream as _approval_stream
-from sessionloop.actors.errors import ActorError, CompactionFailed, NotFound, SessionParked, compact_error
+from sessionloop.actors.errors import ActorError, CompactionFailed, NotFound, compact_error
 from sessionloop.actors.model.attachments import has_attachments
 from sessionloop.actors.model.attachments import resolve as resolve_attachments
 from sessionloop.actors.model.base import RetryNotice
 from sessionloop.actors.model.storable import storable_response
-from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.context import estimated_context_tokens, model_view
 from sessionloop.actors.session.decide import (
     AgentConfig,
@@ -69,12 +68,30 @@ from sessionloop.actors.session.decide import (
     repairs_after_restart,
     system_messages,
 )
-from sessionloop.actors.session.queries import CallerFacts, answer
+from sessionloop.actors.session.messages import (
+    Cancel,
+    Create,
+    Created,
+    Decide,
+    Freeze,
+    ModelDone,
+    ModelRetried,
+    Msg,
+    Passivate,
+    Purge,
+    Receipt,
+    Send,
+    Snapshot,
+    Subscribe,
+    ToolDone,
+    now_ms,
+)
+from sessionloop.actors.session.queries import CallerFacts
 from sessionloop.actors.session.state import SessionState, decode_state, encode_state, evolve, new_state
 from sessionloop.actors.session.stream_sink import StreamSink, close_cards
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pool import PooledActor
-from sessionloop.actors.system.pubsub import LoopEvent, Reply, TurnOutcome
+from sessionloop.actors.system.pubsub import LoopEvent, TurnOutcome
 from sessionloop.actors.tools.builtin import plan_from_output  # the plan item, replaced whole
 from sessionloop.actors.tools.caller import CURRENT_CALL, CallerContext
 from sessionloop.actors.views.summary import encode_summary_record, rewrites_listing, summary_record, tombstone_record
@@ -84,7 +101,6 @@ from sessionloop.eventstore import (
     StorageUnavailable,
     StoreError,
     StreamDeleted,
-    WrongExpectedVersion,
 )
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.schemas_types import AgentMessageItem, ReasoningItem
@@ -115,246 +131,6 @@ FILES_PENDING = "files-pending"
 #: loop: a turn of instant answers (unlimited ``maxSteps``, a model that keeps calling a tool
 #: that is refused at once) then still lets the mailbox in, so turn/abort always gets through
 MAX_INLINE_ANSWERS = 32
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-# --- messages ---------------------------------------------------------------------------------
-
-
-class Msg:
-    """A message to a session actor; requests carry a Reply the actor completes exactly once."""
-
-    __slots__ = ("reply",)
-
-    def __init__(self, reply: Reply | None = None) -> None:
-        self.reply = reply
-
-    def run(self, actor: SessionActor) -> None:  # pragma: no cover - every message overrides it
-        raise TypeError(type(self).__name__)
-
-
-class Create(Msg):
-    """Create the session, with its first input in the same commit (no ghost session if that
-    fails); ``claim`` makes a retried create answer with the session it made the first time."""
-
-    __slots__ = ("created", "initial", "claim")
-
-    def __init__(self, created: E.SessionCreated, initial: E.InputAccepted | None, reply: Reply,
-                 claim: IdempotencyClaim | None = None) -> None:
-        super().__init__(reply)
-        self.created, self.initial, self.claim = created, initial, claim
-
-    def run(self, actor: SessionActor) -> None:
-        actor.on_create(self)
-
-
-class Send(Msg):
-    """An input for the FIFO queue; ``claim`` makes it idempotent (same key -> same receipt)."""
-
-    __slots__ = ("accepted", "claim", "check")
-
-    def __init__(self, accepted: E.InputAccepted, claim: IdempotencyClaim | None, reply: Reply,
-                 check: Any = None) -> None:
-        super().__init__(reply)
-        self.accepted, self.claim, self.check = accepted, claim, check
-
-    def run(self, actor: SessionActor) -> None:
-        actor.on_send(self)
-
-
-class Cancel(Msg):
-    """Stop the running turn; with ``drop_queue`` the queued inputs go too (background/stopAll)."""
-
-    __slots__ = ("turn_id", "reason", "drop_queue")
-
-    def __init__(self, turn_id: str | None, reason: str, reply: Reply, drop_queue: bool = False) -> None:
-        super().__init__(reply)
-        self.turn_id, self.reason, self.drop_queue = turn_id, reason, drop_queue
-
-    def run(self, actor: SessionActor) -> None:
-        actor.on_cancel(self)
-
-
-class Freeze(Msg):
-    """The first step of a delete: abort the running turn, drop the queue, take no new input."""
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str, reply: Reply) -> None:
-        super().__init__(reply)
-        self.reason = reason
-
-    def run(self, actor: SessionActor) -> None:
-        actor.on_freeze(self)
-
-
-class Thaw(Msg):
-    """A delete that failed before its purge: the session takes input again."""
-
-    def run(self, actor: SessionActor) -> None:
-        actor.deleting = False
-        assert self.reply is not None
-        self.reply.set(None)
-
-
-class Purge(Msg):
-    """The last step of a delete: the session's streams out of the store, a tombstone left."""
-
-    def run(self, actor: SessionActor) -> None:
-        actor.on_purge(self)
-
-
-class ModelDone(Msg):
-    __slots__ = ("step_id", "response", "error", "duration_ms")
-
-    def __init__(self, step_id: str, response: Any, error: str | None, duration_ms: int) -> None:
-        super().__init__(None)
-        self.step_id, self.response, self.error, self.duration_ms = step_id, response, error, duration_ms
-
-    def run(self, actor: SessionActor) -> None:
-        actor.on_model_done(self)
-
-
-class ModelRetried(Msg):
-    """An attempt of the running model call failed and the provider tries again (``llm.retried``)."""
-
-    __slots__ = ("step_id", "notice", "next_item_id")
-
-    def __init__(self, step_id: str, notice: RetryNotice, next_item_id: str) -> None:
-        super().__init__(None)
-        self.step_id, self.notice, self.next_item_id = step_id, notice, next_item_id
-
-    def run(self, actor: SessionActor) -> None:
-        actor.on_model_retried(self)
-
-
-class ToolDone(Msg):
-    __slots__ = ("turn_id", "call_id", "result", "duration_ms")
-
-    def __init__(self, turn_id: str, call_id: str, result: Any, duration_ms: int) -> None:
-        super().__init__(None)
-        self.turn_id, self.call_id, self.result, self.duration_ms = turn_id, call_id, result, duration_ms
-
-    def run(self, actor: SessionActor) -> None:
-        actor.on_tool_done(self)
-
-
-class Decide(Msg):
-    """A command from outside (``commands.Command``), decided into events by
-    ``decide.decide_command``; the reply completes after their commit (None when there were none)."""
-
-    __slots__ = ("command",)
-
-    def __init__(self, command: C.Command, reply: Reply) -> None:
-        super().__init__(reply)
-        self.command = command
-
-    def run(self, actor: SessionActor) -> None:
-        actor.on_decide(self)
-
-
-class Ask(Msg):
-    """A read of the live session (``commands.Query``), answered by ``queries.answer``."""
-
-    __slots__ = ("query",)
-
-    def __init__(self, query: C.Query, reply: Reply) -> None:
-        super().__init__(reply)
-        self.query = query
-
-    def run(self, actor: SessionActor) -> None:
-        assert self.reply is not None
-        try:
-            value = answer(actor, self.query)
-        except SessionloopError:
-            raise  # the refusal (not-found, parked...), answered by the shell
-        except Exception as e:  # a bug in a read: the asker hears it; the session, unchanged, goes on
-            log.exception("session %s: %s failed", actor.sid, type(self.query).__name__)
-            self.reply.fail(e)
-            return
-        self.reply.set(value)
-
-
-class Subscribe(Msg):
-    """A connection subscribes: the reply gets the snapshot (:class:`Snapshot`) and the connection
-    becomes a subscriber under the channel's lock, so no push of this session reaches it before
-    the snapshot's reply and none after it is missed."""
-
-    __slots__ = ("subscriber",)
-
-    def __init__(self, subscriber: Any, reply: Reply) -> None:
-        super().__init__(reply)
-        self.subscriber = subscriber
-
-    def run(self, actor: SessionActor) -> None:
-        actor.on_subscribe(self)
-
-
-class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """What a new subscriber is served: the timeline's latest items (with the text a reply has
-    streamed so far) and the position of the channel they are current at."""
-
-    epoch: int
-    seq: int
-    items: list[Any]
-    before: Any
-
-
-class Compact(Msg):
-    """Manual compaction: refused while a turn or another compaction runs; the reply completes
-    when the summary is in (actors.session.compaction)."""
-
-    def run(self, actor: SessionActor) -> None:
-        assert self.reply is not None
-        ensure_usable(actor.state)
-        actor.rt.compaction.start_manual(actor, self.reply)
-
-
-class SummaryDone(Msg):
-    """The summary call of the compaction ``flight`` answered (``text``, its ``usage``) or failed
-    (``error``, the reason as the notice and the request will say it)."""
-
-    __slots__ = ("flight", "text", "error", "usage")
-
-    def __init__(self, flight: Flight, text: str, error: str | None, usage: E.Usage | None) -> None:
-        super().__init__(None)
-        self.flight, self.text, self.error, self.usage = flight, text, error, usage
-
-    def run(self, actor: SessionActor) -> None:
-        actor.rt.compaction.finish(actor, self)
-
-
-class Passivate(Msg):
-    __slots__ = ("routed",)
-
-    def __init__(self, routed: int) -> None:
-        super().__init__(None)
-        self.routed = routed
-
-    def run(self, actor: SessionActor) -> None:
-        actor.on_passivate(self)
-
-
-class Receipt(msgspec.Struct, frozen=True, kw_only=True):
-    """What ``send`` answers: ``accepted`` (opened a turn now), ``queued`` (behind
-    others), ``duplicate`` (this idempotency key was seen: the original turn), ``rejected``."""
-
-    state: str
-    turn_id: str | None = None
-    input_id: str | None = None
-    epoch: int = 0
-    seq: int = 0
-    position: int = 0
-    retry_after_ms: int | None = None
-
-
-class Created(msgspec.Struct, frozen=True, kw_only=True):
-    session_id: str
-    turn_id: str | None = None
-    duplicate: bool = False
 
 
 _created_enc = msgspec.msgpack.Encoder()
@@ -1272,8 +1048,4 @@ def _ms_since(started: float) -> int:
     return int((time.perf_counter() - started) * 1000)
 
 
-__all__ = [
-    "FILES_PENDING", "OWNED_CATEGORIES", "Ask", "CallerFacts", "Cancel", "Compact", "Create", "Decide", "Freeze",
-    "ModelDone", "ModelRetried", "Msg", "NotFound", "Passivate", "Purge", "Receipt", "Send", "SessionActor",
-    "SessionParked", "Snapshot", "Subscribe", "SummaryDone", "Thaw", "ToolDone", "WrongExpectedVersion",
-]
+__all__ = ["FILES_PENDING", "OWNED_CATEGORIES", "PooledSessionActor", "SessionActor", "SessionBehaviour"]

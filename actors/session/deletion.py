@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from sessionloop.actors.errors import NotFound
-from sessionloop.actors.session.actor import FILES_PENDING, Freeze, Purge, Thaw
+from sessionloop.actors.session.actor import FILES_PENDING
+from sessionloop.actors.session.messages import Freeze, Purge, Thaw
 from sessionloop.actors.system.pubsub import Reply
 
 if TYPE_CHECKING:

@@ -21,12 +21,13 @@ from sessionloop.actors.events import open_store
 from sessionloop.actors.model import ModelRequest, Provider
 from sessionloop.actors.model.prompts import ToolLine, default_system_prompt
 from sessionloop.actors.model.registry import ModelConfig, ModelRegistry, builtin_model
-from sessionloop.actors.session.actor import Decide, Passivate, PooledSessionActor, SessionActor, SessionBehaviour
+from sessionloop.actors.session.actor import PooledSessionActor, SessionActor, SessionBehaviour
 from sessionloop.actors.session.commands import CheckpointImage, PostTaskNotice, RecordCheckpoints, SettleApproval
 from sessionloop.actors.session.compaction import Compaction
 from sessionloop.actors.session.context import summary_text
 from sessionloop.actors.session.decide import AgentConfig, ToolCheck, ToolPolicy, steps_limit, system_messages
 from sessionloop.actors.session.deletion import Deletions
+from sessionloop.actors.session.messages import Decide, Passivate
 from sessionloop.actors.session.queries import turn_outcome
 from sessionloop.actors.settings.apps import AppRegistry, clamp_mode, clamp_policy
 from sessionloop.actors.settings.texts import Language, Text, language_of, stored_parts

@@ -28,8 +28,8 @@ import pykka
 
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import HostClosed, NotFound
-from sessionloop.actors.session.actor import Decide
 from sessionloop.actors.session.commands import RecordTaskEnd
+from sessionloop.actors.session.messages import Decide
 from sessionloop.actors.settings.texts import Text, stored_parts
 from sessionloop.actors.system.pubsub import Reply
 from sessionloop.actors.views.items import _display

@@ -6,8 +6,8 @@ import pytest
 
 from sessionloop.actors.errors import Forbidden, InvalidCommand
 from sessionloop.actors.gateway.service import SessionProtocolService
-from sessionloop.actors.session.actor import Ask
 from sessionloop.actors.session.commands import AgentConfigOf
+from sessionloop.actors.session.messages import Ask
 from sessionloop.actors.settings.apps import AppManifest, clamp_mode, clamp_policy
 from tests.actors.gateway_harness import MemoryClient
 

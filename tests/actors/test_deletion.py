@@ -8,7 +8,7 @@ import pytest
 
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import ActorError, NotFound
-from sessionloop.actors.session.actor import Freeze, Thaw
+from sessionloop.actors.session.messages import Freeze, Thaw
 from sessionloop.actors.system.pubsub import Reply
 from sessionloop.eventstore import StorageFull
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 from sessionloop.actors import events as E
-from sessionloop.actors.session.actor import Ask
 from sessionloop.actors.session.commands import StateCopy
+from sessionloop.actors.session.messages import Ask
 from tests.actors.gateway_harness import MemoryClient, wait_until
 
 

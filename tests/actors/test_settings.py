@@ -13,7 +13,7 @@ import pytest
 from sessionloop.actors import events as E
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import MockProvider
-from sessionloop.actors.session.actor import Create
+from sessionloop.actors.session.messages import Create
 from sessionloop.actors.settings.document import dump_toml
 from sessionloop.actors.settings.service import SettingField, check_value
 from tests.actors.gateway_harness import MemoryClient

@@ -16,9 +16,9 @@ import pytest
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import CompactionFailed, SessionBusy
 from sessionloop.actors.model import MockProvider, ModelResponse
-from sessionloop.actors.session.actor import Ask
 from sessionloop.actors.session.commands import StateCopy
 from sessionloop.actors.session.context import SUMMARY_PROMPT
+from sessionloop.actors.session.messages import Ask
 from tests.actors.gateway_harness import MemoryClient, wait_until
 
 
