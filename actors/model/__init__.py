@@ -18,6 +18,7 @@ from sessionloop.actors.model.base import (
     ignore_delta,
 )
 from sessionloop.actors.model.mock import MockProvider
+from sessionloop.actors.model.openai import OpenAIProvider
 from sessionloop.actors.model.registry import (
     ModelConfig,
     ModelConfigError,
@@ -28,16 +29,6 @@ from sessionloop.actors.model.registry import (
 )
 from sessionloop.actors.model.replay import ReplayDivergence, ReplayProvider
 from sessionloop.actors.model.scripted import ScriptedProvider
-
-
-def __getattr__(name: str) -> object:
-    """``OpenAIProvider`` on first use: the ``openai`` SDK takes about a second to import, which
-    every server start (and restart after a crash) paid even on the mock model."""
-    if name == "OpenAIProvider":
-        from sessionloop.actors.model.openai import OpenAIProvider  # noqa: PLC0415 - the openai SDK, on demand
-
-        return OpenAIProvider
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "PROVIDER_NAMES",

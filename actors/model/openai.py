@@ -67,11 +67,10 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from typing import Any, Final
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
-import openai
-import pydantic
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -99,6 +98,17 @@ from sessionloop.actors.model.base import (
 from sessionloop.actors.model.limits import CallStats, Limiter, ModelLimits, RetryPolicy
 from sessionloop.protocol.limits import MAX_NESTING
 from sessionloop.protocol.nesting import nests_deeper
+
+if TYPE_CHECKING:
+    import openai
+
+
+def _sdk_module() -> ModuleType:
+    """The ``openai`` SDK, imported when a provider first needs it: it (with pydantic) takes about a
+    second to import, which a server on the mock model must not pay at every start."""
+    import openai  # noqa: PLC0415 - a heavy third-party import, on demand
+
+    return openai
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -285,6 +295,8 @@ class StreamState:
 
     def feed_chunk(self, chunk: Any) -> None:
         if type(chunk) is not dict:
+            import pydantic  # noqa: PLC0415 - loaded with the SDK that made the chunk (a rare, typed one)
+
             if not isinstance(chunk, pydantic.BaseModel):
                 raise _malformed("a chunk is not a JSON object", chunk)
             chunk = chunk.model_dump(exclude_unset=True)
@@ -472,7 +484,7 @@ class OpenAIProvider:
         self._client: openai.AsyncOpenAI | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         # per request: no key -> no Authorization header (the SDK would send its placeholder)
-        self._options: Any = {} if self.api_key else {"headers": {"Authorization": openai.Omit()}}
+        self._options: Any = {} if self.api_key else {"headers": {"Authorization": _sdk_module().Omit()}}
 
     def __repr__(self) -> str:  # never the key
         return f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r})"
@@ -486,9 +498,10 @@ class OpenAIProvider:
         loop = asyncio.get_running_loop()
         client = self._client
         if client is None or self._client_loop is not loop or client.is_closed():
-            client = self._client = openai.AsyncOpenAI(
+            sdk = _sdk_module()
+            client = self._client = sdk.AsyncOpenAI(
                 api_key=self.api_key or _NO_KEY, base_url=self.base_url, max_retries=0,
-                timeout=openai.Timeout(self.timeout, connect=min(self.timeout, 10.0)),
+                timeout=sdk.Timeout(self.timeout, connect=min(self.timeout, 10.0)),
                 default_headers=self.headers or None)
             self._client_loop = loop
         return client
@@ -523,6 +536,7 @@ class OpenAIProvider:
                        on_delta: DeltaCallback) -> ModelResponse:
         state = StreamState(on_delta)
         client = self._sdk()
+        openai = _sdk_module()  # the module the except clauses below name
         async with self.limiter.slot(estimate) as slot:
             try:
                 # ``client.post`` is the SDK's documented way to a raw endpoint; ``cast_to=object``

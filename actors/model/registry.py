@@ -53,6 +53,7 @@ import msgspec
 from sessionloop.actors.model.base import PROVIDER_NAMES, ModelError, Provider
 from sessionloop.actors.model.limits import ModelLimits
 from sessionloop.actors.model.mock import MockProvider
+from sessionloop.actors.model.openai import OpenAIProvider, openai_provider
 from sessionloop.actors.model.replay import ReplayProvider
 from sessionloop.actors.model.scripted import ScriptedProvider
 from sessionloop.eventstore.errors import SessionloopError
@@ -281,10 +282,6 @@ def build_provider(cfg: ModelConfig, env: Mapping[str, str] | None = None) -> Pr
     if cfg.provider == "mock":
         return MockProvider(model=cfg.model)
     if cfg.provider == "openai":
-        # imported here, when an OpenAI-compatible model is configured: the openai SDK takes about
-        # a second to import, which a server on the mock must not pay (as actors.model.__getattr__)
-        from sessionloop.actors.model.openai import openai_provider  # noqa: PLC0415 - the openai SDK, on demand
-
         environ = os.environ if env is None else env
         key = environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
         return openai_provider(base_url=cfg.base_url or DEFAULT_BASE_URL, model=cfg.model, api_key=key,
@@ -474,8 +471,8 @@ def make_provider(name: str, **options: Any) -> Provider:
     name or bad options, so a misspelt ``--provider`` becomes one clear line.
     """
     factories: dict[str, Callable[..., Provider]] = {
-        "mock": MockProvider, "scripted": ScriptedProvider, "replay": ReplayProvider}
-    factory = _openai_provider_class() if name == "openai" else factories.get(name)
+        "mock": MockProvider, "scripted": ScriptedProvider, "replay": ReplayProvider, "openai": OpenAIProvider}
+    factory = factories.get(name)
     if factory is None:
         raise ModelError(
             f"unknown model provider {name!r}; known: {', '.join(PROVIDER_NAMES)}", provider=name
@@ -486,12 +483,6 @@ def make_provider(name: str, **options: Any) -> Provider:
         raise ModelError(f"bad options for model provider {name!r}: {e}", provider=name) from e
 
 
-def _openai_provider_class() -> Callable[..., Provider]:
-    # imported when an OpenAI-compatible provider is asked for: the openai SDK takes about a
-    # second to import, which a server on the mock must not pay (as actors.model.__getattr__)
-    from sessionloop.actors.model.openai import OpenAIProvider  # noqa: PLC0415
-
-    return OpenAIProvider
 
 
 __all__ = [
