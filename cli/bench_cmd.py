@@ -47,7 +47,8 @@ from websockets.asyncio.client import connect
 
 from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
-from sessionloop.actors.session.messages import Send, now_ms
+from sessionloop.actors.session.commands import NewInput
+from sessionloop.actors.session.messages import Send
 from sessionloop.actors.system import gc_policy
 from sessionloop.actors.system.ids import new_id
 from sessionloop.actors.system.pubsub import LoopWaiter, Reply
@@ -281,7 +282,7 @@ def inprocess_turn(host: Host) -> Callable[[str, str], Awaitable[Any]]:
 
     async def turn(session_id: str, text: str) -> Any:
         turn_id = new_id()
-        accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=turn_id, text=text)
+        accepted = NewInput(input_id=new_id(), turn_id=turn_id, text=text)
         ended = LoopWaiter()
         results.wait(turn_id, ended.set)
 

@@ -164,20 +164,17 @@ class Host:
             if len(value) > MAX_TITLE:
                 raise InvalidCommand(f"{field}: at most {MAX_TITLE} characters, got {len(value)}")
         session_id = new_id()
-        now = now_ms()
         try:
-            event = E.SessionCreated(at=now, session_id=session_id, title=title, name=name, kind=kind,
-                                     parent_id=parent_id, activity=activity, cwd=cwd, model=model,
-                                     permission_mode=permission_mode or self.rt.options.permission_mode
-                                     or _default_mode(activity),
-                                     **created)
+            new = C.NewSession(title=title, name=name, kind=kind, parent_id=parent_id, activity=activity, cwd=cwd,
+                               model=model, permission_mode=permission_mode or self.rt.options.permission_mode
+                               or _default_mode(activity), **created)
         except (TypeError, msgspec.ValidationError) as e:
             raise InvalidCommand(f"invalid session: {e}") from e
         initial = None
         if initial_input is not None:
-            initial = E.InputAccepted(at=now, input_id=new_id(), turn_id=new_id(), text=initial_input,
-                                      idempotency_key=idempotency_key)
-        created_now = self.rt.ask(session_id, lambda r: Create(event, initial, r))
+            initial = C.NewInput(input_id=new_id(), turn_id=new_id(), text=initial_input,
+                                 idempotency_key=idempotency_key)
+        created_now = self.rt.ask(session_id, lambda r: Create(new, initial, r))
         session = Session(self, created_now.session_id)
         session.initial_turn_id = initial.turn_id if initial is not None else None
         return session
@@ -268,17 +265,16 @@ class Session:
 
     def send(self, text: str, *, idempotency_key: str | None = None, scope: str = "session",
              speaker: E.Speaker | None = None, source: str | None = None,
-             attachments: list[E.AttachmentRef] | None = None, check: Any = None) -> Receipt:
+             attachments: list[E.AttachmentRef] | None = None) -> Receipt:
         """Queue an input (strict FIFO); with ``idempotency_key`` a repeat returns the original
         receipt (``state='duplicate'``) and starts nothing, and a different body is refused."""
-        accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=new_id(), text=text,
-                                   attachments=attachments or [], speaker=speaker, source=source,
-                                   idempotency_key=idempotency_key)
+        accepted = C.NewInput(input_id=new_id(), turn_id=new_id(), text=text, attachments=attachments or [],
+                              speaker=speaker, source=source, idempotency_key=idempotency_key)
         claim = None
         if idempotency_key is not None:
             body = {"text": text, "attachments": [a.sha256 for a in attachments or []]}
             claim = IdempotencyClaim(f"{scope}:{self.id}", idempotency_key, request_hash(body))
-        return self.rt.ask(self.id, lambda r: Send(accepted, claim, r, check))
+        return self.rt.ask(self.id, lambda r: Send(accepted, claim, r))
 
     def run(self, text: str, timeout: float = 600.0) -> RunResult:
         """Send ``text`` and wait for its turn to end."""

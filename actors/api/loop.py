@@ -24,8 +24,8 @@ import msgspec
 
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import Forbidden, InvalidCommand, NotFound, RequestTimeout
-from sessionloop.actors.session.commands import CallerOf
-from sessionloop.actors.session.messages import Ask, Create, Receipt, Send, now_ms
+from sessionloop.actors.session.commands import CallerOf, NewInput, NewSession, Quota
+from sessionloop.actors.session.messages import Ask, Create, Receipt, Send
 from sessionloop.actors.session.queries import CallerFacts
 from sessionloop.actors.settings.apps import AppManifest, clamp_mode
 from sessionloop.actors.system.ids import new_id
@@ -218,6 +218,8 @@ class SessionLoop:
         self.app = app
         if not app.sessions:
             raise Forbidden(f"app {app.id!r} lacks permissions.sessions in its manifest")
+        #: the quota on every send: 20 unfinished turns per session, 200 per app -> ``rejected`` (not stored)
+        self._quota = Quota(app_id=app.id, per_session=SESSION_QUOTA, per_app=APP_QUOTA, retry_after_ms=RETRY_AFTER_MS)
 
     # --- create -------------------------------------------------------------------------------
 
@@ -254,7 +256,7 @@ class SessionLoop:
 
     def _plan_create(self, container_id: str | None, space_id: str | None, title: str, activity: str,
                      permission_mode: str | None, message: tuple[str, str] | None,
-                     caller: CallerFacts | None, room: Room) -> tuple[E.SessionCreated, E.InputAccepted | None,
+                     caller: CallerFacts | None, room: Room) -> tuple[str, NewSession, NewInput | None,
                                                                       IdempotencyClaim | None]:
 
         if permission_mode is not None and not self.app.allows_mode(permission_mode):
@@ -265,9 +267,8 @@ class SessionLoop:
                                              "acceptCalls" if activity == "background" else "ask", self.app)
         kind = "task" if caller is not None else ("room" if container_id is not None else "owner")
         session_id = new_id()
-        now = now_ms()
-        created = E.SessionCreated(
-            at=now, session_id=session_id, title=title, kind=kind, app_id=self.app.id,  # type: ignore[arg-type]
+        created = NewSession(
+            title=title, kind=kind, app_id=self.app.id,  # type: ignore[arg-type]
             platform=self.app.platform or None, instance=self.app.id if container_id is not None else None,
             container_id=container_id, space_id=space_id, activity=activity,  # type: ignore[arg-type]
             permission_mode=mode,  # type: ignore[arg-type]
@@ -279,10 +280,10 @@ class SessionLoop:
         initial, claim = None, None
         if message is not None:
             text, key = message
-            initial = E.InputAccepted(at=now, input_id=new_id(), turn_id=new_id(), text=text, idempotency_key=key)
+            initial = NewInput(input_id=new_id(), turn_id=new_id(), text=text, idempotency_key=key)
             body = {"text": text, "container": container_id, "space": space_id, "title": title, "activity": activity}
             claim = IdempotencyClaim(f"app:{self.app.id}:create", key, request_hash(body))
-        return created, initial, claim
+        return session_id, created, initial, claim
 
     @staticmethod
     def _calling_session(context: str | None) -> str | None:
@@ -328,9 +329,9 @@ class SessionLoop:
         room = _check_room(container_id, chat, account, place)
         calling = self._calling_session(context)
         caller = self.rt.ask(calling, lambda r: Ask(CallerOf(), r)) if calling is not None else None
-        created, initial, claim = self._plan_create(container_id, space_id, title, activity, permission_mode,
-                                                     message, caller, room)
-        made = self.rt.ask(created.session_id, lambda r: Create(created, initial, r, claim))
+        session_id, created, initial, claim = self._plan_create(container_id, space_id, title, activity,
+                                                                permission_mode, message, caller, room)
+        made = self.rt.ask(session_id, lambda r: Create(created, initial, r, claim))
         return CreateResult(session_id=made.session_id, turn_id=made.turn_id)
 
     async def acreate(self, *, container_id: str | None = None, space: dict[str, Any] | None = None,
@@ -347,10 +348,10 @@ class SessionLoop:
             asked = Reply()
             self.rt.tell(calling, Ask(CallerOf(), asked))
             caller = await asyncio.wait_for(asked.future(), self.rt.options.request_timeout_s)
-        created, initial, claim = self._plan_create(container_id, space_id, title, activity, permission_mode,
-                                                     message, caller, room)
+        session_id, created, initial, claim = self._plan_create(container_id, space_id, title, activity,
+                                                                permission_mode, message, caller, room)
         reply = Reply()
-        self.rt.tell(created.session_id, Create(created, initial, reply, claim))
+        self.rt.tell(session_id, Create(created, initial, reply, claim))
         made = await asyncio.wait_for(reply.future(), self.rt.options.request_timeout_s)
         return CreateResult(session_id=made.session_id, turn_id=made.turn_id)
 
@@ -380,28 +381,14 @@ class SessionLoop:
         text, key = self._check_message(text, idempotency_key, refs)
         traceparent = _traceparent(traceparent)
         self._owned(session_id)
-        accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=new_id(), text=text, attachments=refs,
-                                   idempotency_key=key, speaker=E.Speaker(platform=self.app.platform or self.app.id,
-                                                                          app_id=self.app.id),
-                                   traceparent=traceparent)
+        accepted = NewInput(input_id=new_id(), turn_id=new_id(), text=text, attachments=refs, idempotency_key=key,
+                              speaker=E.Speaker(platform=self.app.platform or self.app.id, app_id=self.app.id),
+                              traceparent=traceparent)
         # the traceparent is not part of the body: a retry from a new span of the sender's is
         # the same message (a duplicate, with the first send's trace), not a conflict
         body = {"text": text, "attachments": [r.sha256 for r in refs]}
         claim = IdempotencyClaim(f"app:{self.app.id}:{session_id}", key, request_hash(body))
         return Send(accepted, claim, reply, self._quota)
-
-    def _quota(self, state: Any) -> Receipt | None:
-        """The quota: 20 unfinished turns per session, 200 per app -> ``rejected`` (not stored).
-
-        Runs on the session's thread. The app's count is shared by all its sessions, so the slot
-        is taken atomically here (``app_reserve``); the session's own accounting then counts the
-        input as already there, and a failed or duplicate append gives the slot back."""
-        rejected = Receipt(state="rejected", retry_after_ms=RETRY_AFTER_MS, epoch=self.rt.epoch)
-        if state.unfinished_turns() >= SESSION_QUOTA:
-            return rejected
-        if not self.rt.app_reserve(self.app.id, APP_QUOTA):
-            return rejected
-        return None
 
     def send(self, session_id: str, text: str, idempotency_key: str,
              attachments: list[Any] | None = None, *, traceparent: str | None = None) -> LoopReceipt:
@@ -613,16 +600,14 @@ async def _owner_child(rt: Any, parent: CallerFacts, args: dict[str, Any], key: 
     """A child of an owner session: in the parent's directory, with its model and policy."""
 
     parent_id = parent.created.session_id
-    now = now_ms()
     session_id = new_id()
-    event = E.SessionCreated(at=now, session_id=session_id, title=args.get("title", ""), kind="task",
-                             parent_id=parent_id, activity="background",
-                             permission_mode=parent.permission_mode,  # type: ignore[arg-type]
-                             cwd=parent.cwd, model=parent.model)
-    initial = E.InputAccepted(at=now, input_id=new_id(), turn_id=new_id(), text=args["task"], idempotency_key=key)
+    new = NewSession(title=args.get("title", ""), kind="task", parent_id=parent_id, activity="background",
+                     permission_mode=parent.permission_mode,  # type: ignore[arg-type]
+                     cwd=parent.cwd, model=parent.model)
+    initial = NewInput(input_id=new_id(), turn_id=new_id(), text=args["task"], idempotency_key=key)
     claim = IdempotencyClaim(f"owner:{parent_id}:spawn", key, request_hash({"task": args["task"]}))
     reply = Reply()
-    rt.tell(session_id, Create(event, initial, reply, claim))
+    rt.tell(session_id, Create(new, initial, reply, claim))
     return await reply.future()
 
 

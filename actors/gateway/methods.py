@@ -20,7 +20,7 @@ from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Session
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.session import commands as C
-from sessionloop.actors.session.messages import Ask, Cancel, Compact, Create, Decide, Send, Snapshot, Subscribe, now_ms
+from sessionloop.actors.session.messages import Ask, Cancel, Compact, Create, Decide, Send, Snapshot, Subscribe
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE as DEFAULT_WORKSPACE_KEY
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE_NAME
 from sessionloop.actors.settings.texts import Text, message_of
@@ -231,8 +231,8 @@ class _Handlers:
             self.check(conn, params.parent_id)
         session_id = new_id()
         speaker = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
-        created = E.SessionCreated(
-            at=now_ms(), session_id=session_id, name=params.name or "", kind="task" if params.parent_id else "owner",
+        created = C.NewSession(
+            name=params.name or "", kind="task" if params.parent_id else "owner",
             parent_id=params.parent_id, app_id=conn.peer.app_id, created_by=speaker,
             permission_mode=self.rt.options.permission_mode or "ask",
             # the summary's place: an owner's session lives in the default workspace
@@ -383,8 +383,8 @@ class _Handlers:
                       reply: Reply, source: str | None = None, traceparent: str | None = None) -> Send:
         speaker = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner,
                             app_id=conn.peer.app_id)
-        accepted = E.InputAccepted(at=now_ms(), input_id=new_id(), turn_id=new_id(), text=text, attachments=refs,
-                                   speaker=speaker, source=source, traceparent=traceparent)
+        accepted = C.NewInput(input_id=new_id(), turn_id=new_id(), text=text, attachments=refs, speaker=speaker,
+                              source=source, traceparent=traceparent)
         return Send(accepted, None, reply)
 
     def turn_continue(self, conn: Client, request_id: RequestId, params: SessionIdParams) -> None:

@@ -48,12 +48,11 @@ from sessionloop.actors.errors import ActorError, CompactionFailed, NotFound, co
 from sessionloop.actors.model.attachments import has_attachments
 from sessionloop.actors.model.attachments import resolve as resolve_attachments
 from sessionloop.actors.model.base import RetryNotice
-from sessionloop.actors.model.storable import storable_response
+from sessionloop.actors.session.commands import Quota
 from sessionloop.actors.session.context import estimated_context_tokens, model_view
 from sessionloop.actors.session.decide import (
     AgentConfig,
     DecideContext,
-    decide_cancel,
     decide_command,
     decide_compaction_cancelled,
     decide_compaction_interrupted,
@@ -61,13 +60,15 @@ from sessionloop.actors.session.decide import (
     decide_delete,
     decide_input,
     decide_model_done,
+    decide_model_retried,
+    decide_park,
+    decide_stop,
     decide_stop_for_delete,
     decide_tool_done,
-    drive,
     ensure_usable,
     repairs_after_restart,
-    system_messages,
 )
+from sessionloop.actors.session.drive import drive, system_messages
 from sessionloop.actors.session.messages import (
     Cancel,
     Create,
@@ -92,7 +93,6 @@ from sessionloop.actors.session.stream_sink import StreamSink, close_cards
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pool import PooledActor
 from sessionloop.actors.system.pubsub import LoopEvent, TurnOutcome
-from sessionloop.actors.tools.builtin import plan_from_output  # the plan item, replaced whole
 from sessionloop.actors.tools.caller import CURRENT_CALL, CallerContext
 from sessionloop.actors.views.summary import encode_summary_record, rewrites_listing, summary_record, tombstone_record
 from sessionloop.eventstore import (
@@ -294,7 +294,7 @@ class SessionBehaviour:
             self._load()
             if len(self._failures) >= self.rt.options.park_after_failures:
                 reason = f"{len(self._failures)} failures within a minute; last: {type(error).__name__}: {error}"
-                self._commit([E.SessionParked(at=now_ms(), reason=reason)], run_drive=False)
+                self._commit(decide_park(reason, now_ms()), run_drive=False)
                 self.rt.results_fail_pending(self.state, "parked")
             else:
                 self._recover()
@@ -475,11 +475,10 @@ class SessionBehaviour:
                 return None
             r = answer_now(request, lambda kind, text: keep((kind, text)))
         except SessionloopError as e:  # what streamed before the failure (reasoning) still goes out
-            return step_id, decide_model_done(state, step_id, None, str(e), now), deltas
+            return step_id, decide_model_done(state, step_id, None, str(e), _ms_since(started), now), deltas
         if r is None:
             return None
-        completed = _llm_completed(r, now, turn_id, step_id, _ms_since(started))
-        return step_id, decide_model_done(state, step_id, completed, None, now), deltas
+        return step_id, decide_model_done(state, step_id, r, None, _ms_since(started), now), deltas
 
     def _model_request(self, cfg: AgentConfig) -> Any:
         state = self.state
@@ -791,9 +790,7 @@ class SessionBehaviour:
             if known is not None:
                 msg.reply.set(_created_dec.decode(known.receipt))
                 return
-        events = decide_create(self.state, msg.created)
-        if msg.initial is not None:
-            events.append(msg.initial)
+        events = decide_create(self.state, msg.new, msg.initial, now_ms())
         created = Created(session_id=self.sid, turn_id=msg.initial.turn_id if msg.initial else None)
         if claim is not None:
             claim = IdempotencyClaim(claim.scope, claim.key, claim.request_hash, _created_enc.encode(created))
@@ -818,20 +815,20 @@ class SessionBehaviour:
                 return
         if self.deleting:  # a repeat above still gets its receipt; a new input is refused
             raise NotFound(Text("error.session-deleting", session=self.sid))
-        if msg.check is not None:
-            rejected = msg.check(self.state)
-            if rejected is not None:
-                msg.reply.set(rejected)
+        quota = msg.quota
+        if quota is not None:
+            if self._over_quota(quota):
+                msg.reply.set(Receipt(state="rejected", retry_after_ms=quota.retry_after_ms, epoch=self.rt.epoch))
                 return
             if self._app_id() is not None:
                 # the check took the app's slot for this input: count it as ours already, so the
                 # accounting after the commit does not add it twice (a reload gives it back)
                 self._unfinished += 1
-        accepted = msg.accepted
+        accepted = msg.input
         try:
-            events = decide_input(self.state, accepted)
+            events = decide_input(self.state, accepted, now_ms())
         except BaseException:
-            if msg.check is not None and self._app_id() is not None:
+            if quota is not None and self._app_id() is not None:
                 self._account_unfinished()  # refused before any append: the slot goes back
             raise
         state = "accepted" if not self.state.is_busy and not self.state.queue else "queued"
@@ -851,13 +848,18 @@ class SessionBehaviour:
 
         self._commit_then(msg, events, answer, claim=claim)
 
+    def _over_quota(self, quota: Quota) -> bool:
+        """Too many unfinished turns in this session, or in all of the app's (whose count is
+        shared by its sessions, so the slot is taken atomically here: ``app_reserve``; the
+        session's own accounting then counts the input as already there, and a failed or
+        duplicate append gives the slot back)."""
+        if self.state.unfinished_turns() >= quota.per_session:
+            return True
+        return not self.rt.app_reserve(quota.app_id, quota.per_app)
+
     def on_cancel(self, msg: Cancel) -> None:
         now = now_ms()
-        events: list[E.Event] = []
-        if msg.drop_queue and self.state.created is not None:
-            events += [E.InputDropped(at=now, input_id=q.input_id, turn_id=q.turn_id, reason=msg.reason)
-                       for q in self.state.queue]
-        events += decide_cancel(self.state, msg.turn_id, msg.reason, now)
+        events = decide_stop(self.state, msg.turn_id, msg.reason, now, drop_queue=msg.drop_queue)
         flight = self.compaction
         if flight is not None and not flight.auto and self.state.current_turn is None:
             events += decide_compaction_cancelled(msg.reason, now)  # cancel() also stops a manual compaction
@@ -911,42 +913,20 @@ class SessionBehaviour:
         msg.reply.set(result)
 
     def on_model_done(self, msg: ModelDone) -> None:
-        state = self.state
-        if state.pending_llm != msg.step_id or state.current_turn is None:
-            return
-        self._model_task = None
-        now = now_ms()
-        completed = None
-        r = msg.response
-        if r is not None:
-            completed = _llm_completed(r, now, state.current_turn, msg.step_id, msg.duration_ms)
-        self._commit_then(msg, decide_model_done(state, msg.step_id, completed, msg.error, now), _ignore)
+        events = decide_model_done(self.state, msg.step_id, msg.response, msg.error, msg.duration_ms, now_ms())
+        if events:
+            self._model_task = None
+            self._commit_then(msg, events, _ignore)
 
     def on_model_retried(self, msg: ModelRetried) -> None:
         """Record the retry as a fact of the step (nothing else changes: the call goes on)."""
-        state = self.state
-        turn_id = state.current_turn
-        if state.pending_llm != msg.step_id or turn_id is None:
-            return  # the step ended (stopped) meanwhile
-        n = msg.notice
-        self._commit([E.LlmRetried(at=now_ms(), turn_id=turn_id, step_id=msg.step_id, attempt=n.attempt,
-                                   status=n.status, cause=n.cause, wait_ms=n.wait_ms, error=n.error,
-                                   next_item_id=msg.next_item_id)], run_drive=False)
+        events = decide_model_retried(self.state, msg.step_id, msg.notice, msg.next_item_id, now_ms())
+        if events:
+            self._commit(events, run_drive=False)
 
     def on_tool_done(self, msg: ToolDone) -> None:
         self._tool_tasks.pop(msg.call_id, None)
-        r = msg.result
-        failed = r.is_error or (r.exit_code not in (None, 0))
-        task_id = r.output.get("taskId") if isinstance(r.output, dict) else None
-        finished = E.ToolFinished(at=now_ms(), turn_id=msg.turn_id, call_id=msg.call_id,
-                                  status="failed" if failed else "completed", output=r.output,
-                                  exit_code=r.exit_code, duration_ms=msg.duration_ms,
-                                  task_id=task_id if isinstance(task_id, str) else None)
-        events = decide_tool_done(self.state, finished)
-        rec = self.state.tool_calls.get(msg.call_id)
-        if events and rec is not None and rec.tool == "update_plan" and not failed and isinstance(r.output, dict):
-            entries, explanation = plan_from_output(r.output)
-            events.append(E.PlanUpdated(at=finished.at, entries=entries, explanation=explanation))
+        events = decide_tool_done(self.state, msg.turn_id, msg.call_id, msg.result, msg.duration_ms, now_ms())
         if events:
             self._commit_then(msg, events, _ignore)
 
@@ -1030,18 +1010,6 @@ class _Pending:
 
 def _ignore(*_: Any) -> None:
     return None
-
-
-def _llm_completed(response: Any, now: int, turn_id: str, step_id: str, duration_ms: int) -> E.LlmCompleted:
-    """The event of a model's answer: the one place every provider's answer passes (the mock's
-    taken in place and every ``generate`` result), so it is where an answer is made storable
-    (a tool call whose arguments the store cannot encode becomes one that fails, see
-    ``actors/model/storable.py``); before, such an answer failed every commit and the re-issued
-    model call failed again until the session was parked."""
-    r = storable_response(response)
-    return E.LlmCompleted(at=now, turn_id=turn_id, step_id=step_id, text=r.text, reasoning=r.reasoning,
-                          tool_calls=list(r.tool_calls), usage=r.usage, model=r.model, provider=r.provider,
-                          duration_ms=duration_ms)
 
 
 def _ms_since(started: float) -> int:

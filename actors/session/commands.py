@@ -123,6 +123,59 @@ class RecordTaskEnd(Command, frozen=True, kw_only=True):
     ended: E.TaskEnded
 
 
+class NewSession(msgspec.Struct, frozen=True, kw_only=True):
+    """A session as its creator describes it (the ``Create`` message): ``decide_create`` records
+    it as ``session.created`` with the time and the session's id. The fields are those of
+    ``events.SessionCreated`` but ``at`` and ``session_id`` (a test keeps the two in step)."""
+
+    title: str = ""
+    name: str = ""
+    kind: E.SessionKind = "owner"
+    parent_id: str | None = None
+    root_id: str | None = None
+    app_id: str | None = None
+    platform: str | None = None
+    instance: str | None = None
+    account: str | None = None
+    container_id: str | None = None
+    space_id: str | None = None
+    activity: E.Activity = "interactive"
+    permission_mode: E.PermissionMode = "ask"
+    cwd: str = ""
+    model: str | None = None
+    chat: E.ChatInfo | None = None
+    place: E.PlaceRef | None = None
+    forked_from: str | None = None
+    fork_turns: int | None = None
+    created_by: E.Speaker | None = None
+
+
+class NewInput(msgspec.Struct, frozen=True, kw_only=True):
+    """An input as its sender gives it (the ``Send`` message, or the first input of a ``Create``),
+    with the ids the sender picked: ``decide_input`` records it as ``input.accepted``. The fields
+    are those of ``events.InputAccepted`` but ``at``."""
+
+    input_id: str
+    turn_id: str
+    text: str = ""
+    attachments: list[E.AttachmentRef] = []
+    source: str | None = None
+    speaker: E.Speaker | None = None
+    idempotency_key: str | None = None
+    traceparent: str | None = None
+
+
+class Quota(msgspec.Struct, frozen=True, kw_only=True):
+    """The Session Loop API's quota on a ``Send``: at most ``per_session`` unfinished turns in the
+    session and ``per_app`` in all of ``app_id``'s sessions; over it the input is ``rejected``
+    (nothing stored) with ``retry_after_ms``."""
+
+    app_id: str
+    per_session: int
+    per_app: int
+    retry_after_ms: int
+
+
 class CheckpointImage(msgspec.Struct, frozen=True):
     path: str
     existed: bool

@@ -31,7 +31,8 @@ from sessionloop.actors.errors import CompactionFailed, compact_error
 from sessionloop.actors.model import ModelRequest
 from sessionloop.actors.model.base import ignore_delta
 from sessionloop.actors.session.context import build_summary_request, compaction_input, estimated_context_tokens
-from sessionloop.actors.session.decide import decide_compact_allowed, decide_compaction_done, system_messages
+from sessionloop.actors.session.decide import decide_compact_allowed, decide_compaction_done
+from sessionloop.actors.session.drive import system_messages
 from sessionloop.actors.session.messages import SummaryDone, now_ms
 from sessionloop.actors.session.state import copy_state, evolve
 from sessionloop.actors.settings.texts import Text

@@ -1,15 +1,11 @@
-"""Commands decide events; ``drive`` decides what follows on its own (pure: the default agent loop).
+"""Commands decide events (pure): the one place, with :mod:`actors.session.drive` (the default agent
+loop, what follows by itself), where a session's stored facts are constructed.
 
 Every function here is ``(state, command/config) -> events``: no I/O, no clock (``now`` and ids
 arrive in the command), no randomness. The actor shell applies the events, asks ``drive`` what
 follows from the new state, and commits everything as one append; only after the commit does
 it start the effects those events imply (a model call for ``llm.started``, a tool run for
 ``tool.started``). Crash recovery is the same path: ``repairs_after_restart`` then ``drive``.
-
-The default loop: call the model with the messages and tool schemas; no
-tool calls -> the turn ends; else run each call in order, append its result, and call the model
-again; after ``maxSteps`` model calls the turn stops with a ``tool-limit`` notice that
-``turn/continue`` resumes.
 """
 
 from __future__ import annotations
@@ -21,7 +17,6 @@ from typing import Any, Protocol
 import msgspec
 
 from sessionloop.actors import events as E
-from sessionloop.actors.approvals.grants import settlement_by, settling
 from sessionloop.actors.errors import (
     Conflict,
     ExpectedTurnMismatch,
@@ -30,10 +25,14 @@ from sessionloop.actors.errors import (
     SessionBusy,
     SessionParked,
 )
+from sessionloop.actors.model.base import ModelResponse, RetryNotice
+from sessionloop.actors.model.storable import storable_response
 from sessionloop.actors.session import commands as C
-from sessionloop.actors.session.context import SUMMARY_PREFIX, model_view
+from sessionloop.actors.session.context import SUMMARY_PREFIX
 from sessionloop.actors.session.state import SessionState
-from sessionloop.actors.settings.texts import Text, denial_reason, stored_parts
+from sessionloop.actors.settings.texts import Text, stored_parts
+from sessionloop.actors.tools.builtin import plan_from_output
+from sessionloop.actors.tools.registry import ToolResult
 from sessionloop.protocol.limits import MAX_TITLE
 
 NOT_EXECUTED = "not executed: the turn ended before this tool call ran"
@@ -118,17 +117,29 @@ def ensure_usable(state: SessionState) -> E.SessionCreated:
     return created
 
 
-def decide_create(state: SessionState, created: E.SessionCreated) -> list[E.Event]:
+def decide_create(state: SessionState, new: C.NewSession, initial: C.NewInput | None, now: int) -> list[E.Event]:
+    """``session.created`` (and, with ``initial``, its first input in the same commit); Conflict
+    for a session that exists."""
     if state.version:
         raise Conflict(Text("error.session-exists", session=state.session_id))
-    return [created]
+    events: list[E.Event] = [E.SessionCreated(at=now, session_id=state.session_id, **msgspec.structs.asdict(new))]
+    if initial is not None:
+        events.append(accepted_input(initial, now))
+    return events
 
 
-def decide_input(state: SessionState, accepted: E.InputAccepted) -> list[E.Event]:
+def decide_input(state: SessionState, new: C.NewInput, now: int) -> list[E.Event]:
+    """``input.accepted`` into the FIFO queue; Conflict for an input or turn id already taken."""
     ensure_usable(state)
-    if any(q.input_id == accepted.input_id for q in state.queue) or accepted.turn_id in state.turns:
-        raise Conflict(f"input {accepted.input_id} was already accepted")
-    return [accepted]
+    if any(q.input_id == new.input_id for q in state.queue) or new.turn_id in state.turns:
+        raise Conflict(f"input {new.input_id} was already accepted")
+    return [accepted_input(new, now)]
+
+
+def accepted_input(new: C.NewInput, now: int) -> E.InputAccepted:
+    return E.InputAccepted(at=now, input_id=new.input_id, turn_id=new.turn_id, text=new.text,
+                           attachments=new.attachments, source=new.source, speaker=new.speaker,
+                           idempotency_key=new.idempotency_key, traceparent=new.traceparent)
 
 
 def decide_cancel(state: SessionState, turn_id: str | None, reason: str, now: int) -> list[E.Event]:
@@ -180,13 +191,26 @@ def pending_approval_settlements(state: SessionState, turn_id: str, status: str,
     return out
 
 
-def decide_model_done(state: SessionState, step_id: str, completed: E.LlmCompleted | None,
-                      error: str | None, now: int) -> list[E.Event]:
+def llm_completed(response: ModelResponse, now: int, turn_id: str, step_id: str, duration_ms: int) -> E.LlmCompleted:
+    """The event of a model's answer: the one place every provider's answer passes (the mock's
+    taken in place and every ``generate`` result), so it is where an answer is made storable
+    (a tool call whose arguments the store cannot encode becomes one that fails, see
+    ``actors/model/storable.py``); before, such an answer failed every commit and the re-issued
+    model call failed again until the session was parked."""
+    r = storable_response(response)
+    return E.LlmCompleted(at=now, turn_id=turn_id, step_id=step_id, text=r.text, reasoning=r.reasoning,
+                          tool_calls=list(r.tool_calls), usage=r.usage, model=r.model, provider=r.provider,
+                          duration_ms=duration_ms)
+
+
+def decide_model_done(state: SessionState, step_id: str, response: ModelResponse | None,
+                      error: str | None, duration_ms: int, now: int) -> list[E.Event]:
     """The model answered (or failed) for ``step_id``; a stale answer (cancelled step) is dropped."""
     if state.pending_llm != step_id or state.current_turn is None:
         return []
     turn_id = state.current_turn
-    if completed is not None:
+    if response is not None:
+        completed = llm_completed(response, now, turn_id, step_id, duration_ms)
         events: list[E.Event] = [completed]
         if not completed.tool_calls:
             events.append(E.TurnCompleted(at=now, turn_id=turn_id, outcome="replied" if completed.text else "silent",
@@ -199,11 +223,49 @@ def decide_model_done(state: SessionState, step_id: str, completed: E.LlmComplet
     ]
 
 
-def decide_tool_done(state: SessionState, finished: E.ToolFinished) -> list[E.Event]:
-    rec = state.tool_calls.get(finished.call_id)
-    if rec is None or rec.status != "running" or state.current_turn != finished.turn_id:
-        return []  # late result of an aborted call: it stays aborted
-    return [finished]
+def decide_model_retried(state: SessionState, step_id: str, notice: RetryNotice, next_item_id: str,
+                         now: int) -> list[E.Event]:
+    """An attempt of the running model call failed and the provider tries again: the retry is a
+    fact of the step (nothing else changes); nothing when the step ended meanwhile."""
+    turn_id = state.current_turn
+    if state.pending_llm != step_id or turn_id is None:
+        return []
+    return [E.LlmRetried(at=now, turn_id=turn_id, step_id=step_id, attempt=notice.attempt, status=notice.status,
+                         cause=notice.cause, wait_ms=notice.wait_ms, error=notice.error, next_item_id=next_item_id)]
+
+
+def decide_tool_done(state: SessionState, turn_id: str, call_id: str, result: ToolResult, duration_ms: int,
+                     now: int) -> list[E.Event]:
+    """A tool call's result (``tool.finished``; ``update_plan``'s also replaces the plan); a late
+    result of an aborted call is dropped: it stays aborted."""
+    rec = state.tool_calls.get(call_id)
+    if rec is None or rec.status != "running" or state.current_turn != turn_id:
+        return []
+    output = result.output
+    failed = result.is_error or (result.exit_code not in (None, 0))
+    task_id = output.get("taskId") if isinstance(output, dict) else None
+    events: list[E.Event] = [E.ToolFinished(
+        at=now, turn_id=turn_id, call_id=call_id, status="failed" if failed else "completed", output=output,
+        exit_code=result.exit_code, duration_ms=duration_ms, task_id=task_id if isinstance(task_id, str) else None)]
+    if rec.tool == "update_plan" and not failed and isinstance(output, dict):
+        entries, explanation = plan_from_output(output)  # the plan item, replaced whole
+        events.append(E.PlanUpdated(at=now, entries=entries, explanation=explanation))
+    return events
+
+
+def decide_stop(state: SessionState, turn_id: str | None, reason: str, now: int, *, drop_queue: bool) -> list[E.Event]:
+    """Stop the running turn (``decide_cancel``); with ``drop_queue`` (``background/stopAll``) the
+    queued inputs are dropped first."""
+    events: list[E.Event] = []
+    if drop_queue and state.created is not None:
+        events += [E.InputDropped(at=now, input_id=q.input_id, turn_id=q.turn_id, reason=reason) for q in state.queue]
+    return events + decide_cancel(state, turn_id, reason, now)
+
+
+def decide_park(reason: str, now: int) -> list[E.Event]:
+    """The session failed too often: it is parked (``session.parked``) and takes no command until
+    it is unparked."""
+    return [E.SessionParked(at=now, reason=reason)]
 
 
 def decide_stop_for_delete(state: SessionState, reason: str, now: int) -> list[E.Event]:
@@ -387,190 +449,6 @@ def decide_compaction_done(turns: int, text: str, error: str | None, usage: E.Us
     event = E.ContextCompacted(at=now, summary=summary, turns=turns, chars=len(summary), auto=auto,
                                turn_id=turn_id, usage=usage)
     return msgspec.structs.replace(event, context_tokens=context_tokens(event))
-
-
-# --- drive: what follows by itself -------------------------------------------------------------
-
-
-def drive(state: SessionState, cfg: AgentConfig, check: ToolCheck, now: int,
-          apply: Callable[[E.Event], object]) -> Drive:
-    """Decide, apply (through ``apply``) and return every event that follows from ``state``
-    without outside input, until the session waits for a model, a tool, or new input."""
-    out = Drive(events=[])
-
-    def emit(event: E.Event) -> None:
-        out.events.append(event)
-        apply(event)
-
-    for _ in range(10_000):  # each round emits at least one event or returns
-        if state.parked is not None or state.deleted or state.created is None:
-            return out
-        turn_id = state.current_turn
-        if turn_id is None:
-            if not state.queue:
-                return out
-            _start_turn(state, cfg, now, emit)
-            continue
-        if state.pending_llm is not None:
-            return out
-        turn = state.turns[turn_id]
-        waiting = [state.tool_calls[c] for c in state.batch if c in state.tool_calls]
-        if any(rec.status == "running" for rec in waiting):
-            return out
-        nxt = next((rec for rec in waiting if rec.status == "generating"), None)
-        if nxt is not None:
-            if not _start_call(state, cfg, check, nxt, now, emit):
-                return out  # waiting for an approval
-            continue
-        limit = turn.max_steps_or(cfg.max_steps)
-        if limit != UNLIMITED_STEPS and turn.llm_calls >= limit:
-            # the notice first: it is the turn's last entry, then the turn item closes
-            text, key, values = stored_parts(Text("notice.tool-limit", limit=limit))
-            emit(E.NoticePosted(at=now, notice_id=f"{turn_id}.limit", topic="tool-limit", turn_id=turn_id,
-                                text=text, text_key=key, text_values=values, can_continue=True))
-            emit(E.TurnLimitReached(at=now, turn_id=turn_id, max_steps=limit))
-            continue
-        if turn.llm_calls == 0 and _needs_compaction(state, cfg, turn_id):
-            out.needs_compaction = turn_id
-            return out
-        _start_model(state, cfg, turn_id, now, emit)
-    raise RuntimeError("drive did not settle")  # a bug: the loop must always make progress
-
-
-def _start_turn(state: SessionState, cfg: AgentConfig, now: int, emit: Callable[[E.Event], None]) -> None:
-    q = state.queue[0]
-    # before a new run, unanswered tool calls of an earlier turn get a
-    # "not executed" result so the provider never sees a call without its result.
-    last = state.turns[state.turn_order[-1]].message_start if state.turn_order else 0
-    recent = state.messages[last:]
-    answered = {m.tool_call_id for m in recent if m.role == "tool"}
-    for m in recent:
-        for call in m.tool_calls:
-            if call.call_id not in answered:
-                emit(E.ToolFinished(at=now, turn_id=m.turn_id or q.turn_id, call_id=call.call_id, status="failed",
-                                    output={"error": NOT_EXECUTED}, not_executed=True, repair="not-executed"))
-    emit(E.TurnStarted(at=now, turn_id=q.turn_id, input_ids=[q.input_id], source=q.source, max_steps=cfg.max_steps))
-
-
-def _needs_compaction(state: SessionState, cfg: AgentConfig, turn_id: str) -> bool:
-    if cfg.context_chars is None or state.turns[turn_id].compaction_tried:
-        return False
-    earlier = state.turns[turn_id].message_start
-    if earlier == 0:
-        return False  # nothing before the current turn to summarise
-    view, report = model_view(system_messages(cfg) + state.messages, cfg.context_chars)
-    return report.chars_before > cfg.context_chars
-
-
-def system_messages(cfg: AgentConfig) -> list[E.Message]:
-    return [E.Message(role="system", content=cfg.system_prompt)] if cfg.system_prompt else []
-
-
-def _start_model(state: SessionState, cfg: AgentConfig, turn_id: str, now: int,
-                 emit: Callable[[E.Event], None]) -> None:
-    step_id = f"{turn_id}.{state.turns[turn_id].llm_calls + 1}"
-    if cfg.context_chars is not None:
-        view, report = model_view(system_messages(cfg) + state.messages, cfg.context_chars)
-        if report.trimmed:
-            emit(E.ContextTrimmed(at=now, turn_id=turn_id, step_id=step_id, chars_before=report.chars_before,
-                                  chars_after=report.chars_after, omitted_outputs=report.omitted_outputs,
-                                  dropped_turns=report.dropped_turns))
-    emit(E.LlmStarted(at=now, turn_id=turn_id, step_id=step_id, message_count=len(state.messages),
-                      attachments=_turn_attachments(state, turn_id)))
-
-
-def _turn_attachments(state: SessionState, turn_id: str) -> list[str]:
-    """The files of this turn's user messages, as a model call's event names them."""
-    return [f"{a.name} ({a.kind}, {a.mime}, {a.size} bytes)" for m in state.messages
-            if m.turn_id == turn_id and m.role == "user" for a in m.attachments]
-
-
-def _start_call(state: SessionState, cfg: AgentConfig, check: ToolCheck, rec: Any, now: int,
-                emit: Callable[[E.Event], None]) -> bool:
-    """Start, refuse or hold one generated call; False while it waits for an approval."""
-    turn_id = state.current_turn
-    assert turn_id is not None
-    policy = check(rec.tool, rec.args, rec.call_id)
-    if not policy.exists:
-        emit(E.ToolFinished(at=now, turn_id=turn_id, call_id=rec.call_id, status="failed",
-                            output={"error": f"unknown tool {rec.tool!r}"}))
-        return True
-    if policy.error is not None:
-        emit(E.ToolFinished(at=now, turn_id=turn_id, call_id=rec.call_id, status="failed",
-                            output={"error": policy.error}))
-        return True
-    if policy.needs_approval and cfg.permission_mode != "acceptCalls":
-        return _gate(state, cfg, policy, rec, turn_id, now, emit)
-    if policy.needs_approval and policy.grants and rec.settlement is None:  # a denying grant holds here too
-        grant = settling(state.grants.values(), rec.tool, rec.args, now, turn_id, approving=False)
-        if grant is not None:
-            _settle_by_grant(state, policy, rec, turn_id, grant, now, emit)
-            return True
-    emit(E.ToolStarted(at=now, turn_id=turn_id, call_id=rec.call_id, tool=rec.tool, args=rec.args,
-                       display=policy.display))
-    return True
-
-
-def approval_id_of(session_id: str, turn_id: str, call_id: str) -> str:
-    """Unique per call; begins with the session id, so the approval's stream shares its shard."""
-    return f"{session_id}.{turn_id}.{call_id}"
-
-
-def _gate(state: SessionState, cfg: AgentConfig, policy: ToolPolicy, rec: Any, turn_id: str, now: int,
-          emit: Callable[[E.Event], None]) -> bool:
-    """An approval's outcome: approved -> run; settled otherwise -> denied with the note for the model;
-    nobody present -> denied at once as ``absent`` (no push); else request and wait."""
-    settlement = rec.settlement
-    approval_id = rec.approval_id or approval_id_of(state.session_id, turn_id, rec.call_id)
-    if settlement is not None:
-        if settlement.state == "approved":
-            emit(E.ToolStarted(at=now, turn_id=turn_id, call_id=rec.call_id, tool=rec.tool, args=rec.args,
-                               display=policy.display))
-        else:
-            emit(_denied(turn_id, rec.call_id, approval_id, settlement, now))
-        return True
-    if rec.approval_id is not None:
-        return False
-    grant = settling(state.grants.values(), rec.tool, rec.args, now, turn_id,
-                     approving=cfg.permission_mode == "ask") if policy.grants else None
-    if grant is not None:
-        _settle_by_grant(state, policy, rec, turn_id, grant, now, emit)
-        return True
-    source = None
-    if cfg.permission_mode == "deny":
-        source = "ineligible"
-    elif not policy.approvers_present:
-        source = "absent"
-    elif policy.rate_limited:
-        source = "rate-limit"
-    if source is not None:
-        settled = E.Settlement(state="denied", source=source, at=now)  # type: ignore[arg-type]
-        emit(_denied(turn_id, rec.call_id, approval_id, settled, now))
-        return True
-    emit(E.ToolApprovalRequested(at=now, turn_id=turn_id, call_id=rec.call_id, approval_id=approval_id))
-    return False
-
-
-def _settle_by_grant(state: SessionState, policy: ToolPolicy, rec: Any, turn_id: str, grant: Any, now: int,
-                     emit: Callable[[E.Event], None]) -> None:
-    """A grant settles the call at once, no approval asked; the settlement names the grant."""
-    approval_id = approval_id_of(state.session_id, turn_id, rec.call_id)
-    settlement = settlement_by(grant, now)
-    emit(E.ToolApprovalSettled(at=now, turn_id=turn_id, call_id=rec.call_id, approval_id=approval_id,
-                               settlement=settlement))
-    if settlement.state == "approved":
-        emit(E.ToolStarted(at=now, turn_id=turn_id, call_id=rec.call_id, tool=rec.tool, args=rec.args,
-                           display=policy.display))
-    else:
-        emit(_denied(turn_id, rec.call_id, approval_id, settlement, now))
-
-
-def _denied(turn_id: str, call_id: str, approval_id: str, settlement: E.Settlement, now: int) -> E.ToolFinished:
-    """The denied call's result, for the model: English (text for the model, ``actors.settings.texts``);
-    the owner's card shows the same reason in the server's language (``reason``)."""
-    why = str.__str__(denial_reason(settlement))
-    return E.ToolFinished(at=now, turn_id=turn_id, call_id=call_id, status="denied",
-                          output={"error": f"denied: {why}"}, approval_id=approval_id, settlement=settlement)
 
 
 # --- recovery ---------------------------------------------------------------------------------

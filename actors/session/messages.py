@@ -48,26 +48,28 @@ class Create(Msg):
     """Create the session, with its first input in the same commit (no ghost session if that
     fails); ``claim`` makes a retried create answer with the session it made the first time."""
 
-    __slots__ = ("created", "initial", "claim")
+    __slots__ = ("new", "initial", "claim")
 
-    def __init__(self, created: E.SessionCreated, initial: E.InputAccepted | None, reply: Reply,
+    def __init__(self, new: C.NewSession, initial: C.NewInput | None, reply: Reply,
                  claim: IdempotencyClaim | None = None) -> None:
         super().__init__(reply)
-        self.created, self.initial, self.claim = created, initial, claim
+        self.new, self.initial, self.claim = new, initial, claim
 
     def run(self, actor: SessionActor) -> None:
         actor.on_create(self)
 
 
 class Send(Msg):
-    """An input for the FIFO queue; ``claim`` makes it idempotent (same key -> same receipt)."""
+    """An input for the FIFO queue; ``claim`` makes it idempotent (same key -> same receipt);
+    ``quota`` (the Session Loop API's) refuses it as ``rejected`` when the session or its app
+    has too many unfinished turns."""
 
-    __slots__ = ("accepted", "claim", "check")
+    __slots__ = ("input", "claim", "quota")
 
-    def __init__(self, accepted: E.InputAccepted, claim: IdempotencyClaim | None, reply: Reply,
-                 check: Any = None) -> None:
+    def __init__(self, input: C.NewInput, claim: IdempotencyClaim | None, reply: Reply,
+                 quota: C.Quota | None = None) -> None:
         super().__init__(reply)
-        self.accepted, self.claim, self.check = accepted, claim, check
+        self.input, self.claim, self.quota = input, claim, quota
 
     def run(self, actor: SessionActor) -> None:
         actor.on_send(self)

@@ -25,8 +25,9 @@ from sessionloop.actors.session.actor import PooledSessionActor, SessionActor, S
 from sessionloop.actors.session.commands import CheckpointImage, PostTaskNotice, RecordCheckpoints, SettleApproval
 from sessionloop.actors.session.compaction import Compaction
 from sessionloop.actors.session.context import summary_text
-from sessionloop.actors.session.decide import AgentConfig, ToolCheck, ToolPolicy, steps_limit, system_messages
+from sessionloop.actors.session.decide import AgentConfig, ToolCheck, ToolPolicy, steps_limit
 from sessionloop.actors.session.deletion import Deletions
+from sessionloop.actors.session.drive import system_messages
 from sessionloop.actors.session.messages import Decide, Passivate
 from sessionloop.actors.session.queries import turn_outcome
 from sessionloop.actors.settings.apps import AppRegistry, clamp_mode, clamp_policy

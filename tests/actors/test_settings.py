@@ -13,6 +13,7 @@ import pytest
 from sessionloop.actors import events as E
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import MockProvider
+from sessionloop.actors.session.commands import NewSession
 from sessionloop.actors.session.messages import Create
 from sessionloop.actors.settings.document import dump_toml
 from sessionloop.actors.settings.service import SettingField, check_value
@@ -831,7 +832,7 @@ def test_sessions_changed_groups_count_rooms_whose_children_wait_on_an_approval(
 def test_query_platform_colon_group_matches_a_room_id_with_that_group(world):
     host, _, c = world
     sid = "onebot:42:group:20001"
-    created = E.SessionCreated(at=1, session_id=sid, kind="room", platform="onebot", instance="onebot-1")
+    created = NewSession(kind="room", platform="onebot", instance="onebot-1")
     host.rt.ask(sid, lambda r: Create(created, None, r))
     room(host)
     assert [s["id"] for s in c.result("sessions/list", {"query": "onebot:20001"})["sessions"]] == [sid]
