@@ -34,7 +34,6 @@ from typing import Any
 
 import msgspec
 
-from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.system.worker import LoopBatch
 from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
@@ -135,7 +134,7 @@ class Subscribers:
     """Every session subscribed by a real gateway connection (see the module docstring)."""
 
     def __init__(self, host: Any, per_connection: int) -> None:
-        self.service = SessionProtocolService(host.rt, host=host)
+        self.service = host.protocol()
         self.per_connection = per_connection
         self.check = StreamCheck()
         self.outboxes: list[Outbox] = []

@@ -20,7 +20,6 @@ from typing import Any
 import click
 
 from sessionloop.actors.api.host import Host
-from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.replay.live import (
     LiveUnavailable,
     LiveView,
@@ -221,7 +220,7 @@ def _live_view(data_dir: str, session_id: str) -> tuple[Any, Any, str | None]:
         stream = f"session-{session_id}"
         stored = (read_session(host.store, data_dir, session_id), host.store.load_snapshot(stream),
                   host.store.stream_meta(stream))
-        service = SessionProtocolService(host.rt, host=host)
+        service = host.protocol()
         try:
             return stored, serve_live_view(service, session_id), None
         except LiveUnavailable as e:

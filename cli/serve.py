@@ -27,7 +27,6 @@ import click
 
 from sessionloop.actors.api.host import Host
 from sessionloop.actors.errors import InvalidCommand
-from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model.registry import (
     CONFIG_PROVIDERS,
     ModelConfigError,
@@ -252,7 +251,7 @@ class Server:
                 f"(default {models.default.entry_id})")
 
     def _service(self, apps: dict[str, Any], max_request_bytes: int) -> Any:
-        service = SessionProtocolService(self.host.rt, host=self.host, limits=Limits(max_frame_bytes=max_request_bytes))
+        service = self.host.protocol(limits=Limits(max_frame_bytes=max_request_bytes))
         for hook in service_hooks:
             hook(self, service, apps)
         return service
@@ -294,7 +293,7 @@ class Server:
         """Re-read config.toml and the apps file (SIGHUP; see the module docstring): the line
         saying what came of it. Runs on the event loop's thread, so no authentication runs
         while the token table changes."""
-        settings = self.host.rt.settings_service
+        settings = self.host.settings
         said = [self.reload_models(),  # first: a setting may name a model this edit adds
                 settings.reload_host_config() if settings is not None else "no settings service",
                 self._reload_apps()]

@@ -10,34 +10,41 @@ cancel / compact``); every call that waits on an actor has a timeout.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, cast
 
 import msgspec
 
 from sessionloop.actors import events as E
-from sessionloop.actors.api.loop import AsyncSessionLoop, LoopEvent, SessionLoop, feed_event, spawn_session_spec
-from sessionloop.actors.errors import InvalidCommand, NotFound, RequestTimeout, SessionBusy
+from sessionloop.actors.api.loop import AsyncSessionLoop, LoopFeed, SessionLoop, spawn_session_spec
+from sessionloop.actors.errors import InvalidCommand, NotFound, RequestTimeout
+from sessionloop.actors.gateway.service import SessionProtocolService
+from sessionloop.actors.model.registry import ModelRegistry
 from sessionloop.actors.session import commands as C
-from sessionloop.actors.session.actor import SessionActor, SessionBehaviour
-from sessionloop.actors.session.checkpoints import restore_before
+from sessionloop.actors.session.actor import SessionActor
 from sessionloop.actors.session.context import keep_turns
 from sessionloop.actors.session.decide import steps_limit
-from sessionloop.actors.session.messages import Ask, Cancel, Compact, Create, Decide, Receipt, Send, now_ms
+from sessionloop.actors.session.messages import Ask, Cancel, Compact, Create, Decide, Receipt, Send
+from sessionloop.actors.session.rewind import rewind
 from sessionloop.actors.session.state import SessionState, Status
 from sessionloop.actors.settings.apps import MODES, AppManifest
-from sessionloop.actors.settings.texts import Text
+from sessionloop.actors.settings.service import SettingsService
+from sessionloop.actors.system.faults import FaultInjector
 from sessionloop.actors.system.ids import new_id
-from sessionloop.actors.system.pubsub import Reply, TurnOutcome
-from sessionloop.actors.system.runtime import HostOptions, Runtime
+from sessionloop.actors.system.ports import CommitListener
+from sessionloop.actors.system.pubsub import Reply, TurnOutcome, Watchers
+from sessionloop.actors.system.runtime import HostOptions, Runtime, open_data_store
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY
+from sessionloop.actors.views.index import SummaryIndex
 from sessionloop.actors.views.summary import decode_summary_record
 from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
+from sessionloop.protocol.connection import Limits
 from sessionloop.protocol.limits import MAX_TITLE
 
-#: a commit listener: (session actor, the committed events, the append's result)
-Listener = Callable[[SessionBehaviour, list[E.Event], Any], None]
-
+log = logging.getLogger("sessionloop.host")
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     turn_id: str
@@ -59,29 +66,40 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Host:
-    """Opens the store, starts the directory and the shared worker loop (one per data directory).
+    """The composition root: opens the store and builds everything on it, wired by typed ports
+    (``actors.system.ports``); one per data directory.
+
+    ``Host.open`` builds, in this order: the models (a model that cannot be used refuses the start
+    before anything is opened), the store, the listing index, the runtime (with its commit
+    listeners: the index, the Session Loop API's feed and the caller's, and the factory of the
+    settings service), then the host. :meth:`protocol` builds a session protocol service (the
+    gateway) over them. Nothing is attached to any of them afterwards.
 
     Sessions with unfinished work (queued inputs or an interrupted turn) are activated at open
     and resume by themselves; every other session stays on disk until it is used.
     """
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, index: SummaryIndex, settings: SettingsService,
+                 settings_work: ThreadPoolExecutor) -> None:
         self.rt = runtime
+        self.index = index
+        self.settings = settings  # the runtime's settings service (it sees it as ``SessionSettings``)
+        self._settings_work = settings_work
         if "spawn_session" not in runtime.tools:
             runtime.tools.register(spawn_session_spec(self))
         self.apps = runtime.apps
         self.loop_watchers = runtime.loop_watchers
-        runtime.listeners.append(self._emit_loop_events)
         runtime.approvals.settle_leftovers()
         for session_id in runtime.store.flagged("active"):
             if session_id.startswith("session-"):
                 runtime.tell(session_id[len("session-"):], Ask(C.Wake(), Reply()))
 
     @classmethod
-    def open(cls, data_dir: str = ".sessionloop", *, listeners: Sequence[Listener] = (), **options: Any) -> Host:
+    def open(cls, data_dir: str = ".sessionloop", *, listeners: Sequence[CommitListener] = (),
+             **options: Any) -> Host:
         """Open the host on ``data_dir``; ``options`` are the fields of :class:`HostOptions`;
-        ``listeners`` hear every commit (``Runtime.listeners``) from the first, before the
-        sessions with unfinished work resume (a tracer sees their repairs too).
+        ``listeners`` hear every commit (``actors.system.ports.Commit``) from the first, before
+        the sessions with unfinished work resume (a tracer sees their repairs too).
 
         Raises StoreLocked if another process serves this directory, ValueError for an unknown
         option.
@@ -92,12 +110,36 @@ class Host:
             opts = msgspec.convert(options, HostOptions)
         except ValueError as e:
             raise ValueError(f"invalid host option: {e}") from e
-        runtime = Runtime(data_dir, opts)
-        runtime.listeners.extend(listeners)
-        return cls(runtime)
+        data_dir = os.path.abspath(data_dir)
+        models = ModelRegistry.for_host(opts.models, opts.model, opts.model_options)
+        faults = FaultInjector.from_env()
+        store = open_data_store(data_dir, opts, faults)
+        settings_work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sessionloop-settings")
+        try:
+            index = SummaryIndex()  # loaded below, after the runtime's start-up repairs
+            watchers = Watchers()
+
+            def settings(rt: Runtime) -> SettingsService:
+                return SettingsService(rt, index, _submitter(settings_work))
+
+            runtime = Runtime(data_dir, opts, store=store, models=models, faults=faults, loop_watchers=watchers,
+                              listeners=(index.committed, LoopFeed(watchers).committed, *listeners),
+                              settings=settings)
+            index.load(store)
+        except BaseException:
+            settings_work.shutdown(wait=False)
+            store.close()
+            raise
+        return cls(runtime, index, cast(SettingsService, runtime.settings), settings_work)
+
+    def protocol(self, *, limits: Limits | None = None) -> SessionProtocolService:
+        """A session protocol service (the gateway, ``actors.gateway.service``) over this host: what
+        a transport (``serve``) or an in-memory client talks to. Close it before the host."""
+        return SessionProtocolService(self.rt, index=self.index, settings=self.settings, host=self, limits=limits)
 
     def close(self) -> None:
         self.rt.close()
+        self._settings_work.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Host:
         return self
@@ -134,23 +176,6 @@ class Host:
         """The same API with coroutines, for asyncio bots."""
 
         return AsyncSessionLoop(SessionLoop(self, self.apps.get(app)))
-
-    def _emit_loop_events(self, actor: Any, events: list[E.Event], result: Any) -> None:
-        app = actor.state.created.app_id if actor.state.created is not None else None
-        if app is None or not self.loop_watchers.any(app):
-            return
-
-        live = actor.loop_deltas  # an answer taken in place: its assistant.delta just before its outcome
-        for i, event in enumerate(events):
-            if live is not None and isinstance(event, (E.LlmCompleted, E.LlmFailed)):
-                for data in live.get(event.step_id, ()):
-                    self.loop_watchers.emit(app, LoopEvent(cursor=0, session_id=actor.sid, type="assistant.delta",
-                                                           at=now_ms(), turn_id=event.turn_id, data=data))
-            recorded = RecordedEvent(actor.stream, result.first_version + i, result.first_position + i, result.at,
-                                     event)
-            loop_event = feed_event(recorded)
-            if loop_event is not None:
-                self.loop_watchers.emit(app, loop_event)
 
     # --- the session service -----------------------------------------------------------------------
 
@@ -347,25 +372,7 @@ class Session:
         """Restore files to their state before ``turn_id`` (the checkpoints taken before each file change); with
         ``code-and-chat`` the turn and later ones leave the conversation too."""
 
-        if scope not in ("code", "code-and-chat"):
-            raise InvalidCommand(Text("error.rewind-scope"))
-        state = self.snapshot()
-        if state.current_turn is not None:
-            raise SessionBusy(Text("error.rewind-busy"))
-        if turn_id not in state.turns or state.turns[turn_id].ended_at is None:
-            raise NotFound(Text("error.rewind-turn", turn=turn_id, session=self.id))
-        workspace = self.rt.workspace(state)
-        restored, removed, conflicts = restore_before(state, turn_id, workspace)
-        chat = scope == "code-and-chat"
-        deleted = len(state.messages) - state.turns[turn_id].message_start if chat else 0
-        rewound = C.Rewind(turn_id=turn_id, scope=scope, restored=restored, removed=removed, conflicts=conflicts,
-                           chat_deleted=chat, deleted_messages=deleted)
-        self.rt.ask(self.id, lambda r: Decide(rewound, r))
-        result: dict[str, Any] = {"turnId": turn_id, "restored": restored, "removed": removed,
-                                  "conflicts": conflicts}
-        if chat:
-            result.update(deletedMessages=deleted, chatDeleted=True)
-        return result
+        return rewind(self.rt, self.id, turn_id, scope)
 
 
 def _known_turn(known: Reply, waiter: Reply) -> None:
@@ -379,4 +386,17 @@ def _known_turn(known: Reply, waiter: Reply) -> None:
         waiter.set(value)
 
 
+def _submitter(pool: ThreadPoolExecutor) -> Callable[[Callable[[], None]], None]:
+    """The settings service's way to run store writes and file reads off the actor threads."""
+
+    def submit(work: Callable[[], None]) -> None:
+        try:
+            pool.submit(work)
+        except RuntimeError:  # the pool is shut down: the place is recorded on its next use
+            log.debug("settings work dropped at shutdown")
+
+    return submit
+
+
 __all__ = ["Host", "HostOptions", "RunResult", "Session", "SessionActor", "SessionInfo", "Status", "new_id"]
+

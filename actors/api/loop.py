@@ -25,11 +25,12 @@ import msgspec
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import Forbidden, InvalidCommand, NotFound, RequestTimeout
 from sessionloop.actors.session.commands import CallerOf, NewInput, NewSession, Quota
-from sessionloop.actors.session.messages import Ask, Create, Receipt, Send
+from sessionloop.actors.session.messages import Ask, Create, Receipt, Send, now_ms
 from sessionloop.actors.session.queries import CallerFacts
 from sessionloop.actors.settings.apps import AppManifest, clamp_mode
 from sessionloop.actors.system.ids import new_id
-from sessionloop.actors.system.pubsub import LoopEvent, Reply, TurnOutcome
+from sessionloop.actors.system.ports import Commit
+from sessionloop.actors.system.pubsub import LoopEvent, Reply, TurnOutcome, Watchers
 from sessionloop.actors.tools import ToolError, ToolSpec
 from sessionloop.actors.tools.caller import CURRENT_CALL
 from sessionloop.actors.views.summary import decode_summary_record
@@ -180,6 +181,31 @@ class _EventBase(TypedDict):
     cursor: int
     session_id: str
     at: int
+
+
+class LoopFeed:
+    """A commit listener (``actors.system.ports``): the watchers of the committing session's app
+    (``on_did_receive_event``, ``loop/watch``) hear its committed events as feed events; an answer
+    taken in place has its ``assistant.delta`` events just before its outcome."""
+
+    def __init__(self, watchers: Watchers) -> None:
+        self.watchers = watchers
+
+    def committed(self, commit: Commit) -> None:
+        created = commit.state.created
+        app = created.app_id if created is not None else None
+        if app is None or not self.watchers.any(app):
+            return
+        live, result, stream = commit.loop_deltas, commit.result, commit.stream
+        for i, event in enumerate(commit.events):
+            if live is not None and isinstance(event, (E.LlmCompleted, E.LlmFailed)):
+                for data in live.get(event.step_id, ()):
+                    self.watchers.emit(app, LoopEvent(cursor=0, session_id=commit.session_id, type="assistant.delta",
+                                                      at=now_ms(), turn_id=event.turn_id, data=data))
+            loop_event = feed_event(RecordedEvent(stream, result.first_version + i, result.first_position + i,
+                                                  result.at, event))
+            if loop_event is not None:
+                self.watchers.emit(app, loop_event)
 
 
 def feed_event(recorded: RecordedEvent) -> LoopEvent | None:

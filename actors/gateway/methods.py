@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 from sessionloop.actors import events as E
-from sessionloop.actors.api.host import Session
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.messages import Ask, Cancel, Compact, Create, Decide, Send, Snapshot, Subscribe
+from sessionloop.actors.session.rewind import rewind
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE as DEFAULT_WORKSPACE_KEY
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE_NAME
 from sessionloop.actors.settings.texts import Text, message_of
@@ -224,9 +224,6 @@ class _Handlers:
     # --- session lifecycle -------------------------------------------------------------------------
 
     def session_create(self, conn: Client, request_id: RequestId, params: SessionCreateParams) -> None:
-        if params.parent_id is not None and self.rt.settings_service is None:
-            # with parentId and no session-settings service, answer unsupported, create nothing
-            raise RpcError.unsupported(Text("error.child-needs-settings"))
         if params.parent_id is not None:
             self.check(conn, params.parent_id)
         session_id = new_id()
@@ -420,7 +417,7 @@ class _Handlers:
         self.check(conn, params.session_id)
 
         def work() -> RewindResult:
-            result = Session(self.svc, params.session_id).rewind(params.turn_id, params.scope)
+            result = rewind(self.rt, params.session_id, params.turn_id, params.scope)
             return RewindResult(turn_id=result["turnId"], restored=result["restored"], removed=result["removed"],
                                 conflicts=result["conflicts"], deleted_messages=result.get("deletedMessages"),
                                 chat_deleted=result.get("chatDeleted"))

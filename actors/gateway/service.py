@@ -36,6 +36,7 @@ import pykka
 from sessionloop.actors.gateway.loop import loop_handlers
 from sessionloop.actors.gateway.methods import build_handlers
 from sessionloop.actors.gateway.settings import install_settings
+from sessionloop.actors.settings.service import SettingsService
 from sessionloop.actors.settings.texts import Text, enc_hook
 from sessionloop.actors.system.pubsub import Publication
 from sessionloop.actors.system.runtime import DeltaPayload, Runtime
@@ -201,24 +202,26 @@ class SessionProtocolService:
     """What the transport talks to (the protocol's ``SessionProtocolService``): ``connect`` and
     ``resolve_file``. Owns the gateway actor, the listing index and the file-handle key."""
 
-    def __init__(self, runtime: Runtime, *, limits: Limits | None = None, host: Any = None) -> None:
+    def __init__(self, runtime: Runtime, *, index: SummaryIndex, settings: SettingsService, host: Any,
+                 limits: Limits | None = None) -> None:
+        """Built by the composition root (``Host.protocol``): ``index`` is the host's listing index
+        (kept current by the sessions' commits), ``settings`` the runtime's settings service,
+        ``host`` the Session Loop API's ``loop/*``."""
         self.rt = runtime
+        self.settings = settings
         #: every frame of this service: text objects rendered in the language of the moment
         self.encoder = msgspec.json.Encoder(enc_hook=enc_hook(lambda: runtime.language))
         self.limits = limits or Limits()
         self.server_info = ServerInfo(name=SERVER_NAME, describe=self._describe)
-        self.index = SummaryIndex(runtime.store)
+        self.index = index
         self.blobs = runtime.blobs
         self.file_key = file_handles.derive_epoch_key(_master_secret(runtime.data_dir), runtime.epoch)
         self.slow = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sessionloop-slow")
         self.connections: set[ClientConnection] = set()
         self._lock = threading.Lock()
         self.handlers = build_handlers(self)
-        self._forget_loop_watch: Callable[[Any], None] | None = None
-        if host is not None:
-            loop, self._forget_loop_watch = loop_handlers(self, host)
-            self.handlers.update(loop)
-        runtime.listeners.append(self._on_commit)
+        loop, self._forget_loop_watch = loop_handlers(self, host)
+        self.handlers.update(loop)
         self.gateway = GatewayActor.start(self)
 
         install_settings(self)
@@ -227,9 +230,8 @@ class SessionProtocolService:
         """The features and the ``appName`` of a handshake: config.toml's ``name``, read again
         when the file changed (a rename reaches the next connection without a restart; a bad
         edit is refused and the name read before stays)."""
-        settings = self.rt.settings_service
-        name = settings.app_name() if settings is not None else None
-        return Features(send=True, rewind=True, compress=True, settings=settings is not None), name or SERVER_NAME
+        name = self.settings.app_name()
+        return Features(send=True, rewind=True, compress=True, settings=True), name or SERVER_NAME
 
     def connect(self, peer: Peer, send: Callable[[str], None]) -> ClientConnection:
         conn = ClientConnection(self, peer, send)
@@ -248,8 +250,7 @@ class SessionProtocolService:
             self.rt.channel(session_id).remove(conn)
         self.index.unwatch(conn)
         self.rt.disconnected(conn)
-        if self._forget_loop_watch is not None:
-            self._forget_loop_watch(conn)
+        self._forget_loop_watch(conn)
 
     def can_read(self, peer: Peer, session_id: str) -> bool:
         record = self.index.get(session_id)
@@ -268,8 +269,7 @@ class SessionProtocolService:
     def options(self, peer: Peer, source: str, dependency: str | None) -> Any:
         """``GET /api/models/<source>`` (a settings field's option list): ``{"service", "options"}``, or None for a
         source nobody answers. Any authenticated peer may ask: an app sets its own sessions' rows."""
-        settings = self.rt.settings_service
-        found = settings.option_list(source, dependency) if settings is not None else None
+        found = self.settings.option_list(source, dependency)
         return None if found is None else {"service": source, "options": found}
 
     def decorate(self, session_id: str, item: Any) -> Any:
@@ -284,12 +284,6 @@ class SessionProtocolService:
                 att = ItemAttachment(kind=att.kind, name=att.name, src=handle)
             out.append(att)
         return msgspec.structs.replace(item, attachments=out)
-
-    def _on_commit(self, actor: Any, events: list[Any], result: Any) -> None:
-        record = actor.last_record
-        if record is not None and actor.record_dirty:
-            actor.record_dirty = False
-            self.index.update(record)
 
     def going_offline(self) -> None:
         """When the services behind the feature bits go away, every connection is told

@@ -2,9 +2,8 @@
 over the settings service of :mod:`actors.settings.service`.
 
 :func:`install_settings` is the one entry point: the protocol service calls it at the end of its
-construction. It creates the runtime's settings service (once per runtime), registers the
-config resolver and the commit listener, and adds the handlers. From then on
-``features.settings`` is true (the service reads ``runtime.settings_service``).
+construction, with the runtime's settings service (made by the composition root, ``Host.open``);
+it adds the handlers and the push.
 
 Handlers follow ``gateway_methods``: ``(conn, request_id, params) -> None``, answering later and
 never waiting. A session's rows are computed on its actor (they need its state); a write to its
@@ -70,26 +69,11 @@ PUSH_DELAY_S = 0.05  # coalesce a burst of changes (a bot creating sessions) int
 
 
 def install_settings(service: SessionProtocolService) -> None:
-    """Install the session settings service on ``service``'s runtime (once per runtime) and
-    add the ``session/config/*`` handlers to ``service.handlers``."""
-    rt = service.rt
-    settings = rt.settings_service
-    if settings is None:
-        settings = SettingsService(rt, service.index, _submitter(service))
-        rt.settings_service = settings
-        rt.listeners.append(settings.committed)
+    """Add the ``session/config/*`` handlers over the runtime's settings service to
+    ``service.handlers``, and push ``session/config/changed`` to its connections when settings change."""
+    settings = service.settings
     settings.on_change.append(_Broadcast(service))
     service.handlers.update(settings_handlers(service, settings))
-
-
-def _submitter(service: SessionProtocolService) -> Any:
-    def submit(work: Any) -> None:
-        try:
-            service.slow.submit(work)
-        except RuntimeError:  # the pool is shut down: the place is recorded on its next use
-            log.debug("settings work dropped at shutdown")
-
-    return submit
 
 
 class _Broadcast:

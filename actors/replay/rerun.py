@@ -27,7 +27,6 @@ import msgspec
 from sessionloop.actors import events as E
 from sessionloop.actors.approvals.actor import ApprovalService, GateInputs
 from sessionloop.actors.errors import ActorError
-from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import ModelError, ModelResponse, ReplayProvider, make_provider
 from sessionloop.actors.model.base import stream_now
 from sessionloop.actors.replay.compare import comparable, compare_logs
@@ -277,7 +276,7 @@ class Rerun:
         if self.tools_mode == "replay" or self.overrides:
             self._install_tools()
         # the settings layers resolve as on a server (config.toml, places, the session layer)
-        self.gateway = SessionProtocolService(self.rt, host=self.host)
+        self.gateway = self.host.protocol()
         self.client = MemoryClient(self.gateway, self.timeout)
         self.client.initialize("sessionloop-rerun")
 

@@ -92,6 +92,7 @@ from sessionloop.actors.session.state import SessionState, decode_state, encode_
 from sessionloop.actors.session.stream_sink import StreamSink, close_cards
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pool import PooledActor
+from sessionloop.actors.system.ports import Commit
 from sessionloop.actors.system.pubsub import LoopEvent, TurnOutcome
 from sessionloop.actors.tools.caller import CURRENT_CALL, CallerContext
 from sessionloop.actors.views.summary import encode_summary_record, rewrites_listing, summary_record, tombstone_record
@@ -173,10 +174,6 @@ class SessionBehaviour:
         self._sent_queue: Any = []  # the queue entries last pushed
         self.last_record: Any = None  # the listing record written by the latest commit
         self.record_dirty = False
-        #: while the commit listeners run (``rt.committed``): step id -> the ``assistant.delta``
-        #: data of an answer taken in place in this commit, for the loop watchers to get just
-        #: before that step's committed events (actors/api/host.py ``_emit_loop_events``)
-        self.loop_deltas: dict[str, list[dict[str, Any]]] | None = None
         self.deleting = False  # frozen for a delete: no new input, no new turn, until the purge
         self.compaction: Flight | None = None  # a compaction under way (actors.session.compaction)
 
@@ -591,16 +588,20 @@ class SessionBehaviour:
             elif type(event) is E.ToolApprovalSettled and event.settlement.source in ("turn-ended", "shutdown"):
                 self.rt.approvals.cancel(event.approval_id, event.settlement.source)
         self._account_unfinished()
-        if inline:
-            self.loop_deltas = self._loop_deltas_in_place(events, inline)
-        try:
-            self.rt.committed(self, events, result)
-        finally:
-            self.loop_deltas = None
+        self._tell_listeners(events, result, self._loop_deltas_in_place(events, inline) if inline else None)
         if self.compaction is not None:
             self._end_compaction(events)
         if compaction is not None:
             self.rt.compaction.start_auto(self, compaction)
+
+    def _tell_listeners(self, events: list[E.Event], result: Any,
+                        loop_deltas: dict[str, list[dict[str, Any]]] | None) -> None:
+        """The commit, told to the runtime's commit listeners as a value (``actors.system.ports.Commit``),
+        with the listing record when this commit wrote one."""
+        record = self.last_record if self.record_dirty else None
+        self.record_dirty = False
+        self.rt.committed(Commit(self.sid, self.stream, events, result, self.state, record, loop_deltas,
+                                 self.rt.store))
 
     def _end_compaction(self, events: list[E.Event]) -> None:
         """After a commit: a manual compaction this commit ended (interrupted or cancelled, the
@@ -906,7 +907,7 @@ class SessionBehaviour:
             self._reload()
             raise
         self.last_record, self.record_dirty = record, True
-        self.rt.committed(self, events, result.tombstone)  # before the reload: listeners read what was deleted
+        self._tell_listeners(events, result.tombstone, None)  # before the reload: listeners read what was deleted
         self.deleting = False
         self._reload()
         self.rt.tasks_service.remove_session(self.sid)
@@ -932,7 +933,7 @@ class SessionBehaviour:
 
     def on_decide(self, msg: Decide) -> None:
         command = msg.command
-        events = decide_command(self.state, command, DecideContext(now_ms(), self.rt.settings_service))
+        events = decide_command(self.state, command, DecideContext(now_ms(), self.rt.settings))
         assert msg.reply is not None
         if not events:
             msg.reply.set(None)

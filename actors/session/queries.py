@@ -59,7 +59,7 @@ def answer(actor: SessionBehaviour, query: C.Query) -> Any:
             return dict(state.settings)
         case C.SettingRows(platform=platform):
             ensure_usable(state)
-            return actor.rt.settings_service.session_rows(state, platform)
+            return actor.rt.settings.session_rows(state, platform)
         case C.ActiveGrants():
             now = int(time.time() * 1000)
             return [g for g in state.grants.values() if g.active(now, state.current_turn)]
@@ -99,17 +99,22 @@ def turn_end(state: SessionState, turn_id: str) -> TurnOutcome | None:
         return None
     if turn.ended_at is None:
         return None
-    ended: E.Event
+    sid = state.session_id
     if turn.status == "completed":
-        ended = E.TurnCompleted(turn_id=turn_id, outcome=turn.outcome or "replied",  # type: ignore[arg-type]
-                                output_text=turn.output_text)
-    elif turn.status == "limit":
-        ended = E.TurnLimitReached(turn_id=turn_id, max_steps=turn.max_steps or 0)
-    elif turn.status == "aborted":
-        ended = E.TurnAborted(turn_id=turn_id, reason=turn.reason or "")
-    else:
-        ended = E.TurnFailed(turn_id=turn_id, code=turn.code or "error", reason=turn.reason or "")
-    return turn_outcome(state, ended)
+        return TurnOutcome(session_id=sid, turn_id=turn_id, state="completed", output_text=turn.output_text,
+                           outcome=turn.outcome or "replied")
+    if turn.status == "limit":
+        return _limit_outcome(sid, turn_id, turn.max_steps or 0)
+    if turn.status == "aborted":
+        return TurnOutcome(session_id=sid, turn_id=turn_id, state="failed", code="aborted", reason=turn.reason or "",
+                           outcome="aborted")
+    return TurnOutcome(session_id=sid, turn_id=turn_id, state="failed", code=turn.code or "error",
+                       reason=turn.reason or "", outcome="error")
+
+
+def _limit_outcome(session_id: str, turn_id: str, max_steps: int) -> TurnOutcome:
+    return TurnOutcome(session_id=session_id, turn_id=turn_id, state="completed", output_text="", outcome="silent",
+                       code="tool-limit", reason=f"stopped after {max_steps} model calls")
 
 
 def turn_outcome(state: SessionState, event: E.Event) -> TurnOutcome:
@@ -117,9 +122,7 @@ def turn_outcome(state: SessionState, event: E.Event) -> TurnOutcome:
         return TurnOutcome(session_id=state.session_id, turn_id=event.turn_id, state="completed",
                            output_text=event.output_text, outcome=event.outcome)
     if isinstance(event, E.TurnLimitReached):
-        return TurnOutcome(session_id=state.session_id, turn_id=event.turn_id, state="completed",
-                           output_text="", outcome="silent", code="tool-limit",
-                           reason=f"stopped after {event.max_steps} model calls")
+        return _limit_outcome(state.session_id, event.turn_id, event.max_steps)
     if isinstance(event, E.TurnAborted):
         return TurnOutcome(session_id=state.session_id, turn_id=event.turn_id, state="failed", code="aborted",
                            reason=event.reason, outcome="aborted")

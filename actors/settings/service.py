@@ -76,6 +76,7 @@ from sessionloop.actors.settings.context import (
 )
 from sessionloop.actors.settings.document import ConfigDocument, dump_toml, layer_path, setting_values
 from sessionloop.actors.settings.texts import Text, language_of
+from sessionloop.actors.system.ports import Commit
 from sessionloop.actors.tools.sandbox import POLICIES
 from sessionloop.eventstore.errors import WrongExpectedVersion
 from sessionloop.protocol.limits import MAX_INT, MIN_INT
@@ -350,7 +351,7 @@ _ROOT_CACHE = 10_000
 
 
 class SettingsService:
-    """The session settings service of one runtime (``runtime.settings_service``).
+    """The session settings service of one runtime (``runtime.settings``, made by the composition root).
 
     Thread-safe. Session actor threads resolve (:meth:`resolve_config`, a runtime config
     resolver) and report commits (:meth:`committed`, a runtime listener); the gateway's pool reads
@@ -368,6 +369,10 @@ class SettingsService:
         self.fields: dict[Ident, SettingField] = {}
         self.platform_types: dict[str, dict[str, str | None]] = {}
         self.doc = ConfigDocument(os.path.join(rt.data_dir, "config.toml"))
+        #: bumped when something every session's options depend on changed (``Runtime.config_generation``)
+        self.generation = 0
+        #: the language human text is rendered in (``Runtime.language``): config.toml's, else the host's option
+        self.language = language_of(rt.options.language)
         self._apply_language()
         self.default_name = DEFAULT_WORKSPACE_NAME  # recorded as data; shown in the server's language
         self.places: dict[str, PlaceFacts] = {
@@ -600,7 +605,7 @@ class SettingsService:
         use it (``Runtime.language``)."""
         with self._lock:
             chosen = self.doc.doc.get("language")
-        self.rt.language = language_of(chosen if chosen is not None else self.rt.options.language)
+        self.language = language_of(chosen if chosen is not None else self.rt.options.language)
 
     def reload_host_config(self) -> str:
         """``serve``'s SIGHUP: re-read the configuration document now; one line saying what came of it."""
@@ -750,7 +755,7 @@ class SettingsService:
     # --- the agent's side -----------------------------------------------------------------------
 
     def resolve_config(self, state: Any, values: dict[str, Any]) -> None:
-        """Called by ``Runtime.agent_config`` (this service is ``runtime.settings_service``): the
+        """Called by ``Runtime.agent_config`` (this service is ``runtime.settings``): the
         effective layered values replace the host's options for the next decision (values from no
         layer leave the host's choice alone)."""
         try:
@@ -769,30 +774,30 @@ class SettingsService:
         if yield_s is not None and yield_s[1] != "default":
             values["exec_yield_s"] = float(yield_s[0])
 
-    def committed(self, actor: Any, events: list[E.Event], result: Any) -> None:
-        """A ``runtime.listeners`` entry: places of new roots, the overrides index, and
+    def committed(self, commit: Commit) -> None:
+        """A commit listener (``actors.system.ports``): places of new roots, the overrides index, and
         ``session/config/changed`` when what clients show of settings changed: a session's own
         value; a session created in a new place or platform (the layer list grows); a session
         with own values deleted (overrides shrink). A session that changes neither pushes
         nothing: clients only re-read settings, layers and quick switches on the push."""
         changed = False
-        for i, e in enumerate(events):
+        for i, e in enumerate(commit.events):
             if isinstance(e, E.SessionSettingChanged):
-                self._note(actor.sid, e, result.first_position + i)
+                self._note(commit.session_id, e, commit.result.first_position + i)
                 changed = True
             elif isinstance(e, E.SessionCreated) and e.parent_id is None:
                 changed = self._new_layers(e) or changed
             elif isinstance(e, E.SessionDeleted):
                 with self._lock:
-                    self._session_values.pop(actor.sid, None)
-                changed = changed or bool(actor.state.settings)
+                    self._session_values.pop(commit.session_id, None)
+                changed = changed or bool(commit.state.settings)
         if changed:
             self._changed(generation=False)
 
     def _changed(self, generation: bool) -> None:
         if generation:
             with self._lock:
-                self.rt.config_generation += 1  # session actors drop their cached AgentConfig
+                self.generation += 1  # session actors drop their cached AgentConfig
         for callback in list(self.on_change):
             try:
                 callback()

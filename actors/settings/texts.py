@@ -381,10 +381,6 @@ CATALOGUE: Final[dict[str, dict[str, str]]] = {
         "en": "app {app} may not set sandbox policy {policy}: its manifest allows at most {allowed}",
         "zh": "应用 {app} 不能把沙箱策略设为 {policy}：它的清单最多允许 {allowed}",
     },
-    "error.child-needs-settings": {
-        "en": "creating a child session needs the session settings service",
-        "zh": "创建子会话需要会话设置服务",
-    },
     "error.no-answer": {"en": "no answer within {seconds} s", "zh": "{seconds} 秒内没有应答"},
     "error.host-closed": {"en": "the host is closed", "zh": "服务已关闭"},
     "error.method-unavailable": {"en": "{method} is not available on this server", "zh": "这个服务器不提供 {method}"},

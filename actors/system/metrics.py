@@ -20,6 +20,7 @@ from prometheus_client.core import (
 )
 
 from sessionloop.actors import events as E
+from sessionloop.actors.system.ports import Commit
 from sessionloop.eventstore.groupcommit import Observations
 
 _TURN_END = {E.TurnCompleted: "completed", E.TurnFailed: "failed", E.TurnAborted: "aborted",
@@ -36,18 +37,16 @@ class _Tally:
     second convoyed them behind whichever thread lost the GIL holding one (measured: ~10% of the
     pool threads' time). Each thread counts into its own tally; a scrape adds them up."""
 
-    __slots__ = ("commits", "events", "turns", "turn_hist", "model_hist")
+    __slots__ = ("commits", "turns", "turn_hist", "model_hist")
 
     def __init__(self) -> None:
         self.commits = 0
-        self.events = 0
         self.turns = dict.fromkeys(_OUTCOMES, 0)
         self.turn_hist = Observations(_TURN_BUCKETS)
         self.model_hist = {outcome: Observations(_MODEL_BUCKETS) for outcome in _MODEL_OUTCOMES}
 
     def add(self, other: _Tally) -> None:
         self.commits += other.commits
-        self.events += other.events
         for k, v in other.turns.items():
             self.turns[k] += v
         self.turn_hist.add(other.turn_hist)
@@ -105,36 +104,40 @@ class HostMetrics:
                               ["method", "code"], registry=r)
         self.connections = Gauge("sessionloop_connections", "Open protocol connections", registry=r)
         self.tallies = _TallyBoard()
+        #: the store's head when this process opened it: what it appended since is the head's growth
+        #: (every stream's events: sessions', approvals', tasks', places')
+        self.head_at_open = runtime.store.head_position
         r.register(_Collector(self))
 
-    def committed(self, actor: Any, events: list[E.Event], result: Any) -> None:
+    def committed(self, commit: Commit) -> None:
+        """A commit listener (``actors.system.ports``): commits, turn and model-call outcomes."""
+        events, state = commit.events, commit.state
         t = self.tallies.mine()
         t.commits += 1
-        t.events += len(events)
         for event in events:
             outcome = _TURN_END.get(type(event))
             if outcome is not None:
                 t.turns[outcome] += 1
-                turn = actor.state.turns.get(event.turn_id)  # type: ignore[attr-defined]
+                turn = state.turns.get(event.turn_id)  # type: ignore[attr-defined]
                 if turn is not None and turn.ended_at is not None:
                     t.turn_hist.observe(max(0, turn.ended_at - turn.started_at) / 1000)
             elif type(event) is E.LlmCompleted:
                 t.model_hist["completed"].observe(event.duration_ms / 1000)
             elif type(event) is E.LlmFailed:
                 outcome = "aborted" if event.aborted else "failed"
-                t.model_hist[outcome].observe(_failed_call_seconds(actor, event))
+                t.model_hist[outcome].observe(_failed_call_seconds(state, event))
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
 
 
-def _failed_call_seconds(actor: Any, event: E.LlmFailed) -> float:
+def _failed_call_seconds(state: Any, event: E.LlmFailed) -> float:
     """A failed call's duration: the event's own when it carries one, else from its step's
     start and end (the LlmStarted and LlmFailed times, in ms); failures are rare, so the scan of
     the (recent end of the) step list costs nothing on the common path."""
     if event.duration_ms:
         return event.duration_ms / 1000
-    for step in reversed(actor.state.steps):
+    for step in reversed(state.steps):
         if step.step_id == event.step_id:
             if step.ended_at is not None:
                 return max(0, int(step.ended_at) - int(step.started_at)) / 1000
@@ -151,13 +154,13 @@ def _buckets(bounds: tuple[float, ...], counts: Any) -> list[tuple[str, int]]:
     return buckets
 
 
-def _commit_families(total: _Tally) -> Any:
+def _commit_families(total: _Tally, events_appended: int) -> Any:
     """The commit-path counters and histograms, from every thread's tally summed at scrape time."""
     turns = CounterMetricFamily("sessionloop_turns", "Turns ended, by outcome", labels=["outcome"])
     for outcome in _OUTCOMES:
         turns.add_metric([outcome], total.turns[outcome])
     yield turns
-    yield CounterMetricFamily("sessionloop_events_appended", "Events appended to the store", value=total.events)
+    yield CounterMetricFamily("sessionloop_events_appended", "Events appended to the store", value=events_appended)
     yield CounterMetricFamily("sessionloop_session_commits", "Commits made by session actors", value=total.commits)
     h = total.turn_hist
     yield HistogramMetricFamily("sessionloop_turn_duration_seconds", "Turn duration from start to end",
@@ -221,7 +224,8 @@ class _Collector:
         return []
 
     def collect(self) -> Any:
-        yield from _commit_families(self.m.tallies.totals())
+        m = self.m
+        yield from _commit_families(m.tallies.totals(), m.rt.store.head_position - m.head_at_open)
         rt = self.m.rt
         yield from _store_families(rt.store.commit_stats())
         yield from _model_families(rt.model_providers())

@@ -1,5 +1,6 @@
 """The services every session actor shares: store, epoch, worker loop, directory, channels,
-turn results, model providers, tools, configuration and the hooks later layers attach to.
+turn results, model providers, tools, configuration, and the commit listeners and settings
+service the composition root (``actors/api/host.py``) hands in.
 
 Actors reach each other only through the directory (by session id), never by holding another
 actor's reference.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -31,13 +32,14 @@ from sessionloop.actors.session.drive import system_messages
 from sessionloop.actors.session.messages import Decide, Passivate
 from sessionloop.actors.session.queries import turn_outcome
 from sessionloop.actors.settings.apps import AppRegistry, clamp_mode, clamp_policy
-from sessionloop.actors.settings.texts import Language, Text, language_of, stored_parts
+from sessionloop.actors.settings.texts import Language, Text, stored_parts
 from sessionloop.actors.system.blobs import BlobStore
 from sessionloop.actors.system.directory import Directory
 from sessionloop.actors.system.faults import FaultInjector
 from sessionloop.actors.system.ids import new_id
 from sessionloop.actors.system.metrics import HostMetrics
 from sessionloop.actors.system.pool import Dispatcher
+from sessionloop.actors.system.ports import Commit, CommitListener, SessionSettings
 from sessionloop.actors.system.pubsub import Reply, SessionChannel, TurnOutcome, TurnResults, Watchers
 from sessionloop.actors.system.worker import WorkerLoop
 from sessionloop.actors.tasks.actor import TaskService
@@ -106,29 +108,41 @@ class DeltaPayload(msgspec.Struct, frozen=True):
     text: str
 
 
+#: how the composition root makes the settings service of a runtime (it needs the runtime's store,
+#: models and options; the runtime asks it for every session's options)
+SettingsFactory = Callable[["Runtime"], SessionSettings]
+
+
+def open_data_store(data_dir: str, options: HostOptions, faults: FaultInjector) -> EventStore:
+    """The data directory (made 0700: the owner token, the signing secret, apps.toml and the store
+    are the server's user's only) and the store in it. Raises StoreLocked if another process
+    serves the directory."""
+    os.makedirs(data_dir, mode=0o700, exist_ok=True)
+    os.chmod(data_dir, 0o700)
+    return open_store(os.path.join(data_dir, "store"), durability=options.durability, shards=options.shards,
+                      map_size=options.map_size, on_map_resize=lambda: faults.hit("map-resize"),
+                      on_purge=lambda: faults.hit("purge"))
+
+
 class Runtime:
-    def __init__(self, data_dir: str, options: HostOptions, *, store: EventStore | None = None) -> None:
+    """The services every session actor shares, built by the composition root
+    (``actors/api/host.py``) from what it hands in: the open store, the models, the fault
+    injector, the commit listeners (in the order they hear each commit, after the runtime's own
+    metrics and before the settings service), the Session Loop API's watchers and the factory of
+    the settings service."""
+
+    def __init__(self, data_dir: str, options: HostOptions, *, store: EventStore, models: ModelRegistry,
+                 faults: FaultInjector, loop_watchers: Watchers, listeners: Sequence[CommitListener],
+                 settings: SettingsFactory) -> None:
         self.data_dir = os.path.abspath(data_dir)
         if type(options.max_steps) is not int:  # a Struct built in Python is not type-checked
             options = msgspec.structs.replace(options, max_steps=steps_limit(options.max_steps))
         self.options = options
-        # first: a model that cannot be used refuses the start before anything is opened
-        self.models = ModelRegistry.for_host(options.models, options.model, options.model_options)
+        self.models = models
         self._provider_override: Provider | None = None
         self._prompts: dict[tuple[Any, ...], str] = {}
-        #: the language human text is rendered in when a frame is encoded (``actors.settings.texts``): the
-        #: option, or config.toml's ``language`` once the settings service has read it (and again
-        #: on every re-read: SIGHUP, a handshake, a settings request)
-        self.language: str = language_of(options.language)
-        # the owner token, the signing secret, apps.toml and the store: the server's user only
-        os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
-        os.chmod(self.data_dir, 0o700)
-        self.faults = FaultInjector.from_env()
-        self.store = store or open_store(
-            os.path.join(self.data_dir, "store"), durability=options.durability, shards=options.shards,
-            map_size=options.map_size, on_map_resize=lambda: self.faults.hit("map-resize"),
-            on_purge=lambda: self.faults.hit("purge"),
-        )
+        self.faults = faults
+        self.store = store
         self.epoch = self.store.next_epoch()
         self.worker = WorkerLoop()
         self.results = TurnResults()
@@ -143,26 +157,24 @@ class Runtime:
                                limits=options.exec_limits, bwrap=options.sandbox_bwrap)
         self._channels: dict[str, SessionChannel] = {}
         self._channels_lock = threading.Lock()
-        self.config_generation = 0  # bump when a host-level setting changes
-        self.listeners: list[Callable[[SessionBehaviour, list[E.Event], Any], None]] = []
-        #: the session settings service, once a gateway serving ``session/config/*`` made it
-        #: (``gateway.settings.install_settings``): its layers resolve every session's options
-        self.settings_service: Any = None
-        #: the Session Loop API's ``on_did_receive_event`` callbacks per app (``api.loop``)
-        self.loop_watchers = Watchers()
+        #: the Session Loop API's ``on_did_receive_event`` callbacks per app (``api.loop``); the
+        #: sessions stream live deltas to them, the root's ``LoopFeed`` their committed events
+        self.loop_watchers = loop_watchers
         self.apps = AppRegistry()  # the apps' manifests bound their sessions (actors.settings.apps)
         self._app_lock = threading.Lock()
         self.app_unfinished: dict[str, int] = {}
         self.compaction = Compaction(self)
-
         self.metrics = HostMetrics(self)
-        self.listeners.append(self.metrics.committed)
 
         self.approvals = ApprovalService(self, ApprovalTiming(
             wait_s=options.approval_wait_s, grace_s=options.approval_grace_s,
             presence_s=options.presence_window_s, rate_limit=options.approval_rate_limit))
 
         self.tasks_service = TaskService(self)
+        #: the session settings service: its layers (config.toml, platforms, places, the session's
+        #: own) resolve every session's options, and its language renders human text
+        self.settings: SessionSettings = settings(self)
+        self._listeners: tuple[CommitListener, ...] = (self.metrics.committed, *listeners, self.settings.committed)
         self.deletions = Deletions(self)
         self.deletions.finish_pending()  # the files of purges a crash interrupted, before anyone is served
         actor_class: Any = SessionActor
@@ -176,6 +188,18 @@ class Runtime:
             idle_timeout=options.idle_timeout_s,
             max_live=options.max_live,
         )
+
+    @property
+    def language(self) -> str:
+        """The language human text is rendered in when a frame is encoded (``actors.settings.texts``):
+        config.toml's ``language``, else the host's option; read again on every re-read of the file."""
+        return self.settings.language
+
+    @property
+    def config_generation(self) -> int:
+        """Bumped when a setting every session's options depend on changed (sessions drop their
+        cached options)."""
+        return self.settings.generation
 
     # --- addressing ------------------------------------------------------------------------------
 
@@ -215,8 +239,7 @@ class Runtime:
             "exec_yield_s": opts.exec_yield_s,
             "sandbox": opts.sandbox_policy,
         }
-        if self.settings_service is not None:  # the layers of config.toml and the session's own
-            self.settings_service.resolve_config(state, values)
+        self.settings.resolve_config(state, values)  # the layers of config.toml and the session's own
         app = self.apps.bounds_of(state.created.app_id if state.created is not None else None)
         if app is not None:  # whatever the layers say, an app's session stays within its manifest
             values["permission_mode"] = clamp_mode(values["permission_mode"], app)
@@ -284,10 +307,7 @@ class Runtime:
         else:
             cfg, provider = builtin_model(self.options.model, self.options.model_options)
             self.models.replace([cfg], {cfg.name: provider})
-        if self.settings_service is not None:  # clients re-read the model field and its options
-            self.settings_service.changed_elsewhere()
-        else:
-            self.config_generation += 1
+        self.settings.changed_elsewhere()  # sessions re-resolve; clients re-read the model field and its options
 
     def set_approvals(self, approvals: Any) -> None:
         """Use ``approvals`` (an ``ApprovalService``) for every session's approvals from now on:
@@ -470,10 +490,11 @@ class Runtime:
             self.results.complete(TurnOutcome(session_id=state.session_id, turn_id=turn_id, state="failed",
                                               code=code, reason=f"session {code}", outcome="error"))
 
-    def committed(self, actor: SessionBehaviour, events: list[E.Event], result: Any) -> None:
-        for listener in self.listeners:
+    def committed(self, commit: Commit) -> None:
+        """Tell every commit listener of ``commit`` (on the committing session's thread)."""
+        for listener in self._listeners:
             try:
-                listener(actor, events, result)
+                listener(commit)
             except Exception:  # a listener must never fail the session
                 log.exception("commit listener failed")
 

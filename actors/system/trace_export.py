@@ -2,7 +2,7 @@
 
 Two ways out, one span tree:
 
-* :class:`LiveTraces`, a commit listener of the runtime (``runtime.listeners``): each span goes
+* :class:`LiveTraces`, a commit listener of the runtime (``actors.system.ports.CommitListener``): each span goes
   to a span processor (``BatchSpanProcessor`` over an OTLP/HTTP exporter in ``serve
   --otlp-endpoint``, over the SDK's ``InMemorySpanExporter`` in tests) when the event that ends
   it has committed (persist, then publish);
@@ -42,6 +42,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sessionloop.actors.errors import ActorError
+from sessionloop.actors.system.ports import Commit
 from sessionloop.actors.views.traces import SPAN_EVENTS, MissingHistory, SpanBuilder, SpanData
 from sessionloop.eventstore import EventStore
 
@@ -194,14 +195,16 @@ class LiveTraces:
 
     # --- on the session's thread --------------------------------------------------------------
 
-    def committed(self, actor: Any, events: list[Any], result: Any) -> None:
-        """A ``runtime.listeners`` entry: queue the commit, never wait."""
+    def committed(self, commit: Commit) -> None:
+        """A commit listener (``actors.system.ports``): queue the commit, never wait."""
+        events = commit.events
         if self._closed or not any(type(e) in SPAN_EVENTS for e in events):
             return
+        first_version = commit.result.first_version
         try:
-            self._queue.put_nowait((actor.rt.store, actor.sid, result.first_version, events))
+            self._queue.put_nowait((commit.log, commit.session_id, first_version, events))
         except queue.Full:
-            self._gaps.setdefault(actor.sid, result.first_version)
+            self._gaps.setdefault(commit.session_id, first_version)
             self.dropped += 1
             now = time.monotonic()
             if now - self._warned_at > 60:

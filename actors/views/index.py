@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from sessionloop.actors.system.ports import Commit
 from sessionloop.actors.views.summary import (
     ListingRow,
     SummaryRecord,
@@ -34,12 +35,20 @@ Watcher = Callable[[list[str], list[str]], None]
 
 
 class SummaryIndex:
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any = None) -> None:
+        """An empty index, or with ``store`` the one loaded from it (:meth:`load`)."""
         self._lock = threading.Lock()
         self._records: dict[str, SummaryRecord] = {}
         self._children: dict[str, set[str]] = {}
         self._watchers: dict[Any, Watcher] = {}
         self._rows: dict[str, ListingRow] = {}  # rows of sessions in no tree, by the record they came from
+        if store is not None:
+            self.load(store)
+
+    def load(self, store: Any) -> None:
+        """Read every session's listing record from ``store`` (the composition root calls it once,
+        after the runtime's start-up repairs rewrote the records they change and before any
+        session runs)."""
         for stream, meta in store.scan_stream_meta():
             if not stream.startswith("session-"):
                 continue
@@ -49,7 +58,8 @@ class SummaryIndex:
                 log.warning("skipping an unreadable listing record of %s", stream)
                 continue
             if not record.deleted:
-                self._put(record)
+                with self._lock:
+                    self._put(record)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -72,6 +82,11 @@ class SummaryIndex:
         if gone is not None and gone.parent_id is not None:
             self._children.get(gone.parent_id, set()).discard(session_id)
         return gone
+
+    def committed(self, commit: Commit) -> None:
+        """A commit listener (``actors.system.ports``): the listing record the commit wrote, if any."""
+        if commit.record is not None:
+            self.update(commit.record)
 
     def update(self, record: SummaryRecord) -> None:
         with self._lock:

@@ -8,7 +8,6 @@ import gc
 import pytest
 
 from sessionloop.actors.api.host import Host
-from sessionloop.actors.gateway.service import SessionProtocolService
 
 
 @pytest.fixture
@@ -46,7 +45,7 @@ def service(open_host):
 
     def make(**options):
         host = open_host(**options)
-        return host, SessionProtocolService(host.rt, host=host)
+        return host, host.protocol()
 
     return make
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from sessionloop.actors.errors import Forbidden, InvalidCommand
-from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.session.commands import AgentConfigOf
 from sessionloop.actors.session.messages import Ask
 from sessionloop.actors.settings.apps import AppManifest, clamp_mode, clamp_policy
@@ -66,7 +65,7 @@ def test_a_background_session_of_a_limited_app_asks_instead_of_accepting_calls(l
 
 def test_the_owners_layers_cannot_lift_an_apps_session_above_its_manifest(limited) -> None:
     created = limited.sessions(app="bot").create(container_id="inbox")
-    svc = SessionProtocolService(limited.rt, host=limited)
+    svc = limited.protocol()
     owner = MemoryClient(svc)
     for key, value in (("permissionMode", "acceptCalls"), ("sandbox", "danger-full-access")):
         owner.result("session/config/update", {"sessionId": created.session_id, "plugin": "tools", "key": key,
@@ -78,7 +77,7 @@ def test_the_owners_layers_cannot_lift_an_apps_session_above_its_manifest(limite
                                             ("sandbox", "danger-full-access")])
 def test_an_app_raising_its_own_session_beyond_its_manifest_is_forbidden_and_nothing_changes(limited, key, value):
     created = limited.sessions(app="bot").create(container_id="inbox")
-    svc = SessionProtocolService(limited.rt, host=limited)
+    svc = limited.protocol()
     app = MemoryClient(svc, app_id="bot")
     before = limited.store.stream_version(f"session-{created.session_id}")
     reply = app.call("session/config/update", {"sessionId": created.session_id, "plugin": "tools", "key": key,

@@ -7,7 +7,6 @@ import threading
 import time
 
 from sessionloop.actors import events as E
-from sessionloop.actors.gateway.service import SessionProtocolService
 from tests.actors.gateway_harness import MemoryClient
 
 
@@ -199,7 +198,7 @@ def test_too_many_approvals_in_a_minute_are_denied_as_rate_limit(service):
 
 def test_after_a_restart_a_pending_approval_is_settled_shutdown_and_the_call_denied(open_host, data_dir):
     host = open_host()
-    svc = SessionProtocolService(host.rt, host=host)
+    svc = host.protocol()
     c = MemoryClient(svc)
     c.result("presence/update", {"active": True})
     sid, _ = start_exec(c)

@@ -9,7 +9,6 @@ import time
 import pytest
 
 from sessionloop.actors import events as E
-from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.views.summary import decode_summary_record
 from tests.actors.gateway_harness import MemoryClient, wait_until
 
@@ -17,7 +16,7 @@ from tests.actors.gateway_harness import MemoryClient, wait_until
 @pytest.fixture
 def bg(open_host):
     host = open_host(permission_mode="acceptCalls", exec_yield_s=0.2)
-    svc = SessionProtocolService(host.rt, host=host)
+    svc = host.protocol()
     client = MemoryClient(svc)
     return host, svc, client
 
@@ -218,7 +217,7 @@ def test_after_a_restart_aborted_tasks_no_longer_count_in_the_listing(open_host)
     again = open_host(permission_mode="acceptCalls")
     assert [t.status for t in again.rt.tasks_service.listing()] == ["aborted"]
     assert stored_background(again, s.id) == 0
-    c = MemoryClient(SessionProtocolService(again.rt, host=again))
+    c = MemoryClient(again.protocol())
     assert c.result("sessions/list", {"background": True})["sessions"] == []
     assert [x["background"] for x in c.result("sessions/list", {})["sessions"]] == [0]
 
@@ -243,7 +242,7 @@ def test_twenty_ended_tasks_are_kept_per_session_across_a_restart(open_host):
 
 def test_last_line_pushes_are_coalesced_to_one_a_second_while_status_pushes_are_immediate(open_host):
     host = open_host(permission_mode="acceptCalls", exec_yield_s=0.2)
-    c = TimedClient(SessionProtocolService(host.rt, host=host))
+    c = TimedClient(host.protocol())
     c.result("background/watch", {})
     sid = new_session(c)
     lines = " ".join(str(i) for i in range(1, 31))  # 30 lines, one every 50 ms: ~1.5 s
@@ -264,7 +263,7 @@ def test_last_line_pushes_are_coalesced_to_one_a_second_while_status_pushes_are_
 
 def test_stop_all_stops_child_turns_and_drops_their_queued_inputs_but_not_the_sessions_own_turn(open_host):
     host = open_host(permission_mode="acceptCalls", exec_yield_s=30)
-    c = MemoryClient(SessionProtocolService(host.rt, host=host))
+    c = MemoryClient(host.protocol())
     root = c.result("session/create", {"name": "root"})["session"]["id"]
     child = c.result("session/create", {"name": "child", "parentId": root})["session"]["id"]
     for sid in (root, child):
@@ -300,7 +299,7 @@ def test_a_restart_keeps_a_finished_tasks_exit_code_and_display(open_host):
     assert (task.status, task.exit_code) == ("failed", 7)
     host.close()
     again = open_host(permission_mode="acceptCalls")
-    c = MemoryClient(SessionProtocolService(again.rt, host=again))
+    c = MemoryClient(again.protocol())
     [listed] = c.result("background/list", {})["tasks"]
     assert (listed["id"], listed["status"], listed["exitCode"]) == (task.id, "failed", 7)
     assert listed["display"]["command"] == "echo bye; exit 7" and listed["lastLine"] == "bye"

@@ -57,7 +57,7 @@ def test_turn_and_commit_counts_from_many_threads_add_up_exactly(open_host, thre
     assert m['sessionloop_model_call_duration_seconds_count{outcome="completed"}'] == 30 * (1 + 2)
     assert m['sessionloop_model_call_duration_seconds_count{outcome="failed"}'] == 30  # "!error boom"
     assert m['sessionloop_model_call_duration_seconds_count{outcome="aborted"}'] == 0
-    # every event in the store was appended by a session commit
+    # every event in the (new) store was appended by this host: sessions' commits and the place they live in
     assert m["sessionloop_events_appended_total"] == host.store.head_position
     assert m["sessionloop_session_commits_total"] >= 30 * 4
     # the store's histograms: one observation per write transaction, per request, per append
@@ -68,8 +68,11 @@ def test_turn_and_commit_counts_from_many_threads_add_up_exactly(open_host, thre
     assert m["sessionloop_store_commit_batch_size_sum"] == m["sessionloop_store_commit_requests"] == info["requests"]
     assert m['sessionloop_store_commit_batch_size_bucket{le="+Inf"}'] == info["batches"]
     assert m['sessionloop_store_commit_batch_size_bucket{le="512.0"}'] == info["batches"]  # max_batch
-    # every append here is a session commit (the epoch and passivation snapshots are not appends)
-    assert m["sessionloop_store_append_latency_seconds_count"] == m["sessionloop_session_commits_total"]
+    # every append here is a session commit or the registration of the place the sessions live in
+    # (one append per place; the epoch and passivation snapshots are not appends)
+    places = host.store.list_streams("place", None, 100).streams
+    assert [host.store.stream_version(p) for p in places] == [1]
+    assert m["sessionloop_store_append_latency_seconds_count"] == m["sessionloop_session_commits_total"] + len(places)
     assert m["sessionloop_store_append_latency_seconds_count"] < info["requests"]  # + epoch (and snapshots)
     assert 0 < m["sessionloop_store_commit_duration_seconds_sum"] < 60
 

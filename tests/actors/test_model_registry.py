@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from sessionloop.actors import events as E
-from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import MockProvider, OpenAIProvider
 from sessionloop.actors.model.registry import (
     ModelConfig,
@@ -222,7 +221,7 @@ model = "beta"
 @pytest.fixture
 def two_mocks(open_host, tmp_path):
     host = open_host(permission_mode="acceptCalls", models=load(tmp_path, MOCKS))
-    svc = SessionProtocolService(host.rt, host=host)
+    svc = host.protocol()
     yield host, MemoryClient(svc)
     svc.close()
 
@@ -265,7 +264,7 @@ def test_a_global_model_setting_in_config_toml_moves_every_session(open_host, da
     os.makedirs(data_dir)
     path = write(data_dir, MOCKS + '\n[plugins.llm]\nmodel = "other"\n')
     host = open_host(permission_mode="acceptCalls", models=load_model_configs(path, None, {}))
-    svc = SessionProtocolService(host.rt, host=host)
+    svc = host.protocol()
     try:
         s = host.create()
         s.run("hi")
@@ -292,7 +291,7 @@ def test_a_settings_write_to_config_toml_keeps_its_model_tables_and_other_keys(o
     path = write(data_dir, 'name = "my server"\n' + TWO.replace('name = "my server"\n', ""))
     before = load_model_configs(path, None, ENV)
     host = open_host(permission_mode="acceptCalls", models=before)
-    svc = SessionProtocolService(host.rt, host=host)
+    svc = host.protocol()
     try:
         c = MemoryClient(svc)
         for key, value in (("maxSteps", 7), ("systemPrompt", "Be brief.")):

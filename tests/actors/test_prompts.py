@@ -36,7 +36,7 @@ def world(open_host):
 
     def make(**options: Any) -> tuple[Any, MemoryClient, RecordingProvider]:
         host = open_host(**options)
-        svc = SessionProtocolService(host.rt, host=host)
+        svc = host.protocol()
         made.append(svc)
         provider = RecordingProvider()
         host.rt.set_provider(provider)

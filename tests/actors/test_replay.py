@@ -15,7 +15,6 @@ import pytest
 
 from sessionloop.actors import events as E
 from sessionloop.actors.events import open_store
-from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.replay.compare import comparable, compare_logs
 from sessionloop.actors.replay.live import serve_live_view
 from sessionloop.actors.replay.plan import RecordedApproval, parse_model_answer, plan_rerun
@@ -364,7 +363,7 @@ def test_compare_logs_reports_loosened_fields_apart_from_the_divergence() -> Non
 @pytest.fixture
 def gateway(host):
     """The gateway a server runs over the ``host`` fixture's host (real connections, no sockets)."""
-    service = SessionProtocolService(host.rt, host=host)
+    service = host.protocol()
     yield service
     service.close()
 
@@ -418,7 +417,7 @@ def test_verify_against_a_live_host_accepts_a_deleted_session_it_does_not_serve(
     store.append(stream, [deleted], expected_version=state.version - 1, meta=encode_summary_record(record))
     store.close()
     host = open_host(permission_mode="acceptCalls")
-    gateway = SessionProtocolService(host.rt, host=host)
+    gateway = host.protocol()
     try:
         view = serve_live_view(gateway, session.id)
         assert view.error is not None and view.error["data"]["code"] == "not-found"

@@ -68,7 +68,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Host, Sessi
     for name in NAMES:
         import_fixture(name, data_dir)
     host = Host.open(data_dir, durability="nosync")
-    service = SessionProtocolService(host.rt, host=host)
+    service = host.protocol()
     yield host, service
     service.close()
     host.close()

@@ -10,7 +10,6 @@ import pytest
 
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import Forbidden, InvalidCommand, NotFound
-from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.tools import ToolSpec
 from sessionloop.eventstore import IdempotencyConflict
 from tests.actors.gateway_harness import MemoryClient
@@ -363,7 +362,7 @@ def test_list_events_from_the_receipts_cursor_shows_exactly_the_events_of_that_i
 def test_the_receipts_epoch_and_seq_mark_where_that_inputs_pushes_begin_on_the_protocol_stream(loop_host, bot):
     """seq counts a session's pushes, so it cannot start list_events; it is the protocol
     stream's cursor: a subscriber finds an input's pushes after the receipt's (epoch, seq)."""
-    svc = SessionProtocolService(loop_host.rt, host=loop_host)
+    svc = loop_host.protocol()
     try:
         s = bot.create(container_id="inbox").session_id
         client = MemoryClient(svc, app_id="mybot")

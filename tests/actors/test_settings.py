@@ -31,7 +31,7 @@ def env(open_host):
 
     def make(**options: Any) -> tuple[Any, SessionProtocolService]:
         host = open_host(**options)
-        svc = SessionProtocolService(host.rt, host=host)
+        svc = host.protocol()
         made.append(svc)
         return host, svc
 
@@ -123,7 +123,7 @@ class HandshakeClient(MemoryClient):
 
 def test_features_report_settings_once_the_service_is_installed(world):
     host, svc, _ = world
-    assert host.rt.settings_service is not None
+    assert host.settings is not None
     assert HandshakeClient(svc).initialized["features"]["settings"] is True
 
 
@@ -209,7 +209,7 @@ def test_a_session_lists_no_field_that_can_only_be_set_down_to_a_place(world):
 
 def test_a_session_lists_only_fields_that_apply_to_its_kind(world):
     host, _, c = world
-    host.rt.settings_service.declare([SettingField("im", "replyInGroups", "boolean", "Reply in groups",
+    host.settings.declare([SettingField("im", "replyInGroups", "boolean", "Reply in groups",
                                                    prominence="common", applies_to=("room",))])
     assert ("im", "replyInGroups") not in rows(c.result("session/config/get", {"sessionId": new_session(c)}))
     assert ("im", "replyInGroups") in rows(c.result("session/config/get", {"sessionId": room(host)}))
@@ -233,7 +233,7 @@ def test_get_on_a_session_the_connection_cannot_see_is_not_found(world):
 
 def test_more_than_two_composer_fields_of_one_plugin_fall_back_to_common(world):
     host, _, c = world
-    host.rt.settings_service.declare([
+    host.settings.declare([
         SettingField("ui", f"k{i}", "boolean", f"K{i}", prominence="composer", order=i) for i in range(3)])
     got = rows(c.result("session/config/get", {"sessionId": new_session(c)}))
     assert [got[("ui", f"k{i}")]["prominence"] for i in range(3)] == ["composer", "composer", "common"]
@@ -284,7 +284,7 @@ def test_a_field_that_stops_at_the_place_cannot_be_written_on_one_session(world)
 
 def test_a_field_that_does_not_apply_to_the_session_is_refused_but_null_is_not_checked(world):
     host, _, c = world
-    host.rt.settings_service.declare([SettingField("im", "replyInGroups", "boolean", "Reply in groups",
+    host.settings.declare([SettingField("im", "replyInGroups", "boolean", "Reply in groups",
                                                    applies_to=("room",))])
     sid = new_session(c)
     assert set_session(c, sid, "im", "replyInGroups", True)["error"]["code"] == INVALID_PARAMS
@@ -309,7 +309,7 @@ def test_an_app_may_set_its_own_session_but_not_read_or_write_layers(world):
 def test_layers_answer_the_order_table_and_every_layer_that_can_be_set(world):
     host, _, c = world
     room(host)
-    host.rt.settings_service.declare_platform("onebot", {"group": "QQ group", "private": None})
+    host.settings.declare_platform("onebot", {"group": "QQ group", "private": None})
     set_layer(c, {"scope": "platformType", "platform": "slack", "type": "channel"}, "agent", "maxSteps", 3)
     result = c.result("session/config/layers", {})
     assert [(o["name"], o["label"]) for o in result["order"]] == [
@@ -520,7 +520,7 @@ def test_a_layer_write_of_a_bad_value_or_unknown_key_changes_nothing(world):
 
 def test_each_layer_lists_the_fields_meant_for_it(world):
     host, _, c = world
-    host.rt.settings_service.declare([SettingField("im", "replyInGroups", "boolean", "Reply in groups",
+    host.settings.declare([SettingField("im", "replyInGroups", "boolean", "Reply in groups",
                                                    applies_to=("room",))])
     room(host)
     new_session(c)
@@ -618,7 +618,7 @@ def test_a_session_in_a_new_place_or_deleted_with_own_values_pushes_session_conf
 def test_a_session_that_changes_no_setting_shown_pushes_nothing(world):
     host, _, c = world
     calls: list[int] = []
-    host.rt.settings_service.on_change.append(lambda: calls.append(1))  # called before the reply
+    host.settings.on_change.append(lambda: calls.append(1))  # called before the reply
     first = new_session(c)
     c.result("session/delete", {"sessionId": new_session(c)})
     assert calls == []
@@ -628,7 +628,7 @@ def test_a_session_that_changes_no_setting_shown_pushes_nothing(world):
 
 def test_a_withdrawn_plugin_is_not_listed_and_its_values_come_back_when_it_returns(world):
     host, _, c = world
-    settings = host.rt.settings_service
+    settings = host.settings
     units = SettingField("weather", "units", "enum", "Units", options=("metric", "imperial"), prominence="common")
     settings.declare([units])
     sid = new_session(c)

@@ -207,7 +207,7 @@ def gateway(open_host):
 
     def make(**options: Any) -> tuple[Any, SessionProtocolService, MemoryClient]:
         host = open_host(**options)
-        svc = SessionProtocolService(host.rt, host=host)
+        svc = host.protocol()
         made.append(svc)
         return host, svc, MemoryClient(svc)
 
@@ -223,7 +223,7 @@ def set_language(host: Any, language: str | None) -> str:
         f.write(f'language = "{language}"\n' if language is not None else "")
     stamp = os.stat(path).st_mtime_ns + 1_000_000
     os.utime(path, ns=(stamp, stamp))
-    return host.rt.settings_service.reload_host_config()
+    return host.settings.reload_host_config()
 
 
 def new_session(c: MemoryClient) -> str:

@@ -87,8 +87,10 @@ def test_counters_move_by_the_turns_events_and_frames_of_a_few_turns(server):
     assert grew('sessionloop_turns_total{outcome="completed"}') == 2
     assert grew('sessionloop_turns_total{outcome="failed"}') == 1
     assert grew("sessionloop_turn_duration_seconds_count") == 3
-    # session.created + per turn: input.accepted, turn.started, llm.started, llm.completed|failed, turn end
-    assert after["sessionloop_events_appended_total"] - before.get("sessionloop_events_appended_total", 0) == 1 + 5 * 3
+    # session.created + per turn: input.accepted, turn.started, llm.started, llm.completed|failed, turn end;
+    # and place.registered of the default workspace, which its first session registers (every append counts)
+    assert after["sessionloop_events_appended_total"] - before.get("sessionloop_events_appended_total", 0) == \
+        1 + 5 * 3 + 1
     assert after['sessionloop_frames_total{code="ok",method="turn/send"}'] == 3
     assert after['sessionloop_frames_total{code="not-found",method="session/rename"}'] == 1
     assert during["sessionloop_connections"] == 1 and after["sessionloop_connections"] == 0

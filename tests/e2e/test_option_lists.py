@@ -34,7 +34,7 @@ def test_a_field_that_depends_on_the_model_gets_options_for_the_dependency_it_se
         server = Server(str(tmp_path / "data"), port=0, token=TOKEN, durability="nosync")
         try:
             port = await server.start()
-            settings = server.host.rt.settings_service
+            settings = server.host.settings
             settings.declare([SettingField("llm", "thinking", "string", "Thinking", dynamic_options="llm-thinking",
                                            depends_on="model", prominence="common", order=9)])
             settings.declare_options("llm-thinking", thinking)
@@ -72,7 +72,7 @@ def test_a_source_that_fails_is_answered_500_and_the_server_goes_on(tmp_path):
         server = Server(str(tmp_path / "data"), port=0, token=TOKEN, durability="nosync")
         try:
             port = await server.start()
-            server.host.rt.settings_service.declare_options("broken", broken)
+            server.host.settings.declare_options("broken", broken)
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
                                          headers={"Authorization": f"Bearer {TOKEN}"}) as http:
                 failed = await http.get("/api/models/broken")
