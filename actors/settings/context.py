@@ -7,8 +7,8 @@ recorded window or workspace; else an owner session's workspace, its folder or t
 workspace; a room without a recorded place has none). :func:`session_chain` and
 :func:`layer_chain` list the layers a session, or a layer, resolves through, lowest first;
 :func:`settings_of` reads a session's own layer from its state. The shared types ``Ident``,
-``Layer`` and ``Chain`` live here so that :mod:`actors.settings.service` (fields and the service) and
-:mod:`actors.settings.document` can import them without an import cycle.
+``Layer`` and ``Chain`` live here so that :mod:`actors.settings.fields`, :mod:`actors.settings.service`
+and :mod:`actors.settings.document` can import them without an import cycle.
 """
 
 from __future__ import annotations

@@ -1,11 +1,15 @@
-"""Session settings (docs/owners.md, "Settings"): the fields plugins declare with a ``session``
-spec, the layers they are set on, and the effective values a session's agent runs with.
+"""Session settings (docs/owners.md, "Settings"): the service that holds the fields plugins
+declare with a ``session`` spec, the layers they are set on, and resolves the rows clients are
+shown and the effective values a session's agent runs with.
 
 Theory of operation
 -------------------
 A *field* is declared by a plugin instance (here ``agent``, ``llm`` and ``tools``); a row's
 identity is ``(plugin, key)``. Clients know no field: they render the declaration they are sent
-(:meth:`SettingField.wire`, function members left out).
+(:meth:`SettingField.wire`, function members left out). The declarations are in
+:mod:`actors.settings.fields`; whether a write is allowed and the events it records are decided in
+:mod:`actors.settings.decide` (this service reads what a decision needs, calls it and appends);
+the place read model is :mod:`actors.settings.places`.
 
 Layers, in the nominal order of ``session/config/layers`` (later ones win)::
 
@@ -45,23 +49,18 @@ a session value for a ``narrowest: 'place'`` field, a bad layer, an unrecorded p
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from dataclasses import field as dc_field
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 from msgspec import UNSET
 
 from sessionloop.actors import events as E
-from sessionloop.actors.errors import InvalidCommand
 from sessionloop.actors.session.decide import ensure_usable
 from sessionloop.actors.settings.context import (
-    DEFAULT_WORKSPACE,
     DEFAULT_WORKSPACE_NAME,
     Chain,
     Ident,
@@ -74,12 +73,29 @@ from sessionloop.actors.settings.context import (
     session_chain,
     settings_of,
 )
+from sessionloop.actors.settings.decide import (
+    InvalidSetting,
+    check_layer_write,
+    check_value,
+    decide_session_setting,
+    same_value,
+)
 from sessionloop.actors.settings.document import ConfigDocument, dump_toml, layer_path, setting_values
+from sessionloop.actors.settings.fields import (
+    AGENT_VALUES,
+    MISSING,
+    MODEL_OPTIONS,
+    PROMINENCE_RANK,
+    Prominence,
+    SettingField,
+    default_fields,
+    effective_prominence,
+    layer_kinds,
+    sorted_fields,
+)
+from sessionloop.actors.settings.places import Places
 from sessionloop.actors.settings.texts import Text, language_of
 from sessionloop.actors.system.ports import Commit
-from sessionloop.actors.tools.sandbox import POLICIES
-from sessionloop.eventstore.errors import WrongExpectedVersion
-from sessionloop.protocol.limits import MAX_INT, MIN_INT
 from sessionloop.protocol.schemas_types import (
     PlaceLayer,
     PlatformLayer,
@@ -92,261 +108,31 @@ from sessionloop.protocol.schemas_types import (
 log = logging.getLogger("sessionloop.settings")
 
 OWNER_PLATFORM = "console"  # the owner token's identity is {platform: 'console'}
-Prominence = Literal["composer", "common", "advanced"]  # a row's prominence, as the wire has it
-PROMINENCE_RANK: dict[str, int] = {"composer": 0, "common": 1, "advanced": 2}
-COMPOSER_PER_GROUP = 2  # at most two composer rows per group (plugin); the rest fall back to common
-_MISSING: Any = object()
-#: the option source of the model field: the configured models (``GET /api/models/llm``)
-MODEL_OPTIONS = "llm"
-
-
-class InvalidSetting(InvalidCommand):
-    """The peer asked for a write the rules refuse (the gateway answers ``invalidParams``)."""
-
-
-# --- fields ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SettingField:
-    """A field a plugin declares with a ``session`` spec (sent as its wire schema field plus that spec)."""
-
-    plugin: str
-    key: str
-    type: str  # string | text | integer | number | boolean | enum | llm-ref
-    title: str
-    description: str = ""
-    default: Any = UNSET
-    options: tuple[str, ...] = ()  # enum values
-    minimum: float | None = None
-    maximum: float | None = None
-    max_length: int | None = None
-    prominence: Prominence = "advanced"
-    order: int | None = None
-    applies_to: tuple[str, ...] | None = None  # session kinds: owner | room | task; None: all
-    narrowest: str | None = None  # 'place': cannot be set on one session
-    #: ``dynamicOptions``: the option source clients fetch with ``GET /api/models/<source>``
-    dynamic_options: str | None = None
-    #: the key of the row (same plugin) whose effective value the options depend on
-    depends_on: str | None = None
-    actual: Callable[[Any], SettingActual | None] | None = dc_field(default=None, compare=False)
-    #: a further check of a value (why it does not fit, or None): ``llm/model`` must be configured
-    check: Callable[[Any], str | None] | None = dc_field(default=None, compare=False)
-
-    @property
-    def ident(self) -> Ident:
-        return (self.plugin, self.key)
-
-    def wire(self) -> dict[str, Any]:
-        """The declaration as sent in ``SettingRow.field`` (function members left out)."""
-        out: dict[str, Any] = {"type": self.type, "title": self.title}
-        if self.description:
-            out["description"] = self.description
-        if self.default is not UNSET:
-            out["default"] = self.default
-        if self.options:
-            out["options"] = list(self.options)
-        for name, value in (("minimum", self.minimum), ("maximum", self.maximum), ("maxLength", self.max_length),
-                            ("dynamicOptions", self.dynamic_options), ("dependsOn", self.depends_on)):
-            if value is not None:
-                out[name] = value
-        session: dict[str, Any] = {"prominence": self.prominence}
-        if self.order is not None:
-            session["order"] = self.order
-        if self.applies_to is not None:
-            session["appliesTo"] = list(self.applies_to)
-        if self.narrowest is not None:
-            session["narrowest"] = self.narrowest
-        out["session"] = session
-        return out
-
-    def applies(self, kinds: frozenset[str] | None) -> bool:
-        return kinds is None or self.applies_to is None or bool(kinds.intersection(self.applies_to))
-
-
-def check_value(f: SettingField, value: Any) -> str | None:
-    """Why ``value`` does not fit ``f`` (a sentence naming the field: a text object, English as a
-    string), or None when it fits."""
-    problem = _type_problem(f, value)
-    if problem is None and f.check is not None:
-        found = f.check(value)
-        problem = None if found is None else f"{f.plugin}/{f.key}: {found}"
-    return problem
-
-
-def _type_problem(f: SettingField, value: Any) -> Any:
-    name = f"{f.plugin}/{f.key}"
-    if f.type in ("string", "text", "llm-ref"):
-        if not isinstance(value, str):
-            return Text("setting.expected-string", name=name)
-        if f.type == "llm-ref" and not value.strip():
-            return Text("setting.expected-model", name=name)
-        if f.max_length is not None and len(value) > f.max_length:
-            return Text("setting.max-length", name=name, max=f.max_length)
-        return None
-    if f.type == "boolean":
-        return None if isinstance(value, bool) else Text("setting.expected-boolean", name=name)
-    if f.type == "enum":
-        return None if isinstance(value, str) and value in f.options else \
-            Text("setting.expected-enum", name=name, options=", ".join(f.options))
-    if f.type in ("integer", "number"):
-        expected = Text(f"setting.expected-{f.type}", name=name)
-        numeric = isinstance(value, int) or (f.type == "number" and isinstance(value, float))
-        # an int is never checked with math.isfinite: it overflows on 10**400 (the Python API
-        # passes any int; the wire refuses ones outside int64 before they get here)
-        if isinstance(value, bool) or not numeric or (isinstance(value, float) and not math.isfinite(value)):
-            return expected
-        if f.minimum is not None and value < f.minimum:
-            return Text("setting.at-least", name=name, min=f"{f.minimum:g}")
-        if f.maximum is not None and value > f.maximum:
-            return Text("setting.at-most", name=name, max=f"{f.maximum:g}")
-        if isinstance(value, int) and not MIN_INT <= value <= MAX_INT:  # the store holds int64
-            return Text(f"setting.{f.type}-range", name=name)
-        return None
-    return Text("setting.unknown-type", name=name, type=repr(f.type))
-
-
-def default_fields(rt: Any) -> list[SettingField]:
-    """The fields of the agent runtime (``agent``), the model provider (``llm``) and the tool
-    policy (``tools``); defaults are the host's options."""
-    opts = rt.options
-
-    def model_actual(state: Any) -> SettingActual | None:
-        # the model in use without a setting: the one the session was created with, else the
-        # default; as an entry id <name>/<model id>, the form the option list uses
-        created = state.created if state is not None else None
-        resolved = rt.models.resolve(created.model if created is not None else None)
-        return SettingActual(value=resolved.entry_id, label=Text("settings.follow", model=resolved.model_id))
-
-    def prompt_actual(state: Any) -> SettingActual | None:
-        # shown when no layer sets a prompt: the built-in one this session is sent (a layer's
-        # row: the one of a session with the host's defaults)
-        if state is not None and state.created is not None:
-            prompt = rt.agent_config(state).system_prompt
-        else:
-            prompt = rt.default_prompt(None, opts.sandbox_policy, opts.permission_mode or "ask")
-        return SettingActual(value=prompt or "", label=Text("settings.builtin-prompt"))
-
-    def permission_actual(state: Any) -> SettingActual | None:
-        return SettingActual(value=rt.default_permission(state)) if state is not None else None
-
-    def opt(value: Any) -> Any:
-        return UNSET if value is None else value
-
-    def title(plugin: str, key: str) -> Text:  # titles and descriptions: the catalogue's field.*
-        return Text(f"field.{plugin}.{key}.title")
-
-    def about(plugin: str, key: str) -> Text:
-        return Text(f"field.{plugin}.{key}.description")
-
-    return [
-        SettingField("llm", "model", "llm-ref", title("llm", "model"), about("llm", "model"), prominence="composer",
-                     order=1, dynamic_options=MODEL_OPTIONS, actual=model_actual,
-                     check=lambda value: rt.models.check(value)),  # rt.models at call time: reloads swap it
-        SettingField("tools", "permissionMode", "enum", title("tools", "permissionMode"),
-                     about("tools", "permissionMode"),
-                     # no default: unset, each session keeps the mode it was created with (actual)
-                     options=("ask", "acceptCalls", "deny"),
-                     prominence="composer", order=2, actual=permission_actual),
-        # maxSteps defaults to 20 and may be unlimited; JSON has no Infinity: 0 is unlimited
-        # (actors.session.decide.UNLIMITED_STEPS), and no finite maximum caps it
-        SettingField("agent", "maxSteps", "integer", title("agent", "maxSteps"), about("agent", "maxSteps"),
-                     default=opts.max_steps, minimum=0, prominence="common", order=3),
-        SettingField("agent", "systemPrompt", "text", title("agent", "systemPrompt"), about("agent", "systemPrompt"),
-                     default=opt(opts.system_prompt), max_length=100_000, prominence="common", order=4,
-                     actual=prompt_actual),
-        SettingField("agent", "contextChars", "integer", title("agent", "contextChars"),
-                     about("agent", "contextChars"),
-                     default=opt(opts.context_chars), minimum=1000, maximum=100_000_000, order=5),
-        SettingField("tools", "sandbox", "enum", title("tools", "sandbox"), about("tools", "sandbox"),
-                     default=opts.sandbox_policy, options=POLICIES, prominence="common", order=7),
-        SettingField("tools", "execYieldSeconds", "number", title("tools", "execYieldSeconds"),
-                     about("tools", "execYieldSeconds"),
-                     default=opts.exec_yield_s, minimum=0, maximum=3600, order=6,
-                     applies_to=("owner", "task"), narrowest="place"),
-    ]
 
 
 def resolve(f: SettingField, chain: Chain) -> tuple[Any, SettingSource] | None:
     """The effective value of ``f`` and its source: the highest layer with a valid value, then
     the field's default, else None (the row then shows the plugin's ``actual`` value, else nothing)."""
     for source, values in reversed(chain):
-        value = values.get(f.ident, _MISSING)
-        if value is not _MISSING and check_value(f, value) is None:
+        value = values.get(f.ident, MISSING)
+        if value is not MISSING and check_value(f, value) is None:
             return value, source
     if f.default is not UNSET:
         return f.default, "default"
     return None
 
 
-def effective_prominence(fields: Iterable[SettingField]) -> dict[Ident, Prominence]:
-    """At most two composer items per group (plugin); the rest fall back to common."""
-    out: dict[Ident, Prominence] = {}
-    used: dict[str, int] = {}
-    for f in sorted(fields, key=lambda f: (f.order is None, f.order or 0)):
-        prominence: Prominence = f.prominence
-        if prominence == "composer":
-            used[f.plugin] = used.get(f.plugin, 0) + 1
-            if used[f.plugin] > COMPOSER_PER_GROUP:
-                prominence = "common"
-        out[f.ident] = prominence
-    return out
-
-
-def sorted_fields(fields: Iterable[SettingField], prominence: Mapping[Ident, str]) -> list[SettingField]:
-    """Row order: composer, common, then advanced; by declared order, those without one last."""
-    return sorted(fields, key=lambda f: (PROMINENCE_RANK[prominence[f.ident]], f.order is None, f.order or 0))
-
-
-def layer_kinds(layer: Layer, place_kind: str | None) -> frozenset[str] | None:
-    """Which sessions a layer's rows are for: a platformType layer's apply to rooms and tasks, a
-    window place's to rooms, a workspace place's to owner sessions; None: every field."""
-    if isinstance(layer, PlatformTypeLayer):
-        return frozenset({"room", "task"})
-    if isinstance(layer, PlaceLayer):
-        return frozenset({"room"}) if place_kind == "window" else frozenset({"owner"})
-    return None
-
-
 def make_row(f: SettingField, prominence: Prominence, own: Any, resolved: tuple[Any, SettingSource] | None,
              actual: SettingActual | None) -> SettingRow:
     return SettingRow(plugin=f.plugin, key=f.key, field=f.wire(), prominence=prominence,
-                      value=UNSET if own is _MISSING else own,
+                      value=UNSET if own is MISSING else own,
                       effective=resolved[0] if resolved is not None else UNSET,
                       source=resolved[1] if resolved is not None else None,
                       actual=actual if resolved is None else None)
 
 
-def session_setting_events(f: SettingField | None, plugin: str, key: str, kind: str, current: Any, value: Any,
-                           now: int) -> list[E.Event]:
-    """Decide a write to one session's layer (pure). Raises InvalidSetting, changing nothing."""
-    if f is None:
-        raise InvalidSetting(Text("setting.no-such", field="params.key", name=f"{plugin}/{key}"))
-    if value is not None:
-        if f.narrowest == "place":
-            raise InvalidSetting(Text("setting.place-narrowest", field="params.key", name=f"{plugin}/{key}"))
-        if not f.applies(frozenset({kind})):
-            raise InvalidSetting(Text("setting.not-for-kind", field="params.key", name=f"{plugin}/{key}", kind=kind))
-        problem = check_value(f, value)
-        if problem is not None:
-            raise InvalidSetting(Text("setting.field-problem", field="params.value", problem=problem))
-    if value is None:
-        return [] if current is _MISSING else [E.SessionSettingChanged(at=now, plugin=plugin, key=key, deleted=True)]
-    if current is not _MISSING and current == value and type(current) is type(value):
-        return []
-    return [E.SessionSettingChanged(at=now, plugin=plugin, key=key, value=value)]
-
-
 # --- the service ----------------------------------------------------------------------------------
 
-#: Effective values the agent runtime takes through ``Runtime.agent_config`` (values dict names).
-AGENT_VALUES: dict[Ident, str] = {
-    ("agent", "maxSteps"): "max_steps",
-    ("agent", "systemPrompt"): "system_prompt",
-    ("agent", "contextChars"): "context_chars",
-    ("tools", "permissionMode"): "permission_mode",
-    ("tools", "sandbox"): "sandbox",
-}
 _ROOT_CACHE = 10_000
 
 
@@ -375,10 +161,7 @@ class SettingsService:
         self.language = language_of(rt.options.language)
         self._apply_language()
         self.default_name = DEFAULT_WORKSPACE_NAME  # recorded as data; shown in the server's language
-        self.places: dict[str, PlaceFacts] = {
-            DEFAULT_WORKSPACE: PlaceFacts(key=DEFAULT_WORKSPACE, kind="workspace", name=self.default_name)}
-        self.registered: set[str] = set()
-        self.place_values: dict[str, dict[Ident, Any]] = {}
+        self._places = Places(rt.store, submit, self._lock, self._write_lock, self.default_name)
         self._roots: dict[str, SessionContext] = {}
         self._session_values: dict[str, dict[Ident, tuple[int, Any]]] = {}
         self._scanned = False
@@ -397,7 +180,7 @@ class SettingsService:
             if problem is not None:  # kept and shown (a row shows an invalid global value as it is), never in force
                 log.warning("%s: %s; that value is not used (fix the file, then send the server SIGHUP)",
                             self.doc.path, problem)
-        self._load_places()
+        self._load_layers()
 
     # --- declarations -------------------------------------------------------------------------
 
@@ -455,58 +238,19 @@ class SettingsService:
 
     # --- places -------------------------------------------------------------------------------
 
-    def _load_places(self) -> None:
-        store, after = self.rt.store, None
-        while True:
-            page = store.list_streams("place", after, 500)
-            for stream in page.streams:
-                self._fold_place(stream[len("place-"):], [r.event for r in store.read_stream(stream)])
-            if page.next_after is None:
-                break
-            after = page.next_after
-        for rec in self.index.records():
+    def _load_layers(self) -> None:
+        """The recorded places, the places and platforms of the root sessions already listed."""
+        records = self.index.records()
+        self._places.load(records)
+        for rec in records:
             if rec.parent_id is None and rec.platform:
                 self._seen_platforms.update({(rec.platform, None),
                                              (rec.platform, rec.chat.type if rec.chat is not None else None)})
-            if rec.parent_id is None and rec.place is not None:
-                chat = rec.chat.type if rec.chat is not None else None
-                self.know_place(PlaceFacts(key=rec.place.key, kind=rec.place.kind, name=rec.place.name or rec.place.key,
-                                           platform=rec.platform if rec.place.kind == "window" else None,
-                                           type=chat if rec.place.kind == "window" else None), register=False)
-
-    def _fold_place(self, key: str, events: Iterable[Any]) -> None:
-        with self._lock:
-            for e in events:
-                if isinstance(e, E.PlaceRegistered):
-                    known = self.places.get(key)
-                    self.places[key] = PlaceFacts(key=key, kind=e.kind, name=e.name or key,
-                                                  platform=known.platform if known else None,
-                                                  type=known.type if known else None)
-                    self.registered.add(key)
-                elif isinstance(e, E.PlaceSettingChanged):
-                    values = self.place_values.setdefault(key, {})
-                    if e.deleted:
-                        values.pop((e.plugin, e.key), None)
-                    else:
-                        values[(e.plugin, e.key)] = e.value
 
     def know_place(self, facts: PlaceFacts | None, register: bool = True) -> bool:
         """Remember a place a session is in, and record it (stream ``place-<key>``) off this
         thread; True when the list of layers changed (a new place, or a window's platform)."""
-        if facts is None:
-            return False
-        with self._lock:
-            known = self.places.get(facts.key)
-            grew = known is None or bool((facts.platform and not known.platform) or (facts.type and not known.type))
-            if known is None:
-                self.places[facts.key] = facts
-            elif grew:
-                self.places[facts.key] = msgspec.structs.replace(
-                    known, platform=known.platform or facts.platform, type=known.type or facts.type)
-            needed = register and facts.key not in self.registered
-        if needed:
-            self._submit(lambda: self._register(facts.key))
-        return grew
+        return self._places.know(facts, register)
 
     def _new_layers(self, created: E.SessionCreated) -> bool:
         """Whether a new root adds a layer to ``session/config/layers`` (place, platform, type)."""
@@ -517,23 +261,6 @@ class SettingsService:
             fresh = [pair for pair in seen if pair not in self._seen_platforms]
             self._seen_platforms.update(fresh)
         return grew or bool(fresh)
-
-    def _register(self, key: str) -> None:
-        with self._write_lock:
-            with self._lock:
-                facts = self.places.get(key)
-                if facts is None or key in self.registered:
-                    return
-            try:
-                self.rt.store.append(f"place-{key}", [E.PlaceRegistered(at=_now(), key=key, kind=facts.kind,
-                                                                        name=facts.name)], expected_version=0)
-            except WrongExpectedVersion:
-                pass  # recorded meanwhile (another service on this runtime)
-            except Exception:
-                log.exception("could not record place %s", key)
-                return
-            with self._lock:
-                self.registered.add(key)
 
     # --- session context ------------------------------------------------------------------------
 
@@ -581,7 +308,7 @@ class SettingsService:
     def layer_values(self, layer: Layer) -> Mapping[Ident, Any]:
         """The values written on ``layer`` (call with the lock held)."""
         if isinstance(layer, PlaceLayer):
-            return self.place_values.get(layer.key, {})
+            return self._places.values_of(layer.key)
         if isinstance(layer, PlatformLayer):
             return self.doc.values(["sessionSettings", "platform", layer.platform])
         if isinstance(layer, PlatformTypeLayer):
@@ -656,7 +383,7 @@ class SettingsService:
             chain = session_chain(ctx, platform, self.layer_values, own)
             prominence = effective_prominence(self.fields.values())
             fields = [f for f in self.fields.values() if f.applies(kinds) and f.narrowest != "place"]
-        rows = [self._row(f, prominence, own.get(f.ident, _MISSING), resolve(f, chain), state)
+        rows = [self._row(f, prominence, own.get(f.ident, MISSING), resolve(f, chain), state)
                 for f in sorted_fields(fields, prominence)]
         return rows, platform
 
@@ -679,8 +406,7 @@ class SettingsService:
                 raise InvalidSetting(Text(f"setting.bad-{name}", field=f"params.layer.{name}"))
         if not isinstance(layer, PlaceLayer):
             return None
-        with self._lock:
-            place = self.places.get(layer.key)
+        place = self._places.get(layer.key)
         if place is None:
             raise InvalidSetting(Text("setting.no-place", field="params.layer.key", key=repr(layer.key)))
         return place
@@ -694,7 +420,7 @@ class SettingsService:
             own = dict(self.layer_values(layer))
             prominence = effective_prominence(self.fields.values())
             fields = [f for f in self.fields.values() if f.applies(kinds)]
-        return [self._row(f, prominence, own.get(f.ident, _MISSING), resolve(f, chain), None)
+        return [self._row(f, prominence, own.get(f.ident, MISSING), resolve(f, chain), None)
                 for f in sorted_fields(fields, prominence)]
 
     # --- writing ----------------------------------------------------------------------------------
@@ -703,8 +429,8 @@ class SettingsService:
         """The events of a write to one session's layer (the session decides a ``SetSetting`` command with it)."""
 
         ensure_usable(state)
-        current = state.settings.get(f"{plugin}/{key}", _MISSING)
-        return session_setting_events(self.field(plugin, key), plugin, key, state.created.kind, current, value, now)
+        current = state.settings.get(f"{plugin}/{key}", MISSING)
+        return decide_session_setting(self.field(plugin, key), plugin, key, state.created.kind, current, value, now)
 
     def update_layer(self, layer: Layer, plugin: str, key: str, value: Any) -> str | None:
         """Write (or with ``None`` delete) a value on a layer; the ``unsaved`` sentence if the
@@ -714,43 +440,22 @@ class SettingsService:
             self.refresh_host_config()
             place = self.check_layer(layer)
             f = self.field(plugin, key)
-            if f is None:
-                raise InvalidSetting(Text("setting.no-such", field="params.key", name=f"{plugin}/{key}"))
-            if value is not None:
-                if not f.applies(layer_kinds(layer, place.kind if place is not None else None)):
-                    raise InvalidSetting(Text("setting.not-for-layer", field="params.key", name=f"{plugin}/{key}"))
-                problem = check_value(f, value)
-                if problem is not None:
-                    raise InvalidSetting(Text("setting.field-problem", field="params.value", problem=problem))
             if place is not None:
-                self._write_place(place, f, value)
+                if self._places.write(place, f, plugin, key, value, _now()):
+                    self._changed(generation=True)
                 return None
+            f = check_layer_write(f, plugin, key, layer_kinds(layer, None), value)
             return self._write_document(layer, f, value)
 
     def _write_document(self, layer: Layer, f: SettingField, value: Any) -> str | None:
         with self._lock:
-            current = self.layer_values(layer).get(f.ident, _MISSING)
-            if _same(current, value):
+            current = self.layer_values(layer).get(f.ident, MISSING)
+            if same_value(current, value):
                 return None
             self.doc.put([*layer_path(layer, f.plugin), f.key], value)
             rendered = dump_toml(self.doc.doc)
         self._changed(generation=True)  # in effect first, then saved
         return self.doc.save(rendered)
-
-    def _write_place(self, place: PlaceFacts, f: SettingField, value: Any) -> None:
-        key, now = place.key, _now()
-        with self._lock:
-            current = self.place_values.get(key, {}).get(f.ident, _MISSING)
-            registered = key in self.registered
-        if _same(current, value):
-            return
-        events: list[E.Event] = [] if registered else [
-            E.PlaceRegistered(at=now, key=key, kind=place.kind, name=place.name)]
-        events.append(E.PlaceSettingChanged(at=now, plugin=f.plugin, key=f.key, value=value,
-                                            deleted=value is None))
-        self.rt.store.append(f"place-{key}", events)
-        self._fold_place(key, events)
-        self._changed(generation=True)
 
     # --- the agent's side -----------------------------------------------------------------------
 
@@ -811,7 +516,7 @@ class SettingsService:
             values = self._session_values.setdefault(session_id, {})
             known = values.get((e.plugin, e.key))
             if known is None or known[0] < position:
-                values[(e.plugin, e.key)] = (position, _MISSING if e.deleted else e.value)
+                values[(e.plugin, e.key)] = (position, MISSING if e.deleted else e.value)
 
     def _scan_sessions(self) -> None:
         """Index every session's own values once, from the log (lazy: only overrides needs it;
@@ -834,14 +539,14 @@ class SettingsService:
             fields = sorted_fields([f for f in self.fields.values() if f.plugin == plugin],
                                    effective_prominence(self.fields.values()))
             layers = self._written_layers()
-            sessions = {sid: {i: v for i, (_, v) in vals.items() if v is not _MISSING}
+            sessions = {sid: {i: v for i, (_, v) in vals.items() if v is not MISSING}
                         for sid, vals in self._session_values.items()}
             found: dict[Ident, list[tuple[Layer | str, Any]]] = {}
             for f in fields:
                 entries: list[tuple[Layer | str, Any]] = []
                 for layer in layers:
-                    value = self.layer_values(layer).get(f.ident, _MISSING)
-                    if value is not _MISSING:
+                    value = self.layer_values(layer).get(f.ident, MISSING)
+                    if value is not MISSING:
                         entries.append((layer, value))
                 for sid in sorted(sessions):
                     if f.ident in sessions[sid] and self.index.get(sid) is not None:
@@ -863,11 +568,7 @@ class SettingsService:
 
     def ordered_places(self) -> list[str]:
         """Every place key: workspaces first (the default one first), then windows."""
-        with self._lock:
-            places = list(self.places.values())
-        places.sort(key=lambda p: (p.kind != "workspace", p.key != DEFAULT_WORKSPACE, p.platform or "",
-                                   p.type or "", p.name, p.key))
-        return [p.key for p in places]
+        return self._places.ordered()
 
     def known_platforms(self) -> tuple[list[str], dict[tuple[str, str], str | None]]:
         """Platforms (adapters' and the owner's, those of sessions, those written in the
@@ -894,21 +595,11 @@ class SettingsService:
         return sorted(platforms), dict(sorted(types.items()))
 
     def place(self, key: str) -> PlaceFacts | None:
-        with self._lock:
-            return self.places.get(key)
-
-
-def _same(current: Any, value: Any) -> bool:
-    if value is None:
-        return current is _MISSING
-    return current is not _MISSING and current == value and type(current) is type(value)
+        return self._places.get(key)
 
 
 def _now() -> int:
     return int(time.time() * 1000)
 
 
-__all__ = [
-    "AGENT_VALUES", "MODEL_OPTIONS", "InvalidSetting", "SettingField", "SettingsService", "check_value",
-    "default_fields", "effective_prominence", "resolve", "session_setting_events", "sorted_fields",
-]
+__all__ = ["OWNER_PLATFORM", "SettingsService", "make_row", "resolve"]

@@ -15,8 +15,9 @@ from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model import MockProvider
 from sessionloop.actors.session.commands import NewSession
 from sessionloop.actors.session.messages import Create
+from sessionloop.actors.settings.decide import check_value
 from sessionloop.actors.settings.document import dump_toml
-from sessionloop.actors.settings.service import SettingField, check_value
+from sessionloop.actors.settings.fields import SettingField
 from tests.actors.gateway_harness import MemoryClient
 
 INVALID_PARAMS = -32602

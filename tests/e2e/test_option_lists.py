@@ -13,7 +13,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from sessionloop.actors.settings.service import SettingField
+from sessionloop.actors.settings.fields import SettingField
 from sessionloop.cli.serve import Server
 from tests.e2e.conftest import TOKEN, initialized
 
