@@ -21,6 +21,7 @@ from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.messages import Ask, Cancel, Compact, Create, Decide, Send, Snapshot, Subscribe
 from sessionloop.actors.session.rewind import rewind
+from sessionloop.actors.session.tree import archive_tree
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE as DEFAULT_WORKSPACE_KEY
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE_NAME
 from sessionloop.actors.settings.texts import Text, message_of
@@ -252,28 +253,16 @@ class _Handlers:
 
             in_background(self.svc, conn, request_id, delete)
             return
-        targets = [session_id, *self.index.descendants(session_id)]
-        left = len(targets)
-        first_error: BaseException | None = None
 
-        def finished(r: Reply) -> None:
-            nonlocal left, first_error
-            _, error = r.outcome()
-            if error is not None and not isinstance(error, NotFound):
-                first_error = first_error or error
-            left -= 1
-            if left == 0:
-                if done is not None:
-                    done(first_error)
-                elif first_error is not None:
-                    conn.error(request_id, first_error)
-                else:
-                    conn.result(request_id, EMPTY)
+        def finished(error: BaseException | None) -> None:
+            if done is not None:
+                done(error)
+            elif error is not None:
+                conn.error(request_id, error)
+            else:
+                conn.result(request_id, EMPTY)
 
-        for sid in targets:
-            reply = Reply()
-            reply.add_callback(finished)
-            self.rt.tell(sid, Decide(C.Archive(archived=op == "archive"), reply))
+        archive_tree(self.rt, session_id, self.index.descendants, op == "archive", finished)
 
     def _delete_batch(self, conn: Client, ids: list[str]) -> SessionBatchResult:
         """``session/batch`` delete: each session with its children (``actors/session/deletion.py``), one

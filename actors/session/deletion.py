@@ -30,8 +30,9 @@ cleared, so a restart finds every purge whose files are not gone yet and finishe
 (:meth:`Deletions.finish_pending`) before the server serves. A tree is deleted children first:
 a crash leaves the root with fewer children, never a child whose parent is gone.
 
-The decision what a delete writes is pure (``session_decide.decide_stop_for_delete``,
-``decide_delete``, ``summary_records.tombstone_record``); the session actor persists it.
+The decision what a delete writes is pure (``decide.decide_stop_for_delete``, ``decide_delete``,
+``views.summary.tombstone_record``); the session actor persists it. The tree is
+:func:`actors.session.tree.tree_of`: the root and every session below it.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import pykka
 from sessionloop.actors.errors import NotFound
 from sessionloop.actors.session.actor import FILES_PENDING
 from sessionloop.actors.session.messages import Freeze, Purge, Thaw
+from sessionloop.actors.session.tree import tree_of
 from sessionloop.actors.system.pubsub import Reply
 
 if TYPE_CHECKING:
@@ -93,7 +95,7 @@ class Deletions:
         after its parent). ``frozen`` collects the sessions frozen."""
         asked: set[str] = set()
         for _ in range(ROUNDS):
-            tree = [root, *below(root)]
+            tree = tree_of(root, below)
             new = [sid for sid in tree if sid not in asked]
             if not new:
                 return tree
@@ -106,7 +108,7 @@ class Deletions:
                         raise
                     continue  # deleted meanwhile
                 frozen.append(session_id)
-        return [root, *below(root)]
+        return tree_of(root, below)
 
     def _thaw(self, session_ids: list[str]) -> None:
         """A delete that failed: the sessions it froze and did not purge take input again (a
