@@ -14,10 +14,10 @@ import pytest
 
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
-from sessionloop.actors.events import decode_event, encode_event
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.decide import DecideContext, decide_command
 from sessionloop.actors.session.state import SessionState, copy_state, evolve, new_state
+from tests.actors.testkit import round_trip
 
 SID = "s1"
 NOW = 1_700_000_000_000
@@ -55,8 +55,7 @@ def run_command(log: Log, command: C.Command, now: int = NOW, settings=None) -> 
     before = copy_state(log.state)
     events = decide_command(before, command, DecideContext(now, settings))
     assert msgspec.to_builtins(before) == msgspec.to_builtins(log.state)  # deciding changed nothing
-    decoded = [decode_event(encode_event(e)) for e in events]
-    assert decoded == events
+    decoded = round_trip(events)
     append(log, decoded)
     assert msgspec.to_builtins(fold(log.events)) == msgspec.to_builtins(log.state)
     return events
