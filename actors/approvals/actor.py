@@ -21,76 +21,57 @@ Presence: a connection is present for 10 minutes after its last ``presence/updat
 true}``, and for as long as it holds a pushed, unsettled approval; ``active: false`` ends it at
 once; a connection that never reported is not present. Going from not present to present
 re-pushes what it may answer.
+
+This module is the shell: presence, timers, pushes and the store. What an approval's stream
+holds and what each step adds to it are decided in ``actors/approvals/model.py``; an
+``ApprovalActor`` takes a closed set of messages (:data:`ApprovalMessage`).
 """
 
 from __future__ import annotations
 
-import difflib
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pykka
 
 from sessionloop.actors import events as E
-from sessionloop.actors.approvals.grants import terms_for
-from sessionloop.actors.settings.texts import Text, message_of
+from sessionloop.actors.approvals.model import (
+    Answer,
+    ApprovalState,
+    ApprovalTiming,
+    GateInputs,
+    Request,
+    Settle,
+    SettlementSource,
+    approval_stream,
+    build_approval,
+    decide_answer,
+    decide_request,
+    decide_settle,
+    evolve,
+    fold,
+)
+from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pubsub import Reply
 from sessionloop.actors.views.items import wire_settlement
-from sessionloop.eventstore import ANY_VERSION, request_hash
+from sessionloop.eventstore import ANY_VERSION
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.schemas import ApprovalRequested as ApprovalRequestedParams
 from sessionloop.protocol.schemas import ApprovalSettled as ApprovalSettledParams
 from sessionloop.protocol.schemas import GrantRequest
-from sessionloop.protocol.schemas_types import (
-    AncestorRef,
-    Approval,
-    ApprovalDiff,
-    ApprovalFacts,
-    ApprovalOrigin,
-    Participant,
-)
+from sessionloop.protocol.schemas_types import Approval
 
 if TYPE_CHECKING:
     from sessionloop.actors.system.runtime import Runtime
 
 log = logging.getLogger("sessionloop.approvals")
 
-# how an approval ended and what ended it, as E.Settlement records them
-SettlementState = Literal["approved", "denied", "expired", "cancelled"]
-SettlementSource = Literal["answer", "absent", "timeout", "ineligible", "rate-limit", "turn-ended", "shutdown",
-                           "grant"]
-
-
-class ApprovalTiming(msgspec.Struct, frozen=True, kw_only=True):
-    wait_s: float = 300.0  # an approval waits 300 s at most
-    grace_s: float = 30.0  # with nobody present, 30 s to reconnect before it is denied
-    presence_s: float = 600.0  # a presence report counts for 10 minutes
-    rate_limit: int = 10  # approvals per session per minute before ``rate-limit``
-
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def approval_stream(session_id: str, approval_id: str) -> str:
-    """``approval-<session>.<turn>.<call>``: approval ids already begin with their session id."""
-    return f"approval-{approval_id}"
-
-
-def content_hash(facts: ApprovalFacts) -> str:
-    """Over a canonical re-encoding (sorted keys), never the raw bytes (RELIABILITY, msgspec)."""
-    return request_hash(msgspec.to_builtins(facts))
-
-
-class GateInputs(msgspec.Struct, frozen=True, kw_only=True):
-    """What a session's approval gate (``session_decide._gate``) is told about one call."""
-
-    present: bool  # someone who may answer is present: ask (else denied at once, ``absent``)
-    rate_limited: bool  # the session asked too often in the last minute (``rate-limit``)
-    grants: bool = True  # the session's grants may settle the call
 
 
 class _Presence:
@@ -139,7 +120,7 @@ class ApprovalService:
             became = not was and self._present(conn, now)
             actors = list(self._actors.values())
         for ref in actors:
-            ref.tell(("presence", conn if became else None))
+            ref.tell(PresenceChanged(conn=conn if became else None))
 
     def hold(self, conn: Any, approval_id: str) -> None:
         with self._lock:
@@ -155,7 +136,7 @@ class ApprovalService:
             self._presence.pop(conn, None)
             actors = list(self._actors.values())
         for ref in actors:
-            ref.tell(("presence", None))
+            ref.tell(PresenceChanged(conn=None))
 
     def gate(self, session_id: str, call_id: str) -> GateInputs:
         """The gate's inputs for call ``call_id`` of ``session_id``, decided now: presence and
@@ -175,7 +156,7 @@ class ApprovalService:
         """Start the approval actor of a ``tool.approval.requested`` the session committed."""
         state = session_actor.state
         rec = state.tool_calls[event.call_id]
-        approval = build_approval(state, rec, event.approval_id, self.timing.wait_s, self.rt.chain_of(state))
+        approval = build_approval(state, rec, event.approval_id, self.timing.wait_s, self.rt.chain_of(state), now_ms())
         with self._lock:
             self._recent.setdefault(state.session_id, []).append(time.monotonic())
             self._approvals[event.approval_id] = approval
@@ -200,7 +181,7 @@ class ApprovalService:
             else:
                 reply.fail(RpcError.not_found(Text("error.approval-not-found", approval=approval_id)))
             return
-        ref.tell(("respond", (conn, decision, content, note, reply, grant)))
+        ref.tell(Respond(conn=conn, decision=decision, content=content, note=note, reply=reply, grant=grant))
 
     def _settled_before(self, approval_id: str) -> bool:
         try:
@@ -208,11 +189,11 @@ class ApprovalService:
         except Exception:  # not even a valid stream name: an id this server never issued
             return False
 
-    def cancel(self, approval_id: str, source: str) -> None:
+    def cancel(self, approval_id: str, source: SettlementSource) -> None:
         with self._lock:
             ref = self._actors.get(approval_id)
         if ref is not None:
-            ref.tell(("cancel", source))
+            ref.tell(Cancel(source=source))
 
     def finished(self, approval_id: str) -> None:
         with self._lock:
@@ -230,7 +211,7 @@ class ApprovalService:
                     and a.id in self._actors]
         for ref in refs:
             try:
-                ref.ask(("cancel", "turn-ended"), timeout=timeout)
+                ref.ask(Cancel(source="turn-ended"), timeout=timeout)
             except (pykka.ActorDeadError, pykka.Timeout):
                 pass  # settled meanwhile, or it does not answer: the purge seals its stream either way
 
@@ -244,7 +225,7 @@ class ApprovalService:
             refs = list(self._actors.values())
         for ref in refs:
             try:
-                ref.ask(("cancel", "shutdown"), timeout=5)
+                ref.ask(Cancel(source="shutdown"), timeout=5)
                 ref.stop(timeout=5)
             except (pykka.ActorDeadError, pykka.Timeout):
                 pass
@@ -253,19 +234,66 @@ class ApprovalService:
         """After a restart: approvals still pending in the store are settled ``shutdown``."""
         count = 0
         for stream in self.rt.store.flagged("approval-pending"):
-            events = self.rt.store.read_stream(stream)
-            if not events or not isinstance(events[0].event, E.ApprovalRequested):
+            recorded = self.rt.store.read_stream(stream)
+            if not recorded or not isinstance(recorded[0].event, E.ApprovalRequested):
                 continue
-            settlement = E.Settlement(state="cancelled", source="shutdown", at=now_ms())
-            self.rt.store.append(stream, [E.ApprovalSettled(at=settlement.at, approval_id=events[0].event.approval_id,
-                                                            settlement=settlement)], ANY_VERSION,
-                                 flags={"approval-pending": False})
+            state = fold([r.event for r in recorded if isinstance(r.event, E.Event)])
+            settled = decide_settle(state, Settle(state="cancelled", source="shutdown"), now_ms())
+            if not settled:  # settled already (its flag goes with that append, so this does not happen)
+                continue
+            self.rt.store.append(stream, settled, ANY_VERSION, flags={"approval-pending": False})
             count += 1
         return count
 
 
+# --- the approval actor's messages (a closed set) -----------------------------------------------
+
+
+class Respond(msgspec.Struct, frozen=True, kw_only=True):
+    """``approval/respond`` from ``conn``; ``reply`` completes once the answer is recorded (or fails)."""
+
+    conn: Any
+    decision: str
+    content: str
+    note: str | None
+    reply: Reply
+    grant: GrantRequest | None = None
+
+
+class Expire(msgspec.Struct, frozen=True):
+    """The approval's wait is over (``expired``/``timeout``)."""
+
+
+class GraceOver(msgspec.Struct, frozen=True):
+    """The grace that started when the last present connection went is over, unless a later
+    change of presence started another (``token``)."""
+
+    token: int
+
+
+class PresenceChanged(msgspec.Struct, frozen=True):
+    """Presence changed; ``conn`` is a connection that just became present (push it the request)."""
+
+    conn: Any = None
+
+
+class Cancel(msgspec.Struct, frozen=True):
+    """Settle it ``cancelled`` with ``source`` (``turn-ended``, ``shutdown``); ``ask`` returns once recorded."""
+
+    source: SettlementSource
+
+
+ApprovalMessage = Respond | Expire | GraceOver | PresenceChanged | Cancel
+
+
 class ApprovalActor(pykka.ThreadingActor):
-    """One pending approval: its stream, its pushes, its timers; settles exactly once."""
+    """One pending approval: its stream, its pushes, its timers; settles exactly once.
+
+    Decide, persist, publish: each step asks the model (``actors/approvals/model.py``) for the
+    events, appends them, and only after that commit folds them into ``state`` and tells anyone
+    (the answer's reply, the ``approval/settled`` pushes, the session). A failed append leaves
+    ``state`` as it was; the answer that caused it fails ``internal_error``.
+    """
 
     use_daemon_thread = True
 
@@ -274,25 +302,24 @@ class ApprovalActor(pykka.ThreadingActor):
         self.svc = service
         self.approval = approval
         self.stream = approval_stream(approval.session_id, approval.id)
+        self.state = ApprovalState()
         self.got: set[Any] = set()
-        self.settled: E.Settlement | None = None
         self.grace_token = 0
         self.grace_deadline: float | None = None
 
     def on_start(self) -> None:
         a = self.approval
-        facts = E.ApprovalFacts(params=dict(a.facts.params), command=a.facts.command, cwd=a.facts.cwd,
-                                diff_path=a.facts.diff.path if a.facts.diff else None,
-                                diff_patch=a.facts.diff.patch if a.facts.diff else None, sandbox=a.facts.sandbox)
-        event = E.ApprovalRequested(
-            at=now_ms(), approval_id=a.id, session_id=a.session_id, turn_id=a.turn_id, call_id=a.call_id,
-            origin=E.OriginInfo(kind=a.origin.kind), tool=a.tool, facts=facts, content_hash=a.content_hash,
-            expires_at=a.expires_at, chain=[E.ChainLink(id=c.id, title=c.title) for c in a.chain or []])
-        self.svc.rt.store.append(self.stream, [event], ANY_VERSION, flags={"approval-pending": True})
-        self._later(max(0.0, a.expires_at / 1000 - time.time()), ("timeout", None))
+        events = decide_request(self.state, Request(approval=a), now_ms())
+        self.svc.rt.store.append(self.stream, events, ANY_VERSION, flags={"approval-pending": True})
+        self._evolve(events)
+        self._later(max(0.0, a.expires_at / 1000 - time.time()), Expire())
         self._push_to_present()
 
-    def _later(self, delay: float, message: Any) -> None:
+    def _evolve(self, events: list[E.Event]) -> None:
+        for event in events:
+            self.state = evolve(self.state, event)
+
+    def _later(self, delay: float, message: ApprovalMessage) -> None:
         loop = self.svc.rt.worker.loop
         ref = self.actor_ref
         loop.call_soon_threadsafe(loop.call_later, delay, lambda: ref.tell(message) if ref.is_alive() else None)
@@ -317,102 +344,66 @@ class ApprovalActor(pykka.ThreadingActor):
         if self.grace_deadline is None:
             self.grace_deadline = time.monotonic() + self.svc.timing.grace_s
             self.grace_token += 1
-            self._later(self.svc.timing.grace_s, ("grace", self.grace_token))
+            self._later(self.svc.timing.grace_s, GraceOver(self.grace_token))
 
     def on_receive(self, message: Any) -> Any:
-        kind, payload = message
-        if self.settled is not None:
-            if kind == "respond":
-                payload[4].fail(RpcError.approval_settled(Text("error.approval-settled", approval=self.approval.id)))
-            return None
         try:
-            return self._handle(kind, payload)
+            self._receive(message)
+        except RpcError as e:  # the model refused the answer: the client hears why
+            if isinstance(message, Respond):
+                message.reply.fail(e)
         except Exception:
-            log.exception("approval %s failed handling %s", self.approval.id, kind)
-            if kind == "respond":
-                payload[4].fail(RpcError.internal_error(Text("error.approval-not-recorded")))
-            return None
-
-    def _handle(self, kind: str, payload: Any) -> Any:
-        if kind == "respond":
-            self._respond(*payload)
-        elif kind == "timeout":
-            self._settle("expired", "timeout", None, None)
-        elif kind == "grace":
-            if payload == self.grace_token and not self.svc.present_approvers():
-                self._settle("denied", "absent", None, None)
-        elif kind == "presence":
-            if payload is not None:  # a connection became present: push it again
-                self._push_to_present(payload)
-            else:
-                self._check_grace()
-        elif kind == "cancel":
-            self._settle("cancelled", payload, None, None)
+            log.exception("approval %s failed handling %s", self.approval.id, type(message).__name__)
+            if isinstance(message, Respond):
+                message.reply.fail(RpcError.internal_error(Text("error.approval-not-recorded")))
         return None
 
-    def _respond(self, conn: Any, decision: str, content: str, note: str | None, reply: Reply,
-                 grant: GrantRequest | None) -> None:
-        if not self.svc.eligible(conn):
-            reply.fail(RpcError.forbidden(Text("error.approval-forbidden")))
-            return
-        if content != self.approval.content_hash:
-            reply.fail(RpcError.hash_mismatch(Text("error.approval-hash", approval=self.approval.id)))
-            return
-        terms = None
-        if grant is not None:
-            try:
-                terms = terms_for(self.approval.tool, grant.scope, grant.command_prefix, grant.expires_in_ms, now_ms())
-            except ValueError as e:
-                reply.fail(RpcError.invalid_params(Text("error.params", problem=message_of(e))))
-                return
-        by = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
-        self._settle("approved" if decision == "approve" else "denied", "answer", by, note, reply, terms)
+    def _receive(self, message: Any) -> None:
+        match message:
+            case Respond():
+                self._respond(message)
+            case Expire():
+                self._settle(Settle(state="expired", source="timeout"))
+            case GraceOver(token=token):
+                if self.state.pending and token == self.grace_token and not self.svc.present_approvers():
+                    self._settle(Settle(state="denied", source="absent"))
+            case PresenceChanged(conn=conn):
+                if not self.state.pending:
+                    return
+                if conn is not None:  # a connection became present: push it again
+                    self._push_to_present(conn)
+                else:
+                    self._check_grace()
+            case Cancel(source=source):
+                self._settle(Settle(state="cancelled", source=source))
+            case _:
+                log.warning("approval %s ignores a message it does not know: %r", self.approval.id, message)
 
-    def _settle(self, state: SettlementState, source: SettlementSource, by: E.Speaker | None, note: str | None,
-                reply: Reply | None = None, grant: E.GrantTerms | None = None) -> None:
-        settlement = E.Settlement(state=state, source=source, at=now_ms(), by=by, note=note,
-                                  grant=grant)
-        self.svc.rt.store.append(self.stream, [E.ApprovalSettled(at=settlement.at, approval_id=self.approval.id,
-                                                                 settlement=settlement)],
-                                 ANY_VERSION, flags={"approval-pending": False})
+    def _respond(self, message: Respond) -> None:
+        conn = message.conn
+        by = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
+        answer = Answer(decision=message.decision, content=message.content, note=message.note, by=by,
+                        eligible=self.svc.eligible(conn), grant=message.grant)
+        self._commit(decide_answer(self.state, answer, now_ms()), message.reply)
+
+    def _settle(self, command: Settle) -> None:
+        self._commit(decide_settle(self.state, command, now_ms()), None)
+
+    def _commit(self, events: list[E.Event], reply: Reply | None) -> None:
+        """Append the settlement, then fold it, then acknowledge, push and tell the session."""
+        if not events:  # settled already: it settles once
+            return
+        self.svc.rt.store.append(self.stream, events, ANY_VERSION, flags={"approval-pending": False})
         self.svc.rt.faults.hit("approval-commit")
-        self.settled = settlement
+        self._evolve(events)
+        settlement = self.state.settlement
+        assert settlement is not None  # the only events decided after the request settle it
         if reply is not None:  # the answer is recorded: acknowledge it before anything it causes
             reply.set(None)
         frame = ApprovalSettledParams.of(self.approval.id, wire_settlement(settlement))
         for conn in self.got:
             conn.notify("approval/settled", frame)
         self.svc.finished(self.approval.id)
-        if source not in ("turn-ended", "shutdown"):  # the session itself decided those
+        if settlement.source not in ("turn-ended", "shutdown"):  # the session itself decided those
             self.svc.rt.approval_settled(self.approval, settlement)
         self.stop()
-
-
-def build_approval(state: Any, rec: Any, approval_id: str, wait_s: float, chain: list[AncestorRef]) -> Approval:
-    """The protocol's Approval object for a tool call: facts verbatim from the arguments."""
-    args = rec.args if isinstance(rec.args, dict) else {}
-    display = rec.display
-    diff = None
-    if rec.tool == "write_file" and isinstance(args.get("path"), str):
-        diff = ApprovalDiff(path=args["path"], patch=_patch(display.removed if display else None,
-                                                            args.get("content")))
-    facts = ApprovalFacts(params=args, command=args.get("command") if isinstance(args.get("command"), str) else None,
-                          cwd=args.get("cwd") if isinstance(args.get("cwd"), str) else None, diff=diff,
-                          sandbox=display.sandbox if display is not None else None)
-    participants = []
-    created = state.created
-    if created is not None and created.created_by is not None and created.created_by.user_id:
-        participants.append(Participant(platform=created.created_by.platform, user_id=created.created_by.user_id))
-    return Approval(
-        id=approval_id, session_id=state.session_id, turn_id=rec.turn_id, call_id=rec.call_id,
-        origin=ApprovalOrigin(kind="autonomous" if created is not None and created.activity == "background" else "hand",
-                              participants=participants),
-        target="tool", tool=rec.tool, facts=facts, options=["approve", "deny"], content_hash=content_hash(facts),
-        expires_at=now_ms() + int(wait_s * 1000), state="pending", chain=chain or None,
-    )
-
-
-def _patch(old: str | None, new: Any) -> str:
-    before = (old or "").splitlines(keepends=True)
-    after = (new if isinstance(new, str) else "").splitlines(keepends=True)
-    return "".join(difflib.unified_diff(before, after, "before", "after"))

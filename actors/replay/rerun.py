@@ -25,7 +25,8 @@ from typing import Any, Final
 import msgspec
 
 from sessionloop.actors import events as E
-from sessionloop.actors.approvals.actor import ApprovalService, GateInputs
+from sessionloop.actors.approvals.actor import ApprovalService
+from sessionloop.actors.approvals.model import GateInputs
 from sessionloop.actors.errors import ActorError
 from sessionloop.actors.model import ModelError, ModelResponse, ReplayProvider, make_provider
 from sessionloop.actors.model.base import stream_now

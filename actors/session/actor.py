@@ -43,7 +43,7 @@ import msgspec
 import pykka
 
 from sessionloop.actors import events as E
-from sessionloop.actors.approvals.actor import approval_stream as _approval_stream
+from sessionloop.actors.approvals.model import approval_stream as _approval_stream
 from sessionloop.actors.errors import ActorError, CompactionFailed, NotFound, compact_error
 from sessionloop.actors.model.attachments import has_attachments
 from sessionloop.actors.model.attachments import resolve as resolve_attachments

@@ -17,7 +17,8 @@ from typing import Any
 import msgspec
 
 from sessionloop.actors import events as E
-from sessionloop.actors.approvals.actor import ApprovalService, ApprovalTiming
+from sessionloop.actors.approvals.actor import ApprovalService
+from sessionloop.actors.approvals.model import ApprovalTiming
 from sessionloop.actors.events import open_store
 from sessionloop.actors.model import ModelRequest, Provider
 from sessionloop.actors.model.prompts import ToolLine, default_system_prompt

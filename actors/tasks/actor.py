@@ -12,6 +12,10 @@ was stopped sends the model no notice. After a restart, tasks that were running 
 
 Pushes (``background/changed``): start, end, stop and removal at once; changes of only the last
 line are coalesced to at most one push per second per task.
+
+This module is the shell: the registry, the output buffer, the pushes and the store. A task's
+events are decided in ``actors/tasks/model.py``; a ``TaskActor`` takes a closed set of messages
+(:data:`TaskMessage`).
 """
 
 from __future__ import annotations
@@ -30,13 +34,25 @@ from sessionloop.actors import events as E
 from sessionloop.actors.errors import HostClosed, NotFound
 from sessionloop.actors.session.commands import RecordTaskEnd
 from sessionloop.actors.session.messages import Decide
-from sessionloop.actors.settings.texts import Text, stored_parts
+from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pubsub import Reply
-from sessionloop.actors.views.items import _display
+from sessionloop.actors.tasks.model import (
+    Abort,
+    End,
+    Start,
+    copy_of_latest_end,
+    decide_abort,
+    decide_end,
+    decide_start,
+    ended,
+    fold,
+    task_of,
+    task_stream,
+)
 from sessionloop.actors.views.summary import decode_summary_record, encode_summary_record
 from sessionloop.eventstore import ANY_VERSION
 from sessionloop.protocol.schemas import BackgroundChanged
-from sessionloop.protocol.schemas_types import BackgroundCall, BackgroundTask
+from sessionloop.protocol.schemas_types import BackgroundTask
 
 if TYPE_CHECKING:
     from sessionloop.actors.system.runtime import Runtime
@@ -101,10 +117,9 @@ class TaskService:
         for stream in self.rt.store.flagged("task-running"):
             started = self.rt.store.read_stream(stream, 1, 1)
             if started and isinstance(started[0].event, E.TaskStarted):
-                ended = task_ended(at=now_ms(), task_id=started[0].event.task_id, status="aborted",
-                                   reason=Text("task.reason.restarted"))
-                self.rt.store.append(stream, [ended], ANY_VERSION, flags={"task-running": False})
-                aborted.setdefault(started[0].event.session_id, []).append(ended)
+                events = decide_abort(task_of(started[0].event), Abort(), now_ms())
+                self.rt.store.append(stream, events, ANY_VERSION, flags={"task-running": False})
+                aborted.setdefault(started[0].event.session_id, []).extend(events)
         restored: list[BackgroundTask] = []
         after = None
         while True:
@@ -125,14 +140,7 @@ class TaskService:
         self._settle_listing_records({t.session_id for t in restored}, aborted)
 
     def _restore(self, stream: str) -> BackgroundTask | None:
-        task: BackgroundTask | None = None
-        for recorded in self.rt.store.read_stream(stream):
-            e = recorded.event
-            if isinstance(e, E.TaskStarted):
-                task = _task_of(e)
-            elif isinstance(e, E.TaskEnded) and task is not None:
-                task = _ended(task, e)
-        return task
+        return fold(r.event for r in self.rt.store.read_stream(stream) if isinstance(r.event, E.Event))
 
     def _settle_listing_records(self, session_ids: set[str], aborted: dict[str, list[E.TaskEnded]]) -> None:
         """After a restart no task of an earlier run is running, so a session's listing record that
@@ -163,12 +171,8 @@ class TaskService:
 
     def _end_of_latest(self, session_id: str) -> E.TaskEnded:
         with self._lock:
-            ended = [t for t in self.tasks.values() if t.session_id == session_id and t.status != "running"]
-        if not ended:
-            return E.TaskEnded(at=now_ms(), task_id="", status="aborted")
-        t = max(ended, key=lambda t: (t.ended_at or 0, t.started_at))
-        return task_ended(at=now_ms(), task_id=t.id, status=t.status, exit_code=t.exit_code,
-                          reason=t.reason, last_line=t.last_line, last_output_at=t.last_output_at)
+            tasks = [t for t in self.tasks.values() if t.session_id == session_id]
+        return copy_of_latest_end(tasks, now_ms())
 
     def running_count(self, session_id: str) -> int:
         if not self.tasks:  # the common case, asked by every commit that rewrites a listing record
@@ -202,14 +206,14 @@ class TaskService:
     def adopt(self, running: Any, session_id: str, turn_id: str, call_id: str, tool: str,
               display: E.ToolDisplay | None) -> str:
         """Take over a running command from a tool call (called on the worker loop)."""
-        task_id = f"{session_id}.{call_id}.{turn_id}"
-        started = E.TaskStarted(at=now_ms(), task_id=task_id, session_id=session_id, label=tool,
-                                call=E.ToolCallRef(tool=tool, turn_id=turn_id, call_id=call_id), display=display)
+        [started] = decide_start(Start(session_id=session_id, turn_id=turn_id, call_id=call_id, tool=tool,
+                                       display=display), now_ms())
+        task_id = started.task_id
         output = _Output()
         output.add(running.tail)
         with self._lock:
             self.outputs[task_id] = output
-            self.tasks[task_id] = _task_of(started)
+            self.tasks[task_id] = task_of(started)
         running.redirect(lambda text: self._output(task_id, text))
         with self._lock:  # registered before its first push can reach a client (who may stop it)
             self.actors[task_id] = TaskActor.start(self, started, running)
@@ -286,7 +290,7 @@ class TaskService:
         if ref is None or task.status != "running":
             reply.set(None)
             return
-        ref.tell(("stop", (reply, reason)))
+        ref.tell(Stop(reply=reply, reason=reason))
 
     def stop_session(self, session_ids: list[str]) -> list[Reply]:
         with self._lock:
@@ -336,8 +340,37 @@ class TaskService:
                 pass
 
 
+# --- the task actor's messages (a closed set) ---------------------------------------------------
+
+
+class Stop(msgspec.Struct, frozen=True, kw_only=True):
+    """Stop the task (``background/stop``, stopAll, shutdown) for ``reason``; ``reply`` completes
+    once its end is recorded and the session's listing has it, at once if it has ended."""
+
+    reply: Reply
+    reason: str
+
+
+class Exited(msgspec.Struct, frozen=True, kw_only=True):
+    """The command exited with ``code``, or could not be waited for (``error`` says why)."""
+
+    code: int | None = None
+    error: str | None = None
+
+
+TaskMessage = Stop | Exited
+
+
 class TaskActor(pykka.ThreadingActor):
-    """One running background task: its stream, its end, its stop."""
+    """One running background task: its stream, its end, its stop.
+
+    Decide, persist, publish: its start and its end are decided by the model
+    (``actors/tasks/model.py``) and appended before the service pushes them (``background/changed``)
+    or the session hears of them. The service's registry holds the task from ``adopt`` on (before
+    its ``task.started`` is committed), so that the tool call's own commit counts it running and a
+    stop by its id finds it. An end that could not be appended is logged and still published: the
+    command did end, and the next start records the task ``aborted`` (its flag is still set).
+    """
 
     use_daemon_thread = True
 
@@ -346,8 +379,8 @@ class TaskActor(pykka.ThreadingActor):
         self.svc = service
         self.started = started
         self.running = running
-        self.stream = f"task-{started.task_id}"
-        self.stopping: tuple[Reply, str] | None = None
+        self.stream = task_stream(started.task_id)
+        self.stopping: Stop | None = None
         self.ended = False
 
     def on_start(self) -> None:
@@ -360,66 +393,43 @@ class TaskActor(pykka.ThreadingActor):
                 code = await self.running.wait()
             except Exception as e:  # the process could not be waited for: record it failed
                 log.exception("background task %s failed", self.started.task_id)
-                ref.tell(("exited", (None, str(e))))
+                ref.tell(Exited(error=str(e)))
                 return
-            ref.tell(("exited", (code, None)))
+            ref.tell(Exited(code=code))
 
         self.svc.rt.worker.call_soon(lambda: asyncio.ensure_future(watch()))
 
     def on_receive(self, message: Any) -> Any:
-        kind, payload = message
-        if kind == "stop" and not self.ended:
-            self.stopping = payload
-            self.svc.rt.worker.call_soon(lambda: asyncio.ensure_future(self.running.kill()))
-        elif kind == "stop":
-            payload[0].set(None)
-        elif kind == "exited" and not self.ended:
-            self._end(*payload)
+        match message:
+            case Stop() if not self.ended:
+                self.stopping = message
+                self.svc.rt.worker.call_soon(lambda: asyncio.ensure_future(self.running.kill()))
+            case Stop():
+                message.reply.set(None)
+            case Exited() if not self.ended:
+                self._end(message)
+            case Exited():
+                pass  # ended already
+            case _:
+                log.warning("background task %s ignores a message it does not know: %r", self.started.task_id,
+                            message)
         return None
 
-    def _end(self, exit_code: int | None, error: str | None) -> None:
+    def _end(self, exited: Exited) -> None:
         self.ended = True
-        task = self.svc.tasks.get(self.started.task_id) or _task_of(self.started)
-        if self.stopping is not None:
-            status, reason = "stopped", self.stopping[1]
-        elif error is not None:
-            status, reason = "failed", error
-        else:
-            status, reason = ("completed" if exit_code == 0 else "failed"), None
-        ended = task_ended(at=now_ms(), task_id=self.started.task_id, status=status,
-                           exit_code=exit_code, reason=reason, last_line=task.last_line,
-                           last_output_at=task.last_output_at)
+        task = self.svc.tasks.get(self.started.task_id) or task_of(self.started)
+        stopped = self.stopping.reason if self.stopping is not None else None
+        # one end: the registry shows the task running until this records its end
+        [end] = decide_end(task, End(exit_code=exited.code, error=exited.error, stopped=stopped), now_ms())
         try:
-            self.svc.rt.store.append(self.stream, [ended], ANY_VERSION, flags={"task-running": False})
+            self.svc.rt.store.append(self.stream, [end], ANY_VERSION, flags={"task-running": False})
         except Exception:
             log.exception("could not record the end of background task %s", self.started.task_id)
-        done = _ended(task, ended)
+        done = ended(task, end)
         self.svc.record(done)
         if self.stopping is not None:  # a stopped task sends the model no end notice ...
-            self.svc.ended_quietly(self.started.session_id, ended, self.stopping[0])  # ... but its listing changes
+            self.svc.ended_quietly(self.started.session_id, end, self.stopping.reply)  # ... but its listing changes
         else:  # the notice's commit rewrites the session's listing record
             self.svc.rt.task_notice(done)
         self.svc.finished(self.started.task_id)
         self.stop()
-
-
-def _task_of(e: E.TaskStarted) -> BackgroundTask:
-    call = BackgroundCall(tool=e.call.tool, turn_id=e.call.turn_id, call_id=e.call.call_id) if e.call else None
-    return BackgroundTask(id=e.task_id, session_id=e.session_id, kind="tool-call", label=e.label, call=call,
-                          status="running", started_at=e.at, display=_display(e.display))
-
-
-def task_ended(*, reason: str | None, **fields: Any) -> E.TaskEnded:
-    """A ``task.ended`` whose ``reason`` may be a text object: the event keeps its English text,
-    key and values (events hold plain data; ``actors.settings.texts``)."""
-    if reason is None:
-        return E.TaskEnded(**fields)
-    shown, key, values = stored_parts(reason)
-    return E.TaskEnded(reason=shown, reason_key=key, reason_values=values, **fields)
-
-
-def _ended(task: BackgroundTask, e: E.TaskEnded) -> BackgroundTask:
-    reason = Text.stored(e.reason, e.reason_key, e.reason_values) if e.reason is not None else None
-    return msgspec.structs.replace(task, status=e.status, ended_at=e.at, exit_code=e.exit_code, reason=reason,
-                                   last_line=e.last_line or task.last_line,
-                                   last_output_at=e.last_output_at or task.last_output_at)

@@ -30,7 +30,7 @@ from sessionloop.actors.settings.texts import (
     stored_parts,
     text,
 )
-from sessionloop.actors.tasks.actor import task_ended
+from sessionloop.actors.tasks.model import task_ended
 from sessionloop.actors.views.items import ItemsProjection
 from tests.actors.gateway_harness import MemoryClient, wait_until
 

@@ -14,7 +14,6 @@ import pytest
 
 from sessionloop.actors import events as E
 from sessionloop.actors.errors import Conflict, InvalidCommand, NotFound, SessionBusy
-from sessionloop.actors.events import decode_event, encode_event
 from sessionloop.actors.model.base import ModelResponse, RetryNotice
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.decide import (
@@ -33,6 +32,7 @@ from sessionloop.actors.session.decide import (
 from sessionloop.actors.session.drive import drive
 from sessionloop.actors.session.state import SessionState, copy_state, evolve, new_state
 from sessionloop.actors.tools.registry import ToolResult
+from tests.actors.testkit import round_trip
 
 SID = "s1"
 NOW = 1_700_000_000_000
@@ -70,8 +70,7 @@ def run_command(log: Log, command: C.Command, now: int = NOW, settings=None) -> 
     before = copy_state(log.state)
     events = decide_command(before, command, DecideContext(now, settings))
     assert msgspec.to_builtins(before) == msgspec.to_builtins(log.state)  # deciding changed nothing
-    decoded = [decode_event(encode_event(e)) for e in events]
-    assert decoded == events
+    decoded = round_trip(events)
     append(log, decoded)
     assert msgspec.to_builtins(fold(log.events)) == msgspec.to_builtins(log.state)
     return events
@@ -210,11 +209,9 @@ def test_a_command_outside_the_closed_set_is_a_type_error() -> None:
 # --- the session's own inputs and outcomes, decided (what the actor shell is told) -------------------
 
 
-def roundtrip(log: Log, events: list[E.Event]) -> list[E.Event]:
+def record(log: Log, events: list[E.Event]) -> list[E.Event]:
     """Round-trip ``events`` through the codec, fold them in, check the fold of the whole log."""
-    decoded = [decode_event(encode_event(e)) for e in events]
-    assert decoded == events
-    append(log, decoded)
+    append(log, round_trip(events))
     assert msgspec.to_builtins(fold(log.events)) == msgspec.to_builtins(log.state)
     return events
 
@@ -231,7 +228,7 @@ def test_what_a_creator_and_a_sender_say_has_every_field_of_the_events_but_time_
 def test_a_create_records_the_session_under_its_id_with_its_first_input_and_refuses_a_second() -> None:
     log = Log(new_state(SID))
     first = C.NewInput(input_id="i1", turn_id="t1", text="hello", idempotency_key="k1")
-    events = roundtrip(log, decide_create(log.state, C.NewSession(title="demo", activity="background"), first, NOW))
+    events = record(log, decide_create(log.state, C.NewSession(title="demo", activity="background"), first, NOW))
     assert events == [E.SessionCreated(at=NOW, session_id=SID, title="demo", activity="background"),
                       E.InputAccepted(at=NOW, input_id="i1", turn_id="t1", text="hello", idempotency_key="k1")]
     assert [q.turn_id for q in log.state.queue] == ["t1"]
@@ -242,11 +239,11 @@ def test_a_create_records_the_session_under_its_id_with_its_first_input_and_refu
 def test_an_input_is_accepted_once_by_its_input_id_and_not_into_a_deleted_session() -> None:
     log = created()
     new = C.NewInput(input_id="i1", turn_id="t1", text="hi", speaker=E.Speaker(platform="im", user_id="u1"))
-    assert roundtrip(log, decide_input(log.state, new, NOW)) == [
+    assert record(log, decide_input(log.state, new, NOW)) == [
         E.InputAccepted(at=NOW, input_id="i1", turn_id="t1", text="hi", speaker=E.Speaker(platform="im", user_id="u1"))]
     with pytest.raises(Conflict):
         decide_input(log.state, new, NOW)
-    roundtrip(log, [E.SessionDeleted(at=NOW)])
+    record(log, [E.SessionDeleted(at=NOW)])
     with pytest.raises(NotFound):
         decide_input(log.state, C.NewInput(input_id="i2", turn_id="t2"), NOW)
 
@@ -254,7 +251,7 @@ def test_an_input_is_accepted_once_by_its_input_id_and_not_into_a_deleted_sessio
 def running_call(tool: str, args: dict) -> Log:
     """A session whose turn t1 runs ``tool`` as call c1 (decided by the default loop)."""
     log = created()
-    roundtrip(log, decide_input(log.state, C.NewInput(input_id="i1", turn_id="t1", text="go"), NOW))
+    record(log, decide_input(log.state, C.NewInput(input_id="i1", turn_id="t1", text="go"), NOW))
     cfg = AgentConfig(permission_mode="acceptCalls")
 
     def check(name: str, args: object, call_id: str) -> ToolPolicy:
@@ -262,13 +259,13 @@ def running_call(tool: str, args: dict) -> Log:
 
     def decide_drive() -> None:
         scratch = copy_state(log.state)
-        roundtrip(log, drive(scratch, cfg, check, NOW, lambda e: evolve(scratch, e)).events)
+        record(log, drive(scratch, cfg, check, NOW, lambda e: evolve(scratch, e)).events)
 
     decide_drive()
     step = log.state.pending_llm
     assert step is not None
     answer = ModelResponse(tool_calls=[E.ToolCallSpec(call_id="c1", name=tool, args=args)])
-    roundtrip(log, decide_model_done(log.state, step, answer, None, 5, NOW))
+    record(log, decide_model_done(log.state, step, answer, None, 5, NOW))
     decide_drive()
     assert log.state.tool_calls["c1"].status == "running"
     return log
@@ -277,7 +274,7 @@ def running_call(tool: str, args: dict) -> Log:
 def test_a_plan_tools_result_replaces_the_plan_and_a_late_result_is_dropped() -> None:
     log = running_call("update_plan", {"entries": [{"text": "read", "status": "pending"}]})
     output = {"entries": [{"text": "read", "status": "pending"}], "explanation": "first"}
-    events = roundtrip(log, decide_tool_done(log.state, "t1", "c1", ToolResult(output=output), 7, NOW))
+    events = record(log, decide_tool_done(log.state, "t1", "c1", ToolResult(output=output), 7, NOW))
     assert [type(e) for e in events] == [E.ToolFinished, E.PlanUpdated]
     assert events[0].status == "completed" and events[0].duration_ms == 7
     assert events[1] == E.PlanUpdated(at=NOW, entries=[E.PlanEntry(text="read", status="pending")],
@@ -288,7 +285,7 @@ def test_a_plan_tools_result_replaces_the_plan_and_a_late_result_is_dropped() ->
 def test_a_failed_command_is_a_failed_call_that_names_its_background_task() -> None:
     log = running_call("exec", {"command": "make"})
     result = ToolResult(output={"taskId": "task-1", "stdout": ""}, exit_code=2)
-    (finished,) = roundtrip(log, decide_tool_done(log.state, "t1", "c1", result, 3, NOW))
+    (finished,) = record(log, decide_tool_done(log.state, "t1", "c1", result, 3, NOW))
     assert (finished.status, finished.exit_code, finished.task_id) == ("failed", 2, "task-1")
 
 
@@ -296,26 +293,26 @@ def test_a_retry_is_recorded_for_the_running_step_only() -> None:
     log = running_call("exec", {"command": "true"})
     notice = RetryNotice(attempt=1, status=503, cause="http", wait_ms=250, error="HTTP 503")
     assert decide_model_retried(log.state, "not-the-step", notice, "item-2", NOW) == []
-    roundtrip(log, decide_tool_done(log.state, "t1", "c1", ToolResult(output="ok"), 1, NOW))
+    record(log, decide_tool_done(log.state, "t1", "c1", ToolResult(output="ok"), 1, NOW))
     scratch = copy_state(log.state)
     follow = drive(scratch, AgentConfig(permission_mode="acceptCalls"), lambda *a: ToolPolicy(exists=True), NOW,
                    lambda e: evolve(scratch, e))
-    roundtrip(log, follow.events)
+    record(log, follow.events)
     step = log.state.pending_llm
     assert step is not None
-    (retried,) = roundtrip(log, decide_model_retried(log.state, step, notice, "item-2", NOW))
+    (retried,) = record(log, decide_model_retried(log.state, step, notice, "item-2", NOW))
     assert (retried.attempt, retried.status, retried.wait_ms, retried.next_item_id) == (1, 503, 250, "item-2")
 
 
 def test_stop_all_drops_the_queue_before_it_aborts_the_turn() -> None:
     log = running_call("exec", {"command": "sleep 9"})
-    roundtrip(log, decide_input(log.state, C.NewInput(input_id="i2", turn_id="t2"), NOW))
-    events = roundtrip(log, decide_stop(log.state, None, "stopped", NOW, drop_queue=True))
+    record(log, decide_input(log.state, C.NewInput(input_id="i2", turn_id="t2"), NOW))
+    events = record(log, decide_stop(log.state, None, "stopped", NOW, drop_queue=True))
     assert events[0] == E.InputDropped(at=NOW, input_id="i2", turn_id="t2", reason="stopped")
     assert isinstance(events[-1], E.TurnAborted) and log.state.queue == [] and log.state.current_turn is None
 
 
 def test_parking_is_a_recorded_fact_with_its_reason() -> None:
     log = created()
-    assert roundtrip(log, decide_park("3 failures", NOW)) == [E.SessionParked(at=NOW, reason="3 failures")]
+    assert record(log, decide_park("3 failures", NOW)) == [E.SessionParked(at=NOW, reason="3 failures")]
     assert log.state.parked == "3 failures"
