@@ -26,6 +26,11 @@ On the pooled runtime the hot commits (an input, a model or tool outcome) do not
 thread while the group commits: the actor suspends, its mailbox waits, and step 4 runs when the
 store calls back (Akka Persistence's ``persist``).
 
+The shell is this module (lifecycle, the commit, the handlers) and four parts mixed into it:
+``inputs`` (creation and queued inputs, with idempotency and the quota), ``effects`` (model calls
+and tool runs, launched after their commit), ``publish`` (pushes, the listing record and the
+commit listeners, after the commit), and ``purge`` (its steps of a delete).
+
 Supervision (pykka has none): an exception in a handler fails that request with a clear error,
 then the actor rebuilds its state from the store and recovers like after a crash; three failures
 within a minute park the session with the reason recorded.
@@ -33,69 +38,52 @@ within a minute park the session with the reason recorded.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import time
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import pykka
 
 from sessionloop.actors import events as E
 from sessionloop.actors.approvals.model import approval_stream as _approval_stream
 from sessionloop.actors.errors import ActorError, CompactionFailed, NotFound, compact_error
-from sessionloop.actors.model.attachments import has_attachments
-from sessionloop.actors.model.attachments import resolve as resolve_attachments
-from sessionloop.actors.model.base import RetryNotice
-from sessionloop.actors.session.commands import Quota
-from sessionloop.actors.session.context import estimated_context_tokens, model_view
 from sessionloop.actors.session.decide import (
     AgentConfig,
     DecideContext,
     decide_command,
     decide_compaction_cancelled,
     decide_compaction_interrupted,
-    decide_create,
-    decide_delete,
-    decide_input,
     decide_model_done,
     decide_model_retried,
     decide_park,
     decide_stop,
-    decide_stop_for_delete,
     decide_tool_done,
     ensure_usable,
     repairs_after_restart,
 )
-from sessionloop.actors.session.drive import drive, system_messages
+from sessionloop.actors.session.drive import drive
+from sessionloop.actors.session.effects import Deltas, SessionEffects
+from sessionloop.actors.session.inputs import SessionInputs
 from sessionloop.actors.session.messages import (
     Cancel,
-    Create,
-    Created,
     Decide,
-    Freeze,
     ModelDone,
     ModelRetried,
     Msg,
     Passivate,
-    Purge,
-    Receipt,
-    Send,
     Snapshot,
     Subscribe,
     ToolDone,
     now_ms,
 )
+from sessionloop.actors.session.publish import SessionPublisher
+from sessionloop.actors.session.purge import SessionPurge
 from sessionloop.actors.session.queries import CallerFacts
 from sessionloop.actors.session.state import SessionState, decode_state, encode_state, evolve, new_state
-from sessionloop.actors.session.stream_sink import StreamSink, close_cards
+from sessionloop.actors.session.stream_sink import StreamSink
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pool import PooledActor
-from sessionloop.actors.system.ports import Commit
-from sessionloop.actors.system.pubsub import LoopEvent, TurnOutcome
-from sessionloop.actors.tools.caller import CURRENT_CALL, CallerContext
-from sessionloop.actors.views.summary import encode_summary_record, rewrites_listing, summary_record, tombstone_record
 from sessionloop.eventstore import (
     IdempotencyClaim,
     SessionloopError,
@@ -104,7 +92,6 @@ from sessionloop.eventstore import (
     StreamDeleted,
 )
 from sessionloop.protocol.errors import RpcError
-from sessionloop.protocol.schemas_types import AgentMessageItem, ReasoningItem
 
 if TYPE_CHECKING:
     from sessionloop.actors.session.compaction import Flight
@@ -112,38 +99,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sessionloop.session")
 
-_SINGLETONS = frozenset({"queue", "plan", "usage"})  # items a push replaces whole, never appended to
 _TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
 _TURN_END_TYPES = frozenset(_TURN_END)
 #: a model call's streamed items are in the projection (or gone) once one of these is committed
 _STREAM_END_TYPES = _TURN_END_TYPES | {E.LlmCompleted, E.LlmFailed}
-#: a model step's outcome: where the live frames of an answer taken in place go out (``_publish``)
-_STEP_END = (E.LlmCompleted, E.LlmFailed)
-#: the deltas a model call reported, ``(kind, text)`` in order
-Deltas = list[tuple[str, str]]
 #: the events a commit acts on after it is durable (effects to start, turns to report)
 _EFFECT_TYPES = _TURN_END_TYPES | {E.LlmStarted, E.ToolStarted, E.ToolApprovalRequested, E.ToolApprovalSettled}
-#: the categories of a session's streams (``session-S``, ``approval-S.*``, ``task-S.*``): a purge
-#: takes them all (``actors/session/deletion.py``)
-OWNED_CATEGORIES = ("session", "approval", "task")
-#: set with a session's purge, cleared once its files are deleted too (a restart finishes them)
-FILES_PENDING = "files-pending"
 #: model answers a commit takes in place (``_drive``) before the next one goes through the worker
 #: loop: a turn of instant answers (unlimited ``maxSteps``, a model that keeps calling a tool
 #: that is refused at once) then still lets the mailbox in, so turn/abort always gets through
 MAX_INLINE_ANSWERS = 32
 
 
-_created_enc = msgspec.msgpack.Encoder()
-_created_dec = msgspec.msgpack.Decoder(Created)
-_receipt_enc = msgspec.msgpack.Encoder()
-_receipt_dec = msgspec.msgpack.Decoder(Receipt)
 
 
 # --- the actor --------------------------------------------------------------------------------
 
 
-class SessionBehaviour:
+class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPublisher):
     """The session actor's behaviour, independent of the pykka runtime that runs it: a thread per
     actor (:class:`SessionActor`) or a shared pool (:class:`PooledSessionActor`)."""
 
@@ -240,7 +213,7 @@ class SessionBehaviour:
         # subscribers still attached (a reload after a failed commit) need the projection of what is
         # stored now, so the next commit's pushes reach them; built lazily it would already hold that
         # commit's events and push nothing of them
-        self.items = self.rt.build_items(self) if self.channel.has_subscribers else None
+        self.items = self.rt.build_items(self.stream) if self.channel.has_subscribers else None
         self._account_unfinished()
         self.rt.results.expect([q.turn_id for q in state.queue] + ([state.current_turn] if state.current_turn else []))
 
@@ -449,113 +422,9 @@ class SessionBehaviour:
             out.extend(follow.events)
         return follow.needs_compaction
 
-    def _answer_now(self, cfg: AgentConfig, now: int) -> tuple[str, list[E.Event], Deltas] | None:
-        """The events of the pending model step when the provider answers it at once, with the
-        deltas it streamed; None when the call must go to the worker loop.
-
-        An answer taken in place streams like any other: its deltas are kept here and
-        go out after the commit that makes the step exist (``_publish``: persist, then publish), as the same
-        frames a subscriber and a loop watcher get for an answer streamed over time."""
-        provider = self.rt.provider_for(self.state)
-        answer_now = getattr(provider, "answer_now", None)
-        if answer_now is None:
-            return None
-        state = self.state
-        step_id, turn_id = state.pending_llm, state.current_turn
-        assert step_id is not None and turn_id is not None
-        deltas: Deltas = []
-        keep = deltas.append
-        started = time.perf_counter()
-        try:
-            request = self._model_request(cfg)
-            if has_attachments(request.messages):  # files are read off the actor thread: not in place
-                return None
-            r = answer_now(request, lambda kind, text: keep((kind, text)))
-        except SessionloopError as e:  # what streamed before the failure (reasoning) still goes out
-            return step_id, decide_model_done(state, step_id, None, str(e), _ms_since(started), now), deltas
-        if r is None:
-            return None
-        return step_id, decide_model_done(state, step_id, r, None, _ms_since(started), now), deltas
-
-    def _model_request(self, cfg: AgentConfig) -> Any:
-        state = self.state
-        if cfg.context_chars is None and not state.summaries:
-            messages = system_messages(cfg) + state.messages
-        else:
-            messages, _ = model_view(system_messages(cfg) + state.messages, cfg.context_chars)
-        return self.rt.model_request(cfg, messages)
-
-    def _delta_sink(self, step_id: str) -> StreamSink:
-        """The ``on_delta`` of a model call: live items, generating cards, and the restart of
-        what an attempt showed when the provider retries (``actors/session/stream_sink.py``)."""
-        ref = self.actor_ref
-
-        def on_retry(notice: RetryNotice, next_item_id: str) -> None:
-            ref.tell(ModelRetried(step_id, notice, next_item_id))
-
-        return StreamSink(channel=self.channel, session_id=self.sid, step_id=step_id, turn_id=self.state.current_turn,
-                          delta=self.rt.delta_payload, on_retry=on_retry, now=now_ms, fault=self.rt.faults.hit,
-                          loop_delta=self._loop_delta())
-
-    def _loop_delta(self) -> Any:
-        """Emits a bot's live ``assistant.delta`` with ``data``; None outside apps."""
-        app, watchers = self._app_id(), self.rt.loop_watchers
-        if app is None:
-            return None
-        sid, turn_id = self.sid, self.state.current_turn
-
-        def emit(data: dict[str, Any]) -> None:
-            if watchers.any(app):
-                watchers.emit(app, LoopEvent(cursor=0, session_id=sid, type="assistant.delta", at=now_ms(),
-                                             turn_id=turn_id, data=data))
-
-        return emit
-
-    def push_usage_estimate(self) -> None:
-        """When a snapshot has no usage yet, the server has it estimated and pushes it after the
-        snapshot (docs/protocol.md, subscribing). Called right
-        after a subscriber got its snapshot: a session with history that no model call has
-        reported usage on (forked, imported, every call failed) gets the usage item its next
-        model call would have, estimated as the mock counts (characters / 4), pushed to its
-        subscribers (all of them: none has usage, and each sees every seq, gapless). Derived from
-        committed state and not kept in ``items`` (a fold of the log, which ``replay --verify``
-        rebuilds), nor written (a read writes nothing): every snapshot without usage is followed
-        by one."""
-        items, state = self.items, self.state
-        if items is None or items.usage_item() is not None or not state.messages:
-            return
-        try:
-            cfg = self.config()
-            tokens = estimated_context_tokens(system_messages(cfg) + state.messages, cfg.context_chars)
-            self.channel.publish("item/completed", items.estimated_usage(now_ms(), tokens))
-        except Exception:  # an estimate is a courtesy: the subscription (answered already) stands
-            log.exception("session %s: the usage estimate after a snapshot failed", self.sid)
-
     def _app_id(self) -> str | None:
         created = self.state.created
         return created.app_id if created is not None else None
-
-    def _meta(self, events: list[E.Event]) -> bytes | None:
-        """The listing record, rewritten by commits that change what a listing shows
-        (:func:`rewrites_listing`, the rule ``replay --verify`` checks records by)."""
-        if not rewrites_listing(events):
-            return None
-        self.last_record = summary_record(self.state, self._awaiting_approval(), self.rt.background(self.sid))
-        self.record_dirty = True
-        return encode_summary_record(self.last_record)
-
-    def _awaiting_approval(self) -> bool:
-        """The listing's attention flag: an approval was pushed and is not settled yet."""
-        state = self.state
-        return any((rec := state.tool_calls.get(c)) is not None and rec.approval_id is not None
-                   and rec.settlement is None for c in state.batch)
-
-    def _flags(self) -> dict[str, bool] | None:
-        active = bool(self.state.current_turn or self.state.queue)
-        if active == self._active:
-            return None
-        self._active = active
-        return {"active": active}
 
     def _after_commit(self, events: list[E.Event], inline: dict[str, Deltas], compaction: str | None,
                       result: Any) -> None:
@@ -594,15 +463,6 @@ class SessionBehaviour:
         if compaction is not None:
             self.rt.compaction.start_auto(self, compaction)
 
-    def _tell_listeners(self, events: list[E.Event], result: Any,
-                        loop_deltas: dict[str, list[dict[str, Any]]] | None) -> None:
-        """The commit, told to the runtime's commit listeners as a value (``actors.system.ports.Commit``),
-        with the listing record when this commit wrote one."""
-        record = self.last_record if self.record_dirty else None
-        self.record_dirty = False
-        self.rt.committed(Commit(self.sid, self.stream, events, result, self.state, record, loop_deltas,
-                                 self.rt.store))
-
     def _end_compaction(self, events: list[E.Event]) -> None:
         """After a commit: a manual compaction this commit ended (interrupted or cancelled, the
         failure recorded in it) stops and its request fails with the reason; an automatic one
@@ -620,87 +480,6 @@ class SessionBehaviour:
                 flight.abandon(CompactionFailed(compact_error(event)))
                 return
 
-    def _publish(self, events: list[E.Event], inline: dict[str, Deltas]) -> None:
-        """The pushes of a commit, in event order. An answer taken in place (``inline``) streams
-        where its outcome is: ``item/started`` and its deltas just before the outcome's
-        ``item/completed``, as they would have come had the answer streamed over time (before
-        its commit); see ``_stream_in_place``."""
-        if self.items is None:
-            self.items = self.rt.build_items(self)
-            return  # built from the store, which already holds these events
-        pushes: list[tuple[str, Any]] = []
-        streams = bool(inline) and self.channel.has_subscribers
-        for event in events:
-            if streams and isinstance(event, _STEP_END) and (deltas := inline.get(event.step_id)):
-                pushes.extend(self._stream_in_place(event, deltas))
-            pushes.extend(self.items.apply(event))
-        pushes = self._coalesce(pushes)
-        if any(isinstance(e, E.TurnRewound) and e.chat_deleted for e in events):
-            # the history was rewritten; what clients hold is void, they resubscribe
-            pushes.append(("session/resync", None))
-        if pushes:
-            self.channel.publish_many(pushes)
-
-    def _stream_in_place(self, outcome: Any, deltas: Deltas) -> list[tuple[str, Any]]:
-        """The live pushes of an answer taken in place: what ``SessionChannel.stream`` sends for
-        the same deltas of a model call streaming over time (``StreamSink``), an item's
-        ``item/started`` with its first delta, then one ``item/delta`` per delta. They go out in
-        the commit's one publication, between the pushes of the events before the outcome and the
-        outcome's own; the channel does not keep their text for a snapshot as it does for a
-        stream in flight, since no snapshot can fall between them (one is taken on this thread)
-        and the outcome's ``item/completed`` in the same publication holds the whole text."""
-        step_id, turn_id, sid, delta = outcome.step_id, outcome.turn_id, self.sid, self.rt.delta_payload
-        thinking, at = f"{step_id}.thinking", now_ms()
-        out: list[tuple[str, Any]] = []
-        started: set[str] = set()
-        for kind, text in deltas:
-            item_id = step_id if kind == "text" else thinking
-            if item_id not in started:
-                started.add(item_id)
-                kind_of = AgentMessageItem if kind == "text" else ReasoningItem
-                out.append(("item/started", kind_of(item_id=item_id, at=at, turn_id=turn_id, text="")))
-            out.append(("item/delta", delta(sid, item_id, text)))
-        return out
-
-    def _loop_deltas_in_place(
-        self, events: list[E.Event], inline: dict[str, Deltas]
-    ) -> dict[str, list[dict[str, Any]]] | None:
-        """The ``assistant.delta`` data of the answers this commit took in place (what
-        ``StreamSink`` hands a bot for each text delta), for the app's loop watchers; None when
-        nobody watches (or no answer had text)."""
-        app, watchers = self._app_id(), self.rt.loop_watchers
-        if app is None or not watchers.any(app):
-            return None
-        out: dict[str, list[dict[str, Any]]] = {}
-        for event in events:
-            if isinstance(event, _STEP_END) and (deltas := inline.get(event.step_id)):
-                step_id = event.step_id
-                texts = [{"text": text, "itemId": step_id} for kind, text in deltas if kind == "text"]
-                if texts:
-                    out[step_id] = texts
-        return out or None
-
-    def _coalesce(self, pushes: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-        """One commit's pushes, with the whole-replacement items (queue, plan, usage) sent once,
-        in their last state; a queue that did not change since it was last sent is not sent
-        (an input that opens a turn at once never shows as queued)."""
-        last: dict[str, int] = {}
-        for i, (_, item) in enumerate(pushes):
-            if item.item_id in _SINGLETONS:
-                last[item.item_id] = i
-        out = []
-        for i, (method, item) in enumerate(pushes):
-            if item.item_id in _SINGLETONS:
-                if last[item.item_id] != i:
-                    continue
-                if item.item_id == "queue":
-                    entries = msgspec.to_builtins(item.entries)
-                    if entries == self._sent_queue:
-                        continue
-                    self._sent_queue = entries
-            out.append((method, item))
-        return out
-
     def _save_snapshot(self) -> None:
         """Save the state as a snapshot. Runs after a commit, before its request is answered: a
         snapshot only makes activation faster, so one the store refuses (a full disk) is logged
@@ -717,146 +496,7 @@ class SessionBehaviour:
             return
         self._snapshot_version = self.state.version
 
-    def _end_stream(self, events: list[E.Event]) -> None:
-        """The model call's outcome is committed: its live items end, and the cards it announced
-        that its answer does not hold are closed (aborted if the turn was stopped, else failed)."""
-        if self._sink is not None:
-            self._sink.close()
-            self._sink = None
-        cards = self.channel.end_streams()
-        if not cards:
-            return
-        keep = {c.call_id for e in events if type(e) is E.LlmCompleted for c in e.tool_calls}
-        status = "aborted" if any(type(e) is E.TurnAborted for e in events) else "failed"
-        closing = close_cards(cards, keep, status)
-        if closing:
-            self.channel.publish_many(closing)
-
-    def _cancel_tasks(self) -> None:
-        if self._model_task is not None:
-            self._model_task.cancel()
-            self._model_task = None
-        if self._sink is not None:
-            self._sink.close()  # a delta still on its way must not revive an item
-        for task in self._tool_tasks.values():
-            task.cancel()
-        self._tool_tasks.clear()
-
-    def _launch_model(self, turn_id: str, step_id: str) -> None:
-        request = self._model_request(self.config())
-        provider = self.rt.provider_for(self.state)
-        ref, on_delta = self.actor_ref, self._delta_sink(step_id)
-        self._sink = on_delta
-
-        blobs = self.rt.blobs
-
-        async def call() -> None:
-            started = time.perf_counter()
-            try:
-                sent = request
-                if has_attachments(request.messages):  # the files, read off the actor thread
-                    sent = await asyncio.to_thread(resolve_attachments, request, blobs.read)
-                response = await provider.generate(sent, on_delta)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                ref.tell(ModelDone(step_id, None, str(e) or type(e).__name__, _ms_since(started)))
-            else:
-                ref.tell(ModelDone(step_id, response, None, _ms_since(started)))
-
-        self._model_task = self.rt.worker.start(call())
-
-    def _launch_tool(self, turn_id: str, call_id: str, tool: str, args: Any) -> None:
-        ref = self.actor_ref
-        ctx = self.rt.tool_context(self, turn_id, call_id)
-
-        caller = CallerContext(session_id=self.sid, turn_id=turn_id, call_id=call_id)
-
-        async def run() -> None:
-            CURRENT_CALL.set(caller)  # this task's own context: only this tool sees it
-            self.rt.faults.hit("tool-run")
-            started = time.perf_counter()
-            result = await self.rt.tools.execute(tool, args, ctx)
-            ref.tell(ToolDone(turn_id, call_id, result, _ms_since(started)))
-
-        self._tool_tasks[call_id] = self.rt.worker.start(run())
-
     # --- handlers -------------------------------------------------------------------------------
-
-    def on_create(self, msg: Create) -> None:
-        assert msg.reply is not None
-        claim = msg.claim
-        if claim is not None:
-            known = self.rt.store.lookup_claim(claim)
-            if known is not None:
-                msg.reply.set(_created_dec.decode(known.receipt))
-                return
-        events = decide_create(self.state, msg.new, msg.initial, now_ms())
-        created = Created(session_id=self.sid, turn_id=msg.initial.turn_id if msg.initial else None)
-        if claim is not None:
-            claim = IdempotencyClaim(claim.scope, claim.key, claim.request_hash, _created_enc.encode(created))
-        reply = msg.reply
-
-        def answer(result: Any) -> None:
-            if result is not None and result.duplicate:
-                reply.set(msgspec.structs.replace(_created_dec.decode(result.receipt), duplicate=True))
-            else:
-                reply.set(created)
-
-        self._commit_then(msg, events, answer, claim=claim)
-
-    def on_send(self, msg: Send) -> None:
-        assert msg.reply is not None
-        claim = msg.claim
-        if claim is not None:
-            known = self.rt.store.lookup_claim(claim)  # IdempotencyConflict for another body
-            if known is not None:  # the original receipt, with the cursor of the original input
-                msg.reply.set(msgspec.structs.replace(_receipt_dec.decode(known.receipt), state="duplicate",
-                                                      position=known.first_position))
-                return
-        if self.deleting:  # a repeat above still gets its receipt; a new input is refused
-            raise NotFound(Text("error.session-deleting", session=self.sid))
-        quota = msg.quota
-        if quota is not None:
-            if self._over_quota(quota):
-                msg.reply.set(Receipt(state="rejected", retry_after_ms=quota.retry_after_ms, epoch=self.rt.epoch))
-                return
-            if self._app_id() is not None:
-                # the check took the app's slot for this input: count it as ours already, so the
-                # accounting after the commit does not add it twice (a reload gives it back)
-                self._unfinished += 1
-        accepted = msg.input
-        try:
-            events = decide_input(self.state, accepted, now_ms())
-        except BaseException:
-            if quota is not None and self._app_id() is not None:
-                self._account_unfinished()  # refused before any append: the slot goes back
-            raise
-        state = "accepted" if not self.state.is_busy and not self.state.queue else "queued"
-        receipt = Receipt(state=state, turn_id=accepted.turn_id, input_id=accepted.input_id,
-                          epoch=self.rt.epoch, seq=self.channel.seq)
-        if claim is not None:
-            claim = IdempotencyClaim(claim.scope, claim.key, claim.request_hash, _receipt_enc.encode(receipt))
-        reply = msg.reply
-
-        def answer(result: Any) -> None:
-            if result is not None and result.duplicate:
-                reply.set(msgspec.structs.replace(_receipt_dec.decode(result.receipt), state="duplicate",
-                                                  position=result.first_position))
-            else:
-                reply.set(msgspec.structs.replace(receipt, position=result.first_position if result else 0))
-            self.rt.faults.hit("after-ack")
-
-        self._commit_then(msg, events, answer, claim=claim)
-
-    def _over_quota(self, quota: Quota) -> bool:
-        """Too many unfinished turns in this session, or in all of the app's (whose count is
-        shared by its sessions, so the slot is taken atomically here: ``app_reserve``; the
-        session's own accounting then counts the input as already there, and a failed or
-        duplicate append gives the slot back)."""
-        if self.state.unfinished_turns() >= quota.per_session:
-            return True
-        return not self.rt.app_reserve(quota.app_id, quota.per_app)
 
     def on_cancel(self, msg: Cancel) -> None:
         now = now_ms()
@@ -869,49 +509,6 @@ class SessionBehaviour:
             self._commit(events)
         assert msg.reply is not None
         msg.reply.set(bool(events))
-
-    def on_freeze(self, msg: Freeze) -> None:
-        """Stop what runs before a delete (``actors/session/deletion.py``, step 1): the turn is aborted,
-        queued inputs are dropped (their waiters hear the session is gone), and until the purge
-        no input is taken. NotFound for a session that does not exist or is deleted."""
-        assert msg.reply is not None
-        state = self.state
-        now = now_ms()
-        dropped = [q.turn_id for q in state.queue]
-        events = decide_stop_for_delete(state, msg.reason, now)
-        self.deleting = True
-        if events:
-            self._cancel_tasks()
-            self._commit(events, run_drive=False)
-        for turn_id in dropped:
-            self.rt.results.complete(TurnOutcome(session_id=self.sid, turn_id=turn_id, state="failed",
-                                                 code="not-found", reason=msg.reason, outcome="error"))
-        msg.reply.set(None)
-
-    def on_purge(self, msg: Purge) -> None:
-        """Take the session out of the store (``actors/session/deletion.py``, step 3): one transaction
-        removes its streams, approval and task streams, leaves ``decide_delete``'s tombstone and
-        the tombstone listing record, and flags its files for deletion. After the commit the
-        listeners hear of it (the listing drops it), the task registry forgets its tasks, and the
-        state is the tombstone's fold (deleted: every later command answers not-found)."""
-        assert msg.reply is not None
-        state = self.state
-        now = now_ms()
-        events = decide_delete(state, now)
-        record = tombstone_record(state, now)
-        self._cancel_tasks()
-        try:
-            result = self.rt.store.purge(self.stream, events, state.version, categories=OWNED_CATEGORIES,
-                                         meta=encode_summary_record(record), flags={FILES_PENDING: True})
-        except BaseException:
-            self._reload()
-            raise
-        self.last_record, self.record_dirty = record, True
-        self._tell_listeners(events, result.tombstone, None)  # before the reload: listeners read what was deleted
-        self.deleting = False
-        self._reload()
-        self.rt.tasks_service.remove_session(self.sid)
-        msg.reply.set(result)
 
     def on_model_done(self, msg: ModelDone) -> None:
         events = decide_model_done(self.state, msg.step_id, msg.response, msg.error, msg.duration_ms, now_ms())
@@ -957,7 +554,7 @@ class SessionBehaviour:
     def projection(self) -> Any:
         """The timeline's items (``views.items.ItemsProjection``), built from the log on first use."""
         if self.items is None:
-            self.items = self.rt.build_items(self)
+            self.items = self.rt.build_items(self.stream)
         return self.items
 
     def caller_facts(self) -> CallerFacts:
@@ -1013,8 +610,4 @@ def _ignore(*_: Any) -> None:
     return None
 
 
-def _ms_since(started: float) -> int:
-    return int((time.perf_counter() - started) * 1000)
-
-
-__all__ = ["FILES_PENDING", "OWNED_CATEGORIES", "PooledSessionActor", "SessionActor", "SessionBehaviour"]
+__all__ = ["PooledSessionActor", "SessionActor", "SessionBehaviour"]

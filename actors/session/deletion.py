@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from sessionloop.actors.errors import NotFound
-from sessionloop.actors.session.actor import FILES_PENDING
 from sessionloop.actors.session.messages import Freeze, Purge, Thaw
+from sessionloop.actors.session.purge import FILES_PENDING
 from sessionloop.actors.session.tree import tree_of
 from sessionloop.actors.system.pubsub import Reply
 

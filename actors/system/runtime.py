@@ -23,7 +23,7 @@ from sessionloop.actors.events import open_store
 from sessionloop.actors.model import ModelRequest, Provider
 from sessionloop.actors.model.prompts import ToolLine, default_system_prompt
 from sessionloop.actors.model.registry import ModelConfig, ModelRegistry, builtin_model
-from sessionloop.actors.session.actor import PooledSessionActor, SessionActor, SessionBehaviour
+from sessionloop.actors.session.actor import PooledSessionActor, SessionActor
 from sessionloop.actors.session.commands import CheckpointImage, PostTaskNotice, RecordCheckpoints, SettleApproval
 from sessionloop.actors.session.compaction import Compaction
 from sessionloop.actors.session.context import summary_text
@@ -357,9 +357,11 @@ class Runtime:
 
         return check
 
-    def tool_context(self, actor: SessionBehaviour, turn_id: str, call_id: str) -> ToolContext:
-        workspace = actor.workspace()
-        ref, channel, sid = actor.actor_ref, actor.channel, actor.sid
+    def tool_context(self, sid: str, ref: Any, channel: SessionChannel, workspace: Workspace, rec: Any,
+                     cfg: AgentConfig, turn_id: str, call_id: str) -> ToolContext:
+        """What the tool of call ``call_id`` (its record ``rec``) runs with: the session's workspace,
+        its sandbox policy (the one recorded with the call), the output stream to the session's
+        subscribers and the way back to the session (``ref``) for checkpoints."""
 
         def on_output(text: str) -> None:
             if channel.subscribers:
@@ -372,11 +374,9 @@ class Runtime:
                                               images=[CheckpointImage(path, existed, content)]), reply))
             await reply.future()
 
-        rec = actor.state.tool_calls.get(call_id)
         tool, display = (rec.tool, rec.display) if rec is not None else ("exec", None)
         # the policy recorded with the call is the one it runs under
-        policy = display.sandbox if display is not None and display.sandbox else \
-            self.sandbox.policy_for(actor.config().sandbox)
+        policy = display.sandbox if display is not None and display.sandbox else self.sandbox.policy_for(cfg.sandbox)
 
         def to_background(running: Any) -> str:
             return self.tasks_service.adopt(running, sid, turn_id, call_id, tool, display)
@@ -391,7 +391,7 @@ class Runtime:
                            on_output=on_output, record_before_image=record_before_image,
                            record_images=record_images, sandbox=self.sandbox, sandbox_policy=policy,
                            extras={"runtime": self, "session_id": sid, "background": to_background,
-                                   "exec_yield_s": actor.config().exec_yield_s})
+                                   "exec_yield_s": cfg.exec_yield_s})
 
     # --- publication hooks -----------------------------------------------------------------------
 
@@ -473,9 +473,10 @@ class Runtime:
         """The session's own running background tasks (the tasks layer answers)."""
         return self.tasks_service.running_count(session_id)
 
-    def build_items(self, actor: SessionBehaviour) -> Any:
+    def build_items(self, stream: str) -> ItemsProjection:
+        """The timeline's items of the session ``stream``, folded from its log."""
         items = ItemsProjection()
-        for recorded in self.store.read_stream(actor.stream):
+        for recorded in self.store.read_stream(stream):
             items.apply(recorded.event)
         return items
 
