@@ -152,9 +152,9 @@ class ApprovalService:
 
     # --- approvals ---------------------------------------------------------------------------------
 
-    def open(self, session_actor: Any, event: E.ToolApprovalRequested) -> None:
-        """Start the approval actor of a ``tool.approval.requested`` the session committed."""
-        state = session_actor.state
+    def open(self, state: Any, event: E.ToolApprovalRequested) -> None:
+        """Start the approval actor of a ``tool.approval.requested`` the session committed
+        (``state``: the session's state after that commit)."""
         rec = state.tool_calls[event.call_id]
         approval = build_approval(state, rec, event.approval_id, self.timing.wait_s, self.rt.chain_of(state), now_ms())
         with self._lock:

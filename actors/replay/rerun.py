@@ -228,11 +228,11 @@ class RecordedApprovals(ApprovalService):
         key = (self.job.current_turn, call_id)
         return rerun_gate(self.job.plan.approvals.get(key), key in self.job.approval_overrides)
 
-    def open(self, session_actor: Any, event: E.ToolApprovalRequested) -> None:
-        if not self._is_fork(session_actor.sid):
-            super().open(session_actor, event)
+    def open(self, state: Any, event: E.ToolApprovalRequested) -> None:
+        if not self._is_fork(state.session_id):
+            super().open(state, event)
             return
-        asked = _Asked(id=event.approval_id, session_id=session_actor.sid, turn_id=event.turn_id,
+        asked = _Asked(id=event.approval_id, session_id=state.session_id, turn_id=event.turn_id,
                        call_id=event.call_id)
         self.rt.approval_settled(asked, self.job.approval_answer(event.call_id))
 

@@ -453,7 +453,7 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
             elif type(event) is E.ToolStarted:
                 self._launch_tool(event.turn_id, event.call_id, event.tool, event.args)
             elif type(event) is E.ToolApprovalRequested:
-                self.rt.approvals.open(self, event)
+                self.rt.approvals.open(state, event)
             elif type(event) is E.ToolApprovalSettled and event.settlement.source in ("turn-ended", "shutdown"):
                 self.rt.approvals.cancel(event.approval_id, event.settlement.source)
         self._account_unfinished()
