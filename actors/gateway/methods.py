@@ -28,8 +28,8 @@ from sessionloop.actors.settings.texts import Text, message_of
 from sessionloop.actors.system.blobs import kind_of, sniff_mime
 from sessionloop.actors.system.ids import new_id
 from sessionloop.actors.system.pubsub import Reply
-from sessionloop.actors.views.items import wire_grant
 from sessionloop.actors.views.summary import ListingRow, listing_key, summary_from_row
+from sessionloop.actors.views.wire import wire_grant
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.frames import RequestId
 from sessionloop.protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # per attachment and in all

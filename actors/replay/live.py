@@ -20,7 +20,7 @@ import msgspec
 from sessionloop.actors.replay.values import plain, wire_item
 from sessionloop.actors.session.commands import ProjectionView
 from sessionloop.actors.session.messages import Ask
-from sessionloop.actors.views.items import HISTORY_MAX_LIMIT
+from sessionloop.actors.views.timeline import HISTORY_MAX_LIMIT
 from sessionloop.protocol.file_handles import HANDLE_SHAPE
 from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
