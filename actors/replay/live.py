@@ -24,8 +24,8 @@ from sessionloop.actors.views.timeline import HISTORY_MAX_LIMIT
 from sessionloop.protocol.file_handles import HANDLE_SHAPE
 from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
+from sessionloop.protocol.peer import Peer
 from sessionloop.protocol.schemas_types import ItemAttachment, UserMessageItem
-from sessionloop.protocol.transport import Peer
 
 __all__ = [
     "HANDLE",
