@@ -5,7 +5,7 @@ measures the streaming it pays for (every answer of the mock model streams).
 * ``subscriber``: per session a subscribed protocol connection, as an owner's client has one.
   Each connection is a real :class:`actors.gateway.service.ClientConnection` (``SessionProtocolService.
   connect``, the call the WebSocket transport makes), subscribed with ``session/subscribe``, whose
-  frames go to the transport's own bounded :class:`protocol.transport.Outbox`. A writer task per
+  frames go to the transport's own bounded :class:`protocol.transport_flow.Outbox`. A writer task per
   connection takes them as the transport's does; where that one writes them to a socket, this one
   reads back the frames of the answers (``item/delta``, and ``item/started`` / ``item/completed``
   of agent messages, picked by their text: the other frames are taken and counted, not decoded, as
@@ -37,7 +37,8 @@ import msgspec
 from sessionloop.actors.system.worker import LoopBatch
 from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
-from sessionloop.protocol.transport import DEFAULT_MAX_OUTBOX, Outbox, Peer, Waker
+from sessionloop.protocol.peer import Peer
+from sessionloop.protocol.transport_flow import DEFAULT_MAX_OUTBOX, Outbox, Waker
 
 OBSERVE_MODES = ("subscriber", "watcher", "none")
 #: the bot app that owns the sessions of a ``watcher`` run, and its one container

@@ -51,7 +51,8 @@ from sessionloop.cli.metrics import render_metrics
 from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.protocol.connection import Limits
 from sessionloop.protocol.frames import DEFAULT_MAX_FRAME_BYTES
-from sessionloop.protocol.transport import AppCredential, SessionServer, TransportConfig
+from sessionloop.protocol.peer import AppCredential
+from sessionloop.protocol.transport import SessionServer, TransportConfig
 
 DEFAULT_DATA = ".sessionloop"
 DEFAULT_PORT = 8765

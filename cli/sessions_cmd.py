@@ -17,7 +17,6 @@ from typing import Any
 
 import click
 
-from sessionloop.cli.chat import SessionView, subscribe, wait_for_turn
 from sessionloop.cli.client import (
     Client,
     ClientError,
@@ -40,6 +39,7 @@ from sessionloop.cli.output import (
     summary_lines,
     timeline,
 )
+from sessionloop.cli.session_view import SessionView, subscribe, wait_for_turn
 from sessionloop.protocol.schemas import (
     HistoryResult,
     LoopSendResult,

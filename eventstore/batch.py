@@ -4,8 +4,8 @@ be redone after the map grew) and :class:`BatchContext`, which applies them to t
 group wrote so far (versions and receipts of earlier requests of the same group, and a witness
 of every put, to find out after a failed commit whether the group is in the store).
 
-No ``lmdb`` import: the transaction is handed in (``lmdb_recorder`` is the only module that
-imports it); the retention helpers prune inside ordinary groups.
+No ``lmdb`` import: the transaction is handed in (the ``lmdb_*`` modules are the only ones that
+import it); the retention helpers prune inside ordinary groups.
 """
 
 from __future__ import annotations

@@ -1,4 +1,10 @@
-"""The LMDB recorder: encoded payloads in, ordered keys out. The only module that imports ``lmdb``.
+"""The LMDB recorder: encoded payloads in, ordered keys out; its write side and its lifetime.
+
+eventstore/ is the only package that imports ``lmdb``, in four modules: this one (the writes, the
+group commits and what happens when one fails, compaction and backup), ``lmdb_env.py`` (opening the
+environment: directory, lock, flags, databases, the read gate), ``lmdb_reads.py`` (the read paths,
+which :class:`LmdbRecorder` inherits) and ``lmdb_copy.py`` (the key-by-key copy that compaction
+and backup write).
 
 Why it is shaped this way (see ../shared/RELIABILITY.md, LMDB):
 
@@ -56,21 +62,16 @@ Each failed group is logged once (the driver's error, the path, the outcome foun
 from __future__ import annotations
 
 import errno
-import fcntl
-import itertools
 import logging
 import os
 import shutil
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import lmdb
 import msgspec
 
-from sessionloop.eventstore import keys as K
-from sessionloop.eventstore.audit import check as check_store
 from sessionloop.eventstore.batch import (
     AppendOp,
     BatchContext,
@@ -88,7 +89,6 @@ from sessionloop.eventstore.errors import (
     RETRY_AFTER_MS,
     STOPPED_RETRY_AFTER_MS,
     UNKNOWN,
-    EventDecodeError,
     IdempotencyConflict,
     ReadOnlyStore,
     StorageError,
@@ -96,80 +96,29 @@ from sessionloop.eventstore.errors import (
     StorageUnavailable,
     StoreClosed,
     StoreError,
-    StoreLocked,
     StreamDeleted,
     WrongExpectedVersion,
 )
 from sessionloop.eventstore.groupcommit import GroupCommitter, HistogramSnapshot, Request
-from sessionloop.eventstore.records import (
-    CommitRecordIn,
-    IdemValue,
-    SnapshotRecord,
+from sessionloop.eventstore.lmdb_copy import compacted_copy
+from sessionloop.eventstore.lmdb_env import (
+    ReadGate,
+    durability_mismatch,
+    init_meta,
+    open_environment,
+    owner_only,
+    read_head,
+    take_lock,
 )
+from sessionloop.eventstore.lmdb_reads import LmdbReads
 
 log = logging.getLogger("sessionloop.eventstore")
 
-FORMAT_VERSION = 1
 DAY_MS = 86_400_000
 
 _enc = msgspec.msgpack.Encoder()
-_rec_dec = msgspec.msgpack.Decoder(CommitRecordIn)
-_idem_dec = msgspec.msgpack.Decoder(IdemValue)
-_snap_dec = msgspec.msgpack.Decoder(SnapshotRecord)
-_any_dec = msgspec.msgpack.Decoder()
 
-_DBS = ("meta", "log", "streams", "catalogue", "snapshots", "idem", "idem_time", "feed", "stream_meta", "flags")
-
-
-class _ReadGate:
-    """Many readers, or one resize: LMDB's map may change only with no transaction open."""
-
-    __slots__ = ("_cond", "_readers", "_resizing")
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
-        self._resizing = False
-
-    def __enter__(self) -> None:
-        with self._cond:
-            while self._resizing:
-                self._cond.wait()
-            self._readers += 1
-
-    def __exit__(self, kind: object, error: object, tb: object) -> None:
-        with self._cond:
-            self._readers -= 1
-            if not self._readers:
-                self._cond.notify_all()
-        if isinstance(error, lmdb.PanicError):  # the writer is reopening the environment after a failed commit
-            raise StorageUnavailable(f"the event store could not be read ({error}); retry after "
-                                     f"{RETRY_AFTER_MS} ms") from error
-
-    def exclusive(self, fn: Any) -> None:
-        with self._cond:
-            self._resizing = True
-            try:
-                self._cond.wait_for(lambda: self._readers == 0)
-                fn()
-            finally:
-                self._resizing = False
-                self._cond.notify_all()
-
-
-def durability_mismatch(durability: str, flags: Mapping[str, Any]) -> str | None:
-    """What is wrong when LMDB's own flags (``Environment.flags()``, read back after opening) do
-    not give ``durability``: ``sync`` needs the data and the meta page flushed at every commit,
-    ``nosync`` neither; ``None`` when they agree."""
-    want = durability == "sync"
-    got = {name: bool(flags.get(name)) for name in ("sync", "metasync")}
-    if all(value == want for value in got.values()):
-        return None
-    return (f"durability {durability!r} asked for sync={want}, metasync={want}, but LMDB reports "
-            f"sync={got['sync']}, metasync={got['metasync']}")
-
-
-class LmdbRecorder:
+class LmdbRecorder(LmdbReads):
     """Append-only event log in one LMDB environment (see ``keys.py`` for the layout)."""
 
     def __init__(
@@ -204,7 +153,7 @@ class LmdbRecorder:
         self._last_prune = 0.0
         self._closed = False
         self._lock_fd: int | None = None
-        self._gate = _ReadGate()
+        self._gate = ReadGate()
         self.stale_readers_cleared = 0
         self.map_resizes = 0
         self._on_map_resize = on_map_resize
@@ -212,8 +161,8 @@ class LmdbRecorder:
         self.last_batch_size = 0
         if not readonly:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
-            _owner_only(self.path)
-            self._lock_fd = self._take_lock()
+            owner_only(self.path)
+            self._lock_fd = take_lock(self.path)
         elif not os.path.exists(os.path.join(self.path, "data.mdb")):
             raise StorageError(f"no event store at {self.path}", path=self.path)
         self._max_readers = max_readers
@@ -232,76 +181,23 @@ class LmdbRecorder:
         except lmdb.Error as e:
             self._release_lock()
             raise StorageError(f"cannot open event store at {self.path}: {e}", path=self.path) from e
-        self.shards = self._init_meta(shards)
+        self.shards = init_meta(self._env, self._db["meta"], self.path, readonly=readonly, shards=shards)
         self._versions: dict[bytes, int] = {}
-        self._head = self._read_head()
+        self._head = read_head(self._env, self._db["log"])
         self._committer = GroupCommitter(self._commit_batch, timed=(AppendOp,))
 
     # --- open / close -----------------------------------------------------------------------
 
     def _open_env(self) -> None:
         """Open the environment and its databases (at start, and again after a fatal commit error)."""
-        self._env = lmdb.open(
-            self.path,
-            map_size=self._map_size,
-            max_dbs=len(_DBS) + 2,
-            max_readers=self._max_readers,
-            sync=self.durability == "sync",
-            metasync=self.durability == "sync",
-            readonly=self.readonly,
-            readahead=False,
-            lock=True,
-            writemap=False,
-            mode=0o600,  # the store holds every session's conversation: the server's user only
-        )
-        self.env_flags = self._env.flags()  # read back, not what was asked for
-        self._db = {name: self._env.open_db(name.encode(), create=not self.readonly) for name in _DBS}
-
-    def _take_lock(self) -> int:
-        lock_path = os.path.join(self.path, "LOCK")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = "unknown process"
-            try:
-                pid = os.pread(fd, 32, 0).decode().strip()
-                holder = f"pid {pid}" if pid else holder
-            finally:
-                os.close(fd)
-            raise StoreLocked(self.path, holder) from e
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        return fd
+        self._env, self.env_flags, self._db = open_environment(
+            self.path, map_size=self._map_size, max_readers=self._max_readers, durability=self.durability,
+            readonly=self.readonly)
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-
-    def _init_meta(self, shards: int) -> int:
-        with self._env.begin(db=self._db["meta"], write=not self.readonly) as txn:
-            raw = txn.get(b"shards")
-            if raw is not None:
-                fmt = _any_dec.decode(txn.get(b"format", b"null"))  # no format: not a store of ours
-                if fmt != FORMAT_VERSION:
-                    raise StorageError(
-                        f"event store at {self.path} has format {fmt}, this release reads {FORMAT_VERSION}"
-                    )
-                return int(_any_dec.decode(raw))
-            if self.readonly:
-                raise StorageError(f"event store at {self.path} is not initialised")
-            if not 1 <= shards <= 65535:
-                raise ValueError(f"shards must be in 1..65535, not {shards}")
-            txn.put(b"format", _enc.encode(FORMAT_VERSION))
-            txn.put(b"shards", _enc.encode(shards))
-            txn.put(b"created_at", _enc.encode(int(time.time() * 1000)))
-            return shards
-
-    def _read_head(self) -> int:
-        with self._env.begin(db=self._db["log"]) as txn:
-            cur = txn.cursor()
-            return K.from_u64(cur.key()) if cur.last() else 0
 
     def close(self) -> None:
         if self._closed:
@@ -374,7 +270,7 @@ class LmdbRecorder:
         stay in the file until later commits reuse them. Nor does it zero a freed page's buffer
         when it reuses it in memory, so a page written later (a purge's tombstone, say) can carry
         deleted bytes in its unused end; a page-by-page copy (``mdb_env_copy2`` with
-        ``MDB_CP_COMPACT``) keeps them. So the copy is rebuilt key by key (``_compacted_copy``):
+        ``MDB_CP_COMPACT``) keeps them. So the copy is rebuilt key by key (``lmdb_copy.py``):
         every page of it is written from live data. Runs on the group commit's leader, after the
         writes queued before it and with no transaction open (readers wait at the gate), so
         nothing written meanwhile is lost: the copy is fsynced, renamed over ``data.mdb``
@@ -391,52 +287,8 @@ class LmdbRecorder:
         so another process can back up a running server's store."""
         os.makedirs(dest, mode=0o700)
         with self._read():
-            copied = self._compacted_copy(dest)
+            copied = compacted_copy(self._env, self._db, self._map_size, dest, self.path)
         return os.path.getsize(copied)
-
-    def _compacted_copy(self, dest: str) -> str:
-        """The store's live data, as one read transaction sees it, written into a fresh
-        environment in the directory ``dest``: its ``data.mdb``, owner-only and fsynced.
-
-        Every named database is created there with the source's flags and filled from a cursor
-        over the source, in key order (appended: pages filled, never split), in write
-        transactions of ``_COPY_BATCH`` entries; then each one's entry count is checked against
-        the source's. The main database must hold nothing but the named databases (a plain key
-        there would not be copied, so it fails the copy). The fresh environment's reused page
-        buffers hold only pages of the copy itself, so whatever a page's unused end holds is
-        live data too. Its map is twice the source's: the file grows only by the pages written,
-        and a ``dupsort`` database (its new keys are inserted, not appended) may take more pages
-        than in the source."""
-        with self._env.begin() as src:
-            names = [bytes(k) for k in src.cursor().iternext(keys=True, values=False)]
-            dbs = {name: self._source_db(name, src) for name in names}
-            copy = lmdb.open(dest, map_size=2 * max(self._map_size, int(self._env.info()["map_size"])),
-                             max_dbs=len(dbs) + 2, sync=False, metasync=False, lock=False, readahead=False,
-                             writemap=False, meminit=True, mode=0o600)
-            try:
-                _copy_databases(src, dbs, copy)
-            finally:
-                copy.close()
-        copied = os.path.join(dest, "data.mdb")
-        os.chmod(copied, 0o600)
-        fd = os.open(copied, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return copied
-
-    def _source_db(self, name: bytes, txn: Any) -> Any:
-        """The handle of the named database ``name`` (opened at open, or now in ``txn`` for one
-        this release does not know of, so it is copied too)."""
-        known = self._db.get(name.decode("utf-8", "replace"))
-        if known is not None:
-            return known
-        try:
-            return self._env.open_db(name, txn=txn, create=False)
-        except lmdb.Error as e:
-            raise StorageError(f"the main database of the event store at {self.path} holds {name!r}, which is "
-                               f"not a named database ({e}); it cannot be copied", path=self.path) from e
 
     def _compact_now(self) -> tuple[int, int]:
         data = os.path.join(self.path, "data.mdb")
@@ -446,7 +298,7 @@ class LmdbRecorder:
         before = os.path.getsize(data)
 
         def swap() -> None:
-            copied = self._compacted_copy(work)
+            copied = compacted_copy(self._env, self._db, self._map_size, work, self.path)
             self._env_usable = False
             self._map_size = max(self._map_size, int(self._env.info()["map_size"]))
             self._env.close()
@@ -593,7 +445,7 @@ class LmdbRecorder:
         self._gate.exclusive(reopen)
         self.reopens += 1
         self._versions.clear()
-        self._head = self._read_head()
+        self._head = read_head(self._env, self._db["log"])
 
     def _barrier(self) -> None:
         """A durable write over whatever the failed commit left: it takes the place of the meta
@@ -657,208 +509,6 @@ class LmdbRecorder:
         v = self._versions.get(skey)
         return v if v is not None else self._current_version_uncached(txn, skey)
 
-    # --- reads ----------------------------------------------------------------------------------
-
-    def _read(self) -> Any:
-        if self._closed:
-            raise StoreClosed()
-        if not self._env_usable:
-            raise StorageUnavailable("the event store stopped after a write it could not confirm; it can be "
-                                     f"read again after a restart (retry after {STOPPED_RETRY_AFTER_MS} ms)",
-                                     reason="stopped", retry_after_ms=STOPPED_RETRY_AFTER_MS, path=self.path)
-        return self._gate
-
-    def stream_key(self, stream: str) -> bytes:
-        return K.stream_key(K.shard_of(stream, self.shards), K.validate_stream(stream))
-
-    def stream_version(self, stream: str) -> int:
-        skey = self.stream_key(stream)
-        with self._read(), self._env.begin() as txn:
-            return self._current_version_uncached(txn, skey)
-
-    def _current_version_uncached(self, txn: Any, skey: bytes) -> int:
-        cur = txn.cursor(db=self._db["streams"])
-        if cur.set_range(K.index_key(skey, K.MAX_VERSION)):
-            ok = cur.prev()
-        else:
-            ok = cur.last()
-        if ok and cur.key()[:-9] == skey:
-            return K.index_version(cur.key())
-        return 0
-
-    def read_stream_records(
-        self, stream: str, from_version: int = 1, limit: int | None = None
-    ) -> Iterator[tuple[CommitRecordIn, int]]:
-        """Commit records holding versions >= ``from_version``, with their last position."""
-        skey = self.stream_key(stream)
-        out: list[tuple[CommitRecordIn, int]] = []
-        seen = 0
-        with self._read(), self._env.begin() as txn:
-            cur = txn.cursor(db=self._db["streams"])
-            logdb = self._db["log"]
-            if not cur.set_range(K.index_key(skey, max(from_version, 1))):
-                return iter(())
-            for key, logkey in cur:
-                if key[:-9] != skey:
-                    break
-                raw = txn.get(logkey, db=logdb)
-                if raw is None:  # an index entry whose record is gone: what audit() reports
-                    raise EventDecodeError(stream, K.index_version(key), "indexed, but its commit record is missing")
-                rec = _decode_record(raw, stream, K.index_version(key))
-                out.append((rec, K.from_u64(logkey)))
-                seen += K.index_version(key) - max(rec.first_version, from_version) + 1
-                if limit is not None and seen >= limit:
-                    break
-        return iter(out)
-
-    def read_log_records(self, after: int, limit: int) -> list[CommitRecordIn]:
-        out: list[CommitRecordIn] = []
-        seen = 0
-        with self._read(), self._env.begin(db=self._db["log"]) as txn:
-            cur = txn.cursor()
-            if not cur.set_range(K.u64(after + 1)):
-                return out
-            for key, value in cur:
-                rec = _decode_record(value, "<log>", K.from_u64(key), "position")
-                out.append(rec)
-                seen += K.from_u64(key) - max(rec.first_position, after + 1) + 1
-                if seen >= limit:
-                    break
-        return out
-
-    def record_at(self, position: int) -> CommitRecordIn | None:
-        with self._read(), self._env.begin(db=self._db["log"]) as txn:
-            cur = txn.cursor()
-            if not cur.set_range(K.u64(position)):
-                return None
-            rec = _decode_record(cur.value(), "<log>", K.from_u64(cur.key()), "position")
-            return rec if rec.first_position <= position else None
-
-    def list_streams(self, category: str, after: str | None, limit: int) -> tuple[list[str], str | None]:
-        prefix = category.encode("utf-8") + b"\x00"
-        start = prefix + (after.encode("utf-8", "surrogatepass") + b"\x00" if after else b"")
-        names: list[str] = []
-        with self._read(), self._env.begin(db=self._db["catalogue"]) as txn:
-            cur = txn.cursor()
-            if cur.set_range(start):
-                for key in cur.iternext(keys=True, values=False):
-                    if not key.startswith(prefix):
-                        break
-                    if len(names) == limit:
-                        return names, names[-1]
-                    names.append(key[len(prefix):].decode("utf-8", "surrogatepass"))
-        return names, None
-
-    def count_streams(self, category: str) -> int:
-        prefix = category.encode("utf-8") + b"\x00"
-        n = 0
-        with self._read(), self._env.begin(db=self._db["catalogue"]) as txn:
-            cur = txn.cursor()
-            if cur.set_range(prefix):
-                for key in cur.iternext(keys=True, values=False):
-                    if not key.startswith(prefix):
-                        break
-                    n += 1
-        return n
-
-    def load_snapshot(self, stream: str) -> SnapshotRecord | None:
-        skey = self.stream_key(stream)
-        with self._read(), self._env.begin(db=self._db["snapshots"]) as txn:
-            raw = txn.get(skey)
-        return None if raw is None else _snap_dec.decode(raw)
-
-    def get_receipt(self, scope: str, key: str) -> IdemValue | None:
-        with self._read(), self._env.begin(db=self._db["idem"]) as txn:
-            raw = txn.get(K.idem_key(scope, key))
-        if raw is None:
-            return None
-        value = _idem_dec.decode(raw)
-        if value.erased:
-            return value
-        if value.claim.scope != scope or value.claim.key != key:
-            return None
-        return value
-
-    def purged(self, stream: str) -> bool:
-        """Whether the stream's partition was purged (sealed)."""
-        K.validate_stream(stream)
-        with self._read(), self._env.begin(db=self._db["meta"]) as txn:
-            return txn.get(K.seal_key(K.partition_of(stream))) is not None
-
-    def read_feed_positions(self, app: str, after: int, limit: int) -> list[int]:
-        prefix = K.feed_prefix(app)
-        out: list[int] = []
-        with self._read(), self._env.begin(db=self._db["feed"]) as txn:
-            cur = txn.cursor()
-            if not cur.set_range(prefix + K.u64(after + 1)):
-                return out
-            for key in cur.iternext(keys=True, values=False):
-                if not key.startswith(prefix) or len(key) != len(prefix) + 8:
-                    break
-                out.append(K.from_u64(key, len(prefix)))
-                if len(out) >= limit:
-                    break
-        return out
-
-    def get_stream_meta(self, stream: str) -> bytes | None:
-        skey = self.stream_key(stream)
-        with self._read(), self._env.begin(db=self._db["stream_meta"]) as txn:
-            raw = txn.get(skey)
-        return None if raw is None else bytes(_any_dec.decode(raw)[1])
-
-    def scan_stream_meta(self, page: int = 2000) -> Iterator[tuple[str, bytes]]:
-        """Every stream's metadata record, in shard order, read in short transactions."""
-        after: bytes | None = None
-        while True:
-            rows: list[tuple[str, bytes]] = []
-            with self._read(), self._env.begin(db=self._db["stream_meta"]) as txn:
-                cur = txn.cursor()
-                found = cur.set_range(after + b"\x00") if after is not None else cur.first()
-                if found:
-                    for key, value in cur:
-                        stream, meta = _any_dec.decode(value)
-                        rows.append((stream, meta))
-                        after = bytes(key)
-                        if len(rows) >= page:
-                            break
-            yield from rows
-            if len(rows) < page:
-                return
-
-    def flagged(self, flag: str) -> list[str]:
-        prefix = flag.encode() + b"\x00"
-        out: list[str] = []
-        with self._read(), self._env.begin(db=self._db["flags"]) as txn:
-            cur = txn.cursor()
-            if cur.set_range(prefix):
-                for key in cur.iternext(keys=True, values=False):
-                    if not key.startswith(prefix):
-                        break
-                    out.append(key[len(prefix):].decode("utf-8", "surrogatepass"))
-        return out
-
-    def audit(self) -> list[str]:
-        """``audit.check`` over the whole store in one read transaction."""
-        with self._read(), self._env.begin() as txn:
-            return check_store(txn, self._db, self.shards)
-
-    def read_meta(self, name: str) -> Any:
-        with self._read(), self._env.begin(db=self._db["meta"]) as txn:
-            raw = txn.get(name.encode())
-        return None if raw is None else _any_dec.decode(raw)
-
-    def iter_all_records(self) -> Iterator[tuple[int, CommitRecordIn]]:
-        """Every commit record in log order, read in short transactions of 1,000 records."""
-        after = 0
-        while True:
-            page = self.read_log_records(after, 1000)
-            if not page:
-                return
-            for rec in page:
-                last = rec.first_position + len(rec.events) - 1
-                yield last, rec
-                after = last
-
     def rebuild_idempotency(self) -> int:
         """Rebuild the idempotency index from the log (receipts are committed with their events, so
         the log holds them all); returns receipts written."""
@@ -872,40 +522,6 @@ class LmdbRecorder:
             for k in times:
                 txn.put(k, b"", db=self._db["idem_time"])
         return len(claims)
-
-
-#: entries copied per write transaction of a compacted copy: bounds the memory its dirty pages take
-_COPY_BATCH = 10_000
-
-
-def _copy_databases(src: Any, dbs: dict[bytes, Any], copy: lmdb.Environment) -> None:
-    """Every key and value of every database in ``dbs`` (name -> handle, read in ``src``) into the
-    fresh environment ``copy``, the same named databases with the same flags; fails if any
-    entry did not make it (``putmulti`` skips, not fails, a key appended out of order)."""
-    for name, db in dbs.items():
-        flags = db.flags(src)
-        with copy.begin(write=True) as txn:
-            target = copy.open_db(name, txn=txn, **flags)
-        items = src.cursor(db=db).iternext(keys=True, values=True)
-        while True:
-            with copy.begin(write=True, db=target) as txn:
-                consumed, _ = txn.cursor().putmulti(itertools.islice(items, _COPY_BATCH), append=True)
-            if consumed < _COPY_BATCH:
-                break
-        with copy.begin(db=target) as txn:
-            copied, wanted = txn.stat(target)["entries"], src.stat(db)["entries"]
-        if copied != wanted:
-            raise StorageError(f"the copy of database {name.decode('utf-8', 'replace')!r} holds {copied} "
-                               f"entries, the store {wanted}; the copy is incomplete")
-
-
-def _decode_record(raw: bytes, stream: str, where: int, unit: str = "version") -> CommitRecordIn:
-    try:
-        return _rec_dec.decode(raw)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as e:
-        if unit == "position":
-            raise EventDecodeError(stream, where, f"corrupt commit record ending at position {where} ({e})") from e
-        raise EventDecodeError(stream, where, f"corrupt commit record ({e})") from e
 
 
 def _translate_write_error(e: lmdb.Error, path: str) -> StorageUnavailable:
@@ -933,11 +549,3 @@ def _fail_all(batch: list[Request], error: StoreError) -> None:
     for req in batch:
         req.result, req.error = None, error
 
-
-def _owner_only(path: str) -> None:
-    """Make the store's directory 0700 and its files 0600 (a store made before they were)."""
-    os.chmod(path, 0o700)
-    for name in os.listdir(path):
-        full = os.path.join(path, name)
-        if os.path.isfile(full) and not os.path.islink(full):
-            os.chmod(full, 0o600)

@@ -5,7 +5,8 @@ opens (``EventStore.open(path, events=EventTypes(...))``, see ``codec.py``); the
 under tags, streams and versions and decodes reads through that union.
 
 The narrow interface a second backend would implement (a replicated log beyond one machine) is
-``append``, the reads, and snapshots; everything LMDB-specific stays in ``lmdb_recorder.py``.
+``append``, the reads, and snapshots; everything LMDB-specific stays in ``lmdb_recorder.py`` and
+the ``lmdb_*`` modules beside it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """What the transport checks before it trusts a peer with memory or a token guess: sans-I/O parts.
 
-Three small pieces that :mod:`protocol.transport` (the one I/O shell) drives. None of them reads
-a clock, opens a socket or logs: times come in as arguments, bytes come in as they arrived.
+Three small pieces that the transport (the one I/O shell: ``transport.py``, ``transport_http.py``,
+``transport_flow.py``) drives. None of them reads a clock, opens a socket or logs: times come in as
+arguments, bytes come in as they arrived.
 
 * :class:`FrameScanner` follows the byte stream a WebSocket server receives (the HTTP request
   head, then frames) and reports each frame header as soon as its last byte arrives, *before*

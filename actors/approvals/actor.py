@@ -56,7 +56,7 @@ from sessionloop.actors.approvals.model import (
 )
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pubsub import Reply
-from sessionloop.actors.views.items import wire_settlement
+from sessionloop.actors.views.wire import wire_settlement
 from sessionloop.eventstore import ANY_VERSION
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.schemas import ApprovalRequested as ApprovalRequestedParams

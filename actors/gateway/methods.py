@@ -28,12 +28,13 @@ from sessionloop.actors.settings.texts import Text, message_of
 from sessionloop.actors.system.blobs import kind_of, sniff_mime
 from sessionloop.actors.system.ids import new_id
 from sessionloop.actors.system.pubsub import Reply
-from sessionloop.actors.views.items import wire_grant
 from sessionloop.actors.views.summary import ListingRow, listing_key, summary_from_row
+from sessionloop.actors.views.wire import wire_grant
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.frames import RequestId
 from sessionloop.protocol.limits import MAX_ATTACHMENT_BYTES, MAX_ATTACHMENTS  # per attachment and in all
 from sessionloop.protocol.listing import compute_room_groups, list_sessions
+from sessionloop.protocol.peer import Peer
 from sessionloop.protocol.schemas import (
     ApprovalRespondParams,
     BackgroundListResult,
@@ -64,7 +65,6 @@ from sessionloop.protocol.schemas import (
     TurnSendParams,
 )
 from sessionloop.protocol.schemas_types import decode_data_url
-from sessionloop.protocol.transport import Peer
 
 if TYPE_CHECKING:
     from sessionloop.actors.gateway.service import SessionProtocolService

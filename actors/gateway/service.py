@@ -53,9 +53,9 @@ from sessionloop.protocol.connection import (
     encode_push,
 )
 from sessionloop.protocol.errors import RpcError, from_domain_error, is_domain_error
+from sessionloop.protocol.peer import Peer
 from sessionloop.protocol.schemas import FeaturesChanged, ItemDelta, ItemPush, SessionResync
 from sessionloop.protocol.schemas_types import Features, Identity, ItemAttachment, UserMessageItem
-from sessionloop.protocol.transport import Peer
 
 log = logging.getLogger("sessionloop.gateway")
 

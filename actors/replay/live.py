@@ -20,12 +20,12 @@ import msgspec
 from sessionloop.actors.replay.values import plain, wire_item
 from sessionloop.actors.session.commands import ProjectionView
 from sessionloop.actors.session.messages import Ask
-from sessionloop.actors.views.items import HISTORY_MAX_LIMIT
+from sessionloop.actors.views.timeline import HISTORY_MAX_LIMIT
 from sessionloop.protocol.file_handles import HANDLE_SHAPE
 from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
+from sessionloop.protocol.peer import Peer
 from sessionloop.protocol.schemas_types import ItemAttachment, UserMessageItem
-from sessionloop.protocol.transport import Peer
 
 __all__ = [
     "HANDLE",

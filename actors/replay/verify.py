@@ -22,13 +22,14 @@ from sessionloop.actors.replay.live import LiveView
 from sessionloop.actors.replay.values import ABSENT, first_difference, plain, singleton_items, wire_item
 from sessionloop.actors.session.state import SessionState, decode_state, evolve, new_state
 from sessionloop.actors.settings.texts import LANGUAGES
-from sessionloop.actors.views.items import HISTORY_MAX_LIMIT, ItemsProjection
+from sessionloop.actors.views.items import ItemsProjection
 from sessionloop.actors.views.summary import (
     SummaryRecord,
     decode_summary_record,
     rewrites_listing,
     summary_record,
 )
+from sessionloop.actors.views.timeline import HISTORY_MAX_LIMIT
 from sessionloop.eventstore.records import RecordedEvent, Snapshot
 
 __all__ = ["NOT_FROM_EVENTS", "Difference", "VerifyReport", "verify"]

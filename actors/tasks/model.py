@@ -25,7 +25,7 @@ import msgspec
 
 from sessionloop.actors import events as E
 from sessionloop.actors.settings.texts import Text, stored_parts
-from sessionloop.actors.views.items import _display
+from sessionloop.actors.views.wire import wire_display as _display
 from sessionloop.protocol.schemas_types import BackgroundCall, BackgroundTask
 
 #: the reason a task left running by an earlier run is recorded ``aborted`` with

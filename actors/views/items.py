@@ -7,7 +7,9 @@ gateway can rebuild it by replaying a session's log and get the same items, ids 
   gives the ``item/started`` / ``item/completed`` pushes it causes, and the projection keeps the
   current items for ``session/subscribe`` snapshots and ``session/history`` pages.
 
-The session summaries live in :mod:`actors.views.summary`.
+The session summaries live in :mod:`actors.views.summary`; the ordered store of the items and its
+pages in :mod:`actors.views.timeline`; the conversions from event shapes to wire shapes (speakers,
+attachments, tool displays, settlements, a fork's copied messages) in :mod:`actors.views.wire`.
 
 Theory of operation of the items. The timeline is one list ordered by *ordinal*: the position at
 which an item first appeared, which is the order of the events in the log (so "merged by time").
@@ -23,28 +25,29 @@ kind as its fixed itemId. They are kept apart and replaced whole.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal
 
 import msgspec
 from msgspec import UNSET
 
 from sessionloop.actors import events as E
-from sessionloop.actors.approvals.grants import Grant
-from sessionloop.actors.errors import NotFound, compact_error
-from sessionloop.actors.session.context import is_summary, summary_text
+from sessionloop.actors.errors import compact_error
 from sessionloop.actors.settings.texts import Text, denial_reason
+from sessionloop.actors.views.timeline import Page, Timeline, TurnView, reasoning_id
+from sessionloop.actors.views.wire import (
+    failed_result,
+    imported_items,
+    wire_attachment,
+    wire_display,
+    wire_settlement,
+    wire_speaker,
+)
 from sessionloop.protocol.limits import one_line
 from sessionloop.protocol.schemas_types import (
     AgentMessageItem,
     AgentModel,
-    ApprovalGrant,
     ApprovalSettlement,
-    CommandDisplay,
-    FileChangeDisplay,
-    GrantTerms,
-    ItemAttachment,
     NoticeItem,
     PlanEntry,
     PlanItem,
@@ -52,9 +55,7 @@ from sessionloop.protocol.schemas_types import (
     QueueItem,
     ReasoningItem,
     SessionItem,
-    Speaker,
     ToolCallItem,
-    ToolDisplay,
     TurnItem,
     TurnOutcome,
     Undelivered,
@@ -65,29 +66,20 @@ from sessionloop.protocol.schemas_types import (
 
 __all__ = [
     "attempt_item_id",
-    "HISTORY_DEFAULT_LIMIT",
-    "HISTORY_MAX_LIMIT",
     "ItemsProjection",
-    "Page",
     "Push",
     "PushMethod",
     "retry_discarded",
 ]
 
-HISTORY_DEFAULT_LIMIT: Final = 100  # session/history: limit defaults to 100, at most 200
-HISTORY_MAX_LIMIT: Final = 200
-
 PushMethod = Literal["item/started", "item/completed"]
 Push = tuple[PushMethod, SessionItem]
-#: a page of items and the cursor of the next older page (None when there is nothing older)
-Page = tuple[list[SessionItem], str | None]
 
 STARTED: Final = "item/started"
 COMPLETED: Final = "item/completed"
 
 # Human-facing texts: text objects, rendered in the server's language when a frame is sent
 # (actors.settings.texts; ``en`` by default, ``zh`` supported). Those without values are shared.
-TEXT_SUMMARY_MARKER: Final = Text("notice.summary-marker")
 TEXT_BEFORE_TOOL: Final = Text("undelivered.before-tool")
 TEXT_NO_REPLY: Final = Text("undelivered.no-reply")
 LABEL_CONTEXT: Final = Text("usage.context")
@@ -99,84 +91,12 @@ def retry_discarded(cause: str) -> Text:
     ``cause`` is raw (the provider's status or error)."""
     return Text("undelivered.retry-discarded", cause=cause)
 
-_MESSAGE_KINDS: Final = (UserMessageItem, AgentMessageItem, NoticeItem)
-_ATTACHMENT_KINDS: Final = frozenset({"image", "audio", "video", "file"})
+
 _TERMINAL: Final = frozenset({"completed", "failed", "denied", "aborted"})
-
-
-# --- conversions from event shapes to wire shapes ---------------------------------------------------
-
-
-def _speaker(speaker: E.Speaker | None, source: str | None = None) -> Speaker | None:
-    """The wire speaker; ``source`` is the input's injection source (a person's own message has none)."""
-    if speaker is None:
-        return None
-    return Speaker(
-        platform=speaker.platform,
-        owner=speaker.owner,
-        user_id=speaker.user_id,
-        nickname=speaker.nickname,
-        source=source,
-    )
-
-
-def _attachment(ref: E.AttachmentRef) -> ItemAttachment:
-    """``src`` is ``blob:<sha256>``, an internal reference the gateway replaces by a signed,
-    epoch-bound download handle before anything leaves the server (docs/protocol.md, "Transport")."""
-    kind = ref.kind if ref.kind in _ATTACHMENT_KINDS else "file"
-    return ItemAttachment(kind=cast(Literal["image", "audio", "video", "file"], kind), name=ref.name,
-                          src=f"blob:{ref.sha256}")
-
-
-def _display(display: E.ToolDisplay | None, exit_code: int | None = None) -> ToolDisplay | None:
-    """A tool card's display: none when the command or path is not a string; the exit code only
-    once the call ended (``exit_code`` comes from the finished call)."""
-    if display is None:
-        return None
-    if display.kind == "command":
-        if not isinstance(display.command, str):
-            return None
-        return CommandDisplay(command=display.command, cwd=display.cwd, exit_code=exit_code, sandbox=display.sandbox)
-    if not isinstance(display.path, str):
-        return None
-    return FileChangeDisplay(path=display.path, removed=display.removed, added=display.added)
 
 
 def _settlement(settlement: E.Settlement | None) -> ApprovalSettlement | None:
     return None if settlement is None else wire_settlement(settlement)
-
-
-def wire_settlement(s: E.Settlement) -> ApprovalSettlement:
-    """The wire settlement (the tool card's, ``approval/settled``'s), with a grant it made or used."""
-    grant = wire_terms(s.grant) if s.grant is not None else None
-    return ApprovalSettlement(state=s.state, source=s.source, at=s.at, by=_speaker(s.by), grant=grant,
-                              grant_id=s.grant_id)
-
-
-def wire_terms(terms: E.GrantTerms) -> GrantTerms:
-    return GrantTerms(scope=terms.scope, tool=terms.tool, command_prefix=terms.command_prefix,
-                      expires_at=terms.expires_at)
-
-
-def wire_grant(session_id: str, g: Grant) -> ApprovalGrant:
-    """A grant as ``approval/grants/list`` shows it."""
-    return ApprovalGrant(id=g.id, session_id=session_id, decision=g.decision, terms=wire_terms(g.terms),
-                         turn_id=g.turn_id, at=g.at, by=_speaker(g.by))
-
-
-def _failed_result(output: Any, exit_code: int | None) -> bool:
-    """A finished call is ``failed`` when its result is a JSON object with ``error``, or its exit code is not 0."""
-    return (isinstance(output, dict) and "error" in output) or (exit_code is not None and exit_code != 0)
-
-
-def _decoded_result(content: str) -> Any:
-    """A stored tool message's content back to JSON when it is JSON (the fold encodes non-strings)."""
-    if content[:1] in ("{", "["):
-        try:
-            return msgspec.json.decode(content)
-        except msgspec.DecodeError:
-            return content
-    return content
 
 
 def _unique(existing: Callable[[str], bool], base: str) -> str:
@@ -187,29 +107,6 @@ def _unique(existing: Callable[[str], bool], base: str) -> str:
     while existing(f"{base}.{n}"):
         n += 1
     return f"{base}.{n}"
-
-
-def clamp_history_limit(limit: int | None) -> int:
-    """A ``session/history`` limit: 100 when not given, at most 200 (and at least one message)."""
-    if limit is None:
-        return HISTORY_DEFAULT_LIMIT
-    return max(1, min(limit, HISTORY_MAX_LIMIT))
-
-
-# --- items --------------------------------------------------------------------------------------------
-
-
-class _TurnView(msgspec.Struct, kw_only=True):
-    """What the items projection remembers of one turn."""
-
-    turn_id: str
-    source: str | None = None
-    started_at: int = 0
-    live: bool = True
-    first: int | None = None  # ordinal of its first item: where its in-flight range starts
-    calls: list[str] = []
-    messages: list[str] = []  # agent-message item ids, in order
-    completion_tokens: int = 0
 
 
 class ItemsProjection:
@@ -225,11 +122,8 @@ class ItemsProjection:
         self.session_id = session_id
         #: the model's context window, when known, gives ``usage.usageRatio`` and ``contextWindow``
         self.context_window = context_window
-        self._keys: list[int] = []  # ordinals, ascending; parallel to _items
-        self._items: list[SessionItem] = []
-        self._ordinal: dict[str, int] = {}
-        self._next = 0
-        self._turns: dict[str, _TurnView] = {}
+        self._turns: dict[str, TurnView] = {}
+        self._timeline = Timeline(self._turns)
         self._turn_order: list[str] = []
         self._inputs: dict[str, E.InputAccepted] = {}  # the queue, in FIFO order
         #: turn id -> the text of the host notice that opens it (a background task's end): its
@@ -284,12 +178,11 @@ class ItemsProjection:
 
     def items(self) -> list[SessionItem]:
         """Every current timeline item, archived and in flight, in timeline order."""
-        return list(self._items)
+        return self._timeline.items()
 
     def item(self, item_id: str) -> SessionItem | None:
         """The current copy of one timeline item, or None."""
-        pos = self._position(item_id)
-        return None if pos is None else self._items[pos]
+        return self._timeline.item(item_id)
 
     def plan_item(self) -> PlanItem | None:
         """The current plan; None when there is none (an empty plan is no plan)."""
@@ -319,15 +212,7 @@ class ItemsProjection:
         Raises :class:`NotFound` when ``before`` no longer names an archived item (removed by a
         rewind, or never issued): ``session/history`` then answers ``not-found``.
         """
-        end = len(self._items)
-        if before is not None:
-            pos = self._position(before)
-            if pos is None or not self._archived(self._items[pos]):
-                raise NotFound(Text("error.history-cursor", cursor=repr(before)), before=before)
-            end = pos
-        start = self._page_start(end, clamp_history_limit(limit))
-        page = [item for item in self._items[start:end] if self._archived(item)]
-        return page, self._cursor(start)
+        return self._timeline.history_page(before, limit)
 
     def snapshot_items(self, limit: int | None = None, *, singletons: bool = True) -> Page:
         """The items of a ``session/subscribe`` snapshot and its ``before`` cursor.
@@ -336,135 +221,10 @@ class ItemsProjection:
         (things said during the turn stay between its items); then, with ``singletons``, the
         current plan, usage and queue when there are any.
         """
-        end = len(self._items)
-        start = self._page_start(end, clamp_history_limit(limit))
-        low = min([start, *self._live_starts()])
-        items = [
-            item
-            for pos, item in enumerate(self._items[low:end], start=low)
-            if pos >= start or not self._archived(item)
-        ]
+        items, before = self._timeline.snapshot_page(limit)
         if singletons:
             items.extend(x for x in (self.plan_item(), self.usage_item(), self.queue_item()) if x is not None)
-        return items, self._cursor(start)
-
-    # --- the ordered store ------------------------------------------------------------------------
-
-    def _position(self, item_id: str) -> int | None:
-        ordinal = self._ordinal.get(item_id)
-        if ordinal is None:
-            return None
-        pos = bisect_left(self._keys, ordinal)
-        return pos if pos < len(self._keys) and self._keys[pos] == ordinal else None
-
-    def _put(self, item: SessionItem) -> SessionItem:
-        """Insert a new item at the end, or replace the item with the same id in place."""
-        pos = self._position(item.item_id)
-        if pos is None:
-            view = self._turns.get(item.turn_id) if item.turn_id is not None else None
-            if view is not None and view.first is None:
-                view.first = self._next
-            self._ordinal[item.item_id] = self._next
-            self._keys.append(self._next)
-            self._items.append(item)
-            self._next += 1
-        else:
-            self._items[pos] = item
-        return item
-
-    def _move_to_end(self, item_id: str) -> None:
-        pos = self._position(item_id)
-        if pos is None:
-            return
-        item = self._items.pop(pos)
-        del self._keys[pos]
-        del self._ordinal[item_id]
-        self._put(item)
-
-    def _remove(self, gone: Callable[[SessionItem], bool]) -> None:
-        keep = [(key, item) for key, item in zip(self._keys, self._items, strict=True) if not gone(item)]
-        for item in self._items:
-            if gone(item):
-                self._ordinal.pop(item.item_id, None)
-        self._keys = [key for key, _ in keep]
-        self._items = [item for _, item in keep]
-
-    def _archived(self, item: SessionItem) -> bool:
-        view = self._turns.get(item.turn_id) if item.turn_id is not None else None
-        return view is None or not view.live
-
-    def _live_starts(self) -> list[int]:
-        """Positions of the first item of each running turn."""
-        # bisect: the first item may be gone (moved turn item), the next one then starts the range
-        return [bisect_left(self._keys, view.first) for view in self._turns.values()
-                if view.live and view.first is not None]
-
-    # --- pages ------------------------------------------------------------------------------------
-
-    def _is_message(self, pos: int) -> bool:
-        item = self._items[pos]
-        return isinstance(item, _MESSAGE_KINDS) and self._archived(item)
-
-    def _page_start(self, end: int, limit: int) -> int:
-        """Where the page of ``limit`` archived messages ending before ``end`` starts."""
-        count, pos = 0, end
-        while pos > 0:
-            pos -= 1
-            if self._is_message(pos):
-                count += 1
-                if count == limit:
-                    break
-        else:
-            return 0
-        start = self._keep_tool_group(self._with_reasoning(pos))
-        return start if self._message_before(start) else 0  # leading odd items join the oldest page
-
-    def _with_reasoning(self, pos: int) -> int:
-        """A message's page also takes the reasoning of its model call, just before it."""
-        item = self._items[pos]
-        if pos > 0 and isinstance(item, AgentMessageItem):
-            prev = self._items[pos - 1]
-            if isinstance(prev, ReasoningItem) and prev.item_id == _reasoning_id(item.item_id):
-                return pos - 1
-        return pos
-
-    def _keep_tool_group(self, start: int) -> int:
-        """A turn's tool-call group is never split across two pages: when ``start`` falls between the
-        first and the last tool call of one turn, the page grows back to the message before the first
-        call."""
-        turn_id = self._items[start].turn_id
-        if turn_id is None or not self._tool_call_from(start, turn_id):
-            return start
-        first_call: int | None = None
-        pos = start - 1
-        while pos >= 0 and self._items[pos].turn_id in (turn_id, None):
-            if isinstance(self._items[pos], ToolCallItem) and self._items[pos].turn_id == turn_id:
-                first_call = pos
-            pos -= 1
-        if first_call is None:
-            return start
-        pos = first_call - 1
-        while pos >= 0 and self._items[pos].turn_id in (turn_id, None):
-            if self._is_message(pos) and self._items[pos].turn_id == turn_id:
-                return self._with_reasoning(pos)
-            pos -= 1
-        return first_call
-
-    def _tool_call_from(self, start: int, turn_id: str) -> bool:
-        pos = start
-        while pos < len(self._items) and self._items[pos].turn_id in (turn_id, None):
-            if isinstance(self._items[pos], ToolCallItem) and self._items[pos].turn_id == turn_id:
-                return True
-            pos += 1
-        return False
-
-    def _message_before(self, start: int) -> bool:
-        return any(self._is_message(pos) for pos in range(start - 1, -1, -1))
-
-    def _cursor(self, start: int) -> str | None:
-        if start < len(self._items) and any(self._archived(self._items[p]) for p in range(start - 1, -1, -1)):
-            return self._items[start].item_id
-        return None
+        return items, before
 
     # --- session and fork -------------------------------------------------------------------------
 
@@ -475,7 +235,7 @@ class ItemsProjection:
 
     def _deleted(self, e: E.SessionDeleted) -> list[Push]:
         """The history is gone for every reader; nothing is pushed (the gateway drops the session)."""
-        self._keys, self._items, self._ordinal = [], [], {}
+        self._timeline.clear()
         self._inputs.clear()
         self._notice_turns.clear()
         self._plan = self._usage = self._queue = None
@@ -487,7 +247,7 @@ class ItemsProjection:
         results = {m.tool_call_id: m for m in e.messages if m.role == "tool" and m.tool_call_id}
         pushes: list[Push] = []
         for index, message in enumerate(e.messages):
-            for item in _imported_items(f"fork.{index}", message, results, e.at):
+            for item in imported_items(f"fork.{index}", message, results, e.at):
                 pushes.append(self._done(item))
         return pushes
 
@@ -497,7 +257,7 @@ class ItemsProjection:
         """The queue item: the waiting inputs, replaced whole, itemId ``queue``."""
         entries = [
             QueueEntry(text=self._notice_turns.get(i.turn_id, i.text), attachments=len(i.attachments),
-                       speaker=_speaker(i.speaker, i.source))
+                       speaker=wire_speaker(i.speaker, i.source))
             for i in self._inputs.values()
         ]
         self._queue = QueueItem(item_id="queue", at=at, entries=entries)
@@ -519,10 +279,10 @@ class ItemsProjection:
         then the turn item starts (its ``source`` is the source of the input that opened the turn)."""
         view = self._turns.get(e.turn_id)
         if view is None:
-            view = self._turns[e.turn_id] = _TurnView(turn_id=e.turn_id)
+            view = self._turns[e.turn_id] = TurnView(turn_id=e.turn_id)
             self._turn_order.append(e.turn_id)
         view.source, view.started_at, view.live = e.source, e.at, True
-        pushes: list[Push] = [(STARTED, self._put(TurnItem(item_id=e.turn_id, at=e.at, turn_id=e.turn_id,
+        pushes: list[Push] = [(STARTED, self._timeline.put(TurnItem(item_id=e.turn_id, at=e.at, turn_id=e.turn_id,
                                                            source=e.source)))]
         taken = [self._inputs.pop(i) for i in e.input_ids if i in self._inputs]
         opened_by_notice = self._notice_turns.pop(e.turn_id, None) is not None
@@ -533,7 +293,7 @@ class ItemsProjection:
                 continue
             pushes.append(self._done(UserMessageItem(
                 item_id=i.input_id, at=i.at, turn_id=e.turn_id, text=i.text,
-                attachments=[_attachment(a) for a in i.attachments], speaker=_speaker(i.speaker, i.source),
+                attachments=[wire_attachment(a) for a in i.attachments], speaker=wire_speaker(i.speaker, i.source),
                 entry="opened",
             )))
         # Pushes go in this order: the inputs, then the turn, then the queue; but the turn item must
@@ -553,13 +313,13 @@ class ItemsProjection:
         if outcome != "replied":
             pushes.extend(self._mark_unsent_reply(view))
         view.live = False
-        self._move_to_end(turn_id)
+        self._timeline.move_to_end(turn_id)
         turn = TurnItem(item_id=turn_id, at=view.started_at or at, turn_id=turn_id, source=view.source,
                         outcome=outcome, ended_at=at, reason=reason, step_id=step_id)
         pushes.append(self._done(turn))
         return pushes
 
-    def _close_calls(self, view: _TurnView, *, stopped: bool) -> list[Push]:
+    def _close_calls(self, view: TurnView, *, stopped: bool) -> list[Push]:
         """Tool calls at turn end. Stopped turn: every unfinished call is ``aborted`` (also
         the generated, never executed ones). Otherwise (limit, error): a call generated but never
         executed is ``failed`` with ``notExecuted`` and no result; a call that was running has no
@@ -578,7 +338,7 @@ class ItemsProjection:
             pushes.append(self._done(closed))
         return pushes
 
-    def _mark_unsent_reply(self, view: _TurnView) -> list[Push]:
+    def _mark_unsent_reply(self, view: TurnView) -> list[Push]:
         """Undelivered: in a room, what she said after the last tool call of a turn that
         ended without a reply (silent, aborted, error) was never sent."""
         if not self._room or not view.messages:
@@ -610,7 +370,7 @@ class ItemsProjection:
             return []
         index = self._turn_order.index(e.turn_id)
         gone = set(self._turn_order[index:])
-        self._remove(lambda item: item.turn_id in gone)
+        self._timeline.remove(lambda item: item.turn_id in gone)
         for turn_id in gone:
             for call_id in self._turns.pop(turn_id).calls:
                 self._call_args.pop(call_id, None)
@@ -621,10 +381,10 @@ class ItemsProjection:
 
     # --- model calls and tools ----------------------------------------------------------------------
 
-    def _view(self, turn_id: str) -> _TurnView:
+    def _view(self, turn_id: str) -> TurnView:
         view = self._turns.get(turn_id)
         if view is None:  # a step of a turn we never saw start (damaged log): keep it archived
-            view = self._turns[turn_id] = _TurnView(turn_id=turn_id, live=False)
+            view = self._turns[turn_id] = TurnView(turn_id=turn_id, live=False)
             self._turn_order.append(turn_id)
         return view
 
@@ -646,7 +406,7 @@ class ItemsProjection:
         item_id = self._answer_ids.pop(e.step_id, e.step_id)
         pushes: list[Push] = []
         if e.reasoning:
-            reasoning = ReasoningItem(item_id=_reasoning_id(item_id), at=e.at, turn_id=e.turn_id,
+            reasoning = ReasoningItem(item_id=reasoning_id(item_id), at=e.at, turn_id=e.turn_id,
                                       text=e.reasoning)
             pushes.append(self._done(reasoning))
         if e.text:
@@ -657,11 +417,11 @@ class ItemsProjection:
                 view.calls.append(call.call_id)
             item = ToolCallItem(item_id=call.call_id, at=e.at, turn_id=e.turn_id, tool=call.name,
                                 status="generating")
-            pushes.append((STARTED, self._put(item)))
+            pushes.append((STARTED, self._timeline.put(item)))
         pushes.extend(self._usage_push(e))
         return pushes
 
-    def _agent_message(self, e: E.LlmCompleted, view: _TurnView, item_id: str) -> AgentMessageItem:
+    def _agent_message(self, e: E.LlmCompleted, view: TurnView, item_id: str) -> AgentMessageItem:
         """An agent message's ``model``: promptTokens of this call (the turn's latest context) and
         completionTokens summed over the turn so far; no tokens when the provider reported none."""
         reported = e.usage.prompt_tokens or e.usage.completion_tokens
@@ -718,9 +478,9 @@ class ItemsProjection:
             return []
         self._call_args[e.call_id] = e.args
         running = msgspec.structs.replace(item, tool=e.tool, status="running", args=e.args,
-                                          display=_display(e.display))
+                                          display=wire_display(e.display))
         self._displays[e.call_id] = e.display
-        return [(STARTED, self._put(running))]
+        return [(STARTED, self._timeline.put(running))]
 
     def _tool_finished(self, e: E.ToolFinished) -> list[Push]:
         """The final card. A call its turn's stop already closed stays ``aborted``, even when the tool
@@ -729,7 +489,7 @@ class ItemsProjection:
             return []
         item = self._call(e.turn_id, e.call_id, "?", e.at)
         status = e.status
-        if status == "completed" and _failed_result(e.output, e.exit_code):
+        if status == "completed" and failed_result(e.output, e.exit_code):
             status = "failed"
         denied = status == "denied" and e.settlement is not None
         done = msgspec.structs.replace(
@@ -739,7 +499,7 @@ class ItemsProjection:
             args=self._call_args.get(e.call_id, item.args),
             result=UNSET if e.not_executed else e.output,
             duration_ms=e.duration_ms or None,
-            display=_display(self._displays.get(e.call_id), e.exit_code),
+            display=wire_display(self._displays.get(e.call_id), e.exit_code),
             task_id=e.task_id,
             not_executed=e.not_executed,
             approval_id=e.approval_id or item.approval_id,
@@ -752,7 +512,7 @@ class ItemsProjection:
         item = self._call(e.turn_id, e.call_id, "?", e.at)
         if item.status in _TERMINAL:
             return [self._done(msgspec.structs.replace(item, approval_id=e.approval_id))]
-        return [(STARTED, self._put(msgspec.structs.replace(item, approval_id=e.approval_id)))]
+        return [(STARTED, self._timeline.put(msgspec.structs.replace(item, approval_id=e.approval_id)))]
 
     def _approval_settled(self, e: E.ToolApprovalSettled) -> list[Push]:
         """Once settled the call carries ``approvalId`` and ``settlement`` (pushed again); not approved
@@ -764,7 +524,7 @@ class ItemsProjection:
             return [self._done(settled)]
         if e.settlement.state != "approved":
             return [self._done(msgspec.structs.replace(settled, status="denied", reason=denial_reason(e.settlement)))]
-        return [(STARTED, self._put(settled))]
+        return [(STARTED, self._timeline.put(settled))]
 
     # --- notices, plan, compression ------------------------------------------------------------------
 
@@ -773,7 +533,7 @@ class ItemsProjection:
         opened a turn carries ``entry: opened``."""
         text = Text.stored(e.text, e.text_key, e.text_values)
         if e.turn_id is not None and e.starts_turn and e.turn_id not in self._turns:
-            self._turns[e.turn_id] = _TurnView(turn_id=e.turn_id, started_at=e.at)
+            self._turns[e.turn_id] = TurnView(turn_id=e.turn_id, started_at=e.at)
             self._turn_order.append(e.turn_id)
             self._notice_turns[e.turn_id] = text
         item = NoticeItem(
@@ -792,7 +552,7 @@ class ItemsProjection:
     def _compress_notice(self, at: int, turn_id: str | None, text: str, facts: dict[str, Any]) -> list[Push]:
         """The notice of topic ``compress``; the event has no id, so one is made from its time
         (deterministic on replay)."""
-        item_id = _unique(lambda candidate: candidate in self._ordinal, f"compress.{at}")
+        item_id = _unique(lambda candidate: self._timeline.has(candidate), f"compress.{at}")
         return [self._done(NoticeItem(item_id=item_id, at=at, turn_id=turn_id, topic="compress", text=text,
                                       facts=facts))]
 
@@ -821,12 +581,7 @@ class ItemsProjection:
         return [(COMPLETED, self._plan)]
 
     def _done(self, item: SessionItem) -> Push:
-        return (COMPLETED, self._put(item))
-
-
-def _reasoning_id(step_id: str) -> str:
-    # Same suffix as the fold's thinking step (session_model: ``<step>.thinking``).
-    return f"{step_id}.thinking"
+        return (COMPLETED, self._timeline.put(item))
 
 
 def attempt_item_id(step_id: str, attempt: int) -> str:
@@ -834,34 +589,3 @@ def attempt_item_id(step_id: str, attempt: int) -> str:
     later attempt after one that had streamed gets a fresh id, ``<step>.a<attempt>``)."""
     return step_id if attempt <= 1 else f"{step_id}.a{attempt}"
 
-
-def _imported_items(
-    item_id: str, message: E.Message, results: dict[str, E.Message], at: int
-) -> list[SessionItem]:
-    """The items of one copied message; system prompts and tool results give none of their own."""
-    turn_id = message.turn_id
-    if message.role == "user":
-        return [UserMessageItem(item_id=item_id, at=at, turn_id=turn_id, text=message.content)]
-    if message.role == "system" and is_summary(message):
-        return [NoticeItem(item_id=item_id, at=at, topic="event-marker", text=TEXT_SUMMARY_MARKER,
-                           facts={"summary": summary_text(message)})]
-    if message.role != "assistant":
-        return []
-    items: list[SessionItem] = []
-    if message.content:
-        items.append(AgentMessageItem(item_id=item_id, at=at, turn_id=turn_id, text=message.content))
-    items.extend(_imported_call(c, turn_id, results.get(c.call_id), at) for c in message.tool_calls)
-    return items
-
-
-def _imported_call(
-    call: E.ToolCallSpec, turn_id: str | None, result: E.Message | None, at: int
-) -> ToolCallItem:
-    """A forked call's card: completed/failed from its copied result, ``aborted`` without one."""
-    if result is None:
-        return ToolCallItem(item_id=call.call_id, at=at, turn_id=turn_id, tool=call.name, status="aborted",
-                            args=call.args)
-    output = _decoded_result(result.content)
-    status: Literal["completed", "failed"] = "failed" if _failed_result(output, None) else "completed"
-    return ToolCallItem(item_id=call.call_id, at=at, turn_id=turn_id, tool=call.name, status=status,
-                        args=call.args, result=output)

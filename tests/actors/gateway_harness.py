@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from sessionloop.actors.gateway.service import SessionProtocolService
-from sessionloop.protocol.transport import Peer
+from sessionloop.protocol.peer import Peer
 
 
 class MemoryClient:

@@ -15,12 +15,7 @@ from sessionloop.actors.errors import NotFound
 from sessionloop.actors.session.context import summary_message
 from sessionloop.actors.session.state import SessionState, evolve, new_state
 from sessionloop.actors.settings.texts import enc_hook
-from sessionloop.actors.views.items import (
-    HISTORY_DEFAULT_LIMIT,
-    HISTORY_MAX_LIMIT,
-    ItemsProjection,
-    Push,
-)
+from sessionloop.actors.views.items import ItemsProjection, Push
 from sessionloop.actors.views.summary import (
     SummaryRecord,
     decode_summary_record,
@@ -30,6 +25,7 @@ from sessionloop.actors.views.summary import (
     summary_of,
     summary_record,
 )
+from sessionloop.actors.views.timeline import HISTORY_DEFAULT_LIMIT, HISTORY_MAX_LIMIT
 from sessionloop.protocol.listing import compute_tree_fields
 from sessionloop.protocol.schemas_types import (
     AgentMessageItem,

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from sessionloop.cli.chat import Presence
 from sessionloop.cli.client import Endpoint, connect
 from sessionloop.cli.output import approval_card
+from sessionloop.cli.presence import Presence
 from sessionloop.protocol.sanitize import REMOVED_CODEPOINTS
 from sessionloop.protocol.schemas import Approval, ApprovalDiff, ApprovalFacts, ApprovalOrigin, ToolCallItem, TurnItem
 

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from sessionloop.cli.chat import SessionView
 from sessionloop.cli.client import Notification
+from sessionloop.cli.session_view import SessionView
 from sessionloop.protocol.schemas import ItemDelta, SessionSummary, SubscribeResult
 
 

@@ -11,7 +11,7 @@ from sessionloop.eventstore import (
     StoreClosed,
     WrongExpectedVersion,
 )
-from sessionloop.eventstore.lmdb_recorder import durability_mismatch
+from sessionloop.eventstore.lmdb_env import durability_mismatch
 from tests.eventstore.union import Opened, Retitled, Stepped, open_test_store
 
 

@@ -23,7 +23,7 @@ from sessionloop.eventstore import ANY_VERSION, EventStore
 from tests.eventstore.test_purge import SECRET, fill, purge
 from tests.eventstore.union import Erased, Noted, Touched, open_test_store
 
-#: the named databases of a store (eventstore/lmdb_recorder.py opens these)
+#: the named databases of a store (eventstore/lmdb_env.py opens these)
 DBS = ("meta", "log", "streams", "catalogue", "snapshots", "idem", "idem_time", "feed", "stream_meta", "flags")
 
 

@@ -1,7 +1,7 @@
 """RELIABILITY oversize, server-wide: many large frames at once against a real ``sessionloop serve``.
 
 Each connection's frames are bounded by ``--max-frame-mb``; what bounds all of them together is
-``--max-inflight-mb`` (protocol/transport.py ``InflightBudget``): a large frame takes room for its
+``--max-inflight-mb`` (protocol/transport_flow.py ``InflightBudget``): a large frame takes room for its
 payload when its header arrives, and waits (its sender held back by TCP) while there is none.
 """
 

@@ -1,0 +1,181 @@
+"""Opening the LMDB environment of the event store: its directory, lock, flags and databases.
+
+What :class:`~eventstore.lmdb_recorder.LmdbRecorder` does once when it opens (and again, for the
+environment only, after a fatal commit error or a compaction): the directory and its files made
+owner-only (the store holds every session's conversation), an ``flock`` on ``LOCK`` that refuses a
+second writing process with :class:`StoreLocked` instead of risking corruption, the environment
+opened with the durability asked for and its flags read back (``durability_mismatch``), the named
+databases (``keys.py`` has their layout), and the ``meta`` records: format and shard count.
+
+Also the read gate: many readers, or one resize. LMDB's map may change only with no transaction
+open in the process, so every read passes the gate, which a resize (or a reopen) closes for as
+long as it takes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import lmdb
+import msgspec
+
+from sessionloop.eventstore import keys as K
+from sessionloop.eventstore.errors import RETRY_AFTER_MS, StorageError, StorageUnavailable, StoreLocked
+
+__all__ = [
+    "DATABASES",
+    "FORMAT_VERSION",
+    "ReadGate",
+    "durability_mismatch",
+    "init_meta",
+    "open_environment",
+    "owner_only",
+    "read_head",
+    "take_lock",
+]
+
+#: the on-disk format this release reads and writes (``meta``'s ``format`` record)
+FORMAT_VERSION = 1
+
+#: the named databases of a store
+DATABASES = ("meta", "log", "streams", "catalogue", "snapshots", "idem", "idem_time", "feed", "stream_meta",
+             "flags")
+
+_enc = msgspec.msgpack.Encoder()
+_any_dec = msgspec.msgpack.Decoder()
+
+
+class ReadGate:
+    """Many readers, or one resize: LMDB's map may change only with no transaction open."""
+
+    __slots__ = ("_cond", "_readers", "_resizing")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._resizing = False
+
+    def __enter__(self) -> None:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._readers += 1
+
+    def __exit__(self, kind: object, error: object, tb: object) -> None:
+        with self._cond:
+            self._readers -= 1
+            if not self._readers:
+                self._cond.notify_all()
+        if isinstance(error, lmdb.PanicError):  # the writer is reopening the environment after a failed commit
+            raise StorageUnavailable(f"the event store could not be read ({error}); retry after "
+                                     f"{RETRY_AFTER_MS} ms") from error
+
+    def exclusive(self, fn: Callable[[], None]) -> None:
+        with self._cond:
+            self._resizing = True
+            try:
+                self._cond.wait_for(lambda: self._readers == 0)
+                fn()
+            finally:
+                self._resizing = False
+                self._cond.notify_all()
+
+
+def durability_mismatch(durability: str, flags: Mapping[str, Any]) -> str | None:
+    """What is wrong when LMDB's own flags (``Environment.flags()``, read back after opening) do
+    not give ``durability``: ``sync`` needs the data and the meta page flushed at every commit,
+    ``nosync`` neither; ``None`` when they agree."""
+    want = durability == "sync"
+    got = {name: bool(flags.get(name)) for name in ("sync", "metasync")}
+    if all(value == want for value in got.values()):
+        return None
+    return (f"durability {durability!r} asked for sync={want}, metasync={want}, but LMDB reports "
+            f"sync={got['sync']}, metasync={got['metasync']}")
+
+
+def open_environment(path: str, *, map_size: int, max_readers: int, durability: str,
+                     readonly: bool) -> tuple[lmdb.Environment, Mapping[str, Any], dict[str, Any]]:
+    """The environment at ``path``, its flags as LMDB reports them (read back, not what was asked
+    for) and its named databases by name (created unless ``readonly``). Raises ``lmdb.Error``."""
+    env = lmdb.open(
+        path,
+        map_size=map_size,
+        max_dbs=len(DATABASES) + 2,
+        max_readers=max_readers,
+        sync=durability == "sync",
+        metasync=durability == "sync",
+        readonly=readonly,
+        readahead=False,
+        lock=True,
+        writemap=False,
+        mode=0o600,  # the store holds every session's conversation: the server's user only
+    )
+    flags = env.flags()
+    dbs = {name: env.open_db(name.encode(), create=not readonly) for name in DATABASES}
+    return env, flags, dbs
+
+
+def take_lock(path: str) -> int:
+    """An exclusive ``flock`` on ``LOCK`` in the store's directory, with our pid written in it; the
+    descriptor is returned (closing it releases the lock). Raises :class:`StoreLocked` naming the
+    holder when another process has it."""
+    lock_path = os.path.join(path, "LOCK")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = "unknown process"
+        try:
+            pid = os.pread(fd, 32, 0).decode().strip()
+            holder = f"pid {pid}" if pid else holder
+        finally:
+            os.close(fd)
+        raise StoreLocked(path, holder) from e
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def init_meta(env: lmdb.Environment, meta_db: Any, path: str, *, readonly: bool, shards: int) -> int:
+    """The store's shard count: read from ``meta`` (checking the format), or, for a new store,
+    ``shards`` written there with the format and the creation time. Raises :class:`StorageError`
+    for a store of another format or a read-only open of an uninitialised one, ``ValueError``
+    for a shard count out of 1..65535."""
+    with env.begin(db=meta_db, write=not readonly) as txn:
+        raw = txn.get(b"shards")
+        if raw is not None:
+            fmt = _any_dec.decode(txn.get(b"format", b"null"))  # no format: not a store of ours
+            if fmt != FORMAT_VERSION:
+                raise StorageError(
+                    f"event store at {path} has format {fmt}, this release reads {FORMAT_VERSION}"
+                )
+            return int(_any_dec.decode(raw))
+        if readonly:
+            raise StorageError(f"event store at {path} is not initialised")
+        if not 1 <= shards <= 65535:
+            raise ValueError(f"shards must be in 1..65535, not {shards}")
+        txn.put(b"format", _enc.encode(FORMAT_VERSION))
+        txn.put(b"shards", _enc.encode(shards))
+        txn.put(b"created_at", _enc.encode(int(time.time() * 1000)))
+        return shards
+
+
+def read_head(env: lmdb.Environment, log_db: Any) -> int:
+    """The position of the last event in the log (0 for an empty store)."""
+    with env.begin(db=log_db) as txn:
+        cur = txn.cursor()
+        return K.from_u64(cur.key()) if cur.last() else 0
+
+
+def owner_only(path: str) -> None:
+    """Make the store's directory 0700 and its files 0600 (a store made before they were)."""
+    os.chmod(path, 0o700)
+    for name in os.listdir(path):
+        full = os.path.join(path, name)
+        if os.path.isfile(full) and not os.path.islink(full):
+            os.chmod(full, 0o600)
