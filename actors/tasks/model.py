@@ -25,7 +25,7 @@ import msgspec
 
 from sessionloop.actors import events as E
 from sessionloop.actors.settings.texts import Text, stored_parts
-from sessionloop.actors.views.wire import wire_display as _display
+from sessionloop.actors.views.wire import wire_display
 from sessionloop.protocol.schemas_types import BackgroundCall, BackgroundTask
 
 #: the reason a task left running by an earlier run is recorded ``aborted`` with
@@ -48,7 +48,7 @@ def task_of(e: E.TaskStarted) -> BackgroundTask:
     """The running task a ``task.started`` records."""
     call = BackgroundCall(tool=e.call.tool, turn_id=e.call.turn_id, call_id=e.call.call_id) if e.call else None
     return BackgroundTask(id=e.task_id, session_id=e.session_id, kind="tool-call", label=e.label, call=call,
-                          status="running", started_at=e.at, display=_display(e.display))
+                          status="running", started_at=e.at, display=wire_display(e.display))
 
 
 def ended(task: BackgroundTask, e: E.TaskEnded) -> BackgroundTask:
