@@ -98,7 +98,7 @@ class ClientConnection:
             elif isinstance(out, Dispatch):
                 with self._lock:
                     self._methods[out.id] = out.method
-                self.service.gateway.tell(("request", self, out))
+                self.service.gateway.tell(Request(self, out))
             elif isinstance(out, Close) and self.peer.disconnect is not None:
                 self.peer.disconnect(out.code, out.reason)
 
@@ -108,7 +108,7 @@ class ClientConnection:
                 return
             self.closed = True
             self.protocol.close()
-        self.service.gateway.tell(("closed", self, None))
+        self.service.gateway.tell(Closed(self))
 
     # --- gateway side -----------------------------------------------------------------------
 
@@ -166,8 +166,22 @@ class ClientConnection:
         return self.peer.is_owner or record.app_id == self.peer.app_id
 
 
+class Request(msgspec.Struct, frozen=True):
+    """A connection's decoded request, for the gateway to dispatch to its method's handler."""
+
+    conn: ClientConnection
+    request: Dispatch
+
+
+class Closed(msgspec.Struct, frozen=True):
+    """A connection closed: the gateway forgets its subscriptions, watches and presence."""
+
+    conn: ClientConnection
+
+
 class GatewayActor(pykka.ThreadingActor):
-    """Translates requests into session actor messages; never waits for their answers."""
+    """Translates requests into session actor messages; never waits for their answers. Its
+    mailbox takes :class:`Request` and :class:`Closed`."""
 
     use_daemon_thread = True
 
@@ -176,11 +190,13 @@ class GatewayActor(pykka.ThreadingActor):
         self.service = service
 
     def on_receive(self, message: Any) -> Any:
-        kind, conn, payload = message
-        if kind == "request":
-            self._dispatch(conn, payload)
-        elif kind == "closed":
-            self.service.forget(conn)
+        match message:
+            case Request(conn=conn, request=request):
+                self._dispatch(conn, request)
+            case Closed(conn=conn):
+                self.service.forget(conn)
+            case _:
+                log.warning("the gateway ignored a message it does not take: %s", type(message).__name__)
         return None
 
     def _dispatch(self, conn: ClientConnection, request: Dispatch) -> None:
