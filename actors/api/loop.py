@@ -392,11 +392,9 @@ class SessionLoop:
             raise NotFound(f"session {session_id} not found")
 
     def _record(self, session_id: str) -> Any:
-        try:
-            meta = self.rt.store.stream_meta(f"session-{session_id}")
-        except Exception:
-            return None
-        return decode_summary_record(meta) if meta is not None else None
+        """The session's listing record from the host's in-memory index (kept current by every
+        commit before its reply: a session a create answered is there), not a read of the store."""
+        return self.host.index.get(session_id)
 
     def _send_message(self, session_id: str, text: str, idempotency_key: str, attachments: list[Any] | None,
                       reply: Reply, traceparent: str | None = None) -> Send:
