@@ -136,6 +136,10 @@ def make_row(f: SettingField, prominence: Prominence, own: Any, resolved: tuple[
 _ROOT_CACHE = 10_000
 
 
+#: the events a commit listener of settings acts on (``SettingsService.committed``)
+_SETTINGS_EVENTS = frozenset({E.SessionSettingChanged, E.SessionCreated, E.SessionDeleted})
+
+
 class SettingsService:
     """The session settings service of one runtime (``runtime.settings``, made by the composition root).
 
@@ -485,8 +489,11 @@ class SettingsService:
         value; a session created in a new place or platform (the layer list grows); a session
         with own values deleted (overrides shrink). A session that changes neither pushes
         nothing: clients only re-read settings, layers and quick switches on the push."""
+        events = commit.events
+        if not any(type(e) in _SETTINGS_EVENTS for e in events):  # most commits: a turn's events
+            return
         changed = False
-        for i, e in enumerate(commit.events):
+        for i, e in enumerate(events):
             if isinstance(e, E.SessionSettingChanged):
                 self._note(commit.session_id, e, commit.result.first_position + i)
                 changed = True
