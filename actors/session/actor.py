@@ -17,7 +17,7 @@ The contract of a change (decide, persist, publish):
 3. **persist**: everything is appended as one commit with the expected version. If the append (or
    anything before it) fails, the state is rebuilt from the log (``_reload``): no trace of the
    failed commit is left in the state, the listing record, a push or a reply, and the request
-   fails with the store's error (tests/actors/test_commit_contract.py).
+   fails with the store's error (tests/actors/session/test_commit_contract.py).
 4. **publish**: only after the commit do pushes go to subscribers, waiters and loop watchers hear
    of it, the reply completes and effects start (``_committed``). A reply goes out only after its
    commit is durable.

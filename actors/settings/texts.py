@@ -43,7 +43,7 @@ gave, a summary's ``reason``); internal errors (a bug's exception text); log lin
 Missing texts: :func:`text` and :class:`Text` raise :class:`MissingText` for an unknown key, a
 language a key lacks or a placeholder without a value when ``SESSIONLOOP_STRICT_TEXTS`` is set
 (the test suite sets it, also for the servers it starts); at run time they fall back to English,
-then to the key itself, and never fail a frame. ``tests/actors/test_texts.py`` renders every key
+then to the key itself, and never fail a frame. ``tests/actors/settings/test_texts.py`` renders every key
 in every language and fails when one is missing or the placeholders differ between languages.
 """
 

@@ -1,12 +1,12 @@
 """Seed 004, 会话设置 (session settings) over the wire: ``session/config/*`` and
 ``session/config/changed`` against a real ``sessionloop serve`` subprocess with real WebSocket
-clients, one named test per rule (the wire counterparts of tests/actors/test_settings.py).
+clients, one named test per rule (the wire counterparts of tests/actors/settings/test_settings.py).
 
 One server is shared by the module; every test leaves the global, platform, platform-type and
 place layers as it found them (the ``clean_layers`` fixture deletes whatever a test wrote there,
 even when it failed). The restart and the unwritable-document tests start servers of their own.
 Over the wire there is no adapter, so no room has a chat window: window places and platform-type
-resolution of a session are left to tests/actors/test_settings.py.
+resolution of a session are left to tests/actors/settings/test_settings.py.
 """
 
 from __future__ import annotations

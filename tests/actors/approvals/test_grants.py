@@ -10,8 +10,8 @@ import pytest
 from sessionloop.actors import events as E
 from sessionloop.actors.approvals.grants import Grant, matches, settling, terms_for
 from sessionloop.actors.replay.timeline import build_timeline
+from tests.actors.approvals.test_approvals import finished, requested, tool_card
 from tests.actors.gateway_harness import MemoryClient
-from tests.actors.test_approvals import finished, requested, tool_card
 
 NOW = 1_000_000
 

@@ -16,8 +16,8 @@ import pytest
 from sessionloop.actors import events as E
 from sessionloop.actors.model import OpenAIProvider
 from sessionloop.actors.model.limits import ModelLimits, RetryPolicy
+from tests.actors.approvals.test_approvals import turn_done
 from tests.actors.gateway_harness import MemoryClient, wait_until
-from tests.actors.test_approvals import turn_done
 from tests.fake_openai import Exchange, ThreadedFakeServer, chunk
 
 FAST = RetryPolicy(attempts=3, base_s=0.01, max_wait_s=0.05, total_s=30)

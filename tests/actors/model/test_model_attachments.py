@@ -14,8 +14,8 @@ from sessionloop.actors.model.attachments import IMAGE_CHARS, INLINE_CHARS, esti
 from sessionloop.actors.model.base import ModelRequest
 from sessionloop.actors.replay.timeline import build_timeline
 from sessionloop.actors.session.context import message_chars
+from tests.actors.approvals.test_approvals import turn_done
 from tests.actors.gateway_harness import MemoryClient
-from tests.actors.test_approvals import turn_done
 from tests.fake_openai import Exchange, ThreadedFakeServer
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + b"\x00" * 64

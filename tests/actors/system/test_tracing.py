@@ -21,7 +21,7 @@ from sessionloop.actors.events import decode_event
 from sessionloop.actors.system.trace_export import LiveTraces, batch_processor
 from sessionloop.actors.views.traces import build_spans
 from sessionloop.cli.main import main
-from tests.actors.test_crash_recovery import run_and_kill
+from tests.actors.session.test_crash_recovery import run_and_kill
 
 PARENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT_SPAN = "b7ad6b7169203331"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from tests.actors.approvals.test_approvals import turn_done
 from tests.actors.gateway_harness import MemoryClient
-from tests.actors.test_approvals import turn_done
 
 
 def test_a_rewind_of_the_conversation_tells_subscribers_to_resync(service):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.actors.approvals.test_approvals import turn_done
 from tests.actors.gateway_harness import MemoryClient
-from tests.actors.test_approvals import turn_done
 
 
 class RawClient(MemoryClient):

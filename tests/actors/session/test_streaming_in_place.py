@@ -8,8 +8,8 @@ import threading
 from typing import Any
 
 from sessionloop.actors import events as E
+from tests.actors.approvals.test_approvals import turn_done
 from tests.actors.gateway_harness import MemoryClient, wait_until
-from tests.actors.test_approvals import turn_done
 from tests.e2e.test_streaming_wire import TOOL, shape, streamed
 
 

@@ -32,7 +32,8 @@ from sessionloop.cli.main import main
 from tests.actors.gateway_harness import MemoryClient
 from tests.fixtures.sessions.regenerate import FIXTURES
 
-HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "sessions")
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                    "fixtures", "sessions")
 FILES = sorted(glob.glob(os.path.join(HERE, "*.jsonl")))
 NAMES = [os.path.basename(f).removesuffix(".jsonl") for f in FILES]
 PAGE = 2  # messages per session/history page: small, so every fixture is paged with cursors
