@@ -490,7 +490,10 @@ class SettingsService:
         with own values deleted (overrides shrink). A session that changes neither pushes
         nothing: clients only re-read settings, layers and quick switches on the push."""
         events = commit.events
-        if not any(type(e) in _SETTINGS_EVENTS for e in events):  # most commits: a turn's events
+        for e in events:
+            if type(e) in _SETTINGS_EVENTS:
+                break
+        else:  # most commits: a turn's events
             return
         changed = False
         for i, e in enumerate(events):
