@@ -19,7 +19,8 @@ from typing import Any, Protocol, cast
 import msgspec
 
 from sessionloop.actors import events as E
-from sessionloop.actors.api.loop import AsyncSessionLoop, LoopFeed, SessionLoop, spawn_session_spec
+from sessionloop.actors.api.loop import AsyncSessionLoop, LoopFeed, SessionLoop
+from sessionloop.actors.api.spawn import spawn_session_spec
 from sessionloop.actors.errors import InvalidCommand, NotFound, RequestTimeout
 from sessionloop.actors.gateway.service import SessionProtocolService
 from sessionloop.actors.model.registry import ModelRegistry

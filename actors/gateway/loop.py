@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from sessionloop.actors.api.loop import _turn_result
+from sessionloop.actors.api.loop import turn_result
 from sessionloop.actors.errors import InvalidCommand
 from sessionloop.actors.gateway.methods import Client, Handler, answer, in_background, store_attachments
 from sessionloop.actors.system.pubsub import Reply
@@ -160,4 +160,4 @@ class _LoopHandlers:
 
 
 def _result(outcome: Any) -> Any:
-    return _turn_result(outcome)
+    return turn_result(outcome)
