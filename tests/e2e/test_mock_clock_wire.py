@@ -1,17 +1,21 @@
 """The mock model on the clock over a real ``sessionloop serve``: the ``--mock-*`` flags and a mock's
 ``[models.NAME]`` table make it wait before the first token and stream at a rate of tokens, the
 startup log says so, a seed repeats the delays in another process, and values out of bounds refuse
-the start naming the flag or key."""
+the start naming the flag or key; ``sessionloop bench`` runs with that clock and records it."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from typing import Any
 
 import pytest
 
 from sessionloop.actors.model.mock import MockProvider
+from tests.conftest import REPO
 from tests.e2e.conftest import ServerProcess, initialized, open_client
 from tests.e2e.test_models_wire import data_with, log_of, refused
 
@@ -81,7 +85,7 @@ def test_a_seeded_mock_in_config_toml_waits_the_delays_its_seed_draws_in_this_pr
 ])
 def test_serve_refuses_a_mock_flag_out_of_bounds_naming_it(tmp_path, flags, names):
     done = refused(str(tmp_path / "data"), *flags)
-    assert done.returncode == 2 and done.stdout == ""
+    assert done.returncode == 2 and done.stdout == "" and f"Invalid value for '{flags[0]}'" in done.stderr, done.stderr
     for name in names:
         assert name in done.stderr, done.stderr
 
@@ -103,3 +107,32 @@ def test_serve_refuses_a_clock_that_cannot_be_used_with_one_line_naming_the_mode
     assert done.returncode != 0 and len(lines) == 1 and lines[0].startswith("Error: "), done.stderr
     for name in names:
         assert name in lines[0], lines[0]
+
+
+def bench(*flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sessionloop", "bench", "--sessions", "4", "--turns", "2",
+                           "--durability", "nosync", "--no-progress", *flags],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+
+
+@pytest.mark.parametrize("via", ["inprocess", "ws"])
+def test_sessionloop_bench_runs_the_mock_on_its_clock_and_records_it_in_the_json_parameters(via):
+    done = bench("--via", via, "--llm-latency", "150", "--latency-jitter", "lognormal", "--latency-sigma", "0.2",
+                 "--stream-tokens-per-s", "100", "--seed", "8", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert {k: report["params"][k] for k in ("llm_latency_ms", "latency_jitter", "latency_sigma",
+                                             "stream_tokens_per_s", "seed")} == \
+        {"llm_latency_ms": 150.0, "latency_jitter": "lognormal", "latency_sigma": 0.2, "stream_tokens_per_s": 100.0,
+         "seed": 8}
+    assert report["check"]["ok"] and report["observers"]["ok"]
+    # a plain turn waits ~150 ms, then "echo: hello world" (17 characters) streams for ~40 ms; a tool turn twice
+    assert report["p50_ms"] >= 150, report["p50_ms"]
+
+
+def test_sessionloop_bench_refuses_a_clock_out_of_bounds_naming_the_flag():
+    done = bench("--latency-jitter", "uniform")
+    assert done.returncode == 2 and "--latency-jitter" in done.stderr and "needs latency_ms > 0" in done.stderr
+    done = bench("--llm-latency", "10", "--stream-tokens-per-s", "-3")
+    assert done.returncode == 2 and "Invalid value for --stream-tokens-per-s" in done.stderr
+    assert "stream_tokens_per_s must be a number from 0 to" in done.stderr
