@@ -309,7 +309,7 @@ class MockProvider:
         (the generator seeded with ``seed``, one draw per call, in the order of the calls)."""
         clock = self.clock
         if clock.latency_jitter == "lognormal":
-            ms = clock.latency_ms * math.exp(clock.latency_sigma * self._rng.gauss(0.0, 1.0))
+            ms = clock.latency_ms * math.exp(clock.latency_sigma * self._rng.normalvariate(0.0, 1.0))
         elif clock.latency_jitter == "uniform":
             ms = self._rng.uniform(0.0, 2.0 * clock.latency_ms)
         else:
