@@ -76,6 +76,8 @@ from benchmarks.measure import (
 )
 from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
+from sessionloop.actors.model.base import ModelError
+from sessionloop.actors.model.mock import DEFAULT_SIGMA, JITTERS, MockClock
 from sessionloop.actors.system import gc_policy
 from sessionloop.cli.bench_cmd import BenchConfig, inprocess_turn, is_tool_turn, sessions_per_connection
 from sessionloop.cli.bench_observers import OBSERVE_MODES, attach
@@ -89,7 +91,7 @@ TURN_TIMEOUT_S = 120.0
 TOOL_RATIO = 0.5  # half the turns make one tool call, spread evenly (cli.bench_cmd.is_tool_turn)
 
 
-def messages_per_turn(llm_latency_ms: float) -> dict[str, float]:
+def messages_per_turn(llm_latency_ms: float, stream_tokens_per_s: float = 0.0) -> dict[str, float]:
     """Actor messages per turn, from the design (not counted at run time).
 
     Without model latency the mock answers inline (``answer_now``) inside the commit (its deltas
@@ -98,10 +100,11 @@ def messages_per_turn(llm_latency_ms: float) -> dict[str, float]:
     turn adds one ``ToolDone`` (second commit: tool result, second model step, turn end). The
     driver's ``session.watch_turn`` also tells the actor an ``Ask`` when the turn has not ended
     by the time the receipt arrives: never for a plain turn, always for a tool turn. With model
-    latency every model step is a round trip through the worker loop: one ``ModelDone`` each.
+    latency or pacing (``stream_tokens_per_s``) every model step is a round trip through the worker
+    loop: one ``ModelDone`` each.
     """
     plain, tool = 1.0, 3.0  # Send | Send + Ask + ToolDone
-    if llm_latency_ms:
+    if llm_latency_ms or stream_tokens_per_s:
         plain, tool = plain + 2, tool + 2  # + Ask + ModelDone | + ModelDone x2
     return {"plain": plain, "tool": tool, "mixed": (plain + tool) / 2}
 
@@ -220,10 +223,18 @@ def verify(host: Host, after: int, rec: Record) -> dict[str, int]:
 # --- jobs (each runs in its own child process) ----------------------------------------------------
 
 
+def mock_options(spec: dict[str, Any]) -> dict[str, Any]:
+    """The mock's clock of a run (``--llm-latency``, ``--latency-jitter``, ``--stream-tokens-per-s``,
+    ``--seed``; actors/model/mock.py); a spec without them (other scripts') is the instant mock."""
+    return {"latency_ms": spec["llm_latency_ms"], "latency_jitter": spec.get("latency_jitter", "none"),
+            "latency_sigma": spec.get("latency_sigma", DEFAULT_SIGMA),
+            "stream_tokens_per_s": spec.get("stream_tokens_per_s", 0.0), "seed": spec.get("seed")}
+
+
 def open_host(data_dir: str, spec: dict[str, Any], max_live: int) -> Host:
     threads = {} if spec.get("threads") is None else {"dispatcher_threads": spec["threads"]}
     host = Host.open(data_dir, durability=spec["durability"], permission_mode="acceptCalls",
-                     max_live=max_live, model_options={"latency_ms": spec["llm_latency_ms"]}, **threads)
+                     max_live=max_live, model_options=mock_options(spec), **threads)
     gc_policy.freeze_startup()  # as ``sessionloop serve`` does once it is up
     return host
 
@@ -430,7 +441,15 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--touch", type=int, default=10_000, help="stored sessions touched (one turn each)")
     ap.add_argument("--touch-concurrency", type=int, default=500, help="touches in flight")
     ap.add_argument("--max-live", type=int, default=2000, help="live actor cap for the memory run")
-    ap.add_argument("--llm-latency", type=float, default=0.0, help="mock model latency per call (ms)")
+    ap.add_argument("--llm-latency", type=float, default=0.0,
+                    help="mock model latency per call before the first token (ms; the median with a jitter)")
+    ap.add_argument("--latency-jitter", choices=JITTERS, default="none",
+                    help="how the latency varies: none, lognormal (median --llm-latency, sigma --latency-sigma) "
+                         "or uniform (0 to twice --llm-latency)")
+    ap.add_argument("--latency-sigma", type=float, default=DEFAULT_SIGMA, help="sigma of the lognormal jitter")
+    ap.add_argument("--stream-tokens-per-s", type=float, default=0.0,
+                    help="stream each answer at N tokens/s (a token is 4 characters); 0: as fast as they come")
+    ap.add_argument("--seed", type=int, help="seed of the jitter's random generator (repeatable runs)")
     ap.add_argument("--threads", type=int, help="pool threads for session actors (HostOptions.dispatcher_threads; "
                                                 "0: a thread per actor; default: the host's default)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
@@ -442,6 +461,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     fill_defaults(args, [("sessions", 1000, 100), ("turns", 10, 4), ("stored", 100_000, 2000)])
+    try:
+        MockClock(latency_ms=args.llm_latency, latency_jitter=args.latency_jitter, latency_sigma=args.latency_sigma,
+                  stream_tokens_per_s=args.stream_tokens_per_s, seed=args.seed)
+    except ModelError as e:
+        ap.error(str(e))
     args.observe = [m.strip() for m in args.observe.split(",") if m.strip()]
     wrong = [m for m in args.observe if m not in OBSERVE_MODES]
     if wrong or not args.observe:
@@ -457,10 +481,12 @@ def main() -> None:
         print(json.dumps(JOBS[spec["job"]](spec)))
         return
     base = {"sessions": args.sessions, "turns": args.turns, "llm_latency_ms": args.llm_latency,
-            "threads": args.threads}
+            "latency_jitter": args.latency_jitter, "latency_sigma": args.latency_sigma,
+            "stream_tokens_per_s": args.stream_tokens_per_s, "seed": args.seed, "threads": args.threads}
     results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick,
                                "params": {**base, "repeats": args.repeats},
-                               "messages_per_turn_by_design": messages_per_turn(args.llm_latency)}
+                               "messages_per_turn_by_design": messages_per_turn(args.llm_latency,
+                                                                                args.stream_tokens_per_s)}
     reference_before = machine_reference_ms()
     results["params"]["observe"] = args.observe
     results["throughput"] = tp = throughput_runs(args, base, None)

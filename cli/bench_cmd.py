@@ -47,6 +47,8 @@ from websockets.asyncio.client import connect
 
 from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
+from sessionloop.actors.model.base import ModelError
+from sessionloop.actors.model.mock import DEFAULT_SIGMA, JITTERS, MockClock
 from sessionloop.actors.session.commands import NewInput
 from sessionloop.actors.session.messages import Send
 from sessionloop.actors.system import gc_policy
@@ -94,6 +96,10 @@ class BenchConfig:
     via: str = "inprocess"
     durability: str = "sync"
     llm_latency_ms: float = 0.0
+    latency_jitter: str = "none"  # the mock's clock (actors/model/mock.py): how the latency varies
+    latency_sigma: float = DEFAULT_SIGMA
+    stream_tokens_per_s: float = 0.0
+    seed: int | None = None
     duration_s: float | None = None
     data_dir: str | None = None
     per_connection: int | None = None  # None: auto (see :func:`sessions_per_connection`)
@@ -115,6 +121,10 @@ class BenchConfig:
             raise click.BadParameter("must be between 0 and 1", param_hint="--tool-ratio")
         if self.llm_latency_ms < 0:
             raise click.BadParameter("must be >= 0", param_hint="--llm-latency")
+        try:
+            MockClock(**self.model_options())
+        except ModelError as e:  # names the option: latency_ms is --llm-latency, the others their flag
+            raise click.BadParameter(str(e), param_hint=_clock_flag(str(e))) from None
         if self.duration_s is not None and self.duration_s <= 0:
             raise click.BadParameter("must be > 0", param_hint="--duration")
         if self.per_connection is not None and self.per_connection < 1:
@@ -123,6 +133,20 @@ class BenchConfig:
             raise click.BadParameter(f"one of {', '.join(OBSERVE_MODES)}", param_hint="--observe")
         if self.via == "ws" and self.observe != "subscriber":
             raise click.BadParameter("with --via ws the WebSocket clients are the subscribers", param_hint="--observe")
+
+    def model_options(self) -> dict[str, Any]:
+        """The mock's options (``HostOptions.model_options``): its clock."""
+        return {"latency_ms": self.llm_latency_ms, "latency_jitter": self.latency_jitter,
+                "latency_sigma": self.latency_sigma, "stream_tokens_per_s": self.stream_tokens_per_s,
+                "seed": self.seed}
+
+
+def _clock_flag(problem: str) -> str:
+    for option, flag in (("latency_jitter", "--latency-jitter"), ("latency_sigma", "--latency-sigma"),
+                         ("stream_tokens_per_s", "--stream-tokens-per-s"), ("seed", "--seed")):
+        if problem.startswith(f"mock: {option}"):
+            return flag
+    return "--llm-latency"
 
 
 def sessions_per_connection(cfg: BenchConfig) -> int:
@@ -268,7 +292,7 @@ async def show_progress(cfg: BenchConfig, rec: Record, stream: Any) -> None:
 def open_host(data_dir: str, cfg: BenchConfig) -> Host:
     return Host.open(data_dir, durability=cfg.durability, permission_mode="acceptCalls",
                      max_live=cfg.max_live or max(4000, 2 * cfg.sessions),
-                     model_options={"latency_ms": cfg.llm_latency_ms})
+                     model_options=cfg.model_options())
 
 
 def inprocess_turn(host: Host) -> Callable[[str, str], Awaitable[Any]]:
@@ -424,7 +448,7 @@ async def run_ws(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
 
     server = Server(data_dir, port=0, token=BENCH_TOKEN, durability=cfg.durability, permission_mode="acceptCalls",
                     max_live=cfg.max_live or max(4000, 2 * cfg.sessions),
-                    model_options={"latency_ms": cfg.llm_latency_ms})
+                    model_options=cfg.model_options())
     clients: list[WsClient] = []
     try:
         port = await server.start()
@@ -653,7 +677,7 @@ def format_table(report: dict[str, Any]) -> str:
     limit = f" for {p['duration_s']:g} s" if p["duration_s"] is not None else ""
     lines = [(f"sessionloop bench: {p['sessions']} sessions x {turns}{limit}, concurrency "
               f"{p['concurrency'] or p['sessions']}, tool ratio {p['tool_ratio']:g}, via {p['via']}, "
-              f"durability {p['durability']}, llm latency {p['llm_latency_ms']:g} ms"),
+              f"durability {p['durability']}, llm latency {p['llm_latency_ms']:g} ms{clock_words(p)}"),
              f"{'measure':<30}{'value':>14}", "-" * 44]
     lines += [f"{name:<30}{format(report[key], fmt):>14}" for key, name, fmt in ROWS]
     if "connections" in report:
@@ -677,6 +701,19 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def clock_words(p: dict[str, Any]) -> str:
+    """The rest of the mock's clock for the table's title ("" when it is the default)."""
+    words = ""
+    if p.get("latency_jitter", "none") != "none":
+        sigma = f" sigma {p['latency_sigma']:g}" if p["latency_jitter"] == "lognormal" else ""
+        words += f" {p['latency_jitter']}{sigma}"
+    if p.get("stream_tokens_per_s"):
+        words += f", streamed at {p['stream_tokens_per_s']:g} tokens/s"
+    if p.get("seed") is not None:
+        words += f", seed {p['seed']}"
+    return words
+
+
 def observer_failure_line(obs: dict[str, Any]) -> str:
     first = obs["problems"][0] if obs["problems"] else "?"
     return f"stream check FAILED: {obs['broken']} problems seen by the observers (first: {first})"
@@ -694,7 +731,16 @@ def observer_failure_line(obs: dict[str, Any]) -> str:
 @click.option("--durability", type=click.Choice(["sync", "nosync"]), default="sync", show_default=True,
               help="sync: fsync before every acknowledgement; nosync: no fsync.")
 @click.option("--llm-latency", "llm_latency_ms", default=0.0, show_default=True, type=float,
-              help="Mock model delay per call in ms (to model a real provider).")
+              help="Mock model delay per call in ms, before the first token (to model a real provider; the "
+                   "median with --latency-jitter).")
+@click.option("--latency-jitter", type=click.Choice(list(JITTERS)), default="none", show_default=True,
+              help="How the delay varies: none, lognormal (median --llm-latency, spread --latency-sigma) or "
+                   "uniform (0 to twice --llm-latency).")
+@click.option("--latency-sigma", default=DEFAULT_SIGMA, show_default=True, type=float,
+              help="Sigma of the lognormal jitter (0 to 3).")
+@click.option("--stream-tokens-per-s", default=0.0, show_default=True, type=float,
+              help="Stream each answer at N tokens/s (a token is 4 characters); 0: as fast as they come.")
+@click.option("--seed", default=None, type=int, help="Seed of the jitter's random generator (repeatable runs).")
 @click.option("--duration", "duration_s", default=None, type=float, help="Stop sending new turns after S seconds.")
 @click.option("--data", "data_dir", default=None, help="Data directory [default: a temporary one, removed after].")
 @click.option("--per-connection", default=None, type=int,
@@ -708,7 +754,8 @@ def observer_failure_line(obs: dict[str, Any]) -> str:
 @click.option("--no-progress", is_flag=True, help="No live progress line on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def bench(sessions: int, turns: int | None, concurrency: int | None, tool_ratio: float, via: str, durability: str,
-          llm_latency_ms: float, duration_s: float | None, data_dir: str | None, per_connection: int | None,
+          llm_latency_ms: float, latency_jitter: str, latency_sigma: float, stream_tokens_per_s: float,
+          seed: int | None, duration_s: float | None, data_dir: str | None, per_connection: int | None,
           turn_timeout_s: float, observe: str, no_progress: bool, as_json: bool) -> None:
     """Load benchmark: drive sessions through the real stack with the mock model.
 
@@ -720,11 +767,15 @@ def bench(sessions: int, turns: int | None, concurrency: int | None, tool_ratio:
     Example:
       sessionloop bench --sessions 1000 --turns 10 --durability sync
       sessionloop bench --via ws --sessions 200 --duration 30 --llm-latency 50 --json
+      sessionloop bench --via ws --sessions 1000 --duration 60 --llm-latency 800 \
+          --latency-jitter lognormal --stream-tokens-per-s 50 --seed 1
     """
     if turns is None and duration_s is None:
         turns = 10
     cfg = BenchConfig(sessions=sessions, turns=turns, concurrency=concurrency, tool_ratio=tool_ratio, via=via,
-                      durability=durability, llm_latency_ms=llm_latency_ms, duration_s=duration_s,
+                      durability=durability, llm_latency_ms=llm_latency_ms, latency_jitter=latency_jitter,
+                      latency_sigma=latency_sigma, stream_tokens_per_s=stream_tokens_per_s, seed=seed,
+                      duration_s=duration_s,
                       data_dir=data_dir, per_connection=per_connection, turn_timeout_s=turn_timeout_s,
                       progress=not no_progress, observe=observe)
     report = run_bench(cfg)

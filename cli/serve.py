@@ -27,6 +27,15 @@ import click
 
 from sessionloop.actors.api.host import Host
 from sessionloop.actors.errors import InvalidCommand
+from sessionloop.actors.model.mock import (
+    DEFAULT_SIGMA,
+    JITTERS,
+    MAX_LATENCY_MS,
+    MAX_SEED,
+    MAX_SIGMA,
+    MAX_TOKENS_PER_S,
+    TOKEN_CHARS,
+)
 from sessionloop.actors.model.registry import (
     CONFIG_PROVIDERS,
     ModelConfigError,
@@ -91,9 +100,34 @@ def model_flag_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def mock_clock_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``serve``'s mock clock flags: like the --model-* flags they describe the model ``default``
+    (given alone, a mock); the same keys in a mock's ``[models.NAME]`` table (actors/model/mock.py)."""
+    options = [
+        click.option("--mock-latency-ms", type=click.FloatRange(0, MAX_LATENCY_MS), default=None, metavar="MS",
+                     help="Mock model 'default': delay before the first token (the median with a jitter) "
+                          "[default: 0]."),
+        click.option("--mock-latency-jitter", type=click.Choice(list(JITTERS)), default=None,
+                     help="Mock model 'default': how the delay varies: none, lognormal (median --mock-latency-ms, "
+                          "spread --mock-latency-sigma) or uniform (0 to twice it) [default: none]."),
+        click.option("--mock-latency-sigma", type=click.FloatRange(0, MAX_SIGMA), default=None,
+                     help=f"Mock model 'default': sigma of the lognormal jitter [default: {DEFAULT_SIGMA}]."),
+        click.option("--mock-stream-tokens-per-s", type=click.FloatRange(0, MAX_TOKENS_PER_S), default=None,
+                     metavar="N", help=f"Mock model 'default': stream answers at N tokens/s (a token is {TOKEN_CHARS} "
+                                       "characters; 0: as fast as they come) [default: 0]."),
+        click.option("--mock-seed", type=click.IntRange(0, MAX_SEED), default=None,
+                     help="Mock model 'default': seed of the jitter's random generator (repeatable runs)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 def flags_from(model_provider: str | None, base_url: str | None, model_name: str | None,
-                api_key_env: str | None) -> ModelFlags | None:
-    flags = ModelFlags(provider=model_provider, base_url=base_url, model=model_name, api_key_env=api_key_env)
+               api_key_env: str | None, **clock: Any) -> ModelFlags | None:
+    """The one-model flags, ``clock``: the mock clock flags (``latency_ms=...``, None: not given)."""
+    flags = ModelFlags(provider=model_provider, base_url=base_url, model=model_name, api_key_env=api_key_env,
+                       **clock)
     return flags if flags.table() else None
 
 
@@ -401,6 +435,7 @@ async def _run(server: Server, quiet: bool) -> None:
               help="Provider of the built-in model when no model is configured (mock, openai with OPENAI_* "
                    "variables); prefer [models.NAME] in DATA/config.toml or --model-provider.")
 @model_flag_options
+@mock_clock_options
 @click.option("--max-steps", default="20", show_default=True, type=StepsLimit(),
               help="Model calls per turn before it stops with a tool-limit notice (the agent/maxSteps setting "
                    "overrides it); 'unlimited' (or 0) for no limit: turn/abort still stops a turn.")
@@ -486,7 +521,9 @@ async def _run(server: Server, quiet: bool) -> None:
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, model_provider: str | None, base_url: str | None, model_name: str | None,
-          api_key_env: str | None, max_steps: int, allowed_origins: tuple[str, ...], max_frame_mb: int,
+          api_key_env: str | None, mock_latency_ms: float | None, mock_latency_jitter: str | None,
+          mock_latency_sigma: float | None, mock_stream_tokens_per_s: float | None, mock_seed: int | None,
+          max_steps: int, allowed_origins: tuple[str, ...], max_frame_mb: int,
           max_outbox_mb: float, ping_interval: float, ping_timeout: float, close_timeout: float, max_inflight_mb: int,
           inflight_wait: float, metrics_public: bool, auth_failures: int, auth_window: float, snapshot_every: int,
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
@@ -513,6 +550,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
       sessionloop chat            # in another terminal
       kill -HUP <pid of serve>    # after editing config.toml or apps.toml
       OPENAI_API_KEY=... sessionloop serve --model-name gpt-4o-mini --api-key-env OPENAI_API_KEY
+      sessionloop serve --mock-latency-ms 800 --mock-latency-jitter lognormal --mock-stream-tokens-per-s 50
     """
     started: list[Server] = []
     configure_logging(log_level, log_format, lambda: started[0].secrets() if started else [token or ""])
@@ -527,7 +565,11 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                         ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout,
                         max_inflight_mb=max_inflight_mb, inflight_wait=inflight_wait, metrics_public=metrics_public,
                         auth_failures=auth_failures, auth_window=auth_window,
-                        model=model, model_flags=flags_from(model_provider, base_url, model_name, api_key_env),
+                        model=model,
+                        model_flags=flags_from(model_provider, base_url, model_name, api_key_env,
+                                               latency_ms=mock_latency_ms, latency_jitter=mock_latency_jitter,
+                                               latency_sigma=mock_latency_sigma,
+                                               stream_tokens_per_s=mock_stream_tokens_per_s, seed=mock_seed),
                         max_steps=max_steps, snapshot_every=snapshot_every, language=language,
                         map_size=map_size_mb * 1024 * 1024,
                         sandbox=sandbox, sandbox_policy=sandbox_policy, sandbox_bwrap=sandbox_bwrap,

@@ -16,8 +16,18 @@ Configuration
     rpm = 600
     tpm = 1000000
 
-``serve --model-provider/--base-url/--model-name/--api-key-env`` describe the model ``default``
-(over its table, if config.toml has one). Nothing configured: the built-in model of the host's
+    [models.slow]                          # a mock that spends the time of a real model
+    provider = "mock"
+    latency_ms = 800                       # before the first token (the median with a jitter)
+    latency_jitter = "lognormal"           # none | lognormal | uniform
+    latency_sigma = 0.5                    # the lognormal's spread
+    stream_tokens_per_s = 50               # 0: no pacing; a token is 4 characters
+    seed = 1                               # the jitter's random generator: repeatable runs
+
+``serve --model-provider/--base-url/--model-name/--api-key-env`` and the mock's clock flags
+``serve --mock-latency-ms/--mock-latency-jitter/--mock-latency-sigma/--mock-stream-tokens-per-s/
+--mock-seed`` describe the model ``default`` (over its table, if config.toml has one; given alone,
+the clock flags make it a mock). Nothing configured: the built-in model of the host's
 options (``HostOptions.model``, the mock by default) under its provider's name.
 
 :func:`load_model_configs` reads and validates; every problem is one line naming the model and
@@ -52,7 +62,7 @@ import msgspec
 
 from sessionloop.actors.model.base import PROVIDER_NAMES, ModelError, Provider
 from sessionloop.actors.model.limits import ModelLimits
-from sessionloop.actors.model.mock import MockProvider
+from sessionloop.actors.model.mock import CLOCK_OPTIONS, MockClock, MockProvider
 from sessionloop.actors.model.openai import OpenAIProvider, openai_provider
 from sessionloop.actors.model.replay import ReplayProvider
 from sessionloop.actors.model.scripted import ScriptedProvider
@@ -70,7 +80,7 @@ MAX_MODEL_ID = 256
 MAX_URL = 2048
 MAX_LIMIT = 10**12
 LIMIT_KEYS = ("max_concurrency", "rpm", "tpm")
-KNOWN_KEYS = ("provider", "base_url", "model", "api_key_env", "vision", *LIMIT_KEYS)
+KNOWN_KEYS = ("provider", "base_url", "model", "api_key_env", "vision", *LIMIT_KEYS, *CLOCK_OPTIONS)
 #: keys that would hold a secret: refused, with the way to do it instead
 SECRET_KEYS = ("api_key", "key", "token", "secret", "password", "authorization")
 FLAGS_SOURCE = "--model-* flags"
@@ -96,6 +106,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     source: str = "config.toml"
     #: the built-in model of the host's options (``HostOptions.model``): no table, any model id
     builtin: bool = False
+    #: how a mock spends time (latency, pacing); None for other providers
+    clock: MockClock | None = None
 
     @property
     def entry_id(self) -> str:
@@ -115,6 +127,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             parts.append(f"key from ${self.api_key_env}" if self.api_key_env else "no key")
         if self.vision:
             parts.append("vision")
+        if self.clock is not None and self.clock.waits:
+            parts.append(self.clock.describe())
         limits = [f"{k} {getattr(self.limits, k)}" for k in LIMIT_KEYS if getattr(self.limits, k) is not None]
         parts.extend(limits)
         return ", ".join(parts) + f" ({self.source})"
@@ -127,6 +141,12 @@ class ModelFlags(msgspec.Struct, frozen=True, kw_only=True):
     base_url: str | None = None
     model: str | None = None
     api_key_env: str | None = None
+    #: the mock's clock (``--mock-*``): keys of :data:`~actors.model.mock.CLOCK_OPTIONS`
+    latency_ms: float | None = None
+    latency_jitter: str | None = None
+    latency_sigma: float | None = None
+    stream_tokens_per_s: float | None = None
+    seed: int | None = None
 
     def table(self) -> dict[str, Any]:
         return {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}
@@ -159,8 +179,8 @@ def model_tables(doc: Mapping[str, Any], flags: ModelFlags | None, path: str) ->
     if given:
         base = out.get(DEFAULT_NAME, ({}, path))[0]
         merged = {**base, **given} if isinstance(base, dict) else given
-        if "provider" not in merged:
-            merged["provider"] = "openai"
+        if "provider" not in merged:  # the clock flags alone describe a mock
+            merged["provider"] = "mock" if all(k in CLOCK_OPTIONS for k in given) else "openai"
         source = FLAGS_SOURCE if DEFAULT_NAME not in out else f"{path} with {FLAGS_SOURCE}"
         out[DEFAULT_NAME] = (merged, source)
     return out
@@ -205,8 +225,15 @@ def parse_model(name: str, table: Any, env: Mapping[str, str], source: str) -> M
         for key in ("base_url", "api_key_env"):
             if key in table:
                 raise fail(f"{key}: the mock provider is built in and takes no {key}")
+        try:
+            clock = MockClock(**{k: table[k] for k in CLOCK_OPTIONS if k in table})
+        except ModelError as e:
+            raise fail(str(e)) from None
         return ModelConfig(name=name, provider=provider, model=model, vision=vision,
-                           limits=ModelLimits(**limits), source=source)
+                           limits=ModelLimits(**limits), source=source, clock=clock)
+    for key in CLOCK_OPTIONS:
+        if key in table:
+            raise fail(f"{key}: only the mock provider takes it (it sets the mock's clock)")
     base_url = table.get("base_url", DEFAULT_BASE_URL)
     problem = url_problem(base_url)
     if problem is not None:
@@ -280,7 +307,10 @@ def load_model_configs(path: str, flags: ModelFlags | None = None,
 def build_provider(cfg: ModelConfig, env: Mapping[str, str] | None = None) -> Provider:
     """The provider of one configured model (the key read from the environment now)."""
     if cfg.provider == "mock":
-        return MockProvider(model=cfg.model)
+        clock = cfg.clock or MockClock()
+        return MockProvider(model=cfg.model, latency_ms=clock.latency_ms, latency_jitter=clock.latency_jitter,
+                            latency_sigma=clock.latency_sigma, stream_tokens_per_s=clock.stream_tokens_per_s,
+                            seed=clock.seed)
     if cfg.provider == "openai":
         environ = os.environ if env is None else env
         key = environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
@@ -464,7 +494,8 @@ def _label(cfg: ModelConfig) -> str:
 def make_provider(name: str, **options: Any) -> Provider:
     """Build the provider called ``name`` with its keyword ``options``.
 
-    ``mock`` takes ``latency_ms``; ``scripted`` takes ``responses``; ``replay`` takes
+    ``mock`` takes ``latency_ms``, ``latency_jitter``, ``latency_sigma``, ``stream_tokens_per_s``,
+    ``seed`` (its clock: ``actors/model/mock.py``) and ``model``; ``scripted`` takes ``responses``; ``replay`` takes
     ``recorded`` (``LlmCompleted`` events); ``openai`` takes ``model``, ``base_url``,
     ``api_key``, ``timeout``, ``limits`` (:class:`~actors.model.limits.ModelLimits`), ``retry``
     (:class:`~actors.model.limits.RetryPolicy`) and ``vision``. Raises ModelError for an unknown
