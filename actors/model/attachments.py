@@ -90,11 +90,19 @@ def resolve(request: ModelRequest, read: ReadBlob) -> ModelRequest:
                 notes.append(describe(ref, "not shown to the model"))
         content = "\n".join([message.content, *notes]) if message.content else "\n".join(notes)
         messages[i] = msgspec.structs.replace(message, content=content)
-    return msgspec.structs.replace(request, messages=messages, attachments=images)
+    # the inlined files change the messages' characters: the sender's counts no longer hold
+    return msgspec.structs.replace(request, messages=messages, attachments=images, tally=None)
 
 
 def has_attachments(messages: Sequence[Message]) -> bool:
     return any(m.attachments for m in messages)
 
 
-__all__ = ["IMAGE_CHARS", "INLINE_CHARS", "describe", "estimated_chars", "has_attachments", "inline_text", "resolve"]
+def request_has_attachments(request: ModelRequest) -> bool:
+    """Whether any message of ``request`` has files (from its tally when it carries one)."""
+    tally = request.tally
+    return tally.attachments > 0 if tally is not None else has_attachments(request.messages)
+
+
+__all__ = ["IMAGE_CHARS", "INLINE_CHARS", "describe", "estimated_chars", "has_attachments", "inline_text",
+           "request_has_attachments", "resolve"]

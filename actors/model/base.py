@@ -61,6 +61,23 @@ class ModelAttachment(msgspec.Struct, frozen=True, kw_only=True):
     data: bytes
 
 
+class HistoryTally(msgspec.Struct, frozen=True, gc=False):
+    """Counts over a request's messages that would otherwise be recounted over the whole history on
+    every model call: content characters (the mock's prompt-token basis), tool calls (the mock numbers
+    its calls after them) and messages with attachments. When a request carries one, it is exact for
+    its ``messages`` (the session keeps the counts as its history grows: ``SessionState``)."""
+
+    chars: int = 0
+    tool_calls: int = 0
+    attachments: int = 0
+
+
+def tally_of(messages: Sequence[Message]) -> HistoryTally:
+    """The counts of ``messages``, counted."""
+    return HistoryTally(chars=content_chars(messages), tool_calls=sum(len(m.tool_calls) for m in messages),
+                        attachments=sum(1 for m in messages if m.attachments))
+
+
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What one agent step sends to the model (the default loop's messages and tool schemas).
 
@@ -74,6 +91,12 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
     tools: list[dict[str, Any]] = []
     model: str | None = None
     attachments: dict[int, list[ModelAttachment]] = {}
+    #: exact counts over ``messages`` when the sender kept them (None: count them)
+    tally: HistoryTally | None = None
+
+    def counts(self) -> HistoryTally:
+        """The request's counts: the tally it carries, else counted over its messages."""
+        return self.tally if self.tally is not None else tally_of(self.messages)
 
 
 class ModelResponse(msgspec.Struct, frozen=True, kw_only=True):

@@ -261,21 +261,28 @@ def _count_tool_calls(messages: Sequence[Message]) -> int:
     return sum(len(m.tool_calls) for m in messages)
 
 
-def _make_calls(messages: Sequence[Message], wanted: Sequence[tuple[str, Any]]) -> list[ToolCallSpec]:
-    base = _count_tool_calls(messages)
+def _calls_before(request: ModelRequest) -> int | None:
+    return request.tally.tool_calls if request.tally is not None else None
+
+
+def _make_calls(messages: Sequence[Message], wanted: Sequence[tuple[str, Any]],
+                calls_before: int | None) -> list[ToolCallSpec]:
+    base = _count_tool_calls(messages) if calls_before is None else calls_before
     return [ToolCallSpec(call_id=f"call_{base + i + 1}", name=n, args=a) for i, (n, a) in enumerate(wanted)]
 
 
-def decide_answer(messages: Sequence[Message], script: MockScript) -> tuple[str, list[ToolCallSpec]]:
-    """The text and tool calls the mock answers for ``script`` given the history (no error case)."""
+def decide_answer(messages: Sequence[Message], script: MockScript,
+                  calls_before: int | None = None) -> tuple[str, list[ToolCallSpec]]:
+    """The text and tool calls the mock answers for ``script`` given the history (no error case);
+    ``calls_before``: the history's tool calls when the sender counted them (else counted here)."""
     if script.loop:
-        return "", _make_calls(messages, [(LOOP_TOOL, dict(LOOP_ARGS))])
+        return "", _make_calls(messages, [(LOOP_TOOL, dict(LOOP_ARGS))], calls_before)
     if script.tools:
         user = latest_user_index(messages)
         after = messages[user + 1 :] if user is not None else messages
         results = sum(1 for m in after if m.role == "tool")
         if results == 0:
-            return "", _make_calls(messages, script.tools)
+            return "", _make_calls(messages, script.tools, calls_before)
         return f"done: {results} tool calls", []
     return f"echo: {script.text}", []
 
@@ -324,7 +331,7 @@ class MockProvider:
         if script.error is not None:
             await self._stream(on_delta, script.reasoning, "", script.sleep_ms)
             raise ModelError(script.error, provider=self.name)
-        text, calls = decide_answer(request.messages, script)
+        text, calls = decide_answer(request.messages, script, _calls_before(request))
         await self._stream(on_delta, script.reasoning, text, script.sleep_ms, calls)
         return self._response(request, script, text, calls)
 
@@ -356,7 +363,7 @@ class MockProvider:
         if script.error is not None:
             stream_now(on_delta, "reasoning", script.reasoning, self.delta_chars)
             raise ModelError(script.error, provider=self.name)
-        text, calls = decide_answer(request.messages, script)
+        text, calls = decide_answer(request.messages, script, _calls_before(request))
         stream_now(on_delta, "reasoning", script.reasoning, self.delta_chars)
         stream_now(on_delta, "text", text, self.delta_chars)
         return self._response(request, script, text, calls)
@@ -369,7 +376,7 @@ class MockProvider:
     def _response(self, request: ModelRequest, script: MockScript, text: str,
                   calls: list[ToolCallSpec]) -> ModelResponse:
         usage = Usage(
-            prompt_tokens=content_chars(request.messages) // 4,
+            prompt_tokens=(request.tally.chars if request.tally is not None else content_chars(request.messages)) // 4,
             completion_tokens=completion_chars(text, script.reasoning, calls) // 4,
         )
         return ModelResponse(text=text, reasoning=script.reasoning, tool_calls=calls, usage=usage,

@@ -117,8 +117,11 @@ def _start_model(state: SessionState, cfg: AgentConfig, turn_id: str, now: int,
 
 
 def _turn_attachments(state: SessionState, turn_id: str) -> list[str]:
-    """The files of this turn's user messages, as a model call's event names them."""
-    return [f"{a.name} ({a.kind}, {a.mime}, {a.size} bytes)" for m in state.messages
+    """The files of this turn's user messages, as a model call's event names them (the turn's
+    messages begin at its ``message_start``: the history before it is not scanned)."""
+    turn = state.turns.get(turn_id)
+    start = turn.message_start if turn is not None else 0
+    return [f"{a.name} ({a.kind}, {a.mime}, {a.size} bytes)" for m in state.messages[start:]
             if m.turn_id == turn_id and m.role == "user" for a in m.attachments]
 
 

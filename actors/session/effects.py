@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from sessionloop.actors import events as E
-from sessionloop.actors.model.attachments import has_attachments
+from sessionloop.actors.model.attachments import request_has_attachments
 from sessionloop.actors.model.attachments import resolve as resolve_attachments
-from sessionloop.actors.model.base import RetryNotice
+from sessionloop.actors.model.base import HistoryTally, RetryNotice, tally_of
 from sessionloop.actors.session.context import model_view
 from sessionloop.actors.session.decide import AgentConfig, decide_model_done
 from sessionloop.actors.session.drive import system_messages
@@ -77,7 +77,7 @@ class SessionEffects:
         started = time.perf_counter()
         try:
             request = self._model_request(cfg)
-            if has_attachments(request.messages):  # files are read off the actor thread: not in place
+            if request_has_attachments(request):  # files are read off the actor thread: not in place
                 return None
             r = answer_now(request, lambda kind, text: keep((kind, text)))
         except SessionloopError as e:  # what streamed before the failure (reasoning) still goes out
@@ -87,11 +87,17 @@ class SessionEffects:
         return step_id, decide_model_done(state, step_id, r, None, _ms_since(started), now), deltas
 
     def _model_request(self, cfg: AgentConfig) -> Any:
+        """The request of the next model call. The whole history (no trimming, no summary to merge)
+        goes with the session's counts of it, so nobody recounts the history per call."""
         state = self.state
+        system = system_messages(cfg)
         if cfg.context_chars is None and not state.summaries:
-            messages = system_messages(cfg) + state.messages
-        else:
-            messages, _ = model_view(system_messages(cfg) + state.messages, cfg.context_chars)
+            head = tally_of(system)
+            tally = HistoryTally(chars=head.chars + state.history_chars,
+                                 tool_calls=head.tool_calls + state.history_tool_calls,
+                                 attachments=head.attachments + state.history_attachments)
+            return self.rt.model_request(cfg, system + state.messages, tally)
+        messages, _ = model_view(system + state.messages, cfg.context_chars)
         return self.rt.model_request(cfg, messages)
 
     def _delta_sink(self, step_id: str) -> StreamSink:
@@ -142,7 +148,7 @@ class SessionEffects:
             started = time.perf_counter()
             try:
                 sent = request
-                if has_attachments(request.messages):  # the files, read off the actor thread
+                if request_has_attachments(request):  # the files, read off the actor thread
                     sent = await asyncio.to_thread(resolve_attachments, request, blobs.read)
                 response = await provider.generate(sent, on_delta)
             except asyncio.CancelledError:

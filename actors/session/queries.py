@@ -16,7 +16,7 @@ from sessionloop.actors import events as E
 from sessionloop.actors.errors import NotFound
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.decide import ensure_usable
-from sessionloop.actors.session.state import SessionState, copy_state
+from sessionloop.actors.session.state import SessionState, copy_state, set_messages
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pubsub import TurnOutcome
 
@@ -83,7 +83,7 @@ def fork_source(state: SessionState) -> SessionState:
         # copy only what ended turns produced: the running turn is not a stable prefix
         copied = copy_state(state)
         start = state.turns[state.current_turn].message_start
-        copied.messages = copied.messages[:start]
+        set_messages(copied, copied.messages[:start])
         return copied
     return copy_state(state)
 

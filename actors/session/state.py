@@ -23,10 +23,11 @@ import msgspec
 
 from sessionloop.actors import events as E
 from sessionloop.actors.approvals.grants import Grant, grant_of
+from sessionloop.actors.model.base import tally_of
 from sessionloop.actors.session.context import summary_message
 from sessionloop.protocol.limits import MAX_TITLE, clip
 
-STATE_FORMAT = 1  # bump when SessionState changes shape: old snapshots are then ignored
+STATE_FORMAT = 2  # bump when SessionState changes shape: old snapshots are then ignored
 MAX_GRANTS = 100  # grants a session keeps (revoked and expired ones are dropped first)
 
 
@@ -155,6 +156,11 @@ class SessionState(msgspec.Struct, kw_only=True):
     parked: str | None = None
     status: Status = Status.IDLE
     messages: list[E.Message] = []
+    #: counts over ``messages`` kept as they change (``model.base.HistoryTally``): content characters,
+    #: tool calls, messages with attachments; a model request carries them instead of recounting
+    history_chars: int = 0
+    history_tool_calls: int = 0
+    history_attachments: int = 0
     queue: list[QueuedInput] = []
     turns: dict[str, TurnRecord] = {}
     turn_order: list[str] = []
@@ -195,6 +201,25 @@ class SessionState(msgspec.Struct, kw_only=True):
             if turn.ended_at is not None:
                 return turn
         return None
+
+
+def add_message(s: SessionState, message: E.Message, at: int | None = None) -> None:
+    """Append ``message`` to the history (or insert it at index ``at``), keeping the history's counts."""
+    if at is None:
+        s.messages.append(message)
+    else:
+        s.messages.insert(at, message)
+    s.history_chars += len(message.content)
+    s.history_tool_calls += len(message.tool_calls)
+    if message.attachments:
+        s.history_attachments += 1
+
+
+def set_messages(s: SessionState, messages: list[E.Message]) -> None:
+    """Replace the history (an import, a rewind that deletes chat), counting it again."""
+    s.messages = messages
+    tally = tally_of(messages)
+    s.history_chars, s.history_tool_calls, s.history_attachments = tally.chars, tally.tool_calls, tally.attachments
 
 
 def new_state(session_id: str) -> SessionState:
@@ -276,7 +301,7 @@ def _seen(s: SessionState, e: E.SessionSeen) -> None:
 
 
 def _imported(s: SessionState, e: E.MessagesImported) -> None:
-    s.messages = list(e.messages)
+    set_messages(s, list(e.messages))
 
 
 def _setting(s: SessionState, e: E.SessionSettingChanged) -> None:
@@ -307,7 +332,7 @@ def _turn_started(s: SessionState, e: E.TurnStarted) -> None:
     taken = set(e.input_ids)
     for q in s.queue:
         if q.input_id in taken and q.source != "continue":  # turn/continue adds no user message
-            s.messages.append(E.Message(role="user", content=q.text, turn_id=e.turn_id, attachments=q.attachments))
+            add_message(s, E.Message(role="user", content=q.text, turn_id=e.turn_id, attachments=q.attachments))
     s.queue = [q for q in s.queue if q.input_id not in taken]
     s.turns[e.turn_id] = turn
     s.turn_order.append(e.turn_id)
@@ -375,7 +400,7 @@ def _llm_completed(s: SessionState, e: E.LlmCompleted) -> None:
     if e.reasoning:
         s.steps.append(StepRecord(step_id=f"{e.step_id}.thinking", type="thinking", turn_id=e.turn_id,
                                   status="completed", started_at=e.at, ended_at=e.at))
-    s.messages.append(E.Message(role="assistant", content=e.text, tool_calls=tuple(e.tool_calls), turn_id=e.turn_id))
+    add_message(s, E.Message(role="assistant", content=e.text, tool_calls=tuple(e.tool_calls), turn_id=e.turn_id))
     s.batch = [c.call_id for c in e.tool_calls]
     for call in e.tool_calls:
         s.tool_calls[call.call_id] = ToolCallRecord(call_id=call.call_id, turn_id=e.turn_id, tool=call.name,
@@ -418,8 +443,7 @@ def _tool_finished(s: SessionState, e: E.ToolFinished) -> None:
         rec.display = msgspec.structs.replace(rec.display, exit_code=e.exit_code)
     _finish_step(s, f"tool.{e.call_id}", "completed" if e.status == "completed" else "failed", e.at)
     content = e.output if isinstance(e.output, str) else msgspec.json.encode(e.output).decode()
-    s.messages.append(E.Message(role="tool", content=content, tool_call_id=e.call_id, name=rec.tool,
-                                turn_id=e.turn_id))
+    add_message(s, E.Message(role="tool", content=content, tool_call_id=e.call_id, name=rec.tool, turn_id=e.turn_id))
 
 
 def _approval_requested(s: SessionState, e: E.ToolApprovalRequested) -> None:
@@ -475,9 +499,9 @@ def _compacted(s: SessionState, e: E.ContextCompacted) -> None:
     if e.auto and turn is not None:
         # the automatic summary goes right before the current user message
         turn.compaction_tried = True
-        s.messages.insert(turn.message_start, msgspec.structs.replace(message, turn_id=e.turn_id))
+        add_message(s, msgspec.structs.replace(message, turn_id=e.turn_id), turn.message_start)
     else:
-        s.messages.append(message)
+        add_message(s, message)
 
 
 def _compact_failed(s: SessionState, e: E.ContextCompactFailed) -> None:
@@ -499,7 +523,7 @@ def _rewound(s: SessionState, e: E.TurnRewound) -> None:
     gone = set(s.turn_order[index:])
     s.checkpoints = [c for c in s.checkpoints if c.turn_id not in gone]
     if e.chat_deleted:
-        s.messages = s.messages[: s.turns[e.turn_id].message_start]
+        set_messages(s, s.messages[: s.turns[e.turn_id].message_start])
         for turn_id in s.turn_order[index:]:
             del s.turns[turn_id]
         s.turn_order = s.turn_order[:index]

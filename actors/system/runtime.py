@@ -21,6 +21,7 @@ from sessionloop.actors.approvals.actor import ApprovalService
 from sessionloop.actors.approvals.model import ApprovalTiming
 from sessionloop.actors.events import open_store
 from sessionloop.actors.model import ModelRequest, Provider
+from sessionloop.actors.model.base import HistoryTally
 from sessionloop.actors.model.prompts import ToolLine, default_system_prompt
 from sessionloop.actors.model.registry import ModelConfig, ModelRegistry, builtin_model
 from sessionloop.actors.session.actor import PooledSessionActor, SessionActor
@@ -315,11 +316,12 @@ class Runtime:
         ``rerun`` answers its fork's approvals from the recording."""
         self.approvals = approvals
 
-    def model_request(self, cfg: AgentConfig, messages: list[E.Message]) -> ModelRequest:
+    def model_request(self, cfg: AgentConfig, messages: list[E.Message],
+                      tally: HistoryTally | None = None) -> ModelRequest:
         """The request of one model call: the model id the session's model reference stands for
-        (None: the provider's own model)."""
+        (None: the provider's own model); ``tally``: exact counts over ``messages``, when kept."""
         model = None if cfg.model is None else self.models.resolve(cfg.model).model_id
-        return ModelRequest(messages=messages, tools=self.tools.schemas(), model=model)
+        return ModelRequest(messages=messages, tools=self.tools.schemas(), model=model, tally=tally)
 
     # --- tools -----------------------------------------------------------------------------------
 
