@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -42,6 +43,8 @@ class SummaryIndex:
         self._children: dict[str, set[str]] = {}
         self._watchers: dict[Any, Watcher] = {}
         self._rows: dict[str, ListingRow] = {}  # rows of sessions in no tree, by the record they came from
+        #: records committed while nobody watched, applied on the next read or watch (``committed``)
+        self._pending: deque[SummaryRecord] = deque()
         if store is not None:
             self.load(store)
 
@@ -62,12 +65,16 @@ class SummaryIndex:
                     self._put(record)
 
     def __len__(self) -> int:
+        self._sync()
         return len(self._records)
 
     def get(self, session_id: str) -> SummaryRecord | None:
+        if self._pending:
+            self._sync()
         return self._records.get(session_id)
 
     def records(self) -> list[SummaryRecord]:
+        self._sync()
         with self._lock:
             return list(self._records.values())
 
@@ -84,28 +91,57 @@ class SummaryIndex:
         return gone
 
     def committed(self, commit: Commit) -> None:
-        """A commit listener (``actors.system.ports``): the listing record the commit wrote, if any."""
-        if commit.record is not None:
-            self.update(commit.record)
+        """A commit listener (``actors.system.ports``): the listing record the commit wrote, if any.
 
-    def update(self, record: SummaryRecord) -> None:
+        While nobody watches (an in-process host; a server with no ``sessions/watch``), the record is
+        queued without taking the lock and applied, in commit order, by the next read or watch: many
+        pool threads committing at once then never queue on the index's lock (on two cores they
+        convoyed behind it). With watchers it is applied and told at once."""
+        record = commit.record
+        if record is None:
+            return
+        if not self._watchers:
+            self._pending.append(record)  # a deque's append is atomic
+            if not self._watchers:  # a watch that began meanwhile applies it (it drains first)
+                return
+        self.update(record)
+
+    def update(self, record: SummaryRecord | None = None) -> None:
+        """Apply the queued records and ``record`` (if given), then tell the watchers what changed."""
         with self._lock:
-            removed = record.deleted
-            if removed:
-                gone = self._drop(record.id)
-                parent = gone.parent_id if gone is not None else record.parent_id
-            else:
-                self._put(record)
-                parent = record.parent_id
-            chain = self._ancestors(parent)
+            changes = self._drain()
+            if record is not None:
+                changes.append(self._apply(record))
             watchers = list(self._watchers.values())
-        upserts = ([] if removed else [record.id]) + chain
-        removes = [record.id] if removed else []
-        for watch in watchers:
-            try:
-                watch(upserts, removes)
-            except Exception:  # one broken watcher must not stop the others
-                log.exception("a sessions/watch watcher failed")
+        for upserts, removes in changes:
+            for watch in watchers:
+                try:
+                    watch(upserts, removes)
+                except Exception:  # one broken watcher must not stop the others
+                    log.exception("a sessions/watch watcher failed")
+
+    def _sync(self) -> None:
+        if self._pending:
+            self.update()
+
+    def _drain(self) -> list[tuple[list[str], list[str]]]:
+        changes = []
+        pending = self._pending
+        while pending:
+            changes.append(self._apply(pending.popleft()))
+        return changes
+
+    def _apply(self, record: SummaryRecord) -> tuple[list[str], list[str]]:
+        """``record`` into the index (the lock held); the ids to upsert and to remove."""
+        removed = record.deleted
+        if removed:
+            gone = self._drop(record.id)
+            parent = gone.parent_id if gone is not None else record.parent_id
+        else:
+            self._put(record)
+            parent = record.parent_id
+        chain = self._ancestors(parent)
+        return ([] if removed else [record.id]) + chain, [record.id] if removed else []
 
     def _ancestors(self, parent_id: str | None) -> list[str]:
         chain: list[str] = []
@@ -119,6 +155,7 @@ class SummaryIndex:
     def descendants(self, session_id: str) -> list[str]:
         """Every session below ``session_id``, each after its parent (archive and delete take
         children along; a delete purges them in the reverse order)."""
+        self._sync()
         with self._lock:
             return self._below(session_id)
 
@@ -143,6 +180,7 @@ class SummaryIndex:
     def summaries_for(self, ids: Iterable[str], visible: Callable[[SummaryRecord], bool] | None = None) -> list[Any]:
         """Summaries of ``ids`` with their tree fields, computed over their trees only (not over
         every stored session: a push must not cost a scan of 100,000 records)."""
+        self._sync()
         with self._lock:
             wanted = [sid for sid in ids if sid in self._records]
             nodes: dict[str, SummaryRecord] = {}
@@ -172,6 +210,7 @@ class SummaryIndex:
         return record
 
     def watch(self, key: Any, watcher: Watcher) -> None:
+        self._sync()
         with self._lock:
             self._watchers[key] = watcher
 
@@ -201,6 +240,7 @@ class SummaryIndex:
         visible ones only; a session in no tree (most of them, for a bot deployment) has its own
         fields, which :func:`listing_row` gives without a tree, and its row is kept until its
         record changes. So a list over 100,000 sessions folds no tree it does not need to."""
+        self._sync()
         with self._lock:
             records = [r for r in self._records.values() if visible is None or visible(r)]
             linked = {sid for sid, kids in self._children.items() if kids}
@@ -225,6 +265,7 @@ class SummaryIndex:
     def room_trees(self, visible: Callable[[SummaryRecord], bool] | None = None) -> list[Any]:
         """Summaries of every room and everything below it: what the room groups are counted from
         (a room whose child waits on an approval counts as needing attention)."""
+        self._sync()
         with self._lock:
             rooms = [r.id for r in self._records.values() if r.kind == "room" and r.parent_id is None]
             ids = [sid for room in rooms for sid in (room, *self._below(room))]
