@@ -104,7 +104,9 @@ class BatchContext:
         self.db = rec._db
         self.versions: dict[bytes, int] = {}
         self.claims: dict[bytes, IdemValue] = {}
-        self.head = rec._head
+        # the log's last position: another worker process may have appended since this one's last
+        # group, in an environment they share (the write transaction serializes them)
+        self.head = rec._head if rec.owned_shards is None else _last_position(txn, self.db["log"])
         self.now = now_ms
         #: partitions this group purged (later requests of the group to their streams are refused)
         #: and the stream keys it purged (dropped from the recorder's version cache after commit)
@@ -289,6 +291,11 @@ class BatchContext:
         if excess > 0:
             count -= delete_prefix_head(self.txn, self.db["feed"], prefix, excess)
         self.txn.put(count_key, _enc.encode(count), db=self.db["meta"])
+
+
+def _last_position(txn: Any, log_db: Any) -> int:
+    cur = txn.cursor(db=log_db)
+    return K.from_u64(cur.key()) if cur.last() else 0
 
 
 def delete_prefix_head(txn: Any, db: Any, prefix: bytes, n: int, older_than: int | None = None) -> int:

@@ -37,6 +37,7 @@ __all__ = [
     "owner_only",
     "read_head",
     "take_lock",
+    "adopt_lock",
 ]
 
 #: the on-disk format this release reads and writes (``meta``'s ``format`` record)
@@ -138,6 +139,26 @@ def take_lock(path: str) -> int:
         raise StoreLocked(path, holder) from e
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def adopt_lock(path: str, fd: int) -> int:
+    """``fd``, an inherited descriptor of ``LOCK`` in ``path`` on which the parent (``serve
+    --workers``) holds the exclusive ``flock``: a ``flock`` belongs to the open file, so a worker
+    that inherited it holds the same lock (another server still gets :class:`StoreLocked`, also
+    while an orphaned worker lives). Raises StoreLocked when ``fd`` is not that file or another
+    process holds the lock on it."""
+    lock_path = os.path.join(path, "LOCK")
+    try:
+        same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
+    except OSError:
+        same = False
+    if not same:
+        raise StoreLocked(path, f"descriptor {fd} is not {lock_path}")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already: the same open file
+    except OSError as e:
+        raise StoreLocked(path, "another process, not the worker's parent") from e
     return fd
 
 

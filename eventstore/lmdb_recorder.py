@@ -72,6 +72,7 @@ from typing import Any
 import lmdb
 import msgspec
 
+from sessionloop.eventstore import keys as K
 from sessionloop.eventstore.batch import (
     AppendOp,
     BatchContext,
@@ -91,6 +92,7 @@ from sessionloop.eventstore.errors import (
     UNKNOWN,
     IdempotencyConflict,
     ReadOnlyStore,
+    ShardNotOwned,
     StorageError,
     StorageFull,
     StorageUnavailable,
@@ -103,6 +105,7 @@ from sessionloop.eventstore.groupcommit import GroupCommitter, HistogramSnapshot
 from sessionloop.eventstore.lmdb_copy import compacted_copy
 from sessionloop.eventstore.lmdb_env import (
     ReadGate,
+    adopt_lock,
     durability_mismatch,
     init_meta,
     open_environment,
@@ -115,6 +118,11 @@ from sessionloop.eventstore.lmdb_reads import LmdbReads
 log = logging.getLogger("sessionloop.eventstore")
 
 DAY_MS = 86_400_000
+
+#: the map of an environment shared by worker processes (``owned_shards``): opened at its ceiling
+#: once, never grown (a growth by one process would make every other one's next transaction fail
+#: with ``MDB_MAP_RESIZED``); address space only: the file grows with the data
+SHARED_MAP_SIZE = 1 << 40
 
 _enc = msgspec.msgpack.Encoder()
 
@@ -138,6 +146,8 @@ class LmdbRecorder(LmdbReads):
         prune_batch: int = 500,
         on_map_resize: Callable[[], None] | None = None,
         on_purge: Callable[[], None] | None = None,
+        owned_shards: frozenset[int] | None = None,
+        lock_fd: int | None = None,
     ) -> None:
         if durability not in ("sync", "nosync"):
             raise ValueError(f"durability must be 'sync' or 'nosync', not {durability!r}")
@@ -159,10 +169,16 @@ class LmdbRecorder(LmdbReads):
         self._on_map_resize = on_map_resize
         self._on_purge = on_purge
         self.last_batch_size = 0
+        #: the shards this process writes, in an environment other processes write other shards of
+        #: (None: every shard, and no other writer); their streams' versions are cached here, the
+        #: log's head is read in every write transaction
+        self.owned_shards = owned_shards
+        if owned_shards is not None:
+            map_size = max(map_size, min(SHARED_MAP_SIZE, max_map_size or SHARED_MAP_SIZE))
         if not readonly:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
             owner_only(self.path)
-            self._lock_fd = take_lock(self.path)
+            self._lock_fd = take_lock(self.path) if lock_fd is None else adopt_lock(self.path, lock_fd)
         elif not os.path.exists(os.path.join(self.path, "data.mdb")):
             raise StorageError(f"no event store at {self.path}", path=self.path)
         self._max_readers = max_readers
@@ -182,6 +198,10 @@ class LmdbRecorder(LmdbReads):
             self._release_lock()
             raise StorageError(f"cannot open event store at {self.path}: {e}", path=self.path) from e
         self.shards = init_meta(self._env, self._db["meta"], self.path, readonly=readonly, shards=shards)
+        if owned_shards is not None and not all(0 <= k < self.shards for k in owned_shards):
+            self._env.close()
+            self._release_lock()
+            raise ValueError(f"owned shards {sorted(owned_shards)} are not all below the store's {self.shards}")
         self._versions: dict[bytes, int] = {}
         self._head = read_head(self._env, self._db["log"])
         self._committer = GroupCommitter(self._commit_batch, timed=(AppendOp,))
@@ -211,6 +231,9 @@ class LmdbRecorder(LmdbReads):
 
     @property
     def head_position(self) -> int:
+        if self.owned_shards is not None:  # other processes append too
+            with self._read():
+                return read_head(self._env, self._db["log"])
         return self._head
 
     def info(self) -> dict[str, Any]:
@@ -242,11 +265,20 @@ class LmdbRecorder(LmdbReads):
 
     def submit(self, op: AppendOp | PurgeOp | FlagsOp | SnapshotOp | MetaOp) -> Any:
         self._check_writable()
+        if self.owned_shards is not None and not isinstance(op, MetaOp):
+            self._check_owned(op.stream)
         return self._committer.submit(op)
 
     def submit_async(self, op: AppendOp, done: Any) -> None:
         self._check_writable()
+        if self.owned_shards is not None:
+            self._check_owned(op.stream)
         self._committer.submit_async(op, done)
+
+    def _check_owned(self, stream: str) -> None:
+        shard = K.shard_of(stream, self.shards)
+        if self.owned_shards is not None and shard not in self.owned_shards:
+            raise ShardNotOwned(self.path, stream, shard)
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -278,6 +310,9 @@ class LmdbRecorder(LmdbReads):
         reopened. It stalls reads and writes for as long as the copy takes (about the time to
         write the live data once): maintenance, not a per-delete step."""
         self._check_writable()
+        if self.owned_shards is not None:
+            raise StorageError(f"the event store at {self.path} is shared by worker processes: compact it "
+                               "with the server stopped (sessionloop compact)", path=self.path)
         return self._committer.submit(CompactOp())  # type: ignore[no-any-return]
 
     def backup(self, dest: str) -> int:
@@ -473,6 +508,8 @@ class LmdbRecorder(LmdbReads):
         py-lmdb remaps on that abort and a steady stream of readers would otherwise starve it."""
         current = int(self._env.info()["map_size"])
         ceiling = self.max_map_size
+        if self.owned_shards is not None:  # shared: never grown (``SHARED_MAP_SIZE``)
+            ceiling = current
         if ceiling is not None and current >= ceiling:
             txn.abort()
             raise StorageFull(

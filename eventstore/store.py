@@ -83,6 +83,8 @@ class EventStore(Generic[EvT]):
         prune_interval_s: float = 1.0,
         on_map_resize: Callable[[], None] | None = None,
         on_purge: Callable[[], None] | None = None,
+        owned_shards: frozenset[int] | None = None,
+        lock_fd: int | None = None,
     ) -> EventStore[EvT]:
         """Open (or create) the store at ``path``, decoding its events through ``events``.
 
@@ -93,6 +95,11 @@ class EventStore(Generic[EvT]):
         grow, after the group's transaction is aborted (the server's crash point ``map-resize``);
         ``on_purge`` inside a purge's transaction, its records deleted and nothing committed
         (the crash point ``purge``).
+
+        ``owned_shards`` (``serve --workers``): this process writes only those shards' streams
+        (a write to another raises ShardNotOwned) in an environment other processes write the
+        other shards of; it reads every shard. ``lock_fd``: the inherited descriptor of the
+        directory's ``LOCK`` on which the parent process holds the writer lock, instead of taking it.
         """
         if idempotency_ttl_s < 0 or feed_ttl_s < 0:
             raise ValueError("retention times must not be negative")
@@ -110,6 +117,8 @@ class EventStore(Generic[EvT]):
                 prune_interval_s=prune_interval_s,
                 on_map_resize=on_map_resize,
                 on_purge=on_purge,
+                owned_shards=owned_shards,
+                lock_fd=lock_fd,
             ),
             events,
         )
@@ -170,6 +179,16 @@ class EventStore(Generic[EvT]):
 
     def shard_of(self, stream: str) -> int:
         return K.shard_of(stream, self._rec.shards)
+
+    @property
+    def owned_shards(self) -> frozenset[int] | None:
+        """The shards this process writes when it shares the store with other workers, else None."""
+        return self._rec.owned_shards
+
+    def owns(self, stream: str) -> bool:
+        """Whether this process may write ``stream`` (always, unless it shares the store)."""
+        owned = self._rec.owned_shards
+        return owned is None or K.shard_of(stream, self._rec.shards) in owned
 
     # --- writes -----------------------------------------------------------------------------------
 

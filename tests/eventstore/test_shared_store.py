@@ -1,0 +1,177 @@
+"""One environment, several writing processes (``serve --workers``): each owns a share of the shards.
+
+Real processes: the test takes the directory's writer lock as ``serve`` does and starts workers
+that inherit its descriptor; each worker opens the store with its shards and writes only them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sessionloop.eventstore import ShardNotOwned, StoreLocked
+from sessionloop.eventstore.keys import shard_of
+from sessionloop.eventstore.lmdb_env import take_lock
+from tests.eventstore.union import Opened, Stepped, open_test_store
+
+SHARDS = 16
+
+#: a worker: opens the store with its shards and the inherited lock, writes streams of its shards
+#: (a third of them with an idempotency claim of their own), then reports what it wrote and what it
+#: read of the others
+WORKER = textwrap.dedent("""
+    import json, sys
+    from sessionloop.eventstore import IdempotencyClaim
+    from sessionloop.eventstore.keys import shard_of
+    from tests.eventstore.union import Opened, Stepped, open_test_store
+    path, fd, index, count, streams = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    owned = frozenset(k for k in range(16) if k % count == index)
+    store = open_test_store(path, durability="nosync", owned_shards=owned, lock_fd=fd)
+    mine = [s for s in (f"item-{n}" for n in range(streams)) if shard_of(s, 16) in owned]
+    receipts = {}
+    for round in range(3):
+        for n, stream in enumerate(mine):
+            store.append(stream, [Stepped(step=f"{round}")], round)
+            if round == 0 and n % 3 == 0:
+                claim = IdempotencyClaim("app:shared", f"key-{stream}", "same-request")
+                r = store.append(stream + ".claimed", [Opened(name=stream)], idempotency=claim)
+                receipts[stream] = [r.stream, r.duplicate]
+    print(json.dumps({"mine": mine, "receipts": receipts}), flush=True)
+    sys.stdin.readline()  # wait until every worker wrote: then read the others' streams
+    seen = {s: store.stream_version(s) for s in (f"item-{n}" for n in range(streams))}
+    print(json.dumps({"seen": seen, "head": store.head_position}), flush=True)
+    store.close()
+""")
+
+
+def _start(path: str, fd: int, index: int, count: int, streams: int) -> subprocess.Popen[str]:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return subprocess.Popen([sys.executable, "-c", WORKER, path, str(fd), str(index), str(count), str(streams)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            pass_fds=(fd,), cwd=root)
+
+
+def test_two_worker_processes_write_their_own_shards_of_one_store_and_read_each_others(store_path):
+    open_test_store(store_path, durability="nosync", shards=SHARDS).close()  # the store exists
+    fd = take_lock(store_path)
+    try:
+        workers = [_start(store_path, fd, i, 2, 300) for i in range(2)]
+        first = [json.loads(w.stdout.readline() or "null") for w in workers]
+        assert all(first), [w.stderr.read() for w in workers]
+        for w in workers:
+            w.stdin.write("\n")
+            w.stdin.flush()
+        second = [json.loads(w.stdout.readline()) for w in workers]
+        for w in workers:
+            assert w.wait(30) == 0, w.stderr.read()
+    finally:
+        os.close(fd)
+    mine = [set(f["mine"]) for f in first]
+    assert not mine[0] & mine[1] and len(mine[0] | mine[1]) == 300
+    for s in second:  # each worker reads every stream, the other's too, at its last version
+        assert s["seen"] == {f"item-{n}": 3 for n in range(300)}
+    store = open_test_store(store_path, durability="nosync")
+    try:
+        events = list(store.iter_all())
+        claimed = sum(len(f["receipts"]) for f in first)
+        assert len(events) == 900 + claimed
+        # one log: positions 1..N with no gap and no position twice, although two processes appended
+        assert [e.position for e in events] == list(range(1, len(events) + 1))
+        assert second[0]["head"] == second[1]["head"] == len(events)
+        for f in first:  # a claim is kept once per scope and key; workers used different keys here
+            assert all(not dup for _, dup in f["receipts"].values())
+    finally:
+        store.close()
+
+
+def test_a_claim_both_workers_make_is_stored_once_and_the_second_gets_the_first_receipt(store_path):
+    script = textwrap.dedent("""
+        import json, sys
+        from sessionloop.eventstore import IdempotencyClaim
+        from tests.eventstore.union import Opened, open_test_store
+        path, fd, index = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+        owned = frozenset(k for k in range(16) if k % 2 == index)
+        store = open_test_store(path, durability="nosync", owned_shards=owned, lock_fd=fd)
+        stream = next(f"item-{n}" for n in range(100) if store.shard_of(f"item-{n}") in owned)
+        sys.stdin.readline()
+        out = []
+        for n in range(200):
+            r = store.append(f"{stream}.{n}", [Opened(name=str(index))],
+                             idempotency=IdempotencyClaim("app:shared", f"key-{n}", "same-request"))
+            out.append([r.stream, r.duplicate])
+        print(json.dumps(out), flush=True)
+        store.close()
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    open_test_store(store_path, durability="nosync", shards=SHARDS).close()
+    fd = take_lock(store_path)
+    try:
+        workers = [subprocess.Popen([sys.executable, "-c", script, store_path, str(fd), str(i)], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(fd,),
+                                    cwd=root) for i in range(2)]
+        for w in workers:  # both start at once: their claims race
+            w.stdin.write("\n")
+            w.stdin.flush()
+        results = [json.loads(w.stdout.readline() or "null") for w in workers]
+        for w in workers:
+            assert w.wait(30) == 0, w.stderr.read()
+    finally:
+        os.close(fd)
+    assert all(results)
+    for n in range(200):
+        (s0, dup0), (s1, dup1) = results[0][n], results[1][n]
+        assert dup0 != dup1, n  # exactly one of the two wrote it
+        assert s0 == s1  # and the other got the same receipt: the stream it was written to
+    store = open_test_store(store_path, durability="nosync")
+    try:
+        assert len(list(store.iter_all())) == 200  # no claim written twice
+    finally:
+        store.close()
+
+
+def test_a_write_to_a_shard_another_worker_owns_is_refused_and_writes_nothing(store_path):
+    open_test_store(store_path, durability="nosync", shards=SHARDS).close()
+    fd = take_lock(store_path)
+    try:
+        dup = os.dup(fd)  # as a worker inherits it: the same open file
+        owned = frozenset(range(0, SHARDS, 2))
+        store = open_test_store(store_path, durability="nosync", owned_shards=owned, lock_fd=dup)
+        try:
+            foreign = next(f"item-{n}" for n in range(100) if shard_of(f"item-{n}", SHARDS) not in owned)
+            own = next(f"item-{n}" for n in range(100) if shard_of(f"item-{n}", SHARDS) in owned)
+            with pytest.raises(ShardNotOwned, match=f"shard {shard_of(foreign, SHARDS)}"):
+                store.append(foreign, [Opened(name="x")], 0)
+            assert store.append(own, [Opened(name="x")], 0).first_position == 1
+            assert store.stream_version(foreign) == 0 and store.head_position == 1
+            assert not store.owns(foreign) and store.owns(own)
+        finally:
+            store.close()
+    finally:
+        os.close(fd)
+
+
+def test_a_worker_given_another_file_or_no_lock_is_refused_and_a_second_server_is_locked_out(store_path, tmp_path):
+    open_test_store(store_path, durability="nosync", shards=SHARDS).close()
+    other = os.open(str(tmp_path / "not-the-lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        with pytest.raises(StoreLocked, match="is not"):
+            open_test_store(store_path, durability="nosync", owned_shards=frozenset({0}), lock_fd=other)
+    finally:
+        os.close(other)
+    fd = take_lock(store_path)
+    try:
+        worker = open_test_store(store_path, durability="nosync", owned_shards=frozenset({0}), lock_fd=os.dup(fd))
+        try:
+            with pytest.raises(StoreLocked):  # a server of its own: the workers' parent holds the lock
+                open_test_store(store_path, durability="nosync")
+        finally:
+            worker.close()
+    finally:
+        os.close(fd)
+    with pytest.raises(ValueError, match="below the store's 16"):
+        open_test_store(store_path, durability="nosync", owned_shards=frozenset({16}))
