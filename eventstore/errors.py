@@ -191,15 +191,3 @@ class ReadOnlyStore(StoreError):
     def __init__(self, path: str) -> None:
         super().__init__(f"the event store at {path} was opened read-only", path=path)
 
-
-class ShardNotOwned(StoreError):
-    """A write to a stream whose shard this process does not own (``serve --workers``: each worker
-    is the only writer of its shards' streams, in one environment the workers share)."""
-
-    code = "shard-not-owned"
-
-    def __init__(self, path: str, stream: str, shard: int) -> None:
-        super().__init__(f"the event store at {path} is not the writer of shard {shard} here (stream {stream}): "
-                         "another worker owns it", path=path, stream=stream, shard=shard)
-        self.stream = stream
-        self.shard = shard

@@ -72,7 +72,6 @@ from typing import Any
 import lmdb
 import msgspec
 
-from sessionloop.eventstore import keys as K
 from sessionloop.eventstore.batch import (
     AppendOp,
     BatchContext,
@@ -92,7 +91,6 @@ from sessionloop.eventstore.errors import (
     UNKNOWN,
     IdempotencyConflict,
     ReadOnlyStore,
-    ShardNotOwned,
     StorageError,
     StorageFull,
     StorageUnavailable,
@@ -169,9 +167,10 @@ class LmdbRecorder(LmdbReads):
         self._on_map_resize = on_map_resize
         self._on_purge = on_purge
         self.last_batch_size = 0
-        #: the shards this process writes, in an environment other processes write other shards of
-        #: (None: every shard, and no other writer); their streams' versions are cached here, the
-        #: log's head is read in every write transaction
+        #: the shards whose sessions this process runs, in an environment other processes write too
+        #: (None: every shard, and no other writer). Shared, no stream version is cached: each is read
+        #: in the write transaction (an expected version is checked against what every process
+        #: wrote; a cursor lookup, a few microseconds), and so is the log's head
         self.owned_shards = owned_shards
         if owned_shards is not None:
             map_size = max(map_size, min(SHARED_MAP_SIZE, max_map_size or SHARED_MAP_SIZE))
@@ -265,20 +264,11 @@ class LmdbRecorder(LmdbReads):
 
     def submit(self, op: AppendOp | PurgeOp | FlagsOp | SnapshotOp | MetaOp) -> Any:
         self._check_writable()
-        if self.owned_shards is not None and not isinstance(op, MetaOp):
-            self._check_owned(op.stream)
         return self._committer.submit(op)
 
     def submit_async(self, op: AppendOp, done: Any) -> None:
         self._check_writable()
-        if self.owned_shards is not None:
-            self._check_owned(op.stream)
         self._committer.submit_async(op, done)
-
-    def _check_owned(self, stream: str) -> None:
-        shard = K.shard_of(stream, self.shards)
-        if self.owned_shards is not None and shard not in self.owned_shards:
-            raise ShardNotOwned(self.path, stream, shard)
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -408,7 +398,8 @@ class LmdbRecorder(LmdbReads):
             return self._applied(batch, ctx)
 
     def _applied(self, batch: list[Request], ctx: BatchContext) -> None:
-        self._versions.update(ctx.versions)
+        if self.owned_shards is None:  # shared: another process may append to any stream
+            self._versions.update(ctx.versions)
         for skey in ctx.purged:  # their next append reads the seal
             self._versions.pop(skey, None)
         if len(self._versions) > 200_000:

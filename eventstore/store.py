@@ -96,9 +96,9 @@ class EventStore(Generic[EvT]):
         ``on_purge`` inside a purge's transaction, its records deleted and nothing committed
         (the crash point ``purge``).
 
-        ``owned_shards`` (``serve --workers``): this process writes only those shards' streams
-        (a write to another raises ShardNotOwned) in an environment other processes write the
-        other shards of; it reads every shard. ``lock_fd``: the inherited descriptor of the
+        ``owned_shards`` (``serve --workers``): the shards whose sessions this process runs, in an
+        environment other processes write too; it may read and write any stream, and every
+        expected version is checked against what all of them wrote. ``lock_fd``: the inherited descriptor of the
         directory's ``LOCK`` on which the parent process holds the writer lock, instead of taking it.
         """
         if idempotency_ttl_s < 0 or feed_ttl_s < 0:
@@ -186,7 +186,7 @@ class EventStore(Generic[EvT]):
         return self._rec.owned_shards
 
     def owns(self, stream: str) -> bool:
-        """Whether this process may write ``stream`` (always, unless it shares the store)."""
+        """Whether ``stream``'s shard is this process's (always, unless it shares the store)."""
         owned = self._rec.owned_shards
         return owned is None or K.shard_of(stream, self._rec.shards) in owned
 

@@ -14,10 +14,9 @@ import textwrap
 
 import pytest
 
-from sessionloop.eventstore import ShardNotOwned, StoreLocked
-from sessionloop.eventstore.keys import shard_of
+from sessionloop.eventstore import StoreLocked
 from sessionloop.eventstore.lmdb_env import take_lock
-from tests.eventstore.union import Opened, Stepped, open_test_store
+from tests.eventstore.union import Opened, open_test_store
 
 SHARDS = 16
 
@@ -29,7 +28,8 @@ WORKER = textwrap.dedent("""
     from sessionloop.eventstore import IdempotencyClaim
     from sessionloop.eventstore.keys import shard_of
     from tests.eventstore.union import Opened, Stepped, open_test_store
-    path, fd, index, count, streams = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    path = sys.argv[1]
+    fd, index, count, streams = (int(a) for a in sys.argv[2:6])
     owned = frozenset(k for k in range(16) if k % count == index)
     store = open_test_store(path, durability="nosync", owned_shards=owned, lock_fd=fd)
     mine = [s for s in (f"item-{n}" for n in range(streams)) if shard_of(s, 16) in owned]
@@ -134,25 +134,56 @@ def test_a_claim_both_workers_make_is_stored_once_and_the_second_gets_the_first_
         store.close()
 
 
-def test_a_write_to_a_shard_another_worker_owns_is_refused_and_writes_nothing(store_path):
+RACER = textwrap.dedent("""
+    import json, sys
+    from sessionloop.eventstore import ANY_VERSION, WrongExpectedVersion
+    from tests.eventstore.union import Opened, Stepped, open_test_store
+    path, fd, index = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    owned = frozenset(k for k in range(16) if k % 2 == index)
+    store = open_test_store(path, durability="nosync", owned_shards=owned, lock_fd=fd)
+    sys.stdin.readline()
+    firsts = []
+    for n in range(100):  # both create the same streams: one wins each, whoever's shard it is
+        try:
+            store.append(f"place-{n}", [Opened(name=str(index))], 0)
+            firsts.append(n)
+        except WrongExpectedVersion:
+            pass
+        for _ in range(5):
+            store.append(f"place-{n}", [Stepped(step=str(index))], ANY_VERSION)
+    print(json.dumps(firsts), flush=True)
+    store.close()
+""")
+
+
+def test_two_workers_writing_the_same_streams_keep_one_history_each_with_every_version_once(store_path):
+    """Any worker may write any stream (a place a session was seen in, say): the expected
+    version is checked against what both wrote, and versions never collide."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     open_test_store(store_path, durability="nosync", shards=SHARDS).close()
     fd = take_lock(store_path)
     try:
-        dup = os.dup(fd)  # as a worker inherits it: the same open file
-        owned = frozenset(range(0, SHARDS, 2))
-        store = open_test_store(store_path, durability="nosync", owned_shards=owned, lock_fd=dup)
-        try:
-            foreign = next(f"item-{n}" for n in range(100) if shard_of(f"item-{n}", SHARDS) not in owned)
-            own = next(f"item-{n}" for n in range(100) if shard_of(f"item-{n}", SHARDS) in owned)
-            with pytest.raises(ShardNotOwned, match=f"shard {shard_of(foreign, SHARDS)}"):
-                store.append(foreign, [Opened(name="x")], 0)
-            assert store.append(own, [Opened(name="x")], 0).first_position == 1
-            assert store.stream_version(foreign) == 0 and store.head_position == 1
-            assert not store.owns(foreign) and store.owns(own)
-        finally:
-            store.close()
+        workers = [subprocess.Popen([sys.executable, "-c", RACER, store_path, str(fd), str(i)], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(fd,),
+                                    cwd=root) for i in range(2)]
+        for w in workers:
+            w.stdin.write("\n")
+            w.stdin.flush()
+        firsts = [json.loads(w.stdout.readline() or "null") for w in workers]
+        for w in workers:
+            assert w.wait(60) == 0, w.stderr.read()
     finally:
         os.close(fd)
+    assert sorted(firsts[0] + firsts[1]) == list(range(100))  # each stream created exactly once
+    store = open_test_store(store_path, durability="nosync")
+    try:
+        for n in range(100):
+            recorded = store.read_stream(f"place-{n}")
+            assert [r.version for r in recorded] == list(range(1, 12))
+            assert isinstance(recorded[0].event, Opened)
+            assert sorted(r.event.step for r in recorded[1:]) == ["0"] * 5 + ["1"] * 5
+    finally:
+        store.close()
 
 
 def test_a_worker_given_another_file_or_no_lock_is_refused_and_a_second_server_is_locked_out(store_path, tmp_path):
