@@ -82,3 +82,13 @@ class HostClosed(ActorError):
 
 class Unsupported(ActorError):
     code = "unsupported"
+
+
+class SessionElsewhere(ActorError):
+    """A message for a session this worker does not run (``serve --workers``: its shard is another
+    worker's, which requests for it are relayed to); nothing was done."""
+
+    code = "unavailable"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id} runs on another worker", retryAfterMs=1000)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
 import signal
+import sys
 import tomllib
 from collections.abc import Callable
 from typing import Any
@@ -53,10 +53,19 @@ from sessionloop.actors.system.trace_export import (
     otlp_exporter,
 )
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
+from sessionloop.cli.datadir import TOKEN_FILE, read_or_create_token
 from sessionloop.cli.logs import FORMATS as LOG_FORMATS
 from sessionloop.cli.logs import LEVELS as LOG_LEVELS
 from sessionloop.cli.logs import configure as configure_logging
 from sessionloop.cli.metrics import render_metrics
+from sessionloop.cli.workers import (
+    WorkerEnvironment,
+    parse_workers,
+    prepare_data_dir,
+    supervise,
+    worker_cluster,
+    worker_environment,
+)
 from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.protocol.connection import Limits
 from sessionloop.protocol.frames import DEFAULT_MAX_FRAME_BYTES
@@ -67,7 +76,6 @@ DEFAULT_DATA = ".sessionloop"
 DEFAULT_PORT = 8765
 DEFAULT_MAX_INFLIGHT_MB = 128
 MIB = 1024 * 1024
-TOKEN_FILE = "token"
 CONFIG_FILE = "config.toml"  # the host configuration document: [models.NAME], [plugins.*], [sessionSettings.*]
 #: an app token is a password strangers may guess at: 32 characters of token_urlsafe are 192 bits
 MIN_APP_TOKEN_CHARS = 32
@@ -144,24 +152,6 @@ class StepsLimit(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-def read_or_create_token(data_dir: str) -> tuple[str, bool]:
-    """The owner token of ``data_dir`` (file mode 0600), generated on first start: (token, new)."""
-    path = os.path.join(data_dir, TOKEN_FILE)
-    try:
-        with open(path) as f:
-            token = f.read().strip()
-        if token:
-            return token, False
-    except FileNotFoundError:
-        pass
-    os.makedirs(data_dir, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    return token, True
-
-
 def load_apps(path: str) -> dict[str, Any]:
     """``apps.toml``: one ``[apps.<id>]`` table per app (token, platform, sessions, containers)."""
     if not os.path.exists(path):
@@ -201,7 +191,7 @@ class Server:
                  sandbox_hide: tuple[str, ...] = (), max_inflight_mb: int = DEFAULT_MAX_INFLIGHT_MB,
                  inflight_wait: float = 30.0, metrics_public: bool = False, auth_failures: int = 20,
                  auth_window: float = 60.0, span_exporter: Any = None, model_flags: ModelFlags | None = None,
-                 **host_options: Any) -> None:
+                 worker: WorkerEnvironment | None = None, **host_options: Any) -> None:
         if max_inflight_mb < max_frame_mb:
             raise ValueError(f"--max-inflight-mb {max_inflight_mb} is below --max-frame-mb {max_frame_mb}: "
                              "a frame the socket accepts could never be received")
@@ -220,14 +210,20 @@ class Server:
         # the apps file holds every app's token: no command may see it, wherever it lives
         # spans of turns, model and tool calls (actors/views/traces.py), when an exporter is given
         self.traces = LiveTraces(batch_processor(span_exporter)) if span_exporter is not None else None
+        #: ``serve --workers``: this process is one worker (``cli/workers.py``), linked to the others
+        self.worker = worker
+        cluster = None if worker is None else worker_cluster(worker, host_options)
+        self.link = None if cluster is None else cluster.link
         try:
             self.host = Host.open(self.data_dir, durability=durability,
                                   sandbox_hide=[os.path.abspath(self.apps_path), *sandbox_hide],
                                   listeners=[self.traces.committed] if self.traces is not None else [],
-                                  **host_options)
+                                  cluster=cluster, **host_options)
         except BaseException:
             if self.traces is not None:
                 self.traces.close()
+            if self.link is not None:
+                self.link.close()
             raise
         self._report_sandbox()
         apps = load_apps(self.apps_path)
@@ -241,7 +237,8 @@ class Server:
                                       ping_interval=ping_interval, ping_timeout=ping_timeout,
                                       close_timeout=close_timeout, max_inflight_bytes=max_inflight_mb * MIB,
                                       inflight_wait=inflight_wait, metrics_public=metrics_public,
-                                      auth_failures=auth_failures, auth_window=auth_window)
+                                      auth_failures=auth_failures, auth_window=auth_window,
+                                      reuse_port=worker is not None)
         self.transport: Any = None
 
     def secrets(self) -> list[str]:
@@ -386,6 +383,8 @@ class Server:
         self.host.close()
         if self.traces is not None:
             self.traces.close()
+        if self.link is not None:
+            self.link.close()
 
 
 #: Later layers (Session Loop API, approvals, settings) register themselves here: (server, service, apps).
@@ -409,6 +408,13 @@ async def _run(server: Server, quiet: bool) -> None:
     loop.add_signal_handler(signal.SIGHUP, _reload, server)
     info = server.host.store.info()
     rt = server.host.rt
+    if server.worker is not None:  # the supervisor prints the listening line once every worker serves
+        log.info("worker %d of %d serving on %s:%d: shards %s, epoch %d", server.worker.worker, server.worker.workers,
+                 server.config.host, port, sorted(server.host.store.owned_shards or ()), server.host.epoch)
+        server.worker.ready(server.host.epoch)
+        await stop.wait()
+        await server.stop()
+        return
     log.info("serving ws://%s:%d/session: data %s, durability %s, epoch %d, default model %s, sandbox %s (default "
              "policy %s), %d apps", server.config.host, port, server.data_dir, info["durability"], server.host.epoch,
              rt.models.default.entry_id, rt.sandbox.mode, rt.options.sandbox_policy, len(server.config.app_tokens))
@@ -518,6 +524,13 @@ async def _run(server: Server, quiet: bool) -> None:
               help="Language of the text the server writes for people (notices, reasons, settings labels, place "
                    "names, error messages); raw data (tool arguments and results, user text, setting values) is "
                    "never translated. A language key in DATA/config.toml, re-read on SIGHUP, is in force instead.")
+@click.option("--workers", "workers", default="1", show_default=True, metavar="N|auto",
+              help="Worker processes (auto: one per core). Each runs the sessions of its share of the store's "
+                   "shards and all of them listen on the port; a NATS server between them (started by serve, "
+                   "on loopback, unless --nats names one) carries the requests for another worker's sessions. "
+                   "A worker that exits is started again. 1: one process, no NATS.")
+@click.option("--nats", "nats_url", default=None, metavar="URL",
+              help="With --workers N > 1: the NATS server the workers use (default: serve starts its own).")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, model_provider: str | None, base_url: str | None, model_name: str | None,
@@ -529,7 +542,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
           exec_file_size_mb: int, log_level: str, log_format: str, otlp_endpoint: str | None,
-          language: str, quiet: bool) -> None:
+          language: str, workers: str, nats_url: str | None, quiet: bool) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
     Models are configured by name in DATA/config.toml ([models.NAME]: provider, base_url, model,
@@ -554,6 +567,12 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
     """
     started: list[Server] = []
     configure_logging(log_level, log_format, lambda: started[0].secrets() if started else [token or ""])
+    worker = worker_environment()
+    count = parse_workers(workers)
+    if worker is None and count > 1:
+        supervise(sys.argv[1:], data_dir=os.path.abspath(data_dir), host=host, port=port, workers=count,
+                  nats_url=nats_url, prepare=lambda d: prepare_data_dir(d, durability, quiet, token))
+        return
     gc_policy.apply()
     try:
         span_exporter = otlp_exporter(otlp_endpoint) if otlp_endpoint else None
@@ -578,7 +597,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                                                processes=exec_processes,
                                                output_bytes=int(exec_output_mb * 2**20),
                                                file_size_mb=exec_file_size_mb),
-                        span_exporter=span_exporter)
+                        span_exporter=span_exporter, worker=worker)
     except SessionloopError as e:
         raise click.ClickException(str(e)) from e
     except ValueError as e:

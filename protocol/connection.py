@@ -25,6 +25,7 @@ text while the connection is open and ``None`` otherwise.
 States and what may happen in each (the table :data:`TRANSITIONS` is the authority)::
 
     AWAITING_INIT --initialize accepted--> OPEN
+    AWAITING_INIT --handshake made on another worker (relayed)--> OPEN
     AWAITING_INIT --initialize refused (version)--> CLOSED   (error frame, then Close)
     AWAITING_INIT / OPEN --transport closed / server shutdown--> CLOSED
 
@@ -112,6 +113,7 @@ class State(enum.Enum):
 
 class Event(enum.Enum):
     INIT_ACCEPTED = "init-accepted"
+    INIT_RELAYED = "init-relayed"
     INIT_REFUSED = "init-refused"
     TRANSPORT_CLOSED = "transport-closed"
     SERVER_SHUTDOWN = "server-shutdown"
@@ -119,6 +121,7 @@ class Event(enum.Enum):
 
 TRANSITIONS: Final[dict[tuple[State, Event], State]] = {
     (State.AWAITING_INIT, Event.INIT_ACCEPTED): State.OPEN,
+    (State.AWAITING_INIT, Event.INIT_RELAYED): State.OPEN,
     (State.AWAITING_INIT, Event.INIT_REFUSED): State.CLOSED,
     (State.AWAITING_INIT, Event.TRANSPORT_CLOSED): State.CLOSED,
     (State.AWAITING_INIT, Event.SERVER_SHUTDOWN): State.CLOSED,
@@ -359,6 +362,21 @@ class Connection:
         self._transition(Event.INIT_ACCEPTED)
         self.client = params.client
         return [Send(result_frame(request.id, result, self.encoder))]
+
+    def open_relayed(self, client: ClientInfo | None) -> None:
+        """Open without a handshake of its own: the client made it with another worker process, which
+        relays this connection's requests for the sessions this one runs (``serve --workers``)."""
+        self._transition(Event.INIT_RELAYED)
+        self.client = client
+
+    def relayed(self, request_id: RequestId, frame: str) -> str | None:
+        """Settle a dispatched request with ``frame``, the response another worker process made
+        for it (its result or error, already encoded), or ``None`` if the connection closed.
+        Raises :class:`ProtocolMisuse` if ``request_id`` is not in flight."""
+        if self._take(request_id) is None:
+            return None
+        del self._in_flight[request_id]
+        return frame
 
     def _reply(self, request_id: RequestId, error: RpcError) -> list[Output]:
         return [Send(error_frame(request_id, error, self.encoder))]

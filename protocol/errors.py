@@ -94,6 +94,9 @@ TOO_LARGE: Final = "too-large"
 # when to retry and ``data.outcome`` what became of it: "not-written" (checked: a retry writes
 # it once) or "unknown" (retry with the same idempotency key: the original receipt, or one write).
 STORAGE_UNAVAILABLE: Final = "storage-unavailable"
+# The worker process that runs the session is not reachable (``serve --workers``: restarting, or
+# not started yet); ``data.retryAfterMs`` says when to retry. Nothing was done.
+UNAVAILABLE: Final = "unavailable"
 
 BUSINESS_CODES: Final[frozenset[str]] = frozenset(
     {
@@ -107,6 +110,7 @@ BUSINESS_CODES: Final[frozenset[str]] = frozenset(
         REJECTED,
         TOO_LARGE,
         STORAGE_UNAVAILABLE,
+        UNAVAILABLE,
     }
 )
 
@@ -223,6 +227,11 @@ class RpcError(ProtocolError):
         return cls.application(REJECTED, message, retryAfterMs=max(0, int(retry_after_ms)), **extra)
 
     @classmethod
+    def unavailable(cls, message: str, retry_after_ms: int, **extra: Any) -> RpcError:
+        """The worker that runs the session cannot be reached now: retry after ``retry_after_ms``."""
+        return cls.application(UNAVAILABLE, message, retryAfterMs=max(0, int(retry_after_ms)), **extra)
+
+    @classmethod
     def too_large(cls, message: str, **extra: Any) -> RpcError:
         return cls.application(TOO_LARGE, message, **extra)
 
@@ -281,6 +290,7 @@ _DOMAIN_CODE_MAP: Final[dict[str, str]] = {
     "rejected": REJECTED,
     "too-large": TOO_LARGE,
     "storage-unavailable": STORAGE_UNAVAILABLE,
+    "unavailable": UNAVAILABLE,
 }
 
 

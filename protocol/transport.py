@@ -87,6 +87,8 @@ class TransportConfig(msgspec.Struct, kw_only=True):
     metrics_public: bool = False  # /metrics without a token
     auth_failures: int = 20  # failed authentications an address may have ...
     auth_window: float = 60.0  # ... in this many seconds before it gets 429
+    #: several processes listen on one port (``serve --workers``: the kernel spreads connections)
+    reuse_port: bool = False
 
 
 class SessionServer:
@@ -118,7 +120,7 @@ class SessionServer:
             self._handle, self.config.host, self.config.port, create_connection=connection,  # type: ignore[arg-type]
             process_request=self.http.process_request, max_size=self.config.max_frame_bytes,
             ping_interval=self.config.ping_interval, ping_timeout=self.config.ping_timeout,
-            close_timeout=self.config.close_timeout, compression=None,
+            close_timeout=self.config.close_timeout, compression=None, reuse_port=self.config.reuse_port or None,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self.http.origins = {origin_key(o) for o in [*own_origins(self.config.host, self.port),

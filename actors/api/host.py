@@ -22,7 +22,8 @@ from sessionloop.actors import events as E
 from sessionloop.actors.api.loop import AsyncSessionLoop, LoopFeed, SessionLoop
 from sessionloop.actors.api.spawn import spawn_session_spec
 from sessionloop.actors.errors import InvalidCommand, NotFound, RequestTimeout
-from sessionloop.actors.gateway.service import SessionProtocolService
+from sessionloop.actors.gateway.relay import IndexReplica
+from sessionloop.actors.gateway.service import ClusterPorts, SessionProtocolService
 from sessionloop.actors.model.registry import ModelRegistry
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.actor import SessionActor
@@ -81,8 +82,9 @@ class Host:
     """
 
     def __init__(self, runtime: Runtime, index: SummaryIndex, settings: SettingsService,
-                 settings_work: ThreadPoolExecutor) -> None:
+                 settings_work: ThreadPoolExecutor, cluster: ClusterPorts | None = None) -> None:
         self.rt = runtime
+        self.cluster = cluster
         self.index = index
         self.settings = settings  # the runtime's settings service (it sees it as ``SessionSettings``)
         self._settings_work = settings_work
@@ -92,15 +94,19 @@ class Host:
         self.loop_watchers = runtime.loop_watchers
         runtime.approvals.settle_leftovers()
         for session_id in runtime.store.flagged("active"):
-            if session_id.startswith("session-"):
+            if session_id.startswith("session-") and runtime.store.owns(session_id):
                 runtime.tell(session_id[len("session-"):], Ask(C.Wake(), Reply()))
 
     @classmethod
     def open(cls, data_dir: str = ".sessionloop", *, listeners: Sequence[CommitListener] = (),
-             **options: Any) -> Host:
+             cluster: ClusterPorts | None = None, **options: Any) -> Host:
         """Open the host on ``data_dir``; ``options`` are the fields of :class:`HostOptions`;
         ``listeners`` hear every commit (``actors.system.ports.Commit``) from the first, before
         the sessions with unfinished work resume (a tracer sees their repairs too).
+
+        ``cluster`` (``serve --workers``): this process is one of several workers (the options
+        ``worker`` and ``workers`` say which); every commit's listing record goes to the others and
+        theirs come into this host's index, so it lists every session.
 
         Raises StoreLocked if another process serves this directory, ValueError for an unknown
         option.
@@ -119,24 +125,27 @@ class Host:
         try:
             index = SummaryIndex()  # loaded below, after the runtime's start-up repairs
             watchers = Watchers()
+            # the other workers' records, from before the index is loaded on (none is missed)
+            replica = () if cluster is None else (IndexReplica(cluster.link, cluster.placement, index).committed,)
 
             def settings(rt: Runtime) -> SettingsService:
                 return SettingsService(rt, index, _submitter(settings_work))
 
             runtime = Runtime(data_dir, opts, store=store, models=models, faults=faults, loop_watchers=watchers,
-                              listeners=(index.committed, LoopFeed(watchers).committed, *listeners),
+                              listeners=(index.committed, LoopFeed(watchers).committed, *replica, *listeners),
                               settings=settings)
             index.load(store)
         except BaseException:
             settings_work.shutdown(wait=False)
             store.close()
             raise
-        return cls(runtime, index, cast(SettingsService, runtime.settings), settings_work)
+        return cls(runtime, index, cast(SettingsService, runtime.settings), settings_work, cluster)
 
     def protocol(self, *, limits: Limits | None = None) -> SessionProtocolService:
         """A session protocol service (the gateway, ``actors.gateway.service``) over this host: what
         a transport (``serve``) or an in-memory client talks to. Close it before the host."""
-        return SessionProtocolService(self.rt, index=self.index, settings=self.settings, host=self, limits=limits)
+        return SessionProtocolService(self.rt, index=self.index, settings=self.settings, host=self, limits=limits,
+                                      cluster=self.cluster)
 
     def close(self) -> None:
         self.rt.close()
@@ -189,7 +198,7 @@ class Host:
         for field, value in (("title", title), ("name", name)):
             if len(value) > MAX_TITLE:
                 raise InvalidCommand(f"{field}: at most {MAX_TITLE} characters, got {len(value)}")
-        session_id = new_id()
+        session_id = self.rt.new_session_id()
         try:
             new = C.NewSession(title=title, name=name, kind=kind, parent_id=parent_id, activity=activity, cwd=cwd,
                                model=model, permission_mode=permission_mode or self.rt.options.permission_mode
@@ -242,7 +251,7 @@ class Host:
             raise InvalidCommand("turns must be >= 0")
         source = self.rt.ask(session_id, lambda r: Ask(C.ForkSource(), r))
         messages = source.messages if turns is None else keep_turns(source.messages, turns)
-        new = new_id()
+        new = self.rt.new_session_id()
         fork = C.ImportFork(source_id=session_id, source_created=source.created, session_id=new, turns=turns,
                             title=title if title is not None else (source.title or source.created.name),
                             messages=messages)

@@ -290,7 +290,7 @@ class SessionLoop:
         mode = permission_mode or clamp_mode(caller.permission_mode if caller is not None else
                                              "acceptCalls" if activity == "background" else "ask", self.app)
         kind = "task" if caller is not None else ("room" if container_id is not None else "owner")
-        session_id = new_id()
+        session_id = self.rt.new_session_id()
         created = NewSession(
             title=title, kind=kind, app_id=self.app.id,  # type: ignore[arg-type]
             platform=self.app.platform or None, instance=self.app.id if container_id is not None else None,

@@ -99,7 +99,7 @@ async def _owner_child(rt: Any, parent: CallerFacts, args: dict[str, Any], key: 
     """A child of an owner session: in the parent's directory, with its model and policy."""
 
     parent_id = parent.created.session_id
-    session_id = new_id()
+    session_id = rt.new_session_id()
     new = NewSession(title=args.get("title", ""), kind="task", parent_id=parent_id, activity="background",
                      permission_mode=parent.permission_mode,  # type: ignore[arg-type]
                      cwd=parent.cwd, model=parent.model)

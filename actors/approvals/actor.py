@@ -234,6 +234,8 @@ class ApprovalService:
         """After a restart: approvals still pending in the store are settled ``shutdown``."""
         count = 0
         for stream in self.rt.store.flagged("approval-pending"):
+            if not self.rt.store.owns(stream):  # another worker's to settle
+                continue
             recorded = self.rt.store.read_stream(stream)
             if not recorded or not isinstance(recorded[0].event, E.ApprovalRequested):
                 continue

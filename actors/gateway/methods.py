@@ -227,7 +227,7 @@ class _Handlers:
     def session_create(self, conn: Client, request_id: RequestId, params: SessionCreateParams) -> None:
         if params.parent_id is not None:
             self.check(conn, params.parent_id)
-        session_id = new_id()
+        session_id = self.rt.new_session_id()
         speaker = E.Speaker(platform=conn.peer.platform, user_id=conn.peer.user_id, owner=conn.peer.is_owner)
         created = C.NewSession(
             name=params.name or "", kind="task" if params.parent_id else "owner",

@@ -35,9 +35,11 @@ import pykka
 
 from sessionloop.actors.gateway.loop import loop_handlers
 from sessionloop.actors.gateway.methods import build_handlers
+from sessionloop.actors.gateway.relay import Placement, Relay, RelayedPush
 from sessionloop.actors.gateway.settings import install_settings
 from sessionloop.actors.settings.service import SettingsService
 from sessionloop.actors.settings.texts import Text, enc_hook
+from sessionloop.actors.system.nats_link import NatsLink
 from sessionloop.actors.system.pubsub import Publication
 from sessionloop.actors.system.runtime import DeltaPayload, Runtime
 from sessionloop.actors.views.index import SummaryIndex
@@ -55,7 +57,7 @@ from sessionloop.protocol.connection import (
 from sessionloop.protocol.errors import RpcError, from_domain_error, is_domain_error
 from sessionloop.protocol.peer import Peer
 from sessionloop.protocol.schemas import FeaturesChanged, ItemDelta, ItemPush, SessionResync
-from sessionloop.protocol.schemas_types import Features, Identity, ItemAttachment, UserMessageItem
+from sessionloop.protocol.schemas_types import ClientInfo, Features, Identity, ItemAttachment, UserMessageItem
 
 log = logging.getLogger("sessionloop.gateway")
 
@@ -72,6 +74,13 @@ def _push_params(publication: Publication, decorate: Callable[[str, Any], Any]) 
     return ItemPush(session_id=sid, epoch=epoch, seq=seq, item=decorate(sid, payload))
 
 
+class ClusterPorts(msgspec.Struct, frozen=True):
+    """What a worker's gateway needs to reach the others (``serve --workers``)."""
+
+    link: NatsLink
+    placement: Placement
+
+
 class ClientConnection:
     """One client connection; every method is thread-safe (transport, gateway and session
     threads all use it)."""
@@ -86,21 +95,53 @@ class ClientConnection:
         self.subscriptions: set[str] = set()
         self.closed = False
         self._methods: dict[Any, str] = {}  # request id -> method, for the frames metric
+        #: ``serve --workers``: this connection's id among its worker's, and the workers it relayed to
+        self.relay_id = 0
+        self.relayed_to: set[int] = set()
+        self.relayed_subscriptions: dict[str, int] = {}  # session -> the worker that runs it
 
     # --- transport side ---------------------------------------------------------------------
 
     def receive(self, frame: str | bytes) -> None:
         with self._lock:
             outputs = self.protocol.receive(frame, time.monotonic())
+        relay = self.service.relay
         for out in outputs:
             if isinstance(out, Send):
                 self._send(out.text)
             elif isinstance(out, Dispatch):
                 with self._lock:
                     self._methods[out.id] = out.method
+                if relay is not None and self._relayed(relay, out, frame):
+                    continue
                 self.service.gateway.tell(Request(self, out))
             elif isinstance(out, Close) and self.peer.disconnect is not None:
                 self.peer.disconnect(out.code, out.reason)
+
+    def _relayed(self, relay: Relay, out: Dispatch, frame: str | bytes) -> bool:
+        """Whether ``out`` went to the worker that runs its session (or was refused here)."""
+        try:
+            owner = relay.owner_of(out)
+        except RpcError as refusal:
+            self.error(out.id, refusal)
+            return True
+        if owner is None:
+            if out.method == "presence/update":  # the other workers' sessions see the owner too
+                relay.broadcast(self, frame if isinstance(frame, str) else frame.decode("utf-8"))
+            return False
+        wait_ms = getattr(out.params, "timeout_ms", None)
+        text = frame if isinstance(frame, str) else frame.decode("utf-8")
+        relay.forward(self, self.relay_id, owner, out, text, (wait_ms or 0) / 1000)
+        return True
+
+    def settle_relayed(self, request_id: Any, frame: str) -> None:
+        """The response another worker made for a request relayed to it."""
+        with self._lock:
+            method = self._methods.pop(request_id, "?")
+            text = self.protocol.relayed(request_id, frame)
+        self.service.rt.metrics.frames.labels(method, "relayed").inc()
+        if text is not None:
+            self._send(text)
 
     def close(self) -> None:
         with self._lock:
@@ -118,7 +159,7 @@ class ClientConnection:
             text = self.protocol.result(request_id, result)
         self.service.rt.metrics.frames.labels(method, "ok").inc()
         if text is not None:
-            self._send(text)
+            self._answer(request_id, text)
 
     def error(self, request_id: Any, error: BaseException) -> None:
         """Answer with ``error``: one of ours (a ``code`` and ``data``) as the protocol translates it,
@@ -133,13 +174,21 @@ class ClientConnection:
         label = str(error.data.get("code") or error.code) if is_domain_error(error) else "error"
         self.service.rt.metrics.frames.labels(method, label).inc()
         if text is not None:
-            self._send(text)
+            self._answer(request_id, text)
+
+    def _answer(self, request_id: Any, text: str) -> None:
+        """The response frame of a request (a relayed connection sends it back to the origin worker)."""
+        self._send(text)
+
+    def _notify_out(self, method: str, text: str) -> None:
+        """A notification frame (a relayed connection publishes it to the origin worker)."""
+        self._send(text)
 
     def notify(self, method: str, params: msgspec.Struct) -> None:
         with self._lock:
             text = self.protocol.notify(method, params)
         if text is not None:
-            self._send(text)
+            self._notify_out(method, text)
 
     def push(self, publication: Publication) -> None:
         """A session channel's push (called under the channel's lock: must not block). The frame is
@@ -153,17 +202,57 @@ class ClientConnection:
             publication.memo = (self.service, frame)
         text = self.protocol.push(frame)
         if text is not None:
-            self._send(text)
+            self._notify_out(frame.method, text)
 
     def send_push(self, frame: Push) -> None:
         """A notification encoded once for many connections (``SessionProtocolService.notify_all``)."""
         text = self.protocol.push(frame)
         if text is not None:
-            self._send(text)
+            self._notify_out(frame.method, text)
 
     def visible(self, record: Any) -> bool:
         """What this identity may see: the owner everything, an app only what it created."""
         return self.peer.is_owner or record.app_id == self.peer.app_id
+
+
+class RelayedConnection(ClientConnection):
+    """A client connection of another worker, as the worker that runs its sessions sees it
+    (``actors.gateway.relay``): opened without a handshake of its own; each response goes back as
+    the answer of the relayed request it settles, each notification to the origin worker."""
+
+    def __init__(self, service: SessionProtocolService, peer: Peer, client: ClientInfo | None,
+                 push_out: Callable[[RelayedPush], None]) -> None:
+        super().__init__(service, peer, self._no_send)
+        self.protocol.open_relayed(client)
+        self._push_out = push_out
+        self._answers: dict[Any, Callable[[str], None]] = {}
+
+    @staticmethod
+    def _no_send(text: str) -> None:
+        log.warning("a relayed connection had a frame with nowhere to go")
+
+    def receive_relayed(self, frame: str, answer: Callable[[str], None]) -> None:
+        """A request frame from the origin worker; ``answer`` takes its response frame. The origin
+        applied the connection's rate limit, so none is applied here."""
+        with self._lock:
+            outputs = self.protocol.receive(frame)
+        for out in outputs:
+            if isinstance(out, Send):
+                answer(out.text)
+            elif isinstance(out, Dispatch):
+                with self._lock:
+                    self._methods[out.id] = out.method
+                    self._answers[out.id] = answer
+                self.service.gateway.tell(Request(self, out))
+
+    def _answer(self, request_id: Any, text: str) -> None:
+        with self._lock:
+            answer = self._answers.pop(request_id, None)
+        if answer is not None:
+            answer(text)
+
+    def _notify_out(self, method: str, text: str) -> None:
+        self._push_out(RelayedPush(self.relay_id, method, text))
 
 
 class Request(msgspec.Struct, frozen=True):
@@ -219,7 +308,7 @@ class SessionProtocolService:
     ``resolve_file``. Owns the gateway actor, the listing index and the file-handle key."""
 
     def __init__(self, runtime: Runtime, *, index: SummaryIndex, settings: SettingsService, host: Any,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, cluster: ClusterPorts | None = None) -> None:
         """Built by the composition root (``Host.protocol``): ``index`` is the host's listing index
         (kept current by the sessions' commits), ``settings`` the runtime's settings service,
         ``host`` the Session Loop API's ``loop/*``."""
@@ -231,14 +320,19 @@ class SessionProtocolService:
         self.server_info = ServerInfo(name=SERVER_NAME, describe=self._describe)
         self.index = index
         self.blobs = runtime.blobs
-        self.file_key = file_handles.derive_epoch_key(_master_secret(runtime.data_dir), runtime.epoch)
+        self.file_key = file_handles.derive_epoch_key(master_secret(runtime.data_dir), runtime.epoch)
         self.slow = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sessionloop-slow")
         self.connections: set[ClientConnection] = set()
+        self.relayed: set[ClientConnection] = set()  # other workers' connections, for their sessions here
         self._lock = threading.Lock()
         self.handlers = build_handlers(self)
         loop, self._forget_loop_watch = loop_handlers(self, host)
         self.handlers.update(loop)
         self.gateway = GatewayActor.start(self)
+        #: ``serve --workers``: requests for sessions other workers run go to them (None: one process)
+        self.relay: Relay | None = None
+        if cluster is not None:
+            self.relay = Relay(self, cluster.link, cluster.placement, runtime.epoch, self._relayed_connection)
 
         install_settings(self)
 
@@ -251,17 +345,31 @@ class SessionProtocolService:
 
     def connect(self, peer: Peer, send: Callable[[str], None]) -> ClientConnection:
         conn = ClientConnection(self, peer, send)
+        if self.relay is not None:
+            conn.relay_id = self.relay.register(conn)
         with self._lock:
             self.connections.add(conn)
         self.rt.metrics.connections.inc()
         return conn
 
+    def _relayed_connection(self, peer: Peer, client: ClientInfo | None,
+                            push_out: Callable[[RelayedPush], None]) -> RelayedConnection:
+        conn = RelayedConnection(self, peer, client, push_out)
+        with self._lock:
+            self.relayed.add(conn)
+        return conn
+
     def forget(self, conn: ClientConnection) -> None:
         with self._lock:
-            if conn not in self.connections:
+            if conn in self.relayed:
+                self.relayed.discard(conn)
+            elif conn in self.connections:
+                self.connections.discard(conn)
+                self.rt.metrics.connections.dec()
+                if self.relay is not None:
+                    self.relay.forget(conn)
+            else:
                 return
-            self.connections.discard(conn)
-        self.rt.metrics.connections.dec()
         for session_id in list(conn.subscriptions):
             self.rt.channel(session_id).remove(conn)
         self.index.unwatch(conn)
@@ -273,8 +381,15 @@ class SessionProtocolService:
         return record is not None and (peer.is_owner or record.app_id == peer.app_id)
 
     def resolve_file(self, session_id: str, handle: str) -> tuple[str, str] | None:
-        """The blob path and name a handle stands for, if this epoch issued it for this session."""
-        file_id = file_handles.resolve(self.file_key, session_id, handle)
+        """The blob path and name a handle stands for, if this epoch issued it for this session
+        (with several workers: the epoch of the worker that runs the session, which issued it)."""
+        key = self.file_key
+        if self.relay is not None:
+            epoch = self.relay.epoch_of(session_id)
+            if epoch is None:
+                return None
+            key = file_handles.derive_epoch_key(master_secret(self.rt.data_dir), epoch)
+        file_id = file_handles.resolve(key, session_id, handle)
         if file_id is None:
             return None
         sha256, _, name = file_id.partition("/")
@@ -322,6 +437,8 @@ class SessionProtocolService:
         for conn in conns:
             if conn.peer.disconnect is not None:
                 conn.peer.disconnect(1001, "server shutting down")
+        if self.relay is not None:
+            self.relay.close()
         try:
             self.gateway.stop(timeout=5)
         except pykka.Timeout:
@@ -329,7 +446,7 @@ class SessionProtocolService:
         self.slow.shutdown(wait=False, cancel_futures=True)
 
 
-def _master_secret(data_dir: str) -> bytes:
+def master_secret(data_dir: str) -> bytes:
     """A per-data-directory secret (file mode 0600); file-handle keys derive from it per epoch."""
     path = os.path.join(data_dir, "secret")
     try:

@@ -154,7 +154,7 @@ class Deletions:
         """At start: delete the files of purges a crash interrupted; how many were finished."""
         finished = 0
         for stream in self.rt.store.flagged(FILES_PENDING):
-            if not stream.startswith("session-"):
+            if not stream.startswith("session-") or not self.rt.store.owns(stream):
                 continue
             try:
                 self.clean_files(stream[len("session-"):])

@@ -19,6 +19,7 @@ import msgspec
 from sessionloop.actors import events as E
 from sessionloop.actors.approvals.actor import ApprovalService
 from sessionloop.actors.approvals.model import ApprovalTiming
+from sessionloop.actors.errors import SessionElsewhere
 from sessionloop.actors.events import open_store
 from sessionloop.actors.model import ModelRequest, Provider
 from sessionloop.actors.model.base import HistoryTally
@@ -100,6 +101,18 @@ class HostOptions(msgspec.Struct, kw_only=True):
     #: so few threads keep many commits in flight: 4, 16 and 64 measured the same within noise
     #: (README, Turns); 16 leaves room for the commits that still wait (cancel, settings, snapshots).
     dispatcher_threads: int = 16
+    #: ``serve --workers N``: this process is worker ``worker`` of ``workers`` and owns the shards
+    #: ``k`` with ``k mod workers == worker`` (it is their only writer; the store is shared); the
+    #: writer lock is the parent's, inherited as ``store_lock_fd``
+    workers: int = 1
+    worker: int = 0
+    store_lock_fd: int | None = None
+
+    def owned_shards(self) -> frozenset[int] | None:
+        """The shards this process writes (None: all of them, alone)."""
+        if self.workers == 1:
+            return None
+        return frozenset(k for k in range(self.shards) if k % self.workers == self.worker)
 
 
 class DeltaPayload(msgspec.Struct, frozen=True):
@@ -121,9 +134,13 @@ def open_data_store(data_dir: str, options: HostOptions, faults: FaultInjector) 
     serves the directory."""
     os.makedirs(data_dir, mode=0o700, exist_ok=True)
     os.chmod(data_dir, 0o700)
+    if not 1 <= options.workers <= options.shards or not 0 <= options.worker < options.workers:
+        raise ValueError(f"worker {options.worker} of {options.workers}: there are {options.shards} shards, "
+                         "and a worker owns at least one")
     return open_store(os.path.join(data_dir, "store"), durability=options.durability, shards=options.shards,
                       map_size=options.map_size, on_map_resize=lambda: faults.hit("map-resize"),
-                      on_purge=lambda: faults.hit("purge"))
+                      on_purge=lambda: faults.hit("purge"), owned_shards=options.owned_shards(),
+                      lock_fd=options.store_lock_fd)
 
 
 class Runtime:
@@ -145,6 +162,7 @@ class Runtime:
         self._prompts: dict[tuple[Any, ...], str] = {}
         self.faults = faults
         self.store = store
+        self._shared = store.owned_shards is not None  # one of several workers (``serve --workers``)
         self.epoch = self.store.next_epoch()
         self.worker = WorkerLoop()
         self.results = TurnResults()
@@ -206,7 +224,21 @@ class Runtime:
     # --- addressing ------------------------------------------------------------------------------
 
     def tell(self, session_id: str, message: Any) -> None:
+        if self._shared and not self.owns(session_id):  # one live actor per session, on its worker
+            raise SessionElsewhere(session_id)
         self.directory.tell(session_id, message)
+
+    def owns(self, session_id: str) -> bool:
+        """Whether this process runs ``session_id`` (always, unless it is one of several workers)."""
+        return self.store.owns(f"session-{session_id}")
+
+    def new_session_id(self) -> str:
+        """A new session's id, on a shard this process owns (a worker draws until one is: with N
+        workers it takes N draws on average)."""
+        while True:
+            session_id = new_id()
+            if self.owns(session_id):
+                return session_id
 
     def ask(self, session_id: str, make: Callable[[Reply], Any], timeout: float | None = None) -> Any:
         """Send a request message and wait for its reply (with a timeout, never forever)."""
@@ -450,7 +482,11 @@ class Runtime:
         self.tell(approval.session_id, Decide(settled, Reply()))
 
     def app_reserve(self, app_id: str, limit: int) -> bool:
-        """Take one of the app's unfinished-turn slots if fewer than ``limit`` are taken."""
+        """Take one of the app's unfinished-turn slots if fewer than ``limit`` are taken. One of
+        several workers takes its share of ``limit`` (an equal part, at least one): the workers
+        together never pass it, though one may refuse while another has slots left."""
+        if self._shared:
+            limit = max(1, limit // self.options.workers)
         with self._app_lock:
             taken = self.app_unfinished.get(app_id, 0)
             if taken >= limit:

@@ -1,0 +1,345 @@
+"""Requests for sessions another worker runs: relayed to it over NATS, answered through it.
+
+``serve --workers N`` runs N processes on one port (``SO_REUSEPORT``): a client's connection lands
+on any of them, and each runs the sessions of its own shards. A request that names a session
+(``sessionId``, or an approval or task id, which begin with it; ``session/create`` names its
+parent) goes to the worker that runs that session's shard:
+
+* the connection's worker (the *origin*) sends the request's frame as a NATS request on
+  ``sl.w.<owner>.rpc``, with who the peer is and the handshake's client;
+* the owner keeps a *relayed connection* for that client connection (opened without a handshake
+  of its own) and feeds it the frame, so every method runs exactly as on a local connection; the
+  response frame is the NATS reply, which the origin settles its request with;
+* ``presence/update`` is also sent to every other worker (no answer awaited), so a session there
+  sees the owner present and asks it for approvals;
+* pushes to the relayed connection (a subscription's items and deltas, approvals) are published on
+  ``sl.w.<origin>.push`` and go out on the client's socket; closing the client's connection closes
+  its relayed ones (``sl.w.<owner>.closed``).
+
+When the owner cannot be reached (restarting: nobody serves its subject) the request is answered
+``unavailable`` with ``retryAfterMs``, nothing done. Every worker keeps every session's listing
+record: each commit's record is published on ``sl.index`` and applied by the others, so
+``sessions/list`` and ``sessions/watch`` answer from any worker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from sessionloop.actors.system.nats_link import Msg, NatsLink
+from sessionloop.actors.system.ports import Commit
+from sessionloop.actors.views.index import SummaryIndex
+from sessionloop.actors.views.summary import SummaryRecord
+from sessionloop.protocol.connection import Dispatch, Push
+from sessionloop.protocol.errors import RpcError
+from sessionloop.protocol.peer import Peer
+from sessionloop.protocol.schemas import SessionResync
+from sessionloop.protocol.schemas_types import ClientInfo
+
+if TYPE_CHECKING:
+    from sessionloop.actors.gateway.service import ClientConnection, RelayedConnection, SessionProtocolService
+
+log = logging.getLogger("sessionloop.relay")
+
+#: how long a client is told to wait before retrying a request its session's worker could not take
+RETRY_AFTER_MS = 1000
+#: how long a relayed request may take beyond what the request itself asks to wait
+RELAY_TIMEOUT_S = 60.0
+
+#: what the workers do not yet answer across all of them: each would see only its own sessions.
+#: Refused in a server of several workers (``unsupported``), never answered with a part.
+NOT_ACROSS_WORKERS = frozenset({"background/list", "background/watch", "loop/watch", "session/batch"})
+
+
+class RelayedRequest(msgspec.Struct, array_like=True, frozen=True):
+    """A request frame from the origin worker's connection ``conn`` (of its incarnation ``epoch``)."""
+
+    origin: int
+    epoch: int
+    conn: int
+    peer: Peer
+    client: ClientInfo | None
+    frame: str
+
+
+class RelayedPush(msgspec.Struct, array_like=True, frozen=True):
+    """A notification for the origin's connection ``conn``."""
+
+    conn: int
+    method: str
+    text: str
+
+
+class ConnectionClosed(msgspec.Struct, array_like=True, frozen=True):
+    origin: int
+    epoch: int
+    conn: int
+
+
+class WorkerUp(msgspec.Struct, array_like=True, frozen=True):
+    """A worker serves, in incarnation ``epoch``; ``ask``: the others answer with theirs."""
+
+    worker: int
+    epoch: int
+    ask: bool
+
+
+class IndexRecord(msgspec.Struct, array_like=True, frozen=True):
+    """A listing record a worker committed, for every other worker's index."""
+
+    worker: int
+    record: SummaryRecord
+
+
+_enc = msgspec.msgpack.Encoder()
+_request_dec = msgspec.msgpack.Decoder(RelayedRequest)
+_push_dec = msgspec.msgpack.Decoder(RelayedPush)
+_closed_dec = msgspec.msgpack.Decoder(ConnectionClosed)
+_index_dec = msgspec.msgpack.Decoder(IndexRecord)
+_up_dec = msgspec.msgpack.Decoder(WorkerUp)
+
+
+class Placement(msgspec.Struct, frozen=True):
+    """Which worker this process is, of how many, over how many shards."""
+
+    worker: int
+    workers: int
+    shards: int
+
+    def owner(self, session_id: str) -> int:
+        """The worker that runs ``session_id`` (its shard ``crc32(id) mod S``, owned ``mod N``)."""
+        return zlib.crc32(session_id.encode("utf-8", "surrogatepass")) % self.shards % self.workers
+
+
+def session_of(method: str, params: Any) -> str | None:
+    """The session a request is about, if it names one (its worker must answer it)."""
+    session_id = getattr(params, "session_id", None)
+    if isinstance(session_id, str):
+        return session_id
+    for field in ("approval_id", "task_id"):  # <session>.<turn>.<call>
+        value = getattr(params, field, None)
+        if isinstance(value, str):
+            return value.split(".", 1)[0]
+    if method == "session/create":  # a child lives with its parent
+        parent = getattr(params, "parent_id", None)
+        return parent if isinstance(parent, str) else None
+    return None
+
+
+class IndexReplica:
+    """Keeps every worker's listing index whole: publishes the records this worker commits, applies
+    the others'. ``committed`` is a commit listener of the worker's host."""
+
+    SUBJECT = "sl.index"
+
+    def __init__(self, link: NatsLink, placement: Placement, index: SummaryIndex) -> None:
+        self.link = link
+        self.placement = placement
+        self.index = index
+        link.subscribe(self.SUBJECT, self._received)
+
+    def committed(self, commit: Commit) -> None:
+        if commit.record is not None:
+            self.link.publish(self.SUBJECT, _enc.encode(IndexRecord(self.placement.worker, commit.record)))
+
+    def _received(self, msg: Msg) -> None:
+        got = _index_dec.decode(msg.data)
+        if got.worker != self.placement.worker:
+            self.index.update(got.record)
+
+
+class Relay:
+    """Both sides of relaying for one worker's gateway (see the module docstring)."""
+
+    def __init__(self, service: SessionProtocolService, link: NatsLink, placement: Placement, epoch: int,
+                 make_relayed: Callable[[Peer, ClientInfo | None, Callable[[RelayedPush], None]], RelayedConnection]
+                 ) -> None:
+        self.service = service
+        self.link = link
+        self.placement = placement
+        self.epoch = epoch
+        self._make_relayed = make_relayed
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._local: dict[int, ClientConnection] = {}  # this worker's connections, by relay id
+        self._relayed: dict[tuple[int, int, int], RelayedConnection] = {}  # (origin, epoch, conn) -> relayed
+        #: every worker's incarnation (its epoch), as it announced it (``sl.up``)
+        self.epochs: dict[int, int] = {placement.worker: epoch}
+        #: requests relayed and not answered yet, by the worker they went to
+        self._pending: dict[int, dict[tuple[ClientConnection, Any], str]] = {}
+        me = placement.worker
+        link.subscribe(f"sl.w.{me}.rpc", self._request)
+        link.subscribe(f"sl.w.{me}.push", self._push)
+        link.subscribe(f"sl.w.{me}.closed", self._closed)
+        link.subscribe("sl.up", self._up)
+        link.publish("sl.up", _enc.encode(WorkerUp(me, epoch, True)))
+
+    def epoch_of(self, session_id: str) -> int | None:
+        """The epoch of the worker that runs ``session_id``, if it announced one."""
+        return self.epochs.get(self.placement.owner(session_id))
+
+    def _up(self, msg: Msg) -> None:
+        up = _up_dec.decode(msg.data)
+        if up.worker == self.placement.worker:
+            return
+        with self._lock:
+            before = self.epochs.get(up.worker)
+            self.epochs[up.worker] = up.epoch
+            # connections of the worker's earlier incarnation are gone with it
+            gone = [key for key in self._relayed if key[0] == up.worker and key[1] != up.epoch]
+            relayed = [self._relayed.pop(key) for key in gone]
+        for conn in relayed:
+            conn.close()
+        if before is not None and before != up.epoch:
+            self._owner_restarted(up.worker, up.epoch)
+        if up.ask or before is None:
+            self.link.publish("sl.up", _enc.encode(WorkerUp(self.placement.worker, self.epoch, False)))
+
+    # --- the origin's side ------------------------------------------------------------------------
+
+    def register(self, conn: ClientConnection) -> int:
+        relay_id = next(self._ids)
+        with self._lock:
+            self._local[relay_id] = conn
+        return relay_id
+
+    def owner_of(self, dispatch: Dispatch) -> int | None:
+        """The worker to relay ``dispatch`` to, or None to run it here. Raises RpcError for a method
+        the workers do not answer across all of them."""
+        if dispatch.method in NOT_ACROSS_WORKERS:
+            raise RpcError.unsupported(f"{dispatch.method} is not served by a server of several workers yet "
+                                       "(serve --workers 1 serves it)")
+        session_id = session_of(dispatch.method, dispatch.params)
+        if session_id is None:
+            return None
+        owner = self.placement.owner(session_id)
+        return None if owner == self.placement.worker else owner
+
+    def forward(self, conn: ClientConnection, relay_id: int, owner: int, dispatch: Dispatch, frame: str,
+                timeout_s: float) -> None:
+        """Send ``frame`` (the request ``dispatch`` came from) to ``owner``; its answer settles the
+        request. A request the owner's incarnation took to its end (it exited) is answered
+        ``unavailable`` when its next incarnation announces itself."""
+        request = RelayedRequest(self.placement.worker, self.epoch, relay_id, _wire_peer(conn.peer),
+                                 conn.protocol.client, frame)
+        conn.relayed_to.add(owner)
+        key = (conn, dispatch.id)
+        with self._lock:
+            self._pending.setdefault(owner, {})[key] = dispatch.method
+        session_id = session_of(dispatch.method, dispatch.params)
+        if dispatch.method == "session/subscribe" and session_id is not None:
+            conn.relayed_subscriptions[session_id] = owner
+        elif dispatch.method == "session/unsubscribe" and session_id is not None:
+            conn.relayed_subscriptions.pop(session_id, None)
+
+        def done(answer: bytes | None, error: BaseException | None) -> None:
+            with self._lock:
+                mine = self._pending.get(owner, {}).pop(key, None) is not None
+            if not mine:  # answered already: its worker went away
+                return
+            if answer is not None:
+                conn.settle_relayed(dispatch.id, answer.decode("utf-8"))
+                return
+            log.warning("a %s request for worker %d got no answer: %s", dispatch.method, owner,
+                        type(error).__name__)
+            conn.error(dispatch.id, _unavailable(owner))
+
+        self.link.request(f"sl.w.{owner}.rpc", _enc.encode(request), timeout_s + RELAY_TIMEOUT_S, done)
+
+    def broadcast(self, conn: ClientConnection, frame: str) -> None:
+        """``frame`` (a ``presence/update``) to every other worker too, unanswered: a session there
+        asks for approval only when an owner is present, and the owner's connection is here."""
+        request = _enc.encode(RelayedRequest(self.placement.worker, self.epoch, conn.relay_id,
+                                             _wire_peer(conn.peer), conn.protocol.client, frame))
+        for worker in range(self.placement.workers):
+            if worker != self.placement.worker:
+                conn.relayed_to.add(worker)
+                self.link.publish(f"sl.w.{worker}.rpc", request)
+
+    def _owner_restarted(self, owner: int, epoch: int) -> None:
+        """``owner`` came back as a new incarnation: what the old one had is gone. Its requests in
+        flight are answered ``unavailable``; each subscription to its sessions gets
+        ``session/resync`` (subscribe again: a fresh snapshot, the new epoch)."""
+        with self._lock:
+            pending = self._pending.pop(owner, {})
+            local = list(self._local.values())
+        for (conn, request_id), _method in pending.items():
+            conn.error(request_id, _unavailable(owner))
+        for conn in local:
+            for session_id, at in list(conn.relayed_subscriptions.items()):
+                if at == owner:
+                    del conn.relayed_subscriptions[session_id]
+                    conn.notify("session/resync", SessionResync(session_id=session_id, epoch=epoch, seq=0))
+
+    def forget(self, conn: ClientConnection) -> None:
+        """``conn`` closed: its relayed connections on other workers close too."""
+        with self._lock:
+            self._local.pop(conn.relay_id, None)
+        closed = _enc.encode(ConnectionClosed(self.placement.worker, self.epoch, conn.relay_id))
+        for owner in conn.relayed_to:
+            self.link.publish(f"sl.w.{owner}.closed", closed)
+
+    def _push(self, msg: Msg) -> None:
+        push = _push_dec.decode(msg.data)
+        with self._lock:
+            conn = self._local.get(push.conn)
+        if conn is not None:
+            conn.send_push(Push(push.method, push.text))
+
+    # --- the owner's side -------------------------------------------------------------------------
+
+    def _request(self, msg: Msg) -> None:
+        request = _request_dec.decode(msg.data)
+        key = (request.origin, request.epoch, request.conn)
+        with self._lock:
+            relayed = self._relayed.get(key)
+            if relayed is None:
+                origin_push = f"sl.w.{request.origin}.push"
+
+                def push(p: RelayedPush, subject: str = origin_push) -> None:
+                    self.link.publish(subject, _enc.encode(p))
+
+                relayed = self._make_relayed(request.peer, request.client, push)
+                relayed.relay_id = request.conn
+                self._relayed[key] = relayed
+        reply = msg.reply
+        relayed.receive_relayed(request.frame, (lambda text: self.link.publish(reply, text.encode("utf-8")))
+                                if reply else _unanswered)
+
+    def _closed(self, msg: Msg) -> None:
+        closed = _closed_dec.decode(msg.data)
+        with self._lock:
+            relayed = self._relayed.pop((closed.origin, closed.epoch, closed.conn), None)
+        if relayed is not None:
+            relayed.close()
+
+    def close(self) -> None:
+        with self._lock:
+            relayed = list(self._relayed.values())
+            self._relayed.clear()
+        for conn in relayed:
+            conn.close()
+
+
+def _unanswered(text: str) -> None:
+    """The response of a broadcast request: nobody waits for it."""
+
+
+def _unavailable(owner: int) -> RpcError:
+    return RpcError.unavailable(f"the worker that runs this session (worker {owner}) is not answering; retry "
+                                f"after {RETRY_AFTER_MS} ms", RETRY_AFTER_MS)
+
+
+def _wire_peer(peer: Peer) -> Peer:
+    """The peer as another worker sees it: who and on which surface (its close is this worker's)."""
+    return Peer(platform=peer.platform, user_id=peer.user_id, surface=peer.surface, app_id=peer.app_id)
+
+
+__all__ = ["NOT_ACROSS_WORKERS", "IndexReplica", "Placement", "Relay", "RelayedPush", "session_of"]

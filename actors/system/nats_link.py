@@ -1,0 +1,153 @@
+"""A worker's connection to the other workers: nats-py on an asyncio loop thread of its own.
+
+``serve --workers N`` runs N processes; what one worker asks of another (a request for a session
+that other one runs, a listing record it committed) travels on NATS subjects through this link.
+Its methods are thread-safe and never block the caller: a publish is queued onto the link's loop,
+a request's answer comes back through a callback on that loop (which must not block either: it
+hands work to an actor or a connection). nats-py reconnects by itself when the server restarts
+(every attempt, half a second apart); publishes made meanwhile wait in its buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import nats
+from nats.aio.msg import Msg
+
+log = logging.getLogger("sessionloop.cluster")
+
+__all__ = ["ClusterUnavailable", "Msg", "NatsLink"]
+
+#: how long the start waits for the NATS server before the worker gives up (it exits, and the
+#: supervisor starts it again)
+CONNECT_TIMEOUT_S = 10.0
+
+
+class ClusterUnavailable(Exception):
+    """The NATS server could not be reached."""
+
+
+class NatsLink:
+    """One NATS connection, used from any thread."""
+
+    def __init__(self, url: str, *, token: str | None, name: str,
+                 on_reconnected: Callable[[], None] | None = None) -> None:
+        self.url = url
+        self.name = name
+        self._on_reconnected = on_reconnected
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"sessionloop-nats-{name}", daemon=True)
+        self._thread.start()
+        self._closed = False
+        try:
+            self._nc: Any = self._run(self._connect(token), CONNECT_TIMEOUT_S + 1)
+        except BaseException as e:
+            self._stop_loop()
+            raise ClusterUnavailable(f"cannot reach the NATS server at {url}: {e or type(e).__name__}") from e
+
+    async def _connect(self, token: str | None) -> Any:
+        async def disconnected() -> None:
+            if not self._closed:
+                log.warning("%s: the connection to NATS at %s was lost; reconnecting", self.name, self.url)
+
+        async def reconnected() -> None:
+            log.warning("%s: reconnected to NATS at %s", self.name, self.url)
+            if self._on_reconnected is not None:
+                self._on_reconnected()
+
+        async def error(e: Exception) -> None:
+            if not self._closed:
+                log.warning("%s: NATS: %s", self.name, e)
+
+        return await nats.connect(
+            self.url, name=self.name, token=token, connect_timeout=CONNECT_TIMEOUT_S, allow_reconnect=True,
+            max_reconnect_attempts=-1, reconnect_time_wait=0.5, disconnected_cb=disconnected,
+            reconnected_cb=reconnected, error_cb=error, pending_size=64 * 1024 * 1024)
+
+    def _run(self, coro: Any, timeout: float) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # --- what the workers say to each other ------------------------------------------------------
+
+    def publish(self, subject: str, data: bytes) -> None:
+        """Queue ``data`` for ``subject`` (nothing is waited for; lost only with the connection)."""
+        if not self._closed:
+            self._loop.call_soon_threadsafe(self._publish, subject, data)
+
+    def _publish(self, subject: str, data: bytes) -> None:
+        self._loop.create_task(self._send(subject, data))
+
+    async def _send(self, subject: str, data: bytes) -> None:
+        try:
+            await self._nc.publish(subject, data)
+        except Exception as e:  # closed, or the buffer is full while NATS is away
+            if not self._closed:
+                log.warning("%s: a message to %s was dropped: %s", self.name, subject, e)
+
+    def request(self, subject: str, data: bytes, timeout: float,
+                done: Callable[[bytes | None, BaseException | None], None]) -> None:
+        """Send a request; ``done(answer, None)`` or ``done(None, error)`` on the link's loop: a
+        ``nats.errors.NoRespondersError`` when nobody serves ``subject``, a timeout error after
+        ``timeout`` seconds."""
+
+        async def ask() -> None:
+            try:
+                msg = await self._nc.request(subject, data, timeout=timeout)
+            except BaseException as e:
+                done(None, e)
+                return
+            done(msg.data, None)
+
+        if self._closed:
+            done(None, ClusterUnavailable("the link to the other workers is closed"))
+            return
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(ask()))
+
+    def subscribe(self, subject: str, handler: Callable[[Msg], None]) -> None:
+        """Call ``handler(msg)`` on the link's loop for every message on ``subject`` (it must not block)."""
+
+        async def deliver(msg: Msg) -> None:
+            try:
+                handler(msg)
+            except Exception:
+                log.exception("%s: the handler of %s failed", self.name, subject)
+
+        self._run(self._nc.subscribe(subject, cb=deliver), CONNECT_TIMEOUT_S)
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Wait until what was published so far reached the NATS server."""
+        self._run(self._nc.flush(timeout), timeout + 1)
+
+    def call_soon(self, fn: Callable[[], None]) -> Future[None]:
+        """Run ``fn`` on the link's loop (where message handlers run)."""
+        future: Future[None] = Future()
+
+        def run() -> None:
+            try:
+                fn()
+                future.set_result(None)
+            except BaseException as e:
+                future.set_exception(e)
+
+        self._loop.call_soon_threadsafe(run)
+        return future
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._run(self._nc.drain(), 5)
+        except Exception:  # closed already, or NATS away: nothing more to send
+            pass
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)

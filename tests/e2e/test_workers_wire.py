@@ -1,0 +1,156 @@
+"""``serve --workers 2``: two worker processes on one port, NATS between them, real clients.
+
+A connection lands on either worker (``SO_REUSEPORT``); a session runs on the worker of its shard.
+These tests open connections until both workers hold sessions made through their own clients,
+then drive every session from every connection: a request for the other worker's session is
+relayed to it, and its pushes come back on the client's socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import zlib
+from contextlib import AsyncExitStack
+
+from tests.e2e.conftest import initialized, open_client
+
+SHARDS = 16
+
+
+def owner(session_id: str, workers: int = 2) -> int:
+    return zlib.crc32(session_id.encode()) % SHARDS % workers
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def worker_pids(server) -> list[int]:
+    """The supervisor's children that are workers (not nats-server)."""
+    pid = server.proc.pid
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        children = [int(p) for p in f.read().split()]
+    out = []
+    for child in children:
+        with open(f"/proc/{child}/cmdline", "rb") as f:
+            if b"sessionloop" in f.read():
+                out.append(child)
+    return out
+
+
+async def _clients_on_both_workers(server, stack, limit: int = 40):
+    """(client, session id) pairs until sessions made on both workers are among them."""
+    made: list[tuple[object, str]] = []
+    for _ in range(limit):
+        ws = await stack.enter_async_context(open_client(server))
+        c = await initialized(ws)
+        sid = (await c.result("session/create", {"name": f"s{len(made)}"}))["session"]["id"]
+        made.append((c, sid))
+        if len({owner(s) for _, s in made}) == 2 and len(made) >= 4:
+            return made
+    raise AssertionError(f"{limit} connections all landed on one worker")
+
+
+def test_every_connection_drives_every_session_whichever_worker_runs_it(server_factory):
+    server = server_factory("--workers", "2")
+
+    async def go():
+        async with AsyncExitStack() as stack:
+            made = await _clients_on_both_workers(server, stack)
+            sessions = [sid for _, sid in made]
+            # a session runs where its shard is: the connection that made it was on that worker
+            clients = [c for c, _ in made]
+            for c in clients:
+                for sid in sessions:
+                    await c.result("session/subscribe", {"sessionId": sid})
+            for n, c in enumerate(clients):
+                for sid in sessions:
+                    assert await c.result("turn/send", {"sessionId": sid, "content": f"hello {n}"}) == {}
+                for sid in sessions:
+                    await c.turn_done(sid, timeout=30)
+            # every client saw every session's answers to every client, through its own socket
+            listed = [await c.result("sessions/list", {"limit": 100}) for c in clients]
+            history = await clients[0].result("session/history", {"sessionId": sessions[-1], "limit": 200})
+            return sessions, clients, listed, history
+
+    sessions, clients, listed, history = run(go())
+    assert {owner(s) for s in sessions} == {0, 1}
+    for page in listed:  # every worker lists every session, both workers' alike
+        assert {s["id"] for s in page["sessions"]} >= set(sessions)
+    texts = [i["text"] for i in history["items"] if i["kind"] == "agent-message"]
+    assert sorted(texts) == sorted(f"echo: hello {n}" for n in range(len(clients)))
+
+
+def worker_pid(server, index: int) -> int:
+    for pid in worker_pids(server):
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if f"SESSIONLOOP_WORKER={index}/".encode() in f.read():
+                return pid
+    raise AssertionError(f"no worker {index}")
+
+
+def test_a_killed_worker_is_started_again_its_sessions_answer_unavailable_meanwhile_then_resync(server_factory):
+    server = server_factory("--workers", "2")
+
+    async def go():
+        async with AsyncExitStack() as stack:
+            made = await _clients_on_both_workers(server, stack)
+            # a client on one worker, a session of the other
+            client, sid = next((c, s) for c, _ in made for _, s in made
+                               if owner(s) != owner(next(x for cc, x in made if cc is c)))
+            victim = owner(sid)
+            snap = await client.result("session/subscribe", {"sessionId": sid})
+            assert await client.result("turn/send", {"sessionId": sid, "content": "before"}) == {}
+            await client.turn_done(sid, timeout=30)
+            pid = worker_pid(server, victim)
+            os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(0.05)
+            refused = await client.call("turn/send", {"sessionId": sid, "content": "while down"})
+            # its next incarnation announces itself: the subscription is told to subscribe again
+            resync = await client.push(lambda m: m["method"] == "session/resync" and m["params"]["sessionId"] == sid,
+                                       timeout=30)
+            again = await client.result("session/subscribe", {"sessionId": sid})
+            assert await client.result("turn/send", {"sessionId": sid, "content": "after"}) == {}
+            await client.turn_done(sid, timeout=30)
+            history = await client.result("session/history", {"sessionId": sid, "limit": 200})
+            return snap, pid, refused, resync, again, history, worker_pid(server, victim)
+
+    snap, pid, refused, resync, again, history, new_pid = run(go())
+    assert refused["error"]["data"]["code"] == "unavailable", refused
+    assert refused["error"]["data"]["retryAfterMs"] > 0
+    assert new_pid != pid
+    assert resync["params"]["epoch"] == again["epoch"] and again["epoch"] > snap["epoch"]
+    texts = [i["text"] for i in history["items"] if i["kind"] == "agent-message"]
+    assert texts == ["echo: before", "echo: after"]  # nothing acknowledged was lost, nothing refused was done
+
+
+def test_an_owner_present_on_one_worker_approves_a_tool_call_of_a_session_the_other_runs(server_factory):
+    server = server_factory("--workers", "2")
+
+    async def go():
+        async with AsyncExitStack() as stack:
+            made = await _clients_on_both_workers(server, stack)
+            client, sid = next((c, s) for c, _ in made for _, s in made
+                               if owner(s) != owner(next(x for cc, x in made if cc is c)))
+            for other, _ in made:  # nobody else is present: only this client can be asked
+                if other is not client:
+                    await other.result("presence/update", {"active": False})
+            assert await client.result("presence/update", {"active": True}) == {}
+            await client.result("session/subscribe", {"sessionId": sid})
+            await client.result("turn/send", {"sessionId": sid, "content": '!tool exec {"command": "echo approved"}'})
+            asked = await client.push(lambda m: m["method"] == "approval/requested"
+                                      and m["params"]["approval"]["sessionId"] == sid, timeout=30)
+            approval = asked["params"]["approval"]
+            answered = await client.result("approval/respond", {"approvalId": approval["id"], "decision": "approve",
+                                                                "contentHash": approval["contentHash"]})
+            await client.turn_done(sid, timeout=30)
+            history = await client.result("session/history", {"sessionId": sid, "limit": 200})
+            return answered, history
+
+    answered, history = run(go())
+    assert answered is not None
+    calls = [i for i in history["items"] if i["kind"] == "tool-call"]
+    assert calls and calls[-1]["status"] == "completed", calls
+    assert "approved" in str(calls[-1].get("output") or calls[-1])
