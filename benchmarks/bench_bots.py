@@ -66,8 +66,9 @@ from benchmarks.measure import (  # noqa: E402
     fill_defaults,
     now,
     percentile,
-    proc_cpu_s,
     proc_rss_mib,
+    proc_tree,
+    proc_tree_cpu_s,
     rss_peak_mib,
     run_job,
     write_results,
@@ -578,7 +579,9 @@ def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
     with open(os.path.join(data_dir, "apps.toml"), "w") as f:
         f.writelines(f'[apps.{app_id(b)}]\ntoken = "{app_token(b)}"\nplatform = "bench"\ncontainers = ["inbox"]\n\n'
                      for b in range(spec["bots"]))
-    server = ServerProc(data_dir, OWNER_TOKEN, ["--durability", spec["durability"]], "0" if pinned else None)
+    workers = spec.get("workers", 1)
+    server = ServerProc(data_dir, OWNER_TOKEN, ["--durability", spec["durability"], "--workers", str(workers)],
+                        "0" if pinned else None)
     try:
         rec = Record()
         api = WsApi(server.port, rec)
@@ -590,13 +593,15 @@ def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
                     await api.open(b, max(1, -(-spec["sessions_per_bot"] // per_conn)))
                     rec.sessions[b] = list(await asyncio.gather(*(api.create(b, f"bot {b} chat {s}")
                                                                   for s in range(spec["sessions_per_bot"]))))
-                cpu0, scpu0 = time.process_time(), proc_cpu_s(server.proc.pid)
+                # the server's CPU: the process and, with --workers, its workers and nats-server
+                cpu0, scpu0 = time.process_time(), proc_tree_cpu_s(server.proc.pid)
                 wall = await throughput_async(api, rec, spec)
-                cpu, scpu = time.process_time() - cpu0, proc_cpu_s(server.proc.pid) - scpu0
+                cpu, scpu = time.process_time() - cpu0, proc_tree_cpu_s(server.proc.pid) - scpu0
                 out = summarize(rec, wall, spec, cpu + scpu)
                 out["server_cpu_ms_per_turn"] = scpu / out["turns"] * 1000 if out["turns"] else float("nan")
                 out["connections"] = sum(len(c) for c in api.conns.values())
-                out["server_rss_mib"] = proc_rss_mib(server.proc.pid)
+                out["server_rss_mib"] = sum(proc_rss_mib(p) for p in proc_tree(server.proc.pid))
+                out["server_processes"] = len(proc_tree(server.proc.pid))
                 out["overload"] = await overload(api, rec, spec)
                 return out
             finally:
@@ -706,6 +711,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--ws-sessions-per-conn", type=int, default=5,
                     help="ws: sessions sharing one bot connection (the server allows 100 requests/s, burst 200, "
                          "per connection; a turn is 2 requests)")
+    ap.add_argument("--workers", default="1",
+                    help="ws: comma-separated worker counts of the server (serve --workers), each a column, "
+                         "unpinned (e.g. 1,2)")
     ap.add_argument("--repeats", type=int, help="runs per figure, median reported (default 3; 1 with --quick)")
     ap.add_argument("--no-pinned", action="store_true", help="skip the pinned runs")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -725,24 +733,27 @@ def main() -> None:
             "dup_ratio": args.dup_ratio, "durability": args.durability, "overload_bots": args.overload_bots,
             "overload_one": args.overload_one, "overload_each": args.overload_each,
             "ws_sessions_per_conn": args.ws_sessions_per_conn}
-    modes: list[tuple[str, str, bool]] = []
+    modes: list[tuple[str, str, bool, int]] = []
+    worker_counts = [int(n) for n in args.workers.split(",")]
     for t in args.transports.split(","):
         t = t.strip()
         if t not in JOBS:
             raise SystemExit(f"unknown transport {t!r}")
-        modes.append((t, "unpinned", False))
-        if can_pin:
-            modes.append((t, "server-cpu0" if t == "ws" else "pinned_cpu0", t != "ws"))
+        for n in worker_counts if t == "ws" else [1]:
+            modes.append((t, "unpinned", False, n))
+        if can_pin and (t != "ws" or worker_counts == [1]):  # workers spread over the cores: not pinned
+            modes.append((t, "server-cpu0" if t == "ws" else "pinned_cpu0", t != "ws", 1))
     print(f"bots: {args.bots} bot apps x {args.sessions_per_bot} sessions x {args.turns} turns, "
           f"{args.dup_ratio:.0%} repeated keys, durability {args.durability}; the clients and the server share "
           f"this {len(os.sched_getaffinity(0))}-CPU machine (ws server-cpu0: server under taskset -c 0, bots under "
           f"taskset -c 1)", flush=True)
     samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in range(args.repeats):
-        for transport, placement, pinned in modes:
-            res = run_child({**base, "transport": transport, "placement": placement}, pinned)
-            samples[f"{transport} {placement}"].append(res)
-            print(f"  run {r + 1}/{args.repeats} {transport} {placement}: {res['turns_per_s']:,.0f} turns/s, p99 "
+        for transport, placement, pinned, workers in modes:
+            res = run_child({**base, "transport": transport, "placement": placement, "workers": workers}, pinned)
+            label = f"{transport} {placement}" + (f" workers={workers}" if transport == "ws" and workers > 1 else "")
+            samples[label].append(res)
+            print(f"  run {r + 1}/{args.repeats} {label}: {res['turns_per_s']:,.0f} turns/s, p99 "
                   f"{res['p99_ms']:.1f} ms, overload rejected {res['overload']['rejected_rate']:.0%}, check "
                   f"{'ok' if res['check']['ok'] else 'FAILED'}", flush=True)
     cols = {k: median_of(v) for k, v in samples.items()}

@@ -74,6 +74,27 @@ def proc_cpu_s(pid: int) -> float:
         return float("nan")
 
 
+def proc_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (``/proc/<pid>/task/<tid>/children``)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def proc_tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and the processes below it now (``serve --workers``:
+    the supervisor, its workers and nats-server)."""
+    return sum(c for c in (proc_cpu_s(p) for p in proc_tree(pid)) if c == c)
+
+
 def proc_rss_mib(pid: int) -> float:
     """Resident memory of a process in MiB (from /proc); NaN once it is gone."""
     try:
