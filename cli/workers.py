@@ -36,6 +36,7 @@ import click
 
 from sessionloop.actors.gateway.relay import Placement
 from sessionloop.actors.gateway.service import ClusterPorts, master_secret
+from sessionloop.actors.system.app_counts import SharedAppCounts
 from sessionloop.actors.system.faults import FaultInjector
 from sessionloop.actors.system.nats_link import ClusterUnavailable, NatsLink
 from sessionloop.actors.system.runtime import HostOptions, open_data_store
@@ -50,6 +51,10 @@ ENV_NATS_TOKEN = "SESSIONLOOP_NATS_TOKEN"
 ENV_LOCK_FD = "SESSIONLOOP_STORE_LOCK_FD"
 ENV_READY_FD = "SESSIONLOOP_READY_FD"
 ENV_SHARDS = "SESSIONLOOP_SHARDS"
+ENV_DATA = "SESSIONLOOP_DATA"
+
+#: the per-app quota's counts, shared by the workers (``actors.system.app_counts``)
+APP_COUNTS_FILE = "app-counts"
 
 START_TIMEOUT_S = 60.0
 BACKOFF_S = (0.5, 10.0)
@@ -68,6 +73,7 @@ class WorkerEnvironment:
         self.lock_fd = int(env[ENV_LOCK_FD])
         self.ready_fd = int(env[ENV_READY_FD])
         self.shards = int(env[ENV_SHARDS])
+        self.data_dir = env[ENV_DATA]
 
     def ready(self, epoch: int) -> None:
         """Tell the supervisor this worker serves."""
@@ -105,7 +111,9 @@ def worker_cluster(worker: WorkerEnvironment, host_options: dict[str, Any]) -> C
         link = NatsLink(worker.nats_url, token=worker.nats_token, name=f"worker-{worker.worker}")
     except ClusterUnavailable as e:
         raise click.ClickException(str(e)) from e
-    return ClusterPorts(link=link, placement=Placement(worker.worker, worker.workers, worker.shards))
+    counts = SharedAppCounts(os.path.join(worker.data_dir, APP_COUNTS_FILE), worker.worker)
+    return ClusterPorts(link=link, placement=Placement(worker.worker, worker.workers, worker.shards),
+                        app_counts=counts)
 
 
 def worker_environment() -> WorkerEnvironment | None:
@@ -196,9 +204,10 @@ class Worker:
 
 
 class Supervisor:
-    def __init__(self, argv: list[str], *, workers: int, host: str, port_socket: socket.socket, lock_fd: int,
-                 shards: int, nats: NatsChild | None, nats_url: str, nats_token: str | None) -> None:
+    def __init__(self, argv: list[str], *, data_dir: str, workers: int, host: str, port_socket: socket.socket,
+                 lock_fd: int, shards: int, nats: NatsChild | None, nats_url: str, nats_token: str | None) -> None:
         self.argv = argv
+        self.data_dir = data_dir
         self.host = host
         self.port_socket = port_socket
         self.port = int(port_socket.getsockname()[1])
@@ -218,7 +227,7 @@ class Supervisor:
         env = dict(os.environ)
         env.update({ENV_WORKER: f"{worker.index}/{len(self.workers)}", ENV_NATS_URL: self.nats_url,
                     ENV_NATS_TOKEN: self.nats_token or "", ENV_LOCK_FD: str(self.lock_fd),
-                    ENV_READY_FD: str(self.ready_w), ENV_SHARDS: str(self.shards)})
+                    ENV_READY_FD: str(self.ready_w), ENV_SHARDS: str(self.shards), ENV_DATA: self.data_dir})
         # the worker's stdout is the supervisor's stderr: stdout carries the supervisor's lines only
         worker.proc = subprocess.Popen([sys.executable, "-m", "sessionloop", *self.argv, "--port", str(self.port)],
                                        env=env, pass_fds=(self.lock_fd, self.ready_w), stdout=sys.stderr,
@@ -320,8 +329,9 @@ def supervise(argv: list[str], *, data_dir: str, host: str, port: int, workers: 
         nats = NatsChild(data_dir)
         nats.start()
         nats_url, token = nats.url, nats.token
-    sup = Supervisor(argv, workers=workers, host=host, port_socket=port_socket, lock_fd=lock_fd, shards=shards,
-                     nats=nats, nats_url=nats_url, nats_token=token)
+    SharedAppCounts.create(os.path.join(data_dir, APP_COUNTS_FILE), workers)
+    sup = Supervisor(argv, data_dir=data_dir, workers=workers, host=host, port_socket=port_socket,
+                     lock_fd=lock_fd, shards=shards, nats=nats, nats_url=nats_url, nats_token=token)
 
     def stop(signum: int, frame: Any) -> None:
         sup.stopping = True

@@ -133,7 +133,7 @@ class Host:
 
             runtime = Runtime(data_dir, opts, store=store, models=models, faults=faults, loop_watchers=watchers,
                               listeners=(index.committed, LoopFeed(watchers).committed, *replica, *listeners),
-                              settings=settings)
+                              settings=settings, app_counts=None if cluster is None else cluster.app_counts)
             index.load(store)
         except BaseException:
             settings_work.shutdown(wait=False)

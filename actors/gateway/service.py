@@ -39,6 +39,7 @@ from sessionloop.actors.gateway.relay import Placement, Relay, RelayedPush
 from sessionloop.actors.gateway.settings import install_settings
 from sessionloop.actors.settings.service import SettingsService
 from sessionloop.actors.settings.texts import Text, enc_hook
+from sessionloop.actors.system.app_counts import SharedAppCounts
 from sessionloop.actors.system.nats_link import NatsLink
 from sessionloop.actors.system.pubsub import Publication
 from sessionloop.actors.system.runtime import DeltaPayload, Runtime
@@ -79,6 +80,7 @@ class ClusterPorts(msgspec.Struct, frozen=True):
 
     link: NatsLink
     placement: Placement
+    app_counts: SharedAppCounts
 
 
 class ClientConnection:

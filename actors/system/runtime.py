@@ -36,6 +36,7 @@ from sessionloop.actors.session.messages import Decide, Passivate
 from sessionloop.actors.session.queries import turn_outcome
 from sessionloop.actors.settings.apps import AppRegistry, clamp_mode, clamp_policy
 from sessionloop.actors.settings.texts import Language, Text, stored_parts
+from sessionloop.actors.system.app_counts import AppCounts, LocalAppCounts
 from sessionloop.actors.system.blobs import BlobStore
 from sessionloop.actors.system.directory import Directory
 from sessionloop.actors.system.faults import FaultInjector
@@ -152,7 +153,7 @@ class Runtime:
 
     def __init__(self, data_dir: str, options: HostOptions, *, store: EventStore, models: ModelRegistry,
                  faults: FaultInjector, loop_watchers: Watchers, listeners: Sequence[CommitListener],
-                 settings: SettingsFactory) -> None:
+                 settings: SettingsFactory, app_counts: AppCounts | None = None) -> None:
         self.data_dir = os.path.abspath(data_dir)
         if type(options.max_steps) is not int:  # a Struct built in Python is not type-checked
             options = msgspec.structs.replace(options, max_steps=steps_limit(options.max_steps))
@@ -181,8 +182,8 @@ class Runtime:
         #: sessions stream live deltas to them, the root's ``LoopFeed`` their committed events
         self.loop_watchers = loop_watchers
         self.apps = AppRegistry()  # the apps' manifests bound their sessions (actors.settings.apps)
-        self._app_lock = threading.Lock()
-        self.app_unfinished: dict[str, int] = {}
+        #: each app's unfinished turns (the per-app quota), this process's or every worker's
+        self.app_counts: AppCounts = app_counts if app_counts is not None else LocalAppCounts()
         self.compaction = Compaction(self)
         self.metrics = HostMetrics(self)
 
@@ -482,21 +483,12 @@ class Runtime:
         self.tell(approval.session_id, Decide(settled, Reply()))
 
     def app_reserve(self, app_id: str, limit: int) -> bool:
-        """Take one of the app's unfinished-turn slots if fewer than ``limit`` are taken. One of
-        several workers takes its share of ``limit`` (an equal part, at least one): the workers
-        together never pass it, though one may refuse while another has slots left."""
-        if self._shared:
-            limit = max(1, limit // self.options.workers)
-        with self._app_lock:
-            taken = self.app_unfinished.get(app_id, 0)
-            if taken >= limit:
-                return False
-            self.app_unfinished[app_id] = taken + 1
-            return True
+        """Take one of the app's unfinished-turn slots if fewer than ``limit`` are taken (by all
+        the workers, with ``serve --workers``: ``actors.system.app_counts``)."""
+        return self.app_counts.reserve(app_id, limit)
 
     def app_unfinished_add(self, app_id: str, delta: int) -> None:
-        with self._app_lock:
-            self.app_unfinished[app_id] = self.app_unfinished.get(app_id, 0) + delta
+        self.app_counts.add(app_id, delta)
 
     def disconnected(self, conn: Any) -> None:
         """A client connection closed: it watches no task output and answers no approval."""

@@ -154,3 +154,42 @@ def test_an_owner_present_on_one_worker_approves_a_tool_call_of_a_session_the_ot
     calls = [i for i in history["items"] if i["kind"] == "tool-call"]
     assert calls and calls[-1]["status"] == "completed", calls
     assert "approved" in str(calls[-1].get("output") or calls[-1])
+
+
+BOT_TOKEN = "bot-token-for-the-end-to-end-tests"
+
+
+def test_the_app_quota_holds_exactly_across_workers(server_factory, tmp_path):
+    """200 unfinished turns per app, counted by both workers together: 15 sessions on both workers
+    get 17 slow sends each (255, each session under its own 20): exactly 200 accepted."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "apps.toml").write_text(f'[apps.mybot]\ntoken = "{BOT_TOKEN}"\nplatform = "telegram"\n'
+                                    'containers = ["inbox"]\n')
+    server = server_factory("--workers", "2", data_dir=str(data))
+
+    async def go():
+        async with AsyncExitStack() as stack:
+            sessions: list[tuple[object, str]] = []
+            for _ in range(60):
+                ws = await stack.enter_async_context(open_client(server, BOT_TOKEN))
+                c = await initialized(ws)
+                sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
+                sessions.append((c, sid))
+                if len(sessions) >= 15 and len({owner(s) for _, s in sessions}) == 2:
+                    break
+            receipts = []
+            for k in range(17):
+                for c, sid in sessions:
+                    receipts.append(await c.result("loop/send", {"sessionId": sid, "text": "!sleep 8000\nslow",
+                                                                 "idempotencyKey": f"{sid}-{k}"}))
+            return sessions, receipts
+
+    sessions, receipts = run(go())
+    assert {owner(s) for _, s in sessions} == {0, 1}
+    statuses = [r["state"] for r in receipts]
+    expected_sends = len(sessions) * 17
+    assert len(statuses) == expected_sends and expected_sends > 200
+    assert statuses.count("accepted") + statuses.count("queued") == 200, statuses
+    rejected = [r for r in receipts if r["state"] == "rejected"]
+    assert len(rejected) == expected_sends - 200 and all(r["retryAfterMs"] > 0 for r in rejected)

@@ -259,12 +259,12 @@ def test_quota_rejection_and_recovery_for_200_unfinished_turns_of_an_app(loop_ho
     full = [bot.create(container_id="inbox").session_id for _ in range(10)]
     filled = [fill_session(bot, sid, f"s{i}") for i, sid in enumerate(full)]
     gate.wait_entered(10)
-    assert loop_host.rt.app_unfinished["mybot"] == 200
+    assert loop_host.rt.app_counts.count("mybot") == 200
     idle = bot.create(container_id="inbox").session_id
     head = loop_host.store.head_position
     refused = bot.send(idle, "hello", idempotency_key="idle-1")
     assert (refused.state, refused.retry_after_ms, refused.turn_id) == ("rejected", 1000, None)
-    assert loop_host.store.head_position == head and loop_host.rt.app_unfinished["mybot"] == 200
+    assert loop_host.store.head_position == head and loop_host.rt.app_counts.count("mybot") == 200
     gate.opened.set()
     for sid, receipts in zip(full, filled, strict=True):
         assert bot.wait_for_turn(sid, receipts[-1].turn_id, timeout_ms=30_000).state == "completed"
@@ -434,7 +434,7 @@ def test_the_app_quota_holds_when_many_sessions_send_at_once(loop_host):
 
     receipts = asyncio.run(go())
     assert sum(r.state != "rejected" for r in receipts) == 200
-    assert loop_host.rt.app_unfinished["mybot"] == 200
+    assert loop_host.rt.app_counts.count("mybot") == 200
 
 
 def test_a_room_created_through_the_python_api_records_its_chat_account_and_window_place(loop_host) -> None:
