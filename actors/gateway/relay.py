@@ -24,7 +24,9 @@ record: each commit's record is published on ``sl.index`` and applied by the oth
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import logging
 import threading
 import zlib
@@ -53,9 +55,11 @@ RETRY_AFTER_MS = 1000
 #: how long a relayed request may take beyond what the request itself asks to wait
 RELAY_TIMEOUT_S = 60.0
 
-#: what the workers do not yet answer across all of them: each would see only its own sessions.
-#: Refused in a server of several workers (``unsupported``), never answered with a part.
-NOT_ACROSS_WORKERS = frozenset({"background/list", "background/watch", "loop/watch", "session/batch"})
+#: what every worker answers for its own sessions: sent to all of them (``session/batch`` to each
+#: with the ids of its sessions), the answers merged: the list under this key joined (None: the
+#: answer is ``{}``); a worker that cannot be reached makes it ``unavailable``, never a part
+SCATTERED: dict[str, str | None] = {"background/list": "tasks", "background/watch": None, "loop/watch": None,
+                                    "session/batch": "failed"}
 
 
 class RelayedRequest(msgspec.Struct, array_like=True, frozen=True):
@@ -211,11 +215,8 @@ class Relay:
         return relay_id
 
     def owner_of(self, dispatch: Dispatch) -> int | None:
-        """The worker to relay ``dispatch`` to, or None to run it here. Raises RpcError for a method
-        the workers do not answer across all of them."""
-        if dispatch.method in NOT_ACROSS_WORKERS:
-            raise RpcError.unsupported(f"{dispatch.method} is not served by a server of several workers yet "
-                                       "(serve --workers 1 serves it)")
+        """The worker to relay ``dispatch`` to, or None to run it here (a method in
+        :data:`SCATTERED` goes to every worker: :meth:`scatter`)."""
         session_id = session_of(dispatch.method, dispatch.params)
         if session_id is None:
             return None
@@ -252,6 +253,52 @@ class Relay:
             conn.error(dispatch.id, _unavailable(owner))
 
         self.link.request(f"sl.w.{owner}.rpc", _enc.encode(request), timeout_s + RELAY_TIMEOUT_S, done)
+
+    def scatter(self, conn: ClientConnection, dispatch: Dispatch, frame: str) -> None:
+        """``dispatch`` to every worker, this one too (through its own relayed connection), and
+        one answer merged from theirs (:data:`SCATTERED`)."""
+        parts: dict[int, str] = {}
+        if dispatch.method == "session/batch":
+            ids: dict[int, list[str]] = {}
+            for session_id in dispatch.params.ids:  # type: ignore[attr-defined]
+                ids.setdefault(self.placement.owner(session_id), []).append(session_id)
+            for worker, mine in ids.items():
+                parts[worker] = json.dumps({"jsonrpc": "2.0", "id": dispatch.id, "method": dispatch.method,
+                                            "params": {"op": dispatch.params.op, "ids": mine}})  # type: ignore[attr-defined]
+        else:
+            parts = dict.fromkeys(range(self.placement.workers), frame)
+        if not parts:
+            conn.settle_relayed(dispatch.id, json.dumps({"jsonrpc": "2.0", "id": dispatch.id,
+                                                         "result": {SCATTERED[dispatch.method] or "": []}}))
+            return
+        answers: dict[int, Any] = {}
+        lock = threading.Lock()
+
+        def done(worker: int, answer: bytes | None, error: BaseException | None) -> None:
+            with lock:
+                answers[worker] = json.loads(answer) if answer is not None else None
+                if len(answers) < len(parts):
+                    return
+            conn.settle_relayed(dispatch.id, self._merged(dispatch, answers))
+
+        for worker, text in parts.items():
+            conn.relayed_to.add(worker)
+            request = _enc.encode(RelayedRequest(self.placement.worker, self.epoch, conn.relay_id,
+                                                 _wire_peer(conn.peer), conn.protocol.client, text))
+            self.link.request(f"sl.w.{worker}.rpc", request, RELAY_TIMEOUT_S, functools.partial(done, worker))
+
+    @staticmethod
+    def _merged(dispatch: Dispatch, answers: dict[int, Any]) -> str:
+        for worker, answer in sorted(answers.items()):
+            if answer is None:
+                return json.dumps({"jsonrpc": "2.0", "id": dispatch.id, "error": _unavailable(worker).error_object()})
+            if "error" in answer:
+                return json.dumps(answer)
+        key = SCATTERED[dispatch.method]
+        result: dict[str, Any] = {}
+        if key is not None:
+            result[key] = [x for _, answer in sorted(answers.items()) for x in answer["result"].get(key, [])]
+        return json.dumps({"jsonrpc": "2.0", "id": dispatch.id, "result": result})
 
     def broadcast(self, conn: ClientConnection, frame: str) -> None:
         """``frame`` (a ``presence/update``) to every other worker too, unanswered: a session there
@@ -342,4 +389,4 @@ def _wire_peer(peer: Peer) -> Peer:
     return Peer(platform=peer.platform, user_id=peer.user_id, surface=peer.surface, app_id=peer.app_id)
 
 
-__all__ = ["NOT_ACROSS_WORKERS", "IndexReplica", "Placement", "Relay", "RelayedPush", "session_of"]
+__all__ = ["SCATTERED", "IndexReplica", "Placement", "Relay", "RelayedPush", "session_of"]

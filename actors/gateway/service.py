@@ -35,7 +35,7 @@ import pykka
 
 from sessionloop.actors.gateway.loop import loop_handlers
 from sessionloop.actors.gateway.methods import build_handlers
-from sessionloop.actors.gateway.relay import Placement, Relay, RelayedPush
+from sessionloop.actors.gateway.relay import SCATTERED, Placement, Relay, RelayedPush
 from sessionloop.actors.gateway.settings import install_settings
 from sessionloop.actors.settings.service import SettingsService
 from sessionloop.actors.settings.texts import Text, enc_hook
@@ -121,12 +121,11 @@ class ClientConnection:
                 self.peer.disconnect(out.code, out.reason)
 
     def _relayed(self, relay: Relay, out: Dispatch, frame: str | bytes) -> bool:
-        """Whether ``out`` went to the worker that runs its session (or was refused here)."""
-        try:
-            owner = relay.owner_of(out)
-        except RpcError as refusal:
-            self.error(out.id, refusal)
+        """Whether ``out`` went to the worker that runs its session, or to every worker."""
+        if out.method in SCATTERED:
+            relay.scatter(self, out, frame if isinstance(frame, str) else frame.decode("utf-8"))
             return True
+        owner = relay.owner_of(out)
         if owner is None:
             if out.method == "presence/update":  # the other workers' sessions see the owner too
                 relay.broadcast(self, frame if isinstance(frame, str) else frame.decode("utf-8"))

@@ -9,6 +9,7 @@ relayed to it, and its pushes come back on the client's socket.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import zlib
@@ -193,3 +194,42 @@ def test_the_app_quota_holds_exactly_across_workers(server_factory, tmp_path):
     assert statuses.count("accepted") + statuses.count("queued") == 200, statuses
     rejected = [r for r in receipts if r["state"] == "rejected"]
     assert len(rejected) == expected_sends - 200 and all(r["retryAfterMs"] > 0 for r in rejected)
+
+
+def test_background_list_and_session_batch_answer_for_both_workers_sessions(server_factory):
+    server = server_factory("--workers", "2")
+
+    async def go():
+        async with AsyncExitStack() as stack:
+            made = await _clients_on_both_workers(server, stack)
+            client = made[0][0]
+            one = {owner(s): s for _, s in made}  # a session of each worker
+            await client.result("background/watch", {})
+            tasks = {}
+            for worker, sid in sorted(one.items()):
+                await client.result("session/subscribe", {"sessionId": sid})
+                await client.result("session/config/update", {"sessionId": sid, "plugin": "tools",
+                                                              "key": "permissionMode", "value": "acceptCalls"})
+                args = json.dumps({"command": "sleep 30", "background": True})
+                await client.result("turn/send", {"sessionId": sid, "content": f"!tool exec {args}"})
+                card = await client.push(lambda m, sid=sid: m["method"] == "item/completed"
+                                         and m["params"]["sessionId"] == sid
+                                         and m["params"]["item"]["kind"] == "tool-call"
+                                         and m["params"]["item"].get("taskId"), timeout=30)
+                tasks[worker] = card["params"]["item"]["taskId"]
+                await client.turn_done(sid, timeout=30)
+            listed = await client.result("background/list", {})
+            # the watch hears both workers' tasks; stopping the other worker's task is relayed to it
+            stopped = await client.result("background/stop", {"taskId": tasks[1 - owner(made[0][1])]})
+            changed = await client.push(lambda m: m["method"] == "background/changed"
+                                        and any(t["id"] == tasks[1 - owner(made[0][1])] and t["status"] != "running"
+                                                for t in m["params"]["upserts"]), timeout=30)
+            batch = await client.result("session/batch", {"op": "archive", "ids": [*one.values(), "0" * 21]})
+            archived = await client.result("sessions/list", {"archived": True, "limit": 100})
+            return tasks, listed, stopped, changed, batch, archived, one
+
+    tasks, listed, stopped, changed, batch, archived, one = run(go())
+    assert {t["id"] for t in listed["tasks"]} >= set(tasks.values())  # both workers' tasks in one list
+    assert stopped == {} and changed
+    assert [f["sessionId"] for f in batch["failed"]] == ["0" * 21]  # the unknown one fails, both others archived
+    assert {s["id"] for s in archived["sessions"]} >= set(one.values())
