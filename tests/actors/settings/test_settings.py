@@ -692,10 +692,10 @@ class RecordingProvider(MockProvider):
         return super().answer_now(request, on_delta)
 
 
-def test_a_system_prompt_set_on_a_window_reaches_the_model_for_its_rooms(world):
-    host, _, c = world
+def test_a_system_prompt_set_on_a_window_reaches_the_model_for_its_rooms(env):
     provider = RecordingProvider()
-    host.rt.set_provider(provider)
+    host, svc = env(provider=provider)
+    c = MemoryClient(svc)
     sid = room(host)
     set_layer(c, {"scope": "place", "key": WINDOW.key}, "agent", "systemPrompt", "You are in Friends.")
     send_and_wait(c, sid, "hi")
