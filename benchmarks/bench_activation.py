@@ -60,7 +60,8 @@ from benchmarks.server_proc import ServerProc
 from sessionloop.actors.api.host import Host
 from sessionloop.actors.session.state import evolve, new_state
 from sessionloop.actors.system import gc_policy
-from sessionloop.cli.bench_cmd import inprocess_turn, is_tool_turn
+from sessionloop.cli.bench_cmd import inprocess_turn
+from sessionloop.cli.bench_config import is_tool_turn
 from sessionloop.cli.client import Endpoint, connect
 from sessionloop.protocol.schemas_types import TurnItem
 

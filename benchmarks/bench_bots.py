@@ -172,7 +172,7 @@ class InProcessApi:
 
 
 class WsApi:
-    """Per bot a few app-token connections (``cli.bench_cmd.WsClient``: multiplexed by request id);
+    """Per bot a few app-token connections (``cli.bench_ws.WsClient``: multiplexed by request id);
     session i of a bot uses connection i mod n."""
 
     def __init__(self, port: int, rec: Record) -> None:
@@ -187,7 +187,7 @@ class WsApi:
     async def open(self, bot: int, n: int) -> None:
         from websockets.asyncio.client import connect
 
-        from sessionloop.cli.bench_cmd import WsClient
+        from sessionloop.cli.bench_ws import WsClient
 
         self.conns[bot] = []
         for _ in range(n):
@@ -198,7 +198,7 @@ class WsApi:
             self.conns[bot].append(c)
 
     async def call(self, client: Any, method: str, params: dict[str, Any]) -> Any:
-        from sessionloop.cli.bench_cmd import Rejected
+        from sessionloop.cli.bench_ws import Rejected
 
         while True:
             try:

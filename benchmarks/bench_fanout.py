@@ -280,7 +280,7 @@ class Driver:
     async def open(self, port: int, n: int) -> None:
         from websockets.asyncio.client import connect
 
-        from sessionloop.cli.bench_cmd import WsClient
+        from sessionloop.cli.bench_ws import WsClient
 
         for _ in range(n):
             ws = await connect(f"ws://127.0.0.1:{port}/session", max_size=None, compression=None, ping_interval=None,
@@ -301,7 +301,7 @@ class Driver:
         return str(made["session"]["id"])
 
     async def send(self, client: Any, session_id: str, text: str) -> None:
-        from sessionloop.cli.bench_cmd import NotAccepted, Rejected
+        from sessionloop.cli.bench_ws import NotAccepted, Rejected
 
         t0 = now()
         self.sent[text] = t0
@@ -597,7 +597,8 @@ async def _fanout(spec: dict[str, Any], server: ServerProc, subscribers: list[Su
 
 def job_turns(spec: dict[str, Any]) -> dict[str, Any]:
     """``cli/bench_cmd.py``'s ``run_bench`` (via ws or in process), nosync."""
-    from sessionloop.cli.bench_cmd import BenchConfig, run_bench
+    from sessionloop.cli.bench_cmd import run_bench
+    from sessionloop.cli.bench_config import BenchConfig
 
     cfg = BenchConfig(sessions=spec["sessions"], turns=spec["turns"], via=spec["via"], durability="nosync",
                       progress=False)

@@ -83,11 +83,10 @@ async def drive(host: Host, ids: list[str], turns: int, tag: str, latencies: dic
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     data = tempfile.mkdtemp(prefix="bench-models-")
-    host = Host.open(data, durability="nosync", permission_mode="acceptCalls")
     provider = OpenAIProvider(model="fake-model", base_url=f"http://127.0.0.1:{spec['port']}/v1", api_key="sk-bench",
                               limits=ModelLimits(max_concurrency=spec["max_concurrency"]),
                               retry=RetryPolicy(attempts=3))
-    host.rt.set_provider(provider)
+    host = Host.open(data, durability="nosync", permission_mode="acceptCalls", provider=provider)
     expected = "".join(f"w{i} " for i in range(spec["chunks"]))
     try:
         ids = [host.create().id for _ in range(spec["sessions"])]

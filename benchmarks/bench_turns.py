@@ -79,7 +79,8 @@ from sessionloop.actors.api.host import Host
 from sessionloop.actors.model.base import ModelError
 from sessionloop.actors.model.mock import DEFAULT_SIGMA, JITTERS, MockClock
 from sessionloop.actors.system import gc_policy
-from sessionloop.cli.bench_cmd import BenchConfig, inprocess_turn, is_tool_turn, sessions_per_connection
+from sessionloop.cli.bench_cmd import inprocess_turn
+from sessionloop.cli.bench_config import BenchConfig, is_tool_turn, sessions_per_connection
 from sessionloop.cli.bench_observers import OBSERVE_MODES, attach
 from sessionloop.cli.bench_observers import create_sessions as create_observed_sessions
 
@@ -88,7 +89,7 @@ PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
 TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
 TURN_TIMEOUT_S = 120.0
-TOOL_RATIO = 0.5  # half the turns make one tool call, spread evenly (cli.bench_cmd.is_tool_turn)
+TOOL_RATIO = 0.5  # half the turns make one tool call, spread evenly (cli.bench_config.is_tool_turn)
 
 
 def messages_per_turn(llm_latency_ms: float, stream_tokens_per_s: float = 0.0) -> dict[str, float]:

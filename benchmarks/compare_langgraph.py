@@ -53,15 +53,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchmarks.measure import fill_defaults, rss_peak_mib, run_job, write_results
-from sessionloop.cli.bench_cmd import (
-    EXPECTED,
-    PLAIN_TEXT,
-    TOOL_TEXT,
-    BenchConfig,
-    is_tool_turn,
-    percentile,
-    run_bench,
-)
+from sessionloop.cli.bench_cmd import percentile, run_bench
+from sessionloop.cli.bench_config import EXPECTED, PLAIN_TEXT, TOOL_TEXT, BenchConfig, is_tool_turn
 from sessionloop.cli.bench_observers import OBSERVE_MODES
 
 # --- LangGraph side -------------------------------------------------------------------------------

@@ -23,6 +23,10 @@ At the end the event log written during the run is read back and checked: each t
 accepted once, started once, ended once with the expected answer, ran one tool when it was a tool
 turn, and its end reached the client once. Any lost or duplicated turn, or an answer the observers
 did not get streamed whole, fails the command with one line (exit 1).
+
+This module drives the run and prints the report; the run's configuration, the mock clock's
+flags and the turns sent are :mod:`cli.bench_config`, the check of the log :mod:`cli.bench_check`,
+the WebSocket client :mod:`cli.bench_ws` and the in-process observers :mod:`cli.bench_observers`.
 """
 
 from __future__ import annotations
@@ -36,163 +40,42 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict
 from typing import Any
 
 import click
-import msgspec
 from websockets.asyncio.client import connect
 
-from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
-from sessionloop.actors.model.base import ModelError
-from sessionloop.actors.model.mock import DEFAULT_SIGMA, JITTERS, MockClock
 from sessionloop.actors.session.commands import NewInput
 from sessionloop.actors.session.messages import Send
 from sessionloop.actors.system import gc_policy
 from sessionloop.actors.system.ids import new_id
 from sessionloop.actors.system.pubsub import LoopWaiter, Reply
+from sessionloop.cli.bench_check import Record, SessionRecord, check_log, failure_line
+from sessionloop.cli.bench_config import (
+    PLAIN_TEXT,
+    TOOL_TEXT,
+    BenchConfig,
+    is_tool_turn,
+    mock_clock_options,
+    sessions_per_connection,
+)
 from sessionloop.cli.bench_observers import (
     OBSERVE_MODES,
-    PushCheck,
     StreamCheck,
     Subscribers,
     Watcher,
     attach,
     create_sessions,
 )
+from sessionloop.cli.bench_ws import NotAccepted, WsClient
 from sessionloop.cli.serve import Server
 from sessionloop.eventstore import EventStore, RecordedEvent
-from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 
-PLAIN_TEXT, PLAIN_ANSWER = "hello world", "echo: hello world"
-TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
-EXPECTED = {PLAIN_TEXT: PLAIN_ANSWER, TOOL_TEXT: TOOL_ANSWER}
-TURN_END = (E.TurnCompleted, E.TurnFailed, E.TurnAborted, E.TurnLimitReached)
 BENCH_TOKEN = "sessionloop-bench-token"
-
-
-class NotAccepted(Exception):
-    """The server answered ``turn/send`` with an error: the input was not accepted (not a lost turn)."""
-
-
-class Rejected(Exception):
-    """Back-pressure (``rejected`` with ``retryAfterMs``): the server's per-connection rate limit."""
-
-    def __init__(self, message: str, retry_after_ms: int) -> None:
-        super().__init__(message)
-        self.retry_after_ms = retry_after_ms
-
-
-@dataclass
-class BenchConfig:
-    sessions: int = 100
-    turns: int | None = 10  # per session; None: until ``duration_s``
-    concurrency: int | None = None  # turns in flight at most; None: one per session
-    tool_ratio: float = 0.5
-    via: str = "inprocess"
-    durability: str = "sync"
-    llm_latency_ms: float = 0.0
-    latency_jitter: str = "none"  # the mock's clock (actors/model/mock.py): how the latency varies
-    latency_sigma: float = DEFAULT_SIGMA
-    stream_tokens_per_s: float = 0.0
-    seed: int | None = None
-    duration_s: float | None = None
-    data_dir: str | None = None
-    per_connection: int | None = None  # None: auto (see :func:`sessions_per_connection`)
-    turn_timeout_s: float = 60.0
-    max_live: int | None = None
-    progress: bool = True
-    observe: str = "subscriber"  # in process: who watches the turns stream (cli.bench_observers)
-
-    def validate(self) -> None:
-        if self.sessions < 1:
-            raise click.BadParameter("must be at least 1", param_hint="--sessions")
-        if self.turns is not None and self.turns < 1:
-            raise click.BadParameter("must be at least 1", param_hint="--turns")
-        if self.turns is None and self.duration_s is None:
-            raise click.BadParameter("give --turns, --duration or both", param_hint="--turns")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise click.BadParameter("must be at least 1", param_hint="--concurrency")
-        if not 0.0 <= self.tool_ratio <= 1.0:
-            raise click.BadParameter("must be between 0 and 1", param_hint="--tool-ratio")
-        if self.llm_latency_ms < 0:
-            raise click.BadParameter("must be >= 0", param_hint="--llm-latency")
-        try:
-            MockClock(**self.model_options())
-        except ModelError as e:  # names the option: latency_ms is --llm-latency, the others their flag
-            raise click.BadParameter(str(e), param_hint=_clock_flag(str(e))) from None
-        if self.duration_s is not None and self.duration_s <= 0:
-            raise click.BadParameter("must be > 0", param_hint="--duration")
-        if self.per_connection is not None and self.per_connection < 1:
-            raise click.BadParameter("must be at least 1", param_hint="--per-connection")
-        if self.observe not in OBSERVE_MODES:
-            raise click.BadParameter(f"one of {', '.join(OBSERVE_MODES)}", param_hint="--observe")
-        if self.via == "ws" and self.observe != "subscriber":
-            raise click.BadParameter("with --via ws the WebSocket clients are the subscribers", param_hint="--observe")
-
-    def model_options(self) -> dict[str, Any]:
-        """The mock's options (``HostOptions.model_options``): its clock."""
-        return {"latency_ms": self.llm_latency_ms, "latency_jitter": self.latency_jitter,
-                "latency_sigma": self.latency_sigma, "stream_tokens_per_s": self.stream_tokens_per_s,
-                "seed": self.seed}
-
-
-def _clock_flag(problem: str) -> str:
-    for option, flag in (("latency_jitter", "--latency-jitter"), ("latency_sigma", "--latency-sigma"),
-                         ("stream_tokens_per_s", "--stream-tokens-per-s"), ("seed", "--seed")):
-        if problem.startswith(f"mock: {option}"):
-            return flag
-    return "--llm-latency"
-
-
-def sessions_per_connection(cfg: BenchConfig) -> int:
-    """``--per-connection``, or by default enough connections (up to 50 sessions each, at least 20
-    connections when there are sessions for them) that the server's per-connection request rate
-    limit (100 requests/s, burst 200; one request per turn) is not what the run measures."""
-    return cfg.per_connection or max(1, min(50, cfg.sessions // 20))
-
-
-def is_tool_turn(ratio: float, session_index: int, turn_index: int) -> bool:
-    """Tool turns spread evenly over the sessions in flight and over each session's turns: turn
-    ``t`` of session ``s`` is a tool turn when ``floor((k + 1) * ratio) - floor(k * ratio)`` is 1
-    for ``k = s + t``. The sessions of one round take consecutive ``k``, and so do the turns of
-    one session, so each gets its share within one: at ratio 0.5 the turns of a round alternate
-    and so does every session, whatever the session count. (A tool turn costs about three plain
-    ones: giving every session its tool turns at the same turn index would offer bursts of tool
-    turns, then of plain ones, instead of a steady mix.)"""
-    k = session_index + turn_index
-    return int((k + 1) * ratio + 1e-9) - int(k * ratio + 1e-9) == 1
-
-
-# --- what the driver sent and saw ---------------------------------------------------------------
-
-
-@dataclass
-class SessionRecord:
-    session_id: str
-    sent: list[bool] = field(default_factory=list)  # tool turn?, in the order sent
-    seen: list[str] = field(default_factory=list)  # turn ids whose end reached the client
-    states: dict[str, str] = field(default_factory=dict)  # turn id -> state the client saw
-
-
-@dataclass
-class Record:
-    sessions: list[SessionRecord]
-    latencies: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    in_flight: int = 0
-
-    @property
-    def done(self) -> int:
-        return len(self.latencies)
-
-    @property
-    def sent(self) -> int:
-        return sum(len(s.sent) for s in self.sessions)
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -357,93 +240,6 @@ async def run_inprocess(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
 # --- over WebSocket -------------------------------------------------------------------------------
 
 
-class WsClient:
-    """One multiplexed WebSocket connection: JSON-RPC calls by id, and per session a waiter for
-    the ``item/completed`` push of its ``turn`` item (one turn at a time per session)."""
-
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-        self.ids = itertools.count(1)
-        self.calls: dict[int, asyncio.Future[Any]] = {}
-        self.turn_waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        self.unexpected: list[str] = []
-        self.rejected = 0  # turn/send requests refused by the rate limit, then retried
-        self.stream = StreamCheck()  # the answers as this client got them streamed
-        self.pushes = PushCheck(self.stream)
-        self.decode = msgspec.json.Decoder().decode
-        self.reader = asyncio.ensure_future(self._read())
-
-    async def _read(self) -> None:
-        try:
-            async for raw in self.ws:
-                msg = self.decode(raw)
-                rid = msg.get("id")
-                if rid is not None and "method" not in msg:
-                    fut = self.calls.pop(rid, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(msg)
-                    continue
-                self.pushes.push(msg)
-                if msg.get("method") != "item/completed":
-                    continue
-                params = msg.get("params") or {}
-                item = params.get("item") or {}
-                if item.get("kind") != "turn":
-                    continue
-                waiter = self.turn_waiters.pop(str(params.get("sessionId")), None)
-                if waiter is None or waiter.done():
-                    self.unexpected.append(f"session {params.get('sessionId')}: unexpected turn end "
-                                           f"{item.get('itemId')}")
-                else:
-                    waiter.set_result(item)
-        except Exception as e:  # noqa: BLE001 - the connection closed: fail everything waiting
-            error: BaseException = e
-        else:
-            error = ConnectionError("the server closed the connection")
-        for fut in [*self.calls.values(), *self.turn_waiters.values()]:
-            if not fut.done():
-                fut.set_exception(error)
-
-    async def call(self, method: str, params: dict[str, Any]) -> Any:
-        rid = next(self.ids)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.calls[rid] = fut
-        await self.ws.send(request_frame(rid, method, params))
-        msg = await fut
-        if "error" in msg:
-            error, data = msg["error"], msg["error"].get("data") or {}
-            if data.get("code") == "rejected":
-                raise Rejected(f"{method}: {error.get('message')}", int(data.get("retryAfterMs", 100)))
-            raise NotAccepted(f"{method}: {error.get('message')}")
-        return msg["result"]
-
-    async def turn(self, session_id: str, text: str) -> tuple[str, str]:
-        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self.turn_waiters[session_id] = waiter
-        try:
-            while True:
-                try:
-                    await self.call("turn/send", {"sessionId": session_id, "content": text})
-                    break
-                except Rejected as e:  # as a well-behaved client: wait as told, send again
-                    self.rejected += 1
-                    await asyncio.sleep(e.retry_after_ms / 1000)
-        except BaseException:
-            self.turn_waiters.pop(session_id, None)
-            raise
-        item = await waiter
-        outcome = item.get("outcome")
-        return str(item["itemId"]), "completed" if outcome in ("replied", "silent") else str(outcome)
-
-    async def close(self) -> None:
-        await self.ws.close()
-        self.reader.cancel()
-        try:
-            await self.reader
-        except asyncio.CancelledError:
-            pass
-
-
 async def run_ws(cfg: BenchConfig, data_dir: str) -> dict[str, Any]:
 
     server = Server(data_dir, port=0, token=BENCH_TOKEN, durability=cfg.durability, permission_mode="acceptCalls",
@@ -560,93 +356,6 @@ def iter_log(store: EventStore, after: int) -> Iterator[RecordedEvent]:
     return store.iter_all(after)
 
 
-@dataclass
-class _Log:
-    inputs: list[tuple[str, str]] = field(default_factory=list)  # (turn id, text)
-    started: Counter[str] = field(default_factory=Counter)
-    ended: Counter[str] = field(default_factory=Counter)
-    answers: dict[str, str | None] = field(default_factory=dict)  # turn id -> output text (None: not completed)
-    tools: Counter[str] = field(default_factory=Counter)
-
-
-def check_log(rec: Record, events: Iterable[RecordedEvent]) -> dict[str, Any]:
-    """Compare what the driver sent and saw with the event log: lost, duplicated and wrong turns.
-
-    * lost: a turn sent with no input accepted, no ``turn.started`` or no turn end in the log, or
-      whose end never reached the client (or the driver gave up waiting for it);
-    * duplicated: more inputs accepted than sent, a turn started or ended more than once, or its
-      end reported to the client more than once;
-    * wrong: a turn that ended otherwise than completed with the expected answer, or ran a number
-      of tools other than its script's.
-    """
-    logs: dict[str, _Log] = defaultdict(_Log)
-    for recorded in events:
-        if not recorded.stream.startswith("session-"):
-            continue
-        log = logs[recorded.stream[len("session-"):]]
-        ev = recorded.event
-        if isinstance(ev, E.InputAccepted):
-            log.inputs.append((ev.turn_id, ev.text))
-        elif isinstance(ev, E.TurnStarted):
-            log.started[ev.turn_id] += 1
-        elif isinstance(ev, TURN_END):
-            log.ended[ev.turn_id] += 1
-            log.answers[ev.turn_id] = ev.output_text if isinstance(ev, E.TurnCompleted) else None
-        elif isinstance(ev, E.ToolStarted):
-            log.tools[ev.turn_id] += 1
-    lost: list[str] = []
-    dup: list[str] = []
-    wrong: list[str] = []
-    verified = 0
-    for srec in rec.sessions:
-        sid = srec.session_id
-        log = logs.pop(sid, _Log())
-        accepted = [t for t, _ in log.inputs]
-        if len(log.inputs) < len(srec.sent):
-            lost += [f"session {sid}: {len(srec.sent)} turns sent, {len(log.inputs)} inputs accepted"]
-        elif len(log.inputs) > len(srec.sent):
-            dup += [f"session {sid}: {len(srec.sent)} turns sent, {len(log.inputs)} inputs accepted"]
-        texts = [TOOL_TEXT if tool else PLAIN_TEXT for tool in srec.sent]
-        if [text for _, text in log.inputs[:len(texts)]] != texts[:len(log.inputs)]:
-            wrong.append(f"session {sid}: inputs in the log differ from the turns sent")
-        seen = Counter(srec.seen)
-        for turn_id, text in log.inputs:
-            where = f"session {sid} turn {turn_id}"
-            for name, counts in (("turn.started", log.started), ("turn end", log.ended)):
-                if counts[turn_id] == 0:
-                    lost.append(f"{where}: no {name} in the log")
-                elif counts[turn_id] > 1:
-                    dup.append(f"{where}: {counts[turn_id]}x {name} in the log")
-            if seen[turn_id] == 0:
-                lost.append(f"{where}: its end never reached the client")
-            elif seen[turn_id] > 1:
-                dup.append(f"{where}: its end reached the client {seen[turn_id]}x")
-            if log.ended[turn_id] and log.answers.get(turn_id) != EXPECTED.get(text):
-                wrong.append(f"{where}: ended with {log.answers.get(turn_id)!r}, expected {EXPECTED.get(text)!r}")
-            elif srec.states.get(turn_id, "completed") != "completed":
-                wrong.append(f"{where}: the client saw it end {srec.states[turn_id]!r}")
-            want_tools = 1 if text == TOOL_TEXT else 0
-            if log.tools[turn_id] != want_tools:
-                wrong.append(f"{where}: {log.tools[turn_id]} tool calls, expected {want_tools}")
-            verified += 1
-        for turn_id in set(log.started) | set(log.ended) | set(seen):
-            if turn_id not in accepted:
-                dup.append(f"session {sid} turn {turn_id}: started, ended or reported without an input sent")
-    for sid, log in logs.items():
-        if log.inputs or log.started:
-            dup.append(f"session {sid}: turns in the log of a session the benchmark did not drive")
-    lost_or_dup = [*rec.errors]
-    return {"ok": not (lost or dup or wrong or rec.errors), "turns_verified": verified, "lost": len(lost),
-            "duplicated": len(dup), "wrong": len(wrong), "errors": len(rec.errors),
-            "problems": [*lost_or_dup, *lost, *dup, *wrong][:20]}
-
-
-def failure_line(check: dict[str, Any]) -> str:
-    first = check["problems"][0] if check["problems"] else "?"
-    return (f"event log check FAILED: {check['lost']} lost, {check['duplicated']} duplicated, {check['wrong']} "
-            f"wrong, {check['errors']} driver errors (first: {first})")
-
-
 # --- running and printing -------------------------------------------------------------------------
 
 
@@ -730,17 +439,7 @@ def observer_failure_line(obs: dict[str, Any]) -> str:
               help="inprocess: tell the session actors directly; ws: a server on port 0 and WebSocket clients.")
 @click.option("--durability", type=click.Choice(["sync", "nosync"]), default="sync", show_default=True,
               help="sync: fsync before every acknowledgement; nosync: no fsync.")
-@click.option("--llm-latency", "llm_latency_ms", default=0.0, show_default=True, type=float,
-              help="Mock model delay per call in ms, before the first token (to model a real provider; the "
-                   "median with --latency-jitter).")
-@click.option("--latency-jitter", type=click.Choice(list(JITTERS)), default="none", show_default=True,
-              help="How the delay varies: none, lognormal (median --llm-latency, spread --latency-sigma) or "
-                   "uniform (0 to twice --llm-latency).")
-@click.option("--latency-sigma", default=DEFAULT_SIGMA, show_default=True, type=float,
-              help="Sigma of the lognormal jitter (0 to 3).")
-@click.option("--stream-tokens-per-s", default=0.0, show_default=True, type=float,
-              help="Stream each answer at N tokens/s (a token is 4 characters); 0: as fast as they come.")
-@click.option("--seed", default=None, type=int, help="Seed of the jitter's random generator (repeatable runs).")
+@mock_clock_options
 @click.option("--duration", "duration_s", default=None, type=float, help="Stop sending new turns after S seconds.")
 @click.option("--data", "data_dir", default=None, help="Data directory [default: a temporary one, removed after].")
 @click.option("--per-connection", default=None, type=int,

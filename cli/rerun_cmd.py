@@ -2,10 +2,11 @@
 
 The re-run itself is ``actors/replay/rerun.py`` (the plan in ``plan.py``, the comparison in
 ``compare.py``); this module refuses what it can before taking the data directory's writer lock
-(an unknown session, a bad ``--from-turn`` or override, other sessions' unfinished work), opens
-the host, parses the what-if overrides (``--override-tool``, ``--override-approval``) and prints
-the report. A rerun writes (the fork), so it refuses clearly (StoreLocked) while a server runs
-on the data directory.
+(an unknown session, a bad ``--from-turn`` or override, other sessions' unfinished work), parses
+the what-if overrides (``--override-tool``, ``--override-approval``), opens the host once with
+the rerun's ports (its provider, approvals and tool handlers: ``RerunScript.ports``), refuses if
+the session changed since it was planned, and prints the report. A rerun writes (the fork), so
+it refuses clearly (StoreLocked) while a server runs on the data directory.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import msgspec
 
 from sessionloop.actors.api.host import Host
 from sessionloop.actors.replay.plan import LaterTurn, RerunPlan, parse_model_answer, plan_rerun
-from sessionloop.actors.replay.rerun import Override, Progress, Rerun, RerunFailed
+from sessionloop.actors.replay.rerun import Override, Progress, Rerun, RerunFailed, RerunScript
+from sessionloop.actors.system.ports import HostPorts
 from sessionloop.actors.system.runtime import HostOptions
 from sessionloop.cli.session_log import (
     data_option,
@@ -101,10 +103,11 @@ def _other_unfinished(data_dir: str, session_id: str) -> list[str]:
         store.close()
 
 
-def _open_rerun_host(data_dir: str, max_steps: int | None) -> Host:
+def _open_rerun_host(data_dir: str, max_steps: int | None, ports: HostPorts) -> Host:
     try:
         steps = HostOptions().max_steps if max_steps is None else max_steps  # 0: unlimited
-        return Host.open(data_dir, durability="sync", max_steps=steps)
+        return Host.open(data_dir, durability="sync", max_steps=steps, provider=ports.provider,
+                         approvals=ports.approvals, tool_handler=ports.tool_handler)
     except StoreLocked as e:
         raise click.ClickException(
             f"{data_dir} is in use by a running server ({e.holder}); rerun forks the session in the same data "
@@ -164,13 +167,16 @@ def rerun(session: str, from_turn: int, provider: str, tools_mode: str, override
       sessionloop rerun 18f3a2c0d41e5b7a90c1d --from-turn 0 --override-approval 1=deny
     """
     session_id = session_id_of(session)
-    max_steps = _check_before_opening(data_dir, session_id, from_turn, overrides, approval_overrides).max_steps
-    host = _open_rerun_host(data_dir, max_steps)
+    plan, events = _check_before_opening(data_dir, session_id, from_turn, overrides, approval_overrides)
+    parsed = _parse_overrides(plan, overrides) + _parse_approval_overrides(plan, approval_overrides)
     try:
-        events = read_session(host.store, data_dir, session_id)
-        plan = plan_rerun(session_id, events, from_turn)  # again, under the writer lock
-        parsed = _parse_overrides(plan, overrides) + _parse_approval_overrides(plan, approval_overrides)
-        job = Rerun(host, plan, events, provider=provider, tools=tools_mode, overrides=parsed, timeout=timeout)
+        script = RerunScript(plan, events, provider=provider, tools=tools_mode, overrides=parsed)
+    except RerunFailed as e:
+        raise click.ClickException(str(e)) from e
+    host = _open_rerun_host(data_dir, plan.max_steps, script.ports())
+    try:
+        _check_unchanged(read_session(host.store, data_dir, session_id), events, data_dir, session_id)
+        job = Rerun(host, script, timeout=timeout)
         try:
             job.prepare()
             outcome = job.run(_progress_bar(not as_json and sys.stderr.isatty()))
@@ -194,14 +200,16 @@ def rerun(session: str, from_turn: int, provider: str, tools_mode: str, override
 
 
 def _check_before_opening(data_dir: str, session_id: str, from_turn: int, overrides: tuple[str, ...],
-                          approval_overrides: tuple[str, ...]) -> RerunPlan:
-    """The plan, from a read-only store: an unknown session, a bad ``--from-turn`` or override,
-    or other sessions' unfinished work that opening the directory would resume, is refused
-    before the writer lock is taken (and even while a server runs)."""
+                          approval_overrides: tuple[str, ...]) -> tuple[RerunPlan, list[RecordedEvent]]:
+    """The plan and the session's events it was made from, from a read-only store: an unknown
+    session, a bad ``--from-turn`` or override, or other sessions' unfinished work that opening
+    the directory would resume, is refused before the writer lock is taken (and even while a
+    server runs)."""
     if not os.path.isdir(os.path.join(data_dir, "store")):
         raise click.ClickException(f"session {session_id} not found in {data_dir} (no event store there)")
+    events = _read_readonly(data_dir, session_id)
     try:
-        plan = plan_rerun(session_id, _read_readonly(data_dir, session_id), from_turn)
+        plan = plan_rerun(session_id, events, from_turn)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     _parse_overrides(plan, overrides)
@@ -212,7 +220,17 @@ def _check_before_opening(data_dir: str, session_id: str, from_turn: int, overri
             f"{len(unfinished)} other session(s) in {data_dir} have unfinished work (e.g. {unfinished[0]}) "
             "that opening the directory would resume with the rerun's model; start the server once to let them "
             "finish, or rerun on a copy of the directory")
-    return plan
+    return plan, events
+
+
+def _check_unchanged(now: list[RecordedEvent], planned: list[RecordedEvent], data_dir: str, session_id: str) -> None:
+    """The session's events read again under the writer lock are the ones the rerun was planned
+    from (its answers, approvals and tool results come from them); a session that changed in
+    between (a server wrote to it before the lock was taken) is refused."""
+    if now != planned:
+        raise click.ClickException(
+            f"session {session_id} in {data_dir} changed while the rerun was being prepared ({len(planned)} events "
+            f"when planned, {len(now)} now, up to version {now[-1].version}); nothing was re-run: run rerun again")
 
 
 def _progress_bar(shown: bool) -> Progress:

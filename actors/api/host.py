@@ -24,6 +24,7 @@ from sessionloop.actors.api.spawn import spawn_session_spec
 from sessionloop.actors.errors import InvalidCommand, NotFound, RequestTimeout
 from sessionloop.actors.gateway.relay import IndexReplica
 from sessionloop.actors.gateway.service import ClusterPorts, SessionProtocolService
+from sessionloop.actors.model import Provider
 from sessionloop.actors.model.registry import ModelRegistry
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.actor import SessionActor
@@ -36,7 +37,7 @@ from sessionloop.actors.settings.apps import MODES, AppManifest
 from sessionloop.actors.settings.service import SettingsService
 from sessionloop.actors.system.faults import FaultInjector
 from sessionloop.actors.system.ids import new_id
-from sessionloop.actors.system.ports import CommitListener
+from sessionloop.actors.system.ports import ApprovalsFactory, CommitListener, HostPorts, ToolWrapper
 from sessionloop.actors.system.pubsub import Reply, TurnOutcome, Watchers
 from sessionloop.actors.system.runtime import HostOptions, Runtime, open_data_store
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY
@@ -73,9 +74,10 @@ class Host:
 
     ``Host.open`` builds, in this order: the models (a model that cannot be used refuses the start
     before anything is opened), the store, the listing index, the runtime (with its commit
-    listeners: the index, the Session Loop API's feed and the caller's, and the factory of the
-    settings service), then the host. :meth:`protocol` builds a session protocol service (the
-    gateway) over them. Nothing is attached to any of them afterwards.
+    listeners: the index, the Session Loop API's feed and the caller's, the factory of the
+    settings service and the caller's ports: a provider, approvals, a tool wrapper), then the
+    host. :meth:`protocol` builds a session protocol service (the gateway) over them. Nothing is
+    attached to any of them afterwards.
 
     Sessions with unfinished work (queued inputs or an interrupted turn) are activated at open
     and resume by themselves; every other session stays on disk until it is used.
@@ -89,7 +91,7 @@ class Host:
         self.settings = settings  # the runtime's settings service (it sees it as ``SessionSettings``)
         self._settings_work = settings_work
         if "spawn_session" not in runtime.tools:
-            runtime.tools.register(spawn_session_spec(self))
+            runtime.tools.register(runtime.ports.tool(spawn_session_spec(self)))
         self.apps = runtime.apps
         self.loop_watchers = runtime.loop_watchers
         runtime.approvals.settle_leftovers()
@@ -99,10 +101,20 @@ class Host:
 
     @classmethod
     def open(cls, data_dir: str = ".sessionloop", *, listeners: Sequence[CommitListener] = (),
-             cluster: ClusterPorts | None = None, **options: Any) -> Host:
+             cluster: ClusterPorts | None = None, provider: Provider | None = None,
+             approvals: ApprovalsFactory | None = None, tool_handler: ToolWrapper | None = None,
+             **options: Any) -> Host:
         """Open the host on ``data_dir``; ``options`` are the fields of :class:`HostOptions`;
         ``listeners`` hear every commit (``actors.system.ports.Commit``) from the first, before
         the sessions with unfinished work resume (a tracer sees their repairs too).
+
+        The other keywords put a part of the runtime in place of the real one, for the host's
+        whole life (``actors.system.ports.HostPorts``): ``provider`` answers every session's model
+        calls instead of the configured models (a scripted or replayed model: tests, benchmarks,
+        ``rerun``); ``approvals(runtime)`` makes the approval service instead of the real one
+        (``rerun`` answers its fork's approvals from the recording); ``tool_handler(spec)`` gives
+        the handler each tool runs with, the built-in ones and ``spawn_session`` (``rerun``
+        replays the recorded results).
 
         ``cluster`` (``serve --workers``): this process is one of several workers (the options
         ``worker`` and ``workers`` say which); every commit's listing record goes to the others and
@@ -133,7 +145,8 @@ class Host:
 
             runtime = Runtime(data_dir, opts, store=store, models=models, faults=faults, loop_watchers=watchers,
                               listeners=(index.committed, LoopFeed(watchers).committed, *replica, *listeners),
-                              settings=settings, app_counts=None if cluster is None else cluster.app_counts)
+                              settings=settings, app_counts=None if cluster is None else cluster.app_counts,
+                              ports=HostPorts(provider=provider, approvals=approvals, tool_handler=tool_handler))
             index.load(store)
         except BaseException:
             settings_work.shutdown(wait=False)

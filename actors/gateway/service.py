@@ -335,7 +335,7 @@ class SessionProtocolService:
         if cluster is not None:
             self.relay = Relay(self, cluster.link, cluster.placement, runtime.epoch, self._relayed_connection)
 
-        install_settings(self)
+        self._settings_watch = install_settings(self)
 
     def _describe(self) -> tuple[Features, str]:
         """The features and the ``appName`` of a handshake: config.toml's ``name``, read again
@@ -433,6 +433,7 @@ class SessionProtocolService:
             conn.send_push(frame)
 
     def close(self) -> None:
+        self._settings_watch.close()  # no more session/config/changed pushes from this service
         with self._lock:
             conns = list(self.connections)
         for conn in conns:

@@ -3,7 +3,8 @@ over the settings service of :mod:`actors.settings.service`.
 
 :func:`install_settings` is the one entry point: the protocol service calls it at the end of its
 construction, with the runtime's settings service (made by the composition root, ``Host.open``);
-it adds the handlers and the push.
+it adds the handlers and subscribes the push (``SettingsService.watch``), and the service closes
+that subscription when it closes.
 
 Handlers follow ``gateway_methods``: ``(conn, request_id, params) -> None``, answering later and
 never waiting. A session's rows are computed on its actor (they need its state); a write to its
@@ -26,6 +27,7 @@ from sessionloop.actors.settings.apps import MODES
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE
 from sessionloop.actors.settings.service import SettingsService
 from sessionloop.actors.settings.texts import Text
+from sessionloop.actors.settings.watch import Watch
 from sessionloop.actors.system.pubsub import Reply
 from sessionloop.actors.tools.sandbox import POLICIES
 from sessionloop.actors.views.summary import summary_from_record
@@ -68,12 +70,13 @@ LAYER_NAMES: tuple[LayerKind, ...] = ("global", "platform", "platformType", "pla
 PUSH_DELAY_S = 0.05  # coalesce a burst of changes (a bot creating sessions) into one push
 
 
-def install_settings(service: SessionProtocolService) -> None:
+def install_settings(service: SessionProtocolService) -> Watch:
     """Add the ``session/config/*`` handlers over the runtime's settings service to
-    ``service.handlers``, and push ``session/config/changed`` to its connections when settings change."""
+    ``service.handlers``, and push ``session/config/changed`` to its connections when settings
+    change, until the returned watch is closed (the service closes it when it closes)."""
     settings = service.settings
-    settings.on_change.append(_Broadcast(service))
     service.handlers.update(settings_handlers(service, settings))
+    return settings.watch(_Broadcast(service))
 
 
 class _Broadcast:

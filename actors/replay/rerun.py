@@ -1,21 +1,26 @@
 """The re-run of a session forked at user turn N: ``rerun`` with the replay provider, the recorded
 tool results and approvals, and the what-if overrides.
 
-:class:`Rerun` forks the original (:class:`~sessionloop.actors.replay.plan.RerunPlan` says
-where), gives the fork the session settings and the workspace the original had, sends the later
-inputs again turn by turn and compares the fork's log with the recording after each turn
-(``actors/replay/compare.py``). The model's answers come from the recording
+:class:`RerunScript` is what the fork is answered with, made from the plan before the host
+opens, and its :meth:`~RerunScript.ports` are the parts the host is opened with
+(``actors.system.ports.HostPorts``): the model's answers come from the recording
 (:class:`ReplayAnswers`: answers, provider failures, automatic summaries) unless a live provider
 is asked for; tools replay their recorded results (their file changes too) unless ``live``; each
 approval is settled as the recording settled it (:class:`RecordedApprovals`, :func:`rerun_gate`).
 An :class:`Override` answers one step otherwise -- a tool call's result, a model call's answer
 or an approval -- and the differences it causes are reported apart from the divergence.
-``cli/rerun_cmd.py`` opens the host, parses the overrides and prints the report.
+
+:class:`Rerun` drives the opened host: it forks the original
+(:class:`~sessionloop.actors.replay.plan.RerunPlan` says where), gives the fork the session
+settings and the workspace the original had, sends the later inputs again turn by turn and
+compares the fork's log with the recording after each turn (``actors/replay/compare.py``),
+keeping the script's facts (the re-run turn, the fork, its workspace) up to date.
+``cli/rerun_cmd.py`` parses the overrides, opens the host with the script's ports and prints the
+report.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import time
 from collections.abc import Callable, Iterable
@@ -37,7 +42,8 @@ from sessionloop.actors.replay.values import fold_events, one_line
 from sessionloop.actors.session.checkpoints import restore_before
 from sessionloop.actors.session.commands import SettingsOf
 from sessionloop.actors.session.messages import Ask
-from sessionloop.actors.tools import ToolResult
+from sessionloop.actors.system.ports import HostPorts
+from sessionloop.actors.tools import ToolResult, ToolSpec
 from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.eventstore.records import RecordedEvent
 
@@ -49,6 +55,7 @@ __all__ = [
     "RecordedApprovals",
     "Rerun",
     "RerunFailed",
+    "RerunScript",
     "override_settlement",
     "replayed_settlement",
     "rerun_gate",
@@ -149,7 +156,7 @@ class ModelOverrides:
     its ``error``; every other call goes to ``inner`` (which, replaying, skips the recording of
     the overridden call)."""
 
-    def __init__(self, inner: Any, job: Rerun) -> None:
+    def __init__(self, inner: Any, job: RerunScript) -> None:
         self.inner = inner
         self.name = getattr(inner, "name", "override")
         self.job = job
@@ -215,12 +222,12 @@ class RecordedApprovals(ApprovalService):
     ``--override-approval`` answer, which wins over a recorded grant. Nobody is asked: no
     approval actor, push or approval stream. Sessions other than the fork keep the real rules."""
 
-    def __init__(self, job: Rerun) -> None:
-        super().__init__(job.rt, job.rt.approvals.timing)
+    def __init__(self, runtime: Any, job: RerunScript) -> None:
+        super().__init__(runtime, runtime.approval_timing)
         self.job = job
 
     def _is_fork(self, session_id: str) -> bool:
-        return self.job.fork is not None and session_id == self.job.fork.id
+        return self.job.fork_id is not None and session_id == self.job.fork_id
 
     def gate(self, session_id: str, call_id: str) -> GateInputs:
         if not self._is_fork(session_id):
@@ -237,55 +244,50 @@ class RecordedApprovals(ApprovalService):
         self.rt.approval_settled(asked, self.job.approval_answer(event.call_id))
 
 
-class Rerun:
-    """One ``rerun``: fork, re-send the later inputs turn by turn, compare after each turn."""
+class RerunScript:
+    """What one ``rerun`` answers its fork with, made from the plan before the host opens: the
+    recording's (or a live model's) answers, the recorded tool results and approvals, and the
+    overrides; :meth:`ports` are the parts the host is opened with. :class:`Rerun` keeps the
+    facts they depend on up to date: ``current_turn`` (the re-run turn being sent), ``fork_id``
+    and the two workspaces. Raises RerunFailed when tools would run live in the workspace the
+    original works in."""
 
-    def __init__(self, host: Any, plan: RerunPlan, events: list[RecordedEvent], *, provider: str, tools: str,
-                 overrides: list[Override], timeout: float) -> None:
-        self.host, self.rt, self.plan, self.events = host, host.rt, plan, events
-        self.provider_name, self.tools_mode, self.timeout = provider, tools, timeout
+    def __init__(self, plan: RerunPlan, events: list[RecordedEvent], *, provider: str, tools: str,
+                 overrides: list[Override]) -> None:
+        self.plan, self.events = plan, events
+        self.provider_name, self.tools_mode = provider, tools
         self.overrides = {(o.turn, o.call_id): o for o in overrides if o.kind == "tool"}
         self.model_overrides = {(o.turn, o.call): o for o in overrides if o.kind == "model"}
         self.approval_overrides = {(o.turn, o.call_id): o for o in overrides if o.kind == "approval"}
         self.current_turn = 0
-        self.fork: Any = None
-        self.gateway: Any = None  # the host's protocol service: the settings layers, session/delete
-        self.client: Any = None  # an owner connection to it
+        self.fork_id: str | None = None
         self.fork_workspace: Any = None
         self.original_workspace: Any = None
-        self.shared_workspace = False
         self.problems: list[str] = []
-
-    # setup
-
-    def prepare(self) -> None:
-        original = self._original_state()
+        original = self.original_state()
         self.shared_workspace = bool(original.created and original.created.cwd)
         if self.shared_workspace and self.tools_mode == "live":
             raise RerunFailed(
                 f"session {self.plan.session_id} works in its own directory ({original.created.cwd}); "
                 "--tools live would change it: use --tools replay")
+
+    def original_state(self) -> Any:
+        return fold_events(self.plan.session_id, self.events)
+
+    def ports(self) -> HostPorts:
+        """The host's provider (the recording's answers, or a live one), its approvals (answered
+        from the recording) and, when tools replay or a tool call is overridden, its tools'
+        handlers."""
         if self.provider_name == "replay":
             provider: Any = ReplayAnswers(ReplayProvider(self.plan.answers), self.plan.model_calls,
-                                            self.plan.summaries)
+                                          self.plan.summaries)
         else:
             provider = make_provider(self.provider_name)
         if self.model_overrides:
             provider = ModelOverrides(provider, self)
-        self.rt.set_provider(provider)
-        self.rt.set_approvals(RecordedApprovals(self))
-        if self.tools_mode == "replay" or self.overrides:
-            self._install_tools()
-        # the settings layers resolve as on a server (config.toml, places, the session layer)
-        self.gateway = self.host.protocol()
-        self.client = MemoryClient(self.gateway, self.timeout)
-        self.client.initialize("sessionloop-rerun")
-
-    def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-        if self.gateway is not None:
-            self.gateway.close()
+        replays = self.tools_mode == "replay" or bool(self.overrides)
+        return HostPorts(provider=provider, approvals=lambda runtime: RecordedApprovals(runtime, self),
+                         tool_handler=self.tool_handler if replays else None)
 
     def approval_answer(self, call_id: str) -> E.Settlement:
         """How the approval of ``call_id`` in the current re-run turn is answered: the override,
@@ -303,16 +305,10 @@ class Rerun:
                              "answer to; it was denied as nobody was present")
         return E.Settlement(state="denied", source="absent", at=now)
 
-    def _original_state(self) -> Any:
-        return fold_events(self.plan.session_id, self.events)
+    def tool_handler(self, spec: ToolSpec) -> Any:
+        """The handler ``spec`` runs with in the rerun: the recorded result (``--tools replay``) or
+        the tool itself (``live``), then the override of the call, if any."""
 
-    def _install_tools(self) -> None:
-        registry = self.rt.tools
-        for name in registry.names():
-            spec = registry.get(name)
-            registry.register(dataclasses.replace(spec, handler=self._handler(spec)), replace=True)
-
-    def _handler(self, spec: Any) -> Any:
         async def handle(args: dict[str, Any], ctx: Any) -> Any:
             key = (self.current_turn, ctx.call_id)
             if self.tools_mode == "live":
@@ -359,18 +355,46 @@ class Rerun:
         except (OSError, SessionloopError) as e:
             self.problems.append(f"could not replay the change of {path}: {e}")
 
+
+class Rerun:
+    """One ``rerun`` on a host opened with ``script``'s ports: fork, re-send the later inputs
+    turn by turn, compare after each turn."""
+
+    def __init__(self, host: Any, script: RerunScript, *, timeout: float) -> None:
+        self.host, self.rt, self.script, self.plan = host, host.rt, script, script.plan
+        self.timeout = timeout
+        self.problems = script.problems
+        self.fork: Any = None
+        self.gateway: Any = None  # the host's protocol service: the settings layers, session/delete
+        self.client: Any = None  # an owner connection to it
+
+    # setup
+
+    def prepare(self) -> None:
+        # the settings layers resolve as on a server (config.toml, places, the session layer)
+        self.gateway = self.host.protocol()
+        self.client = MemoryClient(self.gateway, self.timeout)
+        self.client.initialize("sessionloop-rerun")
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.gateway is not None:
+            self.gateway.close()
+
     def _start_fork_workspace(self) -> None:
         """The fork starts with the files as they were before the first re-run turn: a copy of
         the original's workspace with that turn's and later turns' changes undone (checkpoints)."""
-        original = self._original_state()
-        self.original_workspace = self.rt.workspace(original)
-        if self.shared_workspace:
+        script = self.script
+        original = script.original_state()
+        script.original_workspace = self.rt.workspace(original)
+        if script.shared_workspace:
             return
-        self.fork_workspace = self.rt.workspace(self.fork.snapshot())
-        if self.original_workspace.exists():  # a session whose tools never wrote has none
-            shutil.copytree(self.original_workspace.root, self.fork_workspace.root, symlinks=True, dirs_exist_ok=True)
+        script.fork_workspace = fork_workspace = self.rt.workspace(self.fork.snapshot())
+        if script.original_workspace.exists():  # a session whose tools never wrote has none
+            shutil.copytree(script.original_workspace.root, fork_workspace.root, symlinks=True, dirs_exist_ok=True)
         if self.plan.turns:
-            _, _, conflicts = restore_before(original, self.plan.turns[0].turn_id, self.fork_workspace)
+            _, _, conflicts = restore_before(original, self.plan.turns[0].turn_id, fork_workspace)
             self.problems.extend(f"could not restore {p} in the fork's workspace" for p in conflicts)
 
     # run
@@ -381,6 +405,7 @@ class Rerun:
         plan = self.plan
         title = f"rerun of {plan.session_id} from turn {plan.from_turn}"
         self.fork = self.host.fork(plan.session_id, turns=plan.from_turn, title=title)
+        self.script.fork_id = self.fork.id
         self._start_fork_workspace()
         numbers = {t.turn_id: t.number for t in plan.turns}
         loose = self._loose()
@@ -403,7 +428,7 @@ class Rerun:
         return {"sent": sent, "divergence": divergence, "relaxed": relaxed, "compared": len(got)}
 
     def _send(self, turn: LaterTurn) -> str:
-        self.current_turn = turn.number
+        self.script.current_turn = turn.number
         self._settings_for(turn.number)
         session = self.host.session(self.fork.id)
         if turn.is_continue:
@@ -440,20 +465,21 @@ class Rerun:
         if "error" in reply:
             raise RerunFailed(f"--discard: the fork {self.fork.id} could not be deleted: "
                                        f"{reply['error'].get('message')}")
-        if self.fork_workspace is not None and not self.shared_workspace:
-            shutil.rmtree(self.fork_workspace.root, ignore_errors=True)
+        script = self.script
+        if script.fork_workspace is not None and not script.shared_workspace:
+            shutil.rmtree(script.fork_workspace.root, ignore_errors=True)
 
     def _loose(self) -> dict[int, frozenset[str]]:
         loose: dict[int, frozenset[str]] = {}
         numbers = {t.turn_id: t.number for t in self.plan.turns}
-        overridden_steps = {o.step_id for o in self.model_overrides.values()}
+        overridden_steps = {o.step_id for o in self.script.model_overrides.values()}
         for i, (turn_id, rec) in enumerate(self.plan.expected):
             e = rec.event
             key = (numbers.get(turn_id), getattr(e, "call_id", None))
-            if isinstance(e, E.ToolFinished) and key in self.overrides:
+            if isinstance(e, E.ToolFinished) and key in self.script.overrides:
                 loose[i] = frozenset({"output", "status", "exit_code"})
             elif isinstance(e, (E.LlmCompleted, E.LlmFailed)) and e.step_id in overridden_steps:
                 loose[i] = frozenset({"text", "reasoning", "tool_calls", "usage", "model", "provider", "error"})
-            elif isinstance(e, (E.ToolApprovalSettled, E.ToolFinished)) and key in self.approval_overrides:
+            elif isinstance(e, (E.ToolApprovalSettled, E.ToolFinished)) and key in self.script.approval_overrides:
                 loose[i] = frozenset({"settlement", "output", "status", "exit_code"})
         return loose

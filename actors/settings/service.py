@@ -95,6 +95,7 @@ from sessionloop.actors.settings.fields import (
 )
 from sessionloop.actors.settings.places import Places
 from sessionloop.actors.settings.texts import Text, language_of
+from sessionloop.actors.settings.watch import ChangeWatchers, Watch
 from sessionloop.actors.system.ports import Commit
 from sessionloop.protocol.schemas_types import (
     PlaceLayer,
@@ -169,7 +170,7 @@ class SettingsService:
         self._roots: dict[str, SessionContext] = {}
         self._session_values: dict[str, dict[Ident, tuple[int, Any]]] = {}
         self._scanned = False
-        self.on_change: list[Callable[[], None]] = []
+        self._watchers = ChangeWatchers()  # told of every change (``watch``)
         self._seen_platforms: set[tuple[str | None, str | None]] = {(OWNER_PLATFORM, None)}
         for f in default_fields(rt):
             self.fields[f.ident] = f
@@ -187,6 +188,16 @@ class SettingsService:
         self._load_layers()
 
     # --- declarations -------------------------------------------------------------------------
+
+    def watch(self, callback: Callable[[], None]) -> Watch:
+        """Call ``callback()`` after every change a client would re-read settings for (a value, a
+        layer, a place, the fields or their options), until the returned watch is closed."""
+        return self._watchers.watch(callback)
+
+    @property
+    def watching(self) -> int:
+        """How many callbacks are subscribed (``watch``)."""
+        return len(self._watchers)
 
     def declare(self, fields: Iterable[SettingField]) -> None:
         """Register fields (a plugin came up); values already stored for them apply again."""
@@ -513,11 +524,7 @@ class SettingsService:
         if generation:
             with self._lock:
                 self.generation += 1  # session actors drop their cached AgentConfig
-        for callback in list(self.on_change):
-            try:
-                callback()
-            except Exception:
-                log.exception("a session/config/changed listener failed")
+        self._watchers.notify()
 
     # --- overrides ----------------------------------------------------------------------------
 

@@ -12,11 +12,15 @@ room writes an attribute onto another after construction, and no list of hooks i
 - :class:`SessionSettings` is what the sessions and the runtime ask of the settings service
   (``actors/settings/service.py``): the layers that resolve a session's options, a session's
   setting writes, the language of human text, and the generation that invalidates cached options.
+- :class:`HostPorts` is what a caller of ``Host.open`` may put in place of a runtime part (one
+  provider for every session, the approval service, a wrapper of every tool's handler): a
+  scripted or replayed model in tests and benchmarks, the recording's answers in ``rerun``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -25,7 +29,12 @@ from sessionloop.actors import events as E
 from sessionloop.eventstore import AppendResult, EventStore
 
 if TYPE_CHECKING:
+    from sessionloop.actors.approvals.actor import ApprovalService
+    from sessionloop.actors.model import Provider
     from sessionloop.actors.session.state import SessionState
+    from sessionloop.actors.system.runtime import Runtime
+    from sessionloop.actors.tools import ToolSpec
+    from sessionloop.actors.tools.registry import ToolHandler
     from sessionloop.actors.views.summary import SummaryRecord
 
 
@@ -76,4 +85,30 @@ class SessionSettings(Protocol):
         """A commit listener: settings values, new places and layers follow the sessions' commits."""
 
 
-__all__ = ["Commit", "CommitListener", "SessionSettings"]
+#: makes the approval service of a runtime (it needs the runtime: its sessions, store and timing)
+ApprovalsFactory = Callable[["Runtime"], "ApprovalService"]
+#: the handler a tool runs with instead of its own (given the tool, whose ``handler`` it may call)
+ToolWrapper = Callable[["ToolSpec"], "ToolHandler"]
+
+
+class HostPorts(msgspec.Struct, frozen=True, kw_only=True):
+    """The runtime parts a caller of ``Host.open`` may hand in, each None for the real one.
+
+    ``provider`` answers every session's model calls (else each session's configured model,
+    ``actors.model.registry``); ``approvals`` makes the approval service (else the real
+    ``ApprovalService`` with the host's timing); ``tool_handler`` is given each tool the runtime
+    and the host register (the built-in tools and ``spawn_session``) and returns the handler it
+    runs with."""
+
+    provider: Provider | None = None
+    approvals: ApprovalsFactory | None = None
+    tool_handler: ToolWrapper | None = None
+
+    def tool(self, spec: ToolSpec) -> ToolSpec:
+        """``spec`` with the handler ``tool_handler`` gives it (``spec`` itself without one)."""
+        if self.tool_handler is None:
+            return spec
+        return dataclasses.replace(spec, handler=self.tool_handler(spec))
+
+
+__all__ = ["ApprovalsFactory", "Commit", "CommitListener", "HostPorts", "SessionSettings", "ToolWrapper"]

@@ -43,11 +43,11 @@ from sessionloop.actors.system.faults import FaultInjector
 from sessionloop.actors.system.ids import new_id
 from sessionloop.actors.system.metrics import HostMetrics
 from sessionloop.actors.system.pool import Dispatcher
-from sessionloop.actors.system.ports import Commit, CommitListener, SessionSettings
+from sessionloop.actors.system.ports import Commit, CommitListener, HostPorts, SessionSettings
 from sessionloop.actors.system.pubsub import Reply, SessionChannel, TurnOutcome, TurnResults, Watchers
 from sessionloop.actors.system.worker import WorkerLoop
 from sessionloop.actors.tasks.actor import TaskService
-from sessionloop.actors.tools import ToolContext, ToolError, ToolRegistry, Workspace, default_registry
+from sessionloop.actors.tools import ToolContext, ToolError, ToolRegistry, Workspace, builtin_tools
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
 from sessionloop.actors.views.items import ItemsProjection
 from sessionloop.actors.views.summary import decode_summary_record
@@ -124,6 +124,9 @@ class DeltaPayload(msgspec.Struct, frozen=True):
     text: str
 
 
+#: nothing put in place of the runtime's own parts (every field of ``HostPorts`` None)
+NO_PORTS = HostPorts()
+
 #: how the composition root makes the settings service of a runtime (it needs the runtime's store,
 #: models and options; the runtime asks it for every session's options)
 SettingsFactory = Callable[["Runtime"], SessionSettings]
@@ -148,18 +151,21 @@ class Runtime:
     """The services every session actor shares, built by the composition root
     (``actors/api/host.py``) from what it hands in: the open store, the models, the fault
     injector, the commit listeners (in the order they hear each commit, after the runtime's own
-    metrics and before the settings service), the Session Loop API's watchers and the factory of
-    the settings service."""
+    metrics and before the settings service), the Session Loop API's watchers, the factory of
+    the settings service and the parts the caller put in place of the real ones (``ports``: one
+    provider for every session, the approval service, a wrapper of every tool's handler)."""
 
     def __init__(self, data_dir: str, options: HostOptions, *, store: EventStore, models: ModelRegistry,
                  faults: FaultInjector, loop_watchers: Watchers, listeners: Sequence[CommitListener],
-                 settings: SettingsFactory, app_counts: AppCounts | None = None) -> None:
+                 settings: SettingsFactory, app_counts: AppCounts | None = None,
+                 ports: HostPorts = NO_PORTS) -> None:
         self.data_dir = os.path.abspath(data_dir)
         if type(options.max_steps) is not int:  # a Struct built in Python is not type-checked
             options = msgspec.structs.replace(options, max_steps=steps_limit(options.max_steps))
         self.options = options
         self.models = models
-        self._provider_override: Provider | None = None
+        self.ports = ports
+        self._provider_override: Provider | None = ports.provider
         self._prompts: dict[tuple[Any, ...], str] = {}
         self.faults = faults
         self.store = store
@@ -167,7 +173,7 @@ class Runtime:
         self.epoch = self.store.next_epoch()
         self.worker = WorkerLoop()
         self.results = TurnResults()
-        self.tools: ToolRegistry = default_registry()
+        self.tools: ToolRegistry = ToolRegistry(ports.tool(spec) for spec in builtin_tools())
         self.workspace_root = options.workspace_root or os.path.join(self.data_dir, "workspaces")
         self.blobs = BlobStore(os.path.join(self.data_dir, "blobs"))  # attachments, by sha256
         self._workspace_base: str | None = None  # its real path, found on first use
@@ -187,9 +193,11 @@ class Runtime:
         self.compaction = Compaction(self)
         self.metrics = HostMetrics(self)
 
-        self.approvals = ApprovalService(self, ApprovalTiming(
+        self.approval_timing = ApprovalTiming(
             wait_s=options.approval_wait_s, grace_s=options.approval_grace_s,
-            presence_s=options.presence_window_s, rate_limit=options.approval_rate_limit))
+            presence_s=options.presence_window_s, rate_limit=options.approval_rate_limit)
+        self.approvals: ApprovalService = (ApprovalService(self, self.approval_timing) if ports.approvals is None
+                                           else ports.approvals(self))
 
         self.tasks_service = TaskService(self)
         #: the session settings service: its layers (config.toml, platforms, places, the session's
@@ -322,15 +330,11 @@ class Runtime:
         return self.models.provider(ref)
 
     def model_providers(self) -> list[Provider]:
-        """Every configured model's provider, and one set for every session (``/metrics`` reads
-        their call counters)."""
+        """Every configured model's provider, and the one the host was opened with for every
+        session (``HostPorts.provider``; ``/metrics`` reads their call counters)."""
         providers = self.models.providers()
         override = self._provider_override
         return providers if override is None or override in providers else [*providers, override]
-
-    def set_provider(self, provider: Provider) -> None:
-        """Use ``provider`` for every session (scripted/replay providers, tests, ``rerun``)."""
-        self._provider_override = provider
 
     def reload_models(self, configs: list[ModelConfig]) -> None:
         """Use ``configs`` from now on (a configuration reload; ``load_model_configs`` makes
@@ -343,11 +347,6 @@ class Runtime:
             cfg, provider = builtin_model(self.options.model, self.options.model_options)
             self.models.replace([cfg], {cfg.name: provider})
         self.settings.changed_elsewhere()  # sessions re-resolve; clients re-read the model field and its options
-
-    def set_approvals(self, approvals: Any) -> None:
-        """Use ``approvals`` (an ``ApprovalService``) for every session's approvals from now on:
-        ``rerun`` answers its fork's approvals from the recording."""
-        self.approvals = approvals
 
     def model_request(self, cfg: AgentConfig, messages: list[E.Message],
                       tally: HistoryTally | None = None) -> ModelRequest:

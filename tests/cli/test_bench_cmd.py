@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from sessionloop.actors import events as E
 from sessionloop.actors.api.host import Host
-from sessionloop.cli import bench_cmd, bench_observers
+from sessionloop.cli import bench_check, bench_cmd, bench_config, bench_observers, bench_ws
 from sessionloop.cli.main import main
 from sessionloop.eventstore import RecordedEvent
 
@@ -177,15 +177,15 @@ def test_check_log_counts_client_side_losses_and_duplicates() -> None:
     sid, turns = "s1", ["t1", "t2"]
     log = []
     for n, t in enumerate(turns):
-        for ev in (E.InputAccepted(at=1, input_id=f"i{n}", turn_id=t, text=bench_cmd.PLAIN_TEXT),
+        for ev in (E.InputAccepted(at=1, input_id=f"i{n}", turn_id=t, text=bench_config.PLAIN_TEXT),
                    E.TurnStarted(at=1, turn_id=t),
-                   E.TurnCompleted(at=1, turn_id=t, output_text=bench_cmd.PLAIN_ANSWER)):
+                   E.TurnCompleted(at=1, turn_id=t, output_text=bench_config.PLAIN_ANSWER)):
             log.append(RecordedEvent(f"session-{sid}", len(log) + 1, len(log) + 1, 1, ev))
-    rec = bench_cmd.Record([bench_cmd.SessionRecord(sid, sent=[False, False], seen=["t1", "t1"])])
-    check = bench_cmd.check_log(rec, log)
+    rec = bench_check.Record([bench_check.SessionRecord(sid, sent=[False, False], seen=["t1", "t1"])])
+    check = bench_check.check_log(rec, log)
     assert not check["ok"] and check["lost"] == 1 and check["duplicated"] == 1 and check["wrong"] == 0
-    rec = bench_cmd.Record([bench_cmd.SessionRecord(sid, sent=[False, False, False], seen=["t1", "t2"])])
-    assert bench_cmd.check_log(rec, log)["lost"] == 1  # a third input never accepted
+    rec = bench_check.Record([bench_check.SessionRecord(sid, sent=[False, False, False], seen=["t1", "t2"])])
+    assert bench_check.check_log(rec, log)["lost"] == 1  # a third input never accepted
 
 
 def test_help_has_an_example_and_bad_options_fail_clearly() -> None:
@@ -206,7 +206,7 @@ def test_a_refused_send_ends_the_drivers_wait_with_not_accepted_at_once(tmp_path
     try:
         send = bench_cmd.inprocess_sender(host, ["no-such-session"])
         started = time.perf_counter()
-        with pytest.raises(bench_cmd.NotAccepted, match="no-such-session|not found|does not exist"):
+        with pytest.raises(bench_ws.NotAccepted, match="no-such-session|not found|does not exist"):
             asyncio.run(asyncio.wait_for(send(0, False), 10))
         assert time.perf_counter() - started < 5
         assert not host.rt.results._waiters
@@ -217,7 +217,7 @@ def test_a_refused_send_ends_the_drivers_wait_with_not_accepted_at_once(tmp_path
 @given(ratio=st.sampled_from([0.0, 0.1, 0.25, 1 / 3, 0.5, 0.75, 1.0]), sessions=st.integers(1, 60),
        turns=st.integers(1, 12))
 def test_tool_turns_are_spread_over_every_round_and_every_session(ratio: float, sessions: int, turns: int) -> None:
-    grid = [[bench_cmd.is_tool_turn(ratio, s, t) for t in range(turns)] for s in range(sessions)]
+    grid = [[bench_config.is_tool_turn(ratio, s, t) for t in range(turns)] for s in range(sessions)]
     for t in range(turns):  # each round of sends: its share, within one
         assert abs(sum(grid[s][t] for s in range(sessions)) - sessions * ratio) <= 1
     for s in range(sessions):  # each session: its share, within one

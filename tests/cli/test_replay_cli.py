@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import click
 import msgspec
 import pytest
 from click.testing import CliRunner, Result
@@ -26,6 +27,7 @@ from sessionloop.actors.replay.values import fold_events
 from sessionloop.actors.session.state import encode_state
 from sessionloop.actors.views.summary import decode_summary_record, encode_summary_record, summary_record
 from sessionloop.cli.main import main
+from sessionloop.cli.rerun_cmd import _check_unchanged
 from sessionloop.eventstore.codec import event_to_builtins
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,9 +47,7 @@ def record(data_dir: str, turns: list[Any], *, provider: Any = None, title: str 
            **options: Any) -> tuple[str, list[str]]:
     """Run ``turns`` in a new session on a real host over ``data_dir``; returns (session id, turn ids)."""
     options.setdefault("durability", "nosync")
-    with Host.open(data_dir, permission_mode="acceptCalls", **options) as host:
-        if provider is not None:
-            host.rt.set_provider(provider)
+    with Host.open(data_dir, permission_mode="acceptCalls", provider=provider, **options) as host:
         session = host.create(title=title)
         turn_ids = []
         for text in turns:
@@ -489,6 +489,23 @@ def test_rerun_refuses_when_opening_the_directory_would_resume_another_sessions_
     result = cli("rerun", session_id, "--data", data_dir, "--from-turn", "1")
     assert result.exit_code != 0
     assert "1 other session(s)" in result.output and f"session-{busy.id}" in result.output
+
+
+def test_rerun_refuses_a_session_that_changed_between_its_plan_and_the_writer_lock(recorded) -> None:
+    """The rerun's answers come from the events read before the lock was taken; read again under
+    the lock, a session a server wrote to in between is refused, naming what changed."""
+    data_dir, session_id, _ = recorded
+    planned = stream_events(data_dir, session_id)
+    assert _check_unchanged(stream_events(data_dir, session_id), planned, data_dir, session_id) is None
+    with Host.open(data_dir, durability="nosync", permission_mode="acceptCalls") as host:
+        assert host.session(session_id).run("one more", timeout=20).state == "completed"
+        now = host.store.read_stream(f"session-{session_id}")
+    with pytest.raises(click.ClickException) as refused:
+        _check_unchanged(now, planned, data_dir, session_id)
+    assert refused.value.message == (
+        f"session {session_id} in {data_dir} changed while the rerun was being prepared ({len(planned)} events "
+        f"when planned, {len(now)} now, up to version {now[-1].version}); nothing was re-run: run rerun again")
+    assert len(now) > len(planned)
 
 
 # --- events and import -------------------------------------------------------------------------------

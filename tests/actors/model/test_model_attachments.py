@@ -70,9 +70,8 @@ def vision_model(service):
         await x.answer(["seen"], usage={"prompt_tokens": 5, "completion_tokens": 1})
 
     fake = ThreadedFakeServer(script).__enter__()
-    host, svc = service()
     provider = OpenAIProvider(model="vision-model", base_url=fake.base_url, api_key="sk-test-key-5678", vision=True)
-    host.rt.set_provider(provider)
+    host, svc = service(provider=provider)
     yield host, svc, seen
     host.rt.worker.submit(provider.aclose()).result(10)
     fake.__exit__()

@@ -35,11 +35,10 @@ def world(open_host):
     made: list[SessionProtocolService] = []
 
     def make(**options: Any) -> tuple[Any, MemoryClient, RecordingProvider]:
-        host = open_host(**options)
+        provider = RecordingProvider()
+        host = open_host(provider=provider, **options)
         svc = host.protocol()
         made.append(svc)
-        provider = RecordingProvider()
-        host.rt.set_provider(provider)
         return host, MemoryClient(svc), provider
 
     yield make

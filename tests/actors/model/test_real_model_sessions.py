@@ -25,17 +25,18 @@ FAST = RetryPolicy(attempts=3, base_s=0.01, max_wait_s=0.05, total_s=30)
 
 @pytest.fixture
 def model(request):
-    """``model(script, **provider options) -> (fake server, provider)``, the provider installed on
-    the host given as ``host``."""
+    """``model(opener, script, **provider options) -> (opened, fake server, provider)``: ``opener``
+    (the ``open_host`` or ``service`` fixture) opens a host in ``acceptCalls`` mode with the
+    provider answering every session."""
     made: list[tuple[ThreadedFakeServer, OpenAIProvider, Any]] = []
 
-    def make(host: Any, script: Any, **options: Any) -> tuple[ThreadedFakeServer, OpenAIProvider]:
+    def make(opener: Any, script: Any, **options: Any) -> tuple[Any, ThreadedFakeServer, OpenAIProvider]:
         fake = ThreadedFakeServer(script).__enter__()
         options.setdefault("retry", FAST)
         provider = OpenAIProvider(model="test-model", base_url=fake.base_url, api_key="sk-test-key-1234", **options)
-        host.rt.set_provider(provider)
-        made.append((fake, provider, host))
-        return fake, provider
+        opened = opener(permission_mode="acceptCalls", provider=provider)
+        made.append((fake, provider, opened[0] if isinstance(opened, tuple) else opened))
+        return opened, fake, provider
 
     yield make
     for fake, provider, host in made:
@@ -84,8 +85,7 @@ def test_a_retry_after_streamed_text_closes_the_partial_item_as_discarded_and_st
             return
         await x.answer(["The whole ", "answer"], usage={"prompt_tokens": 5, "completion_tokens": 3})
 
-    host, svc = service(permission_mode="acceptCalls")
-    model(host, script)
+    (host, svc), _, _ = model(service, script)
     c = MemoryClient(svc)
     sid = start_turn(c)
     turn_done(c, sid)
@@ -123,8 +123,7 @@ def test_a_429_before_any_output_is_recorded_and_keeps_the_item_id(service, mode
             return
         await x.answer(["fine"])
 
-    host, svc = service(permission_mode="acceptCalls")
-    model(host, script)
+    (host, svc), _, _ = model(service, script)
     c = MemoryClient(svc)
     sid = start_turn(c)
     turn_done(c, sid)
@@ -158,8 +157,7 @@ def test_a_streamed_tool_call_shows_its_generating_card_when_the_name_is_known_t
             return
         await x.answer(["listed"])
 
-    host, svc = service(permission_mode="acceptCalls")
-    model(host, script)
+    (host, svc), _, _ = model(service, script)
     c = MemoryClient(svc)
     sid = start_turn(c)
     card = c.wait(lambda f: f.get("method") == "item/started" and f["params"]["item"].get("itemId") == "call_x")
@@ -185,8 +183,7 @@ def test_a_card_announced_by_an_attempt_that_fails_is_closed_failed_and_not_exec
             return
         await x.answer(["no tools after all"])
 
-    host, svc = service(permission_mode="acceptCalls")
-    model(host, script)
+    (host, svc), _, _ = model(service, script)
     c = MemoryClient(svc)
     sid = start_turn(c)
     turn_done(c, sid)
@@ -204,8 +201,7 @@ def test_a_stopped_turn_closes_the_announced_card_as_aborted_and_the_model_conne
                                          "function": {"name": "list_files", "arguments": ""}}]))
         await x.wait_closed(30)
 
-    host, svc = service(permission_mode="acceptCalls")
-    fake, _ = model(host, script)
+    (host, svc), fake, _ = model(service, script)
     c = MemoryClient(svc)
     sid = start_turn(c)
     c.wait(lambda f: f.get("method") == "item/started" and f["params"]["item"].get("itemId") == "call_stop")
@@ -226,8 +222,7 @@ def test_a_turn_stopped_while_its_model_call_waits_for_a_slot_ends_and_never_rea
         await asyncio.get_running_loop().run_in_executor(None, release.wait, 20)
         await x.answer(["first"])
 
-    host, svc = service(permission_mode="acceptCalls")
-    fake, provider = model(host, script, limits=ModelLimits(max_concurrency=1))
+    (host, svc), fake, provider = model(service, script, limits=ModelLimits(max_concurrency=1))
     c = MemoryClient(svc)
     first = start_turn(c, "one")
     wait_until(lambda: len(fake.exchanges) == 1, 10, "the first request")
@@ -241,11 +236,11 @@ def test_a_turn_stopped_while_its_model_call_waits_for_a_slot_ends_and_never_rea
     assert len(fake.exchanges) == 1
 
 
-def test_200_sessions_never_hold_more_requests_open_than_the_model_concurrency_limit(host, model):
+def test_200_sessions_never_hold_more_requests_open_than_the_model_concurrency_limit(open_host, model):
     async def script(x: Exchange) -> None:
         await x.answer([f"answer {x.body['messages'][-1]['content']}"], gap_s=0.005)
 
-    fake, provider = model(host, script, limits=ModelLimits(max_concurrency=8))
+    host, fake, provider = model(open_host, script, limits=ModelLimits(max_concurrency=8))
     sessions = [host.create() for _ in range(200)]
     receipts = [s.send(f"n{i}") for i, s in enumerate(sessions)]
     results = [s.wait(r.turn_id, timeout=120) for s, r in zip(sessions, receipts, strict=True)]

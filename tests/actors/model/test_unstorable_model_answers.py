@@ -104,8 +104,7 @@ def test_a_mock_tool_line_nested_too_deeply_fails_the_turn_with_a_model_error_no
 
 
 def test_a_scripted_call_with_a_310_digit_integer_fails_naming_the_argument_and_survives_a_reopen(open_host):
-    host = open_host(permission_mode="acceptCalls")
-    host.rt.set_provider(scripted(call({"task": "x", "timeoutMs": HUGE})))
+    host = open_host(permission_mode="acceptCalls", provider=scripted(call({"task": "x", "timeoutMs": HUGE})))
     s = host.create()
     result = s.run("go", timeout=30)
     assert (result.state, result.output_text) == ("completed", "fine")
@@ -113,8 +112,7 @@ def test_a_scripted_call_with_a_310_digit_integer_fails_naming_the_argument_and_
     assert s.run("again", timeout=30).output_text == "fine"
     sid = s.id
     host.close()
-    again = open_host(permission_mode="acceptCalls")
-    again.rt.set_provider(scripted())
+    again = open_host(permission_mode="acceptCalls", provider=scripted())
     s = again.session(sid)
     assert s.run("after the reopen", timeout=30).output_text == "fine"
     assert len(events_of(s, E.TurnCompleted)) == 3
@@ -131,8 +129,8 @@ def test_a_scripted_call_with_a_310_digit_integer_fails_naming_the_argument_and_
     ({"task": b"x"}, "argument 'task': bytes is not a JSON type"),
     ({"task": "x", 7: "seven"}, "the key 7 is not a string"),
 ], ids=["negative", "nested", "nan", "infinity", "too-deep", "too-large", "surrogate", "bytes", "int-key"])
-def test_arguments_the_store_cannot_hold_fail_the_call_with_a_sentence_saying_why(host, args, why):
-    host.rt.set_provider(scripted(call(args)))
+def test_arguments_the_store_cannot_hold_fail_the_call_with_a_sentence_saying_why(open_host, args, why):
+    host = open_host(permission_mode="acceptCalls", provider=scripted(call(args)))
     s = host.create()
     assert s.run("go", timeout=30).output_text == "fine"
     assert why in the_failed_call(s).output["error"]
@@ -140,9 +138,9 @@ def test_arguments_the_store_cannot_hold_fail_the_call_with_a_sentence_saying_wh
     assert msgspec.json.decode(msgspec.json.encode(completed.tool_calls[0].args)) == completed.tool_calls[0].args
 
 
-def test_token_counts_beyond_int64_are_clamped_and_the_answer_is_kept(host):
+def test_token_counts_beyond_int64_are_clamped_and_the_answer_is_kept(open_host):
     huge = ModelResponse(text="counted", usage=E.Usage(prompt_tokens=HUGE, completion_tokens=-5))
-    host.rt.set_provider(scripted(huge))
+    host = open_host(permission_mode="acceptCalls", provider=scripted(huge))
     s = host.create()
     assert s.run("go", timeout=30).output_text == "counted"
     [completed] = events_of(s, E.LlmCompleted)
@@ -150,11 +148,11 @@ def test_token_counts_beyond_int64_are_clamped_and_the_answer_is_kept(host):
     assert len(events_of(s, E.LlmStarted)) == 1  # answered once: no failed commit, no re-issued call
 
 
-def test_two_calls_of_one_answer_with_the_same_id_each_get_their_own_result(host):
+def test_two_calls_of_one_answer_with_the_same_id_each_get_their_own_result(open_host):
     twice = ModelResponse(tool_calls=[E.ToolCallSpec(call_id="same", name="list_files", args={"path": "."}),
                                       E.ToolCallSpec(call_id="same", name="list_files", args={"path": "."})])
     provider = scripted(twice)
-    host.rt.set_provider(provider)
+    host = open_host(permission_mode="acceptCalls", provider=provider)
     s = host.create()
     assert s.run("go", timeout=30).output_text == "fine"
     finished = events_of(s, E.ToolFinished)
@@ -165,8 +163,7 @@ def test_two_calls_of_one_answer_with_the_same_id_each_get_their_own_result(host
 
 
 def test_a_call_id_too_long_for_an_approval_stream_is_replaced_and_the_approval_is_requested(service):
-    host, svc = service()
-    host.rt.set_provider(scripted(call({"command": "echo approved"}, call_id="c" * 600, name="exec")))
+    host, svc = service(provider=scripted(call({"command": "echo approved"}, call_id="c" * 600, name="exec")))
     client = MemoryClient(svc)
     client.result("presence/update", {"active": True})
     sid = client.result("session/create", {})["session"]["id"]
@@ -220,13 +217,13 @@ def openai_server():
 
 
 def test_an_openai_answer_with_a_huge_integer_argument_and_huge_token_counts_goes_on_with_the_call_failed(
-        host, openai_server):
+        open_host, openai_server):
     server, answers = openai_server
     arguments = '{"task": "x", "timeoutMs": ' + "9" * 310 + "}"
     tool_call = {"index": 0, "id": "call_x", "function": {"name": "spawn_session", "arguments": arguments}}
     answers.append(_sse({"tool_calls": [tool_call]}, usage='{"prompt_tokens": ' + "9" * 40 + "}"))
     provider = OpenAIProvider(model="fake", base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="k")
-    host.rt.set_provider(provider)
+    host = open_host(permission_mode="acceptCalls", provider=provider)
     s = host.create()
     try:
         assert s.run("go", timeout=30).output_text == "fine"

@@ -154,9 +154,8 @@ def test_a_reopened_session_uses_the_current_system_prompt(open_host, data_dir):
     s = first.create()
     s.run("hi")
     first.close()
-    second = open_host(permission_mode="acceptCalls", system_prompt="You are new.")
     scripted = ScriptedProvider(["fine"])
-    second.rt.set_provider(scripted)
+    second = open_host(permission_mode="acceptCalls", system_prompt="You are new.", provider=scripted)
     second.session(s.id).run("again")
     [request] = scripted.requests
     assert request.messages[0].role == "system" and request.messages[0].content == "You are new."
@@ -164,16 +163,13 @@ def test_a_reopened_session_uses_the_current_system_prompt(open_host, data_dir):
 
 
 def test_the_system_prompt_is_the_first_message_of_a_new_session(open_host):
-    host = open_host(system_prompt="Be brief.")
     scripted = ScriptedProvider(["ok"])
-    host.rt.set_provider(scripted)
+    host = open_host(system_prompt="Be brief.", provider=scripted)
     host.create().run("hello")
     assert [(m.role, m.content) for m in scripted.requests[0].messages] == [("system", "Be brief."), ("user", "hello")]
 
 
 def test_context_over_budget_is_trimmed_and_the_trim_is_recorded(open_host):
-    host = open_host(permission_mode="acceptCalls", context_chars=400)
-
     def call(name: str, args: dict, n: int) -> ModelResponse:
         return ModelResponse(tool_calls=[E.ToolCallSpec(call_id=f"c{n}", name=name, args=args)])
 
@@ -183,7 +179,7 @@ def test_context_over_budget_is_trimmed_and_the_trim_is_recorded(open_host):
         call("read_file", {"path": "big.txt"}, 3),
         "done",
     ])
-    host.rt.set_provider(scripted)
+    host = open_host(permission_mode="acceptCalls", context_chars=400, provider=scripted)
     s = host.create()
     assert s.run("read it twice").output_text == "done"
     trimmed = [e.event for e in s.events() if isinstance(e.event, E.ContextTrimmed)]
@@ -197,10 +193,9 @@ def test_context_over_budget_is_trimmed_and_the_trim_is_recorded(open_host):
 
 def test_automatic_compaction_summarises_earlier_turns_once_per_turn(open_host):
     # no system prompt: the built-in one alone is over this small budget
-    host = open_host(permission_mode="acceptCalls", context_chars=400, system_prompt="")
     answers: list = ["a" * 180, "b" * 180, "SUMMARY of both", "c"]
     scripted = ScriptedProvider(answers)
-    host.rt.set_provider(scripted)
+    host = open_host(permission_mode="acceptCalls", context_chars=400, system_prompt="", provider=scripted)
     s = host.create()
     s.run("first " * 5)
     s.run("second " * 5)
@@ -218,9 +213,8 @@ def test_automatic_compaction_summarises_earlier_turns_once_per_turn(open_host):
 
 
 def test_a_failed_automatic_compaction_is_recorded_and_falls_back_to_trimming(open_host):
-    host = open_host(permission_mode="acceptCalls", context_chars=400, system_prompt="")
     scripted = ScriptedProvider(["a" * 180, "b" * 180, RuntimeError("summary model unavailable"), "c"])
-    host.rt.set_provider(scripted)
+    host = open_host(permission_mode="acceptCalls", context_chars=400, system_prompt="", provider=scripted)
     s = host.create()
     s.run("first " * 5)
     s.run("second " * 5)
@@ -230,9 +224,8 @@ def test_a_failed_automatic_compaction_is_recorded_and_falls_back_to_trimming(op
 
 
 def test_manual_compact_returns_turns_and_chars(open_host):
-    host = open_host(permission_mode="acceptCalls")
     scripted = ScriptedProvider(["one", "two", "the summary"])
-    host.rt.set_provider(scripted)
+    host = open_host(permission_mode="acceptCalls", provider=scripted)
     s = host.create()
     s.run("a")
     s.run("b")
@@ -326,13 +319,12 @@ def test_messages_to_a_missing_session_are_not_found(host):
 
 
 def test_a_provider_answer_with_a_tool_call_and_text_keeps_both(open_host):
-    host = open_host(permission_mode="acceptCalls")
     scripted = ScriptedProvider([
         ModelResponse(text="let me look", tool_calls=[E.ToolCallSpec(call_id="c1", name="list_files",
                                                                      args={"path": "."})]),
         "found nothing",
     ])
-    host.rt.set_provider(scripted)
+    host = open_host(permission_mode="acceptCalls", provider=scripted)
     s = host.create()
     assert s.run("look").output_text == "found nothing"
     assert [m.content for m in s.snapshot().messages if m.role == "assistant"] == ["let me look", "found nothing"]

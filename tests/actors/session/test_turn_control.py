@@ -84,9 +84,8 @@ def compaction_events(session: Any) -> list[Any]:
 
 @pytest.fixture
 def gated(open_host):
-    host = open_host(permission_mode="acceptCalls")
     model = GatedSummaries()
-    host.rt.set_provider(model)
+    host = open_host(permission_mode="acceptCalls", provider=model)
     session = host.create()
     session.run("a")
     session.run("b")
@@ -176,9 +175,8 @@ def test_the_summary_calls_tokens_count_in_the_sessions_token_accounting(gated):
 
 def test_stopping_a_turn_that_waits_for_its_automatic_compaction_drops_that_summary(open_host):
     # no system prompt: the built-in one alone is over this small budget
-    host = open_host(permission_mode="acceptCalls", context_chars=400, system_prompt="")
     model = GatedSummaries()
-    host.rt.set_provider(model)
+    host = open_host(permission_mode="acceptCalls", context_chars=400, system_prompt="", provider=model)
     s = host.create()
     s.run("first " * 30)  # 180 characters, and 186 of echo: under the budget of 400
     s.run("b")
@@ -244,9 +242,8 @@ def test_a_bad_max_steps_host_option_is_refused_naming_it(open_host, value):
 def test_an_unlimited_turn_of_instant_answers_is_still_stopped_by_cancel(open_host, paused_gc):
     """The runaway guard: answers a commit takes in place are bounded, so the mailbox gets a
     turn and cancel() (turn/abort) stops a turn no limit would ever stop."""
-    host = open_host(permission_mode="acceptCalls", max_steps="unlimited")
     model = EndlessRefusedCalls()
-    host.rt.set_provider(model)
+    host = open_host(permission_mode="acceptCalls", max_steps="unlimited", provider=model)
     s = host.create()
     receipt = s.send("go")
     wait_until(lambda: model.calls > 200, timeout=30, what="the turn to pass 200 model calls")

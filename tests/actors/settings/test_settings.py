@@ -616,10 +616,38 @@ def test_a_session_in_a_new_place_or_deleted_with_own_values_pushes_session_conf
     changed(c)
 
 
+def test_closed_protocol_services_leave_no_settings_watch_and_a_live_one_still_hears_changes(env):
+    host, live = env()
+    c = MemoryClient(live)
+    assert host.settings.watching == 1  # the live service's
+    for _ in range(50):
+        host.protocol().close()
+    assert host.settings.watching == 1
+    sid = new_session(c)
+    clear(c)
+    set_session(c, sid, "agent", "maxSteps", 2)
+    changed(c)
+    live.close()
+    assert host.settings.watching == 0
+
+
+def test_a_closed_settings_watch_is_not_called_again(world):
+    host, _, c = world
+    calls: list[int] = []
+    watch = host.settings.watch(lambda: calls.append(1))
+    sid = new_session(c)
+    set_session(c, sid, "agent", "maxSteps", 2)
+    assert calls == [1]
+    watch.close()
+    watch.close()  # twice is harmless
+    set_session(c, sid, "agent", "maxSteps", 3)
+    assert calls == [1]
+
+
 def test_a_session_that_changes_no_setting_shown_pushes_nothing(world):
     host, _, c = world
     calls: list[int] = []
-    host.settings.on_change.append(lambda: calls.append(1))  # called before the reply
+    host.settings.watch(lambda: calls.append(1))  # called before the reply
     first = new_session(c)
     c.result("session/delete", {"sessionId": new_session(c)})
     assert calls == []
@@ -692,10 +720,10 @@ class RecordingProvider(MockProvider):
         return super().answer_now(request, on_delta)
 
 
-def test_a_system_prompt_set_on_a_window_reaches_the_model_for_its_rooms(world):
-    host, _, c = world
+def test_a_system_prompt_set_on_a_window_reaches_the_model_for_its_rooms(env):
     provider = RecordingProvider()
-    host.rt.set_provider(provider)
+    host, svc = env(provider=provider)
+    c = MemoryClient(svc)
     sid = room(host)
     set_layer(c, {"scope": "place", "key": WINDOW.key}, "agent", "systemPrompt", "You are in Friends.")
     send_and_wait(c, sid, "hi")

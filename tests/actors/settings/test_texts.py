@@ -285,8 +285,8 @@ def test_settings_titles_and_labels_are_in_the_servers_language_and_setting_valu
 
 
 def test_a_failed_compression_says_why_in_chinese_in_its_notice_and_its_error(gateway) -> None:
-    host, _svc, c = gateway(language="zh")
-    host.rt.set_provider(ScriptedProvider(["hello", ModelError("overloaded")]))  # the summary call fails
+    host, _svc, c = gateway(language="zh",
+                            provider=ScriptedProvider(["hello", ModelError("overloaded")]))  # the summary call fails
     sid = new_session(c)
     c.result("session/subscribe", {"sessionId": sid})
     c.result("turn/send", {"sessionId": sid, "content": "hi"})

@@ -159,10 +159,9 @@ def test_cancel_while_a_tool_runs_records_it_aborted_and_later_calls_not_execute
 def test_a_new_run_first_closes_unanswered_calls_with_not_executed(open_host, data_dir):
     """Seed 002 v0.22: the provider must never see a tool call without its result. A fork can copy
     an assistant message whose calls have no results; the next run repairs that explicitly."""
-    host = open_host(permission_mode="acceptCalls")
     scripted = ScriptedProvider([ModelResponse(tool_calls=[E.ToolCallSpec(call_id="c9", name="list_files",
                                                                           args={"path": "."})]), "fine"])
-    host.rt.set_provider(scripted)
+    host = open_host(permission_mode="acceptCalls", provider=scripted)
     source = host.create()
     receipt = source.send("go")
     source.wait(receipt.turn_id, 5)
@@ -174,8 +173,7 @@ def test_a_new_run_first_closes_unanswered_calls_with_not_executed(open_host, da
     store.append(stream, [E.MessagesImported(at=1, source_session_id=source.id, messages=[broken])],
                  expected_version=store.stream_version(stream))
     store.close()
-    host = open_host(permission_mode="acceptCalls")
-    host.rt.set_provider(scripted)
+    host = open_host(permission_mode="acceptCalls", provider=scripted)
     fork = host.session(fork_id)
     scripted.extend(["after repair"])
     assert fork.run("continue").output_text == "after repair"
