@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from sessionloop.actors.system.nats_link import Msg, NatsLink
+from sessionloop.actors.system.nats_link import NatsLink
 from sessionloop.actors.system.ports import Commit
 from sessionloop.actors.views.index import SummaryIndex
 from sessionloop.actors.views.summary import SummaryRecord
@@ -46,6 +46,8 @@ from sessionloop.protocol.schemas import SessionResync
 from sessionloop.protocol.schemas_types import ClientInfo
 
 if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
     from sessionloop.actors.gateway.service import ClientConnection, RelayedConnection, SessionProtocolService
 
 log = logging.getLogger("sessionloop.relay")

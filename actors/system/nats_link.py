@@ -15,14 +15,22 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import nats
-from nats.aio.msg import Msg
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
 
 log = logging.getLogger("sessionloop.cluster")
 
-__all__ = ["ClusterUnavailable", "Msg", "NatsLink"]
+__all__ = ["ClusterUnavailable", "NatsLink"]
+
+
+def _nats() -> Any:
+    """nats-py, imported when a worker first connects: a process of one worker never needs it
+    (its import takes a few hundred milliseconds on a busy machine, at every start)."""
+    import nats  # noqa: PLC0415 - a third-party import only ``serve --workers`` needs, on demand
+
+    return nats
 
 #: how long the start waits for the NATS server before the worker gives up (it exits, and the
 #: supervisor starts it again)
@@ -65,7 +73,7 @@ class NatsLink:
             if not self._closed:
                 log.warning("%s: NATS: %s", self.name, e)
 
-        return await nats.connect(
+        return await _nats().connect(
             self.url, name=self.name, token=token, connect_timeout=CONNECT_TIMEOUT_S, allow_reconnect=True,
             max_reconnect_attempts=-1, reconnect_time_wait=0.5, disconnected_cb=disconnected,
             reconnected_cb=reconnected, error_cb=error, pending_size=64 * 1024 * 1024)
