@@ -36,8 +36,9 @@ from sessionloop.actors.events import Message
 from sessionloop.actors.model.base import ModelRequest, error_message, ignore_delta
 from sessionloop.actors.model.mock import MockProvider
 from sessionloop.actors.model.registry import ModelConfig, ModelConfigError, check_model_configs
+from sessionloop.cli.model_flags import flags_from, model_flag_options
 from sessionloop.cli.output import clean, echo_json, echo_table
-from sessionloop.cli.serve import CONFIG_FILE, DEFAULT_DATA, flags_from, model_flag_options
+from sessionloop.cli.serve import CONFIG_FILE, DEFAULT_DATA
 
 CHECKS = ("reachable", "modelAccepted", "streaming", "toolCalls", "usage")
 HEADERS = ("MODEL", "PROVIDER", "MODEL ID", "REACHABLE", "MODEL ACCEPTED", "STREAMING", "TOOL CALLS", "USAGE")
