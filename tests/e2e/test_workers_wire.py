@@ -233,3 +233,44 @@ def test_background_list_and_session_batch_answer_for_both_workers_sessions(serv
     assert stopped == {} and changed
     assert [f["sessionId"] for f in batch["failed"]] == ["0" * 21]  # the unknown one fails, both others archived
     assert {s["id"] for s in archived["sessions"]} >= set(one.values())
+
+
+def nats_pid(server) -> int:
+    pid = server.proc.pid
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        for child in (int(p) for p in f.read().split()):
+            with open(f"/proc/{child}/cmdline", "rb") as g:
+                if b"nats-server" in g.read():
+                    return child
+    raise AssertionError("no nats-server child")
+
+
+def test_a_killed_nats_server_is_started_again_and_relaying_resumes(server_factory):
+    server = server_factory("--workers", "2")
+
+    async def go():
+        async with AsyncExitStack() as stack:
+            made = await _clients_on_both_workers(server, stack)
+            client, sid = next((c, s) for c, _ in made for _, s in made
+                               if owner(s) != owner(next(x for cc, x in made if cc is c)))
+            await client.result("session/subscribe", {"sessionId": sid})
+            first = nats_pid(server)
+            os.kill(first, signal.SIGKILL)
+            answers = []
+            deadline = asyncio.get_running_loop().time() + 30
+            while True:  # while NATS is away a relayed request is answered unavailable, never lost
+                reply = await client.call("session/history", {"sessionId": sid, "limit": 10})
+                answers.append(reply)
+                if "result" in reply or asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+            assert await client.result("turn/send", {"sessionId": sid, "content": "after nats"}) == {}
+            done = await client.turn_done(sid, timeout=30)
+            return first, nats_pid(server), answers, done
+
+    first, second, answers, done = run(go())
+    assert second != first
+    assert "result" in answers[-1], answers[-1]
+    for reply in answers[:-1]:
+        assert reply["error"]["data"]["code"] == "unavailable", reply
+    assert done["params"]["item"]["outcome"] == "replied"
