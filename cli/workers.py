@@ -11,8 +11,8 @@ directory while any of them lives). Worker ``i`` owns the shards ``k mod N == i`
 port with ``SO_REUSEPORT``; it reports on a pipe when it serves. The supervisor prints the listening
 line once every worker serves.
 
-A worker that exits is started again after a backoff (0.5 s, doubling to 10 s; reset once it has
-served for a minute); meanwhile requests for its sessions are answered ``unavailable`` with
+A worker that exits is started again after 0.5 s; one that exits before it served (a crash at
+start) waits twice as long each time, up to 10 s; meanwhile requests for its sessions are answered ``unavailable`` with
 ``retryAfterMs`` by the others. A NATS server that exits is started again on its port (the workers'
 clients reconnect by themselves). SIGTERM or SIGINT: every worker gets SIGTERM and finishes what it
 has in flight (its own ``serve`` shutdown), then NATS stops. SIGHUP is passed to every worker.
@@ -58,7 +58,6 @@ APP_COUNTS_FILE = "app-counts"
 
 START_TIMEOUT_S = 60.0
 BACKOFF_S = (0.5, 10.0)
-HEALTHY_AFTER_S = 60.0
 STOP_TIMEOUT_S = 30.0
 
 
@@ -201,6 +200,7 @@ class Worker:
         self.backoff = BACKOFF_S[0]
         self.restart_at: float | None = None
         self.restarts = 0
+        self.served = False  # this incarnation reported that it serves
 
 
 class Supervisor:
@@ -234,6 +234,7 @@ class Supervisor:
                                        stdin=subprocess.DEVNULL)
         worker.started_at = time.monotonic()
         worker.restart_at = None
+        worker.served = False
 
     def _read_ready(self, timeout: float) -> list[tuple[int, int]]:
         got: list[tuple[int, int]] = []
@@ -248,6 +249,7 @@ class Supervisor:
                 index, epoch = line.split()
                 got.append((int(index), int(epoch)))
                 self.epochs[int(index)] = int(epoch)
+                self.workers[int(index)].served = True
         return got
 
     def start(self) -> None:
@@ -278,8 +280,7 @@ class Supervisor:
                 proc = worker.proc
                 if proc is not None and proc.poll() is not None:
                     alive = now - worker.started_at
-                    worker.backoff = BACKOFF_S[0] if alive > HEALTHY_AFTER_S else min(worker.backoff * 2,
-                                                                                       BACKOFF_S[1])
+                    worker.backoff = BACKOFF_S[0] if worker.served else min(worker.backoff * 2, BACKOFF_S[1])
                     worker.restart_at = now + worker.backoff
                     print(f"sessionloop: worker {worker.index} exited (code {proc.returncode}) after {alive:.1f} s; "
                           f"starting it again in {worker.backoff:.1f} s", file=sys.stderr, flush=True)
