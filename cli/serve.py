@@ -223,10 +223,7 @@ class Server:
                 f"(default {models.default.entry_id})")
 
     def _service(self, apps: dict[str, Any], max_request_bytes: int) -> Any:
-        service = self.host.protocol(limits=Limits(max_frame_bytes=max_request_bytes))
-        for hook in service_hooks:
-            hook(self, service, apps)
-        return service
+        return self.host.protocol(limits=Limits(max_frame_bytes=max_request_bytes))
 
     def _apps_of(self, apps: dict[str, Any]) -> tuple[list[AppManifest], dict[str, AppCredential]]:
         """The manifests and the token table of ``load_apps``'s tables, all checked: raises
@@ -325,10 +322,6 @@ class Server:
             self.traces.close()
         if self.link is not None:
             self.link.close()
-
-
-#: Later layers (Session Loop API, approvals, settings) register themselves here: (server, service, apps).
-service_hooks: list[Any] = []
 
 
 def _reload(server: Server) -> None:
