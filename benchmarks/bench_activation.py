@@ -63,7 +63,7 @@ from sessionloop.actors.system import gc_policy
 from sessionloop.cli.bench_cmd import inprocess_turn
 from sessionloop.cli.bench_config import is_tool_turn
 from sessionloop.cli.client import Endpoint, connect
-from sessionloop.protocol.schemas_types import TurnItem
+from sessionloop.protocol.schemas_items import TurnItem
 
 TOKEN = "bench-activation-token"
 TARGET_LIST_MS, TARGET_ACTIVATE_MS = 1000.0, 50.0

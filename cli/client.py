@@ -8,7 +8,7 @@ Commands are synchronous click functions; each one calls :func:`run` on a corout
 one reader task owns the socket's receive side:
 
 * a result or error frame resolves the future of the request with that id (``call``);
-* a notification is decoded with the Struct registered for it in :data:`protocol.schemas.NOTIFICATIONS`
+* a notification is decoded with the Struct registered for it in :data:`protocol.registry.NOTIFICATIONS`
   and queued, in arrival order, for :meth:`Client.next` / :meth:`Client.notifications`.
 
 Frames are read in the order the server sent them, so a push sent before a reply is already queued
@@ -16,7 +16,7 @@ when ``call`` returns (the protocol's snapshot rule depends on this: no push of 
 connection before its ``session/subscribe`` reply, and later ones carry a larger ``seq``).
 
 Results are decoded two-stage, as the server decodes params (STYLE: msgspec): the envelope with
-``result: Raw``, then the method's result Struct from :data:`protocol.schemas.METHODS`. A server
+``result: Raw``, then the method's result Struct from :data:`protocol.registry.METHODS`. A server
 frame this client cannot read is a :class:`ClientError`, never a traceback.
 
 Errors, all one line (``cli.main.CleanErrors`` prints them and exits 1)::
@@ -60,14 +60,9 @@ from sessionloop.cli.serve import DEFAULT_DATA, DEFAULT_PORT, TOKEN_FILE
 from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
+from sessionloop.protocol.registry import METHODS, NOTIFICATIONS
 from sessionloop.protocol.sanitize import sanitize_text
-from sessionloop.protocol.schemas import (
-    METHODS,
-    NOTIFICATIONS,
-    InitializeResult,
-    SessionsListResult,
-    SessionSummary,
-)
+from sessionloop.protocol.schemas import InitializeResult, SessionsListResult, SessionSummary
 
 __all__ = [
     "DEFAULT_URL",

@@ -50,8 +50,8 @@ from sessionloop.protocol.listing import (
     list_sessions,
     with_ancestors,
 )
+from sessionloop.protocol.registry import METHODS, NOTIFICATIONS, MethodSpec
 from sessionloop.protocol.sanitize import sanitize_for_card
-from sessionloop.protocol.schemas import METHODS, NOTIFICATIONS, MethodSpec
 
 __all__ = [
     "CLOSE_GOING_AWAY",

@@ -68,14 +68,8 @@ from sessionloop.protocol.frames import (
     result_frame,
 )
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION, negotiate
-from sessionloop.protocol.schemas import (
-    METHODS,
-    NOTIFICATIONS,
-    InitializeParams,
-    InitializeResult,
-    MethodSpec,
-    ServerName,
-)
+from sessionloop.protocol.registry import METHODS, NOTIFICATIONS, MethodSpec
+from sessionloop.protocol.schemas import InitializeParams, InitializeResult, ServerName
 from sessionloop.protocol.schemas_types import ClientInfo, Features, Identity
 
 __all__ = [

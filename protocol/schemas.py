@@ -16,8 +16,7 @@ walks :data:`METHODS` and holds every field to it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -35,6 +34,25 @@ from sessionloop.protocol.limits import (
     MAX_QUERY,
     MAX_VERSION,
 )
+from sessionloop.protocol.schemas_items import (  # re-exported: one import site for every wire shape
+    AgentMessageItem,
+    AgentModel,
+    Forward,
+    ForwardFacts,
+    NoticeItem,
+    PlanEntry,
+    PlanItem,
+    QueueEntry,
+    QueueItem,
+    ReasoningItem,
+    SessionItem,
+    ToolCallItem,
+    TurnItem,
+    Undelivered,
+    UsageItem,
+    UsagePart,
+    UserMessageItem,
+)
 from sessionloop.protocol.schemas_loop import (
     LoopCreateParams,
     LoopCreateResult,
@@ -48,9 +66,7 @@ from sessionloop.protocol.schemas_loop import (
     LoopWaitForTurnResult,
     Traceparent,
 )
-from sessionloop.protocol.schemas_types import (  # re-exported: one import site for every wire shape
-    AgentMessageItem,
-    AgentModel,
+from sessionloop.protocol.schemas_types import (
     AncestorRef,
     Approval,
     ApprovalDiff,
@@ -66,8 +82,6 @@ from sessionloop.protocol.schemas_types import (  # re-exported: one import site
     DataUrl,
     Features,
     FileChangeDisplay,
-    Forward,
-    ForwardFacts,
     GlobalLayer,
     GrantTerms,
     Id,
@@ -75,21 +89,14 @@ from sessionloop.protocol.schemas_types import (  # re-exported: one import site
     ItemAttachment,
     JsonValue,
     LastTurn,
-    NoticeItem,
     OutgoingAttachment,
     OverrideTarget,
     Participant,
     PlaceInfo,
     PlaceLayer,
-    PlanEntry,
-    PlanItem,
     PlatformLayer,
     PlatformTypeLayer,
-    QueueEntry,
-    QueueItem,
-    ReasoningItem,
     RoomGroup,
-    SessionItem,
     SessionSummary,
     SessionTarget,
     SettingActual,
@@ -102,13 +109,7 @@ from sessionloop.protocol.schemas_types import (  # re-exported: one import site
     Text,
     Title,
     TokenCount,
-    ToolCallItem,
     ToolDisplay,
-    TurnItem,
-    Undelivered,
-    UsageItem,
-    UsagePart,
-    UserMessageItem,
     Wire,
     check_json_value,
     decode_data_url,
@@ -474,86 +475,8 @@ class GrantRevokeParams(Wire, frozen=True, kw_only=True):
     grant_id: Id
 
 
-# --- the registry ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class MethodSpec:
-    """What a method takes and gives; ``decoder`` decodes its params (built once, at import)."""
-
-    name: str
-    params: type[msgspec.Struct]
-    result: type[msgspec.Struct]
-    decoder: msgspec.json.Decoder[Any]
-
-
-def _spec(name: str, params: type[msgspec.Struct], result: type[msgspec.Struct]) -> tuple[str, MethodSpec]:
-    return name, MethodSpec(name, params, result, msgspec.json.Decoder(params))
-
-
-METHODS: Final[dict[str, MethodSpec]] = dict(
-    [
-        _spec("initialize", InitializeParams, InitializeResult),
-        _spec("sessions/list", SessionsListParams, SessionsListResult),
-        _spec("sessions/watch", Empty, Empty),
-        _spec("session/create", SessionCreateParams, SessionResult),
-        _spec("session/rename", SessionRenameParams, Empty),
-        _spec("session/archive", SessionIdParams, Empty),
-        _spec("session/unarchive", SessionIdParams, Empty),
-        _spec("session/delete", SessionIdParams, Empty),
-        _spec("session/batch", SessionBatchParams, SessionBatchResult),
-        _spec("session/markSeen", SessionIdParams, Empty),
-        _spec("session/config/get", SessionIdParams, ConfigRows),
-        _spec("session/config/update", ConfigUpdateParams, ConfigRows),
-        _spec("session/config/layers", Empty, ConfigLayersResult),
-        _spec("session/config/layer/get", LayerGetParams, LayerRows),
-        _spec("session/config/layer/update", LayerUpdateParams, LayerRows),
-        _spec("session/config/overrides", OverridesParams, OverridesResult),
-        _spec("session/subscribe", SessionIdParams, SubscribeResult),
-        _spec("session/unsubscribe", SessionIdParams, Empty),
-        _spec("session/history", HistoryParams, HistoryResult),
-        _spec("turn/send", TurnSendParams, Empty),
-        _spec("turn/continue", SessionIdParams, Empty),
-        _spec("turn/abort", TurnAbortParams, Empty),
-        _spec("session/compress", SessionIdParams, Empty),
-        _spec("turn/rewind", TurnRewindParams, RewindResult),
-        _spec("plan/clear", SessionIdParams, Empty),
-        _spec("background/list", Empty, BackgroundListResult),
-        _spec("background/watch", Empty, Empty),
-        _spec("background/output", BackgroundOutputParams, BackgroundOutputResult),
-        _spec("background/stop", TaskIdParams, Empty),
-        _spec("background/stopAll", SessionIdParams, Empty),
-        _spec("presence/update", PresenceParams, Empty),
-        _spec("approval/respond", ApprovalRespondParams, Empty),
-        _spec("approval/grants/list", SessionIdParams, GrantsListResult),  # 0.2.1
-        _spec("approval/grants/revoke", GrantRevokeParams, Empty),  # 0.2.1
-        # Session Loop API for bots (see protocol.schemas_loop)
-        _spec("loop/create", LoopCreateParams, LoopCreateResult),
-        _spec("loop/send", LoopSendParams, LoopSendResult),
-        _spec("loop/waitForTurn", LoopWaitForTurnParams, LoopWaitForTurnResult),
-        _spec("loop/listEvents", LoopListEventsParams, LoopListEventsResult),
-        _spec("loop/watch", Empty, Empty),
-    ]
-)
-
-NOTIFICATIONS: Final[dict[str, type[msgspec.Struct]]] = {
-    "sessions/changed": SessionsChanged,
-    "session/config/changed": Empty,
-    "features/changed": FeaturesChanged,
-    "item/started": ItemPush,
-    "item/completed": ItemPush,
-    "item/delta": ItemDelta,
-    "session/resync": SessionResync,
-    "background/changed": BackgroundChanged,
-    "approval/requested": ApprovalRequested,
-    "approval/settled": ApprovalSettled,
-    "loop/event": LoopEventParams,
-}
-
 __all__ = [
     "HISTORY_DEFAULT_LIMIT",
-    "METHODS",
-    "NOTIFICATIONS",
     "AgentMessageItem",
     "AgentModel",
     "AncestorRef",
@@ -614,7 +537,6 @@ __all__ = [
     "LoopSendResult",
     "LoopWaitForTurnParams",
     "LoopWaitForTurnResult",
-    "MethodSpec",
     "NoticeItem",
     "OutgoingAttachment",
     "OverrideEntry",

@@ -58,7 +58,8 @@ from sessionloop.protocol.connection import (
 from sessionloop.protocol.errors import RpcError, from_domain_error, is_domain_error
 from sessionloop.protocol.peer import Peer
 from sessionloop.protocol.schemas import FeaturesChanged, ItemDelta, ItemPush, SessionResync
-from sessionloop.protocol.schemas_types import ClientInfo, Features, Identity, ItemAttachment, UserMessageItem
+from sessionloop.protocol.schemas_items import UserMessageItem
+from sessionloop.protocol.schemas_types import ClientInfo, Features, Identity, ItemAttachment
 
 log = logging.getLogger("sessionloop.gateway")
 

@@ -25,7 +25,8 @@ from sessionloop.protocol.file_handles import HANDLE_SHAPE
 from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 from sessionloop.protocol.peer import Peer
-from sessionloop.protocol.schemas_types import ItemAttachment, UserMessageItem
+from sessionloop.protocol.schemas_items import UserMessageItem
+from sessionloop.protocol.schemas_types import ItemAttachment
 
 __all__ = [
     "HANDLE",

@@ -26,7 +26,7 @@ from sessionloop.actors.session.stream_sink import StreamSink, close_cards
 from sessionloop.actors.system.ports import Commit
 from sessionloop.actors.system.pubsub import SessionChannel
 from sessionloop.actors.views.summary import encode_summary_record, rewrites_listing, summary_record
-from sessionloop.protocol.schemas_types import AgentMessageItem, ReasoningItem
+from sessionloop.protocol.schemas_items import AgentMessageItem, ReasoningItem
 
 if TYPE_CHECKING:
     from sessionloop.actors.system.runtime import Runtime

@@ -40,12 +40,7 @@ from sessionloop.actors.model.base import RetryNotice
 from sessionloop.actors.model.storable import usable_call_id
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.views.items import attempt_item_id, retry_discarded
-from sessionloop.protocol.schemas_types import (
-    AgentMessageItem,
-    ReasoningItem,
-    ToolCallItem,
-    Undelivered,
-)
+from sessionloop.protocol.schemas_items import AgentMessageItem, ReasoningItem, ToolCallItem, Undelivered
 
 __all__ = ["StreamSink", "close_cards"]
 

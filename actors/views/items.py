@@ -44,10 +44,9 @@ from sessionloop.actors.views.wire import (
     wire_speaker,
 )
 from sessionloop.protocol.limits import one_line
-from sessionloop.protocol.schemas_types import (
+from sessionloop.protocol.schemas_items import (
     AgentMessageItem,
     AgentModel,
-    ApprovalSettlement,
     NoticeItem,
     PlanEntry,
     PlanItem,
@@ -57,12 +56,12 @@ from sessionloop.protocol.schemas_types import (
     SessionItem,
     ToolCallItem,
     TurnItem,
-    TurnOutcome,
     Undelivered,
     UsageItem,
     UsagePart,
     UserMessageItem,
 )
+from sessionloop.protocol.schemas_types import ApprovalSettlement, TurnOutcome
 
 __all__ = [
     "attempt_item_id",

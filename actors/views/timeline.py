@@ -23,7 +23,7 @@ import msgspec
 
 from sessionloop.actors.errors import NotFound
 from sessionloop.actors.settings.texts import Text
-from sessionloop.protocol.schemas_types import (
+from sessionloop.protocol.schemas_items import (
     AgentMessageItem,
     NoticeItem,
     ReasoningItem,

@@ -17,20 +17,16 @@ from sessionloop.actors import events as E
 from sessionloop.actors.approvals.grants import Grant
 from sessionloop.actors.session.context import is_summary, summary_text
 from sessionloop.actors.settings.texts import Text
+from sessionloop.protocol.schemas_items import AgentMessageItem, NoticeItem, SessionItem, ToolCallItem, UserMessageItem
 from sessionloop.protocol.schemas_types import (
-    AgentMessageItem,
     ApprovalGrant,
     ApprovalSettlement,
     CommandDisplay,
     FileChangeDisplay,
     GrantTerms,
     ItemAttachment,
-    NoticeItem,
-    SessionItem,
     Speaker,
-    ToolCallItem,
     ToolDisplay,
-    UserMessageItem,
 )
 
 __all__ = [

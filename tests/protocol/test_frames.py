@@ -24,7 +24,8 @@ from sessionloop.protocol.frames import (
     result_frame,
 )
 from sessionloop.protocol.limits import MAX_NESTING
-from sessionloop.protocol.schemas import METHODS, Empty, SessionIdParams
+from sessionloop.protocol.registry import METHODS
+from sessionloop.protocol.schemas import Empty, SessionIdParams
 
 # --- parse errors ---------------------------------------------------------------------------------
 

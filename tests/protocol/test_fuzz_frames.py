@@ -19,7 +19,7 @@ from protocol_helpers import hello, make_connection
 from sessionloop.protocol.connection import Close, Connection, Dispatch, Send, State
 from sessionloop.protocol.errors import RPC_ERROR_CODES, RpcError
 from sessionloop.protocol.limits import MAX_NESTING
-from sessionloop.protocol.schemas import METHODS
+from sessionloop.protocol.registry import METHODS
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KNOWN_CODES = set(RPC_ERROR_CODES.values())

@@ -1,6 +1,6 @@
 """Every field a client sends has a bound (SPEC §7), over every method of the registry.
 
-One property walks the params Struct of every method in ``protocol.schemas.METHODS``, through
+One property walks the params Struct of every method in ``protocol.registry.METHODS``, through
 nested Structs, unions, lists and dicts, and holds every string, bytes, list, dict, integer,
 float and raw-JSON field to carrying a bound; a hypothesis test then sends an over-bound value for
 each of those fields through a real :class:`~protocol.connection.Connection` and expects
@@ -24,7 +24,8 @@ from sessionloop.protocol.connection import Limits
 from sessionloop.protocol.errors import INVALID_PARAMS, RpcError
 from sessionloop.protocol.frames import decode_params
 from sessionloop.protocol.limits import MAX_INT, MAX_WAIT_MS, MIN_INT, MIN_WAIT_MS, TRACEPARENT_PATTERN
-from sessionloop.protocol.schemas import METHODS, LoopWaitForTurnParams
+from sessionloop.protocol.registry import METHODS
+from sessionloop.protocol.schemas import LoopWaitForTurnParams
 from sessionloop.protocol.schemas_types import _DATA_URL_HEAD, JsonValue, Wire
 
 #: A valid value for each string pattern the schemas use (a new pattern needs one here): a

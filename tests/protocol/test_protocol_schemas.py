@@ -11,9 +11,8 @@ import pytest
 
 from sessionloop.protocol.errors import INVALID_PARAMS, RpcError
 from sessionloop.protocol.frames import decode_params
+from sessionloop.protocol.registry import METHODS, NOTIFICATIONS
 from sessionloop.protocol.schemas import (
-    METHODS,
-    NOTIFICATIONS,
     ApprovalSettled,
     HistoryParams,
     ItemPush,
@@ -23,31 +22,33 @@ from sessionloop.protocol.schemas import (
     SubscribeResult,
     TurnSendParams,
 )
-from sessionloop.protocol.schemas_types import (
+from sessionloop.protocol.schemas_items import (
     AgentMessageItem,
-    Approval,
-    ApprovalSettlement,
-    BackgroundTask,
-    CommandDisplay,
-    FileChangeDisplay,
     NoticeItem,
-    PlaceLayer,
     PlanEntry,
     PlanItem,
-    PlatformTypeLayer,
     QueueEntry,
     QueueItem,
     ReasoningItem,
     SessionItem,
-    SessionSummary,
-    SettingLayer,
-    SettingRow,
-    Speaker,
     ToolCallItem,
     TurnItem,
     UsageItem,
     UsagePart,
     UserMessageItem,
+)
+from sessionloop.protocol.schemas_types import (
+    Approval,
+    ApprovalSettlement,
+    BackgroundTask,
+    CommandDisplay,
+    FileChangeDisplay,
+    PlaceLayer,
+    PlatformTypeLayer,
+    SessionSummary,
+    SettingLayer,
+    SettingRow,
+    Speaker,
     decode_data_url,
 )
 

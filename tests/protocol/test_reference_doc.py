@@ -8,8 +8,8 @@ import typing
 
 from sessionloop.protocol.errors import BUSINESS_CODES, RPC_ERROR_CODES
 from sessionloop.protocol.reference import BEGIN, END, render, spliced
-from sessionloop.protocol.schemas import METHODS, NOTIFICATIONS
-from sessionloop.protocol.schemas_types import SessionItem
+from sessionloop.protocol.registry import METHODS, NOTIFICATIONS
+from sessionloop.protocol.schemas_items import SessionItem
 from tests.conftest import REPO
 
 DOC = os.path.join(REPO, "docs", "protocol.md")

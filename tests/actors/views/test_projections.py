@@ -27,10 +27,8 @@ from sessionloop.actors.views.summary import (
 )
 from sessionloop.actors.views.timeline import HISTORY_DEFAULT_LIMIT, HISTORY_MAX_LIMIT
 from sessionloop.protocol.listing import compute_tree_fields
-from sessionloop.protocol.schemas_types import (
+from sessionloop.protocol.schemas_items import (
     AgentMessageItem,
-    CommandDisplay,
-    ItemAttachment,
     NoticeItem,
     PlanItem,
     QueueItem,
@@ -39,6 +37,7 @@ from sessionloop.protocol.schemas_types import (
     TurnItem,
     UserMessageItem,
 )
+from sessionloop.protocol.schemas_types import CommandDisplay, ItemAttachment
 
 OWNER = E.Speaker(platform="console", user_id="owner", owner=True)
 
