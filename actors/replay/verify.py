@@ -20,7 +20,7 @@ import msgspec
 from sessionloop.actors import events as E
 from sessionloop.actors.replay.live import LiveView
 from sessionloop.actors.replay.values import ABSENT, first_difference, plain, singleton_items, wire_item
-from sessionloop.actors.session.state import SessionState, decode_state, evolve, new_state
+from sessionloop.actors.session.state import SessionState, bound, copy_state, decode_state, evolve, new_state
 from sessionloop.actors.settings.texts import LANGUAGES
 from sessionloop.actors.views.items import ItemsProjection
 from sessionloop.actors.views.summary import (
@@ -131,7 +131,7 @@ def verify(session_id: str, events: Sequence[RecordedEvent], snapshot: Snapshot 
     for i, rec in enumerate(events):
         evolve(state, rec.event)
         if snap_at is not None and rec.version == snap_at:
-            snap_state = plain(state)
+            snap_state = copy_state(state)
         if i in candidates:
             records.append((rec.version, summary_record(state)))
     full = ItemsProjection(session_id)
@@ -156,7 +156,8 @@ def _check_snapshot(report: VerifyReport, snapshot: Snapshot | None, folded: Any
     if decoded is None:
         report.snapshot_note = "written in another state format: activation ignores it and replays the events"
         return None
-    found = first_difference(folded, plain(decoded))
+    # a live session's snapshot is bounded (``state.bound``: the last turns' records); one of format 2 is whole
+    found = first_difference(plain(bound(folded) if decoded.bounded else folded), plain(decoded))
     if found is None:
         return None
     path, expected, got = found

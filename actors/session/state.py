@@ -27,7 +27,13 @@ from sessionloop.actors.model.base import tally_of
 from sessionloop.actors.session.context import summary_message
 from sessionloop.protocol.limits import MAX_TITLE, clip
 
-STATE_FORMAT = 2  # bump when SessionState changes shape: old snapshots are then ignored
+#: bump when SessionState changes shape. 3: a live session's state is bounded (``bound``); a
+#: format-2 snapshot (the whole state) still loads and is bounded when read
+STATE_FORMAT = 3
+_FORMATS = (2, 3)
+#: turns whose records (turn, tool calls, steps, checkpoints, artifacts) a bounded state keeps: the
+#: current one and the one before it (``drive`` looks at the last turn's messages before a new one)
+KEPT_TURNS = 2
 MAX_GRANTS = 100  # grants a session keeps (revoked and expired ones are dropped first)
 
 
@@ -187,20 +193,37 @@ class SessionState(msgspec.Struct, kw_only=True):
     summaries: int = 0  # summary messages inserted so far (0: the model view needs no merging)
     notices: list[E.NoticePosted] = []
     grants: dict[str, Grant] = {}  # approval grants by id (the approval whose answer made them)
+    #: a bounded state (the live session actor's, its snapshots): ``turns``, ``tool_calls``,
+    #: ``steps``, ``checkpoints`` and ``artifacts`` hold the last ``KEPT_TURNS`` turns only, and
+    #: ``turn_starts`` the first message of every turn; what is older is read from the log
+    #: (``actors.session.history``). False: the whole fold (replay, verify, a state copy)
+    bounded: bool = False
+    turn_starts: dict[str, int] = {}  # bounded only: turn id -> its ``message_start``, every turn
 
     @property
     def is_busy(self) -> bool:
         return self.current_turn is not None
+
+    def has_turn(self, turn_id: str) -> bool:
+        """Whether ``turn_id`` started in this session (also a turn a bounded state keeps no record of)."""
+        return turn_id in self.turns or turn_id in self.turn_starts
 
     def unfinished_turns(self) -> int:
         return len(self.queue) + (1 if self.current_turn else 0)
 
     def last_turn(self) -> TurnRecord | None:
         for turn_id in reversed(self.turn_order):
-            turn = self.turns[turn_id]
+            turn = self.turns.get(turn_id)
+            if turn is None:  # a bounded state keeps the last two turns: one of them has ended
+                return None
             if turn.ended_at is not None:
                 return turn
         return None
+
+    def message_start(self, turn_id: str) -> int:
+        """The index of ``turn_id``'s first message (its record's, or a bounded state's index)."""
+        turn = self.turns.get(turn_id)
+        return turn.message_start if turn is not None else self.turn_starts[turn_id]
 
 
 def add_message(s: SessionState, message: E.Message, at: int | None = None) -> None:
@@ -222,8 +245,33 @@ def set_messages(s: SessionState, messages: list[E.Message]) -> None:
     s.history_chars, s.history_tool_calls, s.history_attachments = tally.chars, tally.tool_calls, tally.attachments
 
 
-def new_state(session_id: str) -> SessionState:
-    return SessionState(session_id=session_id)
+def new_state(session_id: str, *, bounded: bool = False) -> SessionState:
+    return SessionState(session_id=session_id, bounded=bounded)
+
+
+def bound(state: SessionState) -> SessionState:
+    """``state`` as a bounded fold of the same events has it (in place): the records of the last
+    ``KEPT_TURNS`` turns, and every turn's first message in ``turn_starts``. A bounded fold equals
+    ``bound`` of the whole fold except after a ``turn.rewound`` (the shell then bounds the whole
+    fold read from the log again, ``actors.session.history``)."""
+    if not state.bounded:
+        state.turn_starts = {t: state.turns[t].message_start for t in state.turn_order if t in state.turns}
+        state.bounded = True
+    _keep_recent(state)
+    return state
+
+
+def _keep_recent(s: SessionState) -> None:
+    """Drop the records of every turn but the last ``KEPT_TURNS`` (a bounded state, at a turn start)."""
+    kept = set(s.turn_order[-KEPT_TURNS:])
+    if len(s.turns) > len(kept) or any(t not in kept for t in s.turns):
+        s.turns = {t: r for t, r in s.turns.items() if t in kept}
+    s.tool_calls = {k: v for k, v in s.tool_calls.items() if v.turn_id in kept}
+    s.steps = [st for st in s.steps if st.turn_id in kept]
+    if s.checkpoints:
+        s.checkpoints = [c for c in s.checkpoints if c.turn_id in kept]
+    if s.artifacts:
+        s.artifacts = [a for a in s.artifacts if a.turn_id in kept]
 
 
 _state_encoder = msgspec.msgpack.Encoder()
@@ -231,16 +279,23 @@ _state_decoder = msgspec.msgpack.Decoder(tuple[int, SessionState])
 
 
 def encode_state(state: SessionState) -> bytes:
+    if state.bounded:  # ``turn_order`` is the keys of ``turn_starts``: stored once
+        state = msgspec.structs.replace(state, turn_order=[])
     return _state_encoder.encode((STATE_FORMAT, state))
 
 
 def decode_state(data: bytes) -> SessionState | None:
-    """A snapshot's state, or None when it was written in another format (replay instead)."""
+    """A snapshot's state, or None when it was written in a format this code does not read
+    (replay instead). A format-2 snapshot holds the whole fold (``bounded`` False)."""
     try:
         fmt, state = _state_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    return state if fmt == STATE_FORMAT else None
+    if fmt not in _FORMATS:
+        return None
+    if state.bounded:
+        state.turn_order = list(state.turn_starts)
+    return state
 
 
 def copy_state(state: SessionState) -> SessionState:
@@ -338,6 +393,9 @@ def _turn_started(s: SessionState, e: E.TurnStarted) -> None:
     s.turn_order.append(e.turn_id)
     s.current_turn = e.turn_id
     s.batch = []
+    if s.bounded:
+        s.turn_starts[e.turn_id] = turn.message_start
+        _keep_recent(s)
 
 
 def _end_turn(s: SessionState, turn_id: str, status: str, at: int, outcome: str) -> TurnRecord | None:
@@ -517,15 +575,16 @@ def _checkpoint(s: SessionState, e: E.CheckpointRecorded) -> None:
 
 
 def _rewound(s: SessionState, e: E.TurnRewound) -> None:
-    if e.turn_id not in s.turns:
+    if not s.has_turn(e.turn_id):
         return
     index = s.turn_order.index(e.turn_id)
     gone = set(s.turn_order[index:])
     s.checkpoints = [c for c in s.checkpoints if c.turn_id not in gone]
     if e.chat_deleted:
-        set_messages(s, s.messages[: s.turns[e.turn_id].message_start])
+        set_messages(s, s.messages[: s.message_start(e.turn_id)])
         for turn_id in s.turn_order[index:]:
-            del s.turns[turn_id]
+            s.turns.pop(turn_id, None)
+            s.turn_starts.pop(turn_id, None)
         s.turn_order = s.turn_order[:index]
         s.tool_calls = {k: v for k, v in s.tool_calls.items() if v.turn_id not in gone}
         s.steps = [st for st in s.steps if st.turn_id not in gone]
