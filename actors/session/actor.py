@@ -81,7 +81,15 @@ from sessionloop.actors.session.messages import (
 from sessionloop.actors.session.publish import SessionPublisher
 from sessionloop.actors.session.purge import SessionPurge
 from sessionloop.actors.session.queries import CallerFacts
-from sessionloop.actors.session.state import SessionState, bound, decode_state, encode_state, evolve, new_state
+from sessionloop.actors.session.state import (
+    EncodedHistory,
+    SessionState,
+    bound,
+    decode_state,
+    encode_state,
+    evolve,
+    new_state,
+)
 from sessionloop.actors.session.stream_sink import StreamSink
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pool import PooledActor
@@ -140,6 +148,7 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
         self._failures: list[float] = []
         self._snapshot_version = 0
         self._snapshot_retry_at = 0  # after a refused snapshot: the version to try again at
+        self._history = EncodedHistory()  # the history's chunks the snapshots encoded so far
         self._active: bool | None = None
         self._workspace: Any = None
         self._unfinished = 0
@@ -498,7 +507,7 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
         is in the log: its client must get its receipt, not "write failed")."""
         try:
             self.rt.faults.hit("snapshot")
-            self.rt.store.save_snapshot(self.stream, self.state.version, encode_state(self.state))
+            self.rt.store.save_snapshot(self.stream, self.state.version, encode_state(self.state, self._history))
         except StoreError as e:
             self._snapshot_retry_at = self.state.version + max(1, self.rt.options.snapshot_every // 4)
             log.warning("session %s: the snapshot at version %d was not saved (%s); the events are committed, "

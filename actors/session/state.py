@@ -227,11 +227,15 @@ class SessionState(msgspec.Struct, kw_only=True):
 
 
 def add_message(s: SessionState, message: E.Message, at: int | None = None) -> None:
-    """Append ``message`` to the history (or insert it at index ``at``), keeping the history's counts."""
+    """Append ``message`` to the history (or insert it at index ``at``), keeping the history's counts.
+
+    A history list only grows at its end in place; any other change (an insert here, a rewind, an
+    import: ``set_messages``) makes a new list, so a model request's view of the list as it was
+    (``effects.HistoryView``: the list and its length) never changes under it."""
     if at is None:
         s.messages.append(message)
     else:
-        s.messages.insert(at, message)
+        s.messages = [*s.messages[:at], message, *s.messages[at:]]
     s.history_chars += len(message.content)
     s.history_tool_calls += len(message.tool_calls)
     if message.attachments:
@@ -274,25 +278,66 @@ def _keep_recent(s: SessionState) -> None:
         s.artifacts = [a for a in s.artifacts if a.turn_id in kept]
 
 
+#: messages per chunk of a snapshot's history; a full chunk of a live session is encoded once
+HISTORY_CHUNK = 1024
+
 _state_encoder = msgspec.msgpack.Encoder()
-_state_decoder = msgspec.msgpack.Decoder(tuple[int, SessionState])
+_parts_decoder = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_format_decoder = msgspec.msgpack.Decoder(int)
+_body_decoder = msgspec.msgpack.Decoder(SessionState)
+_chunk_decoder = msgspec.msgpack.Decoder(list[E.Message])
 
 
-def encode_state(state: SessionState) -> bytes:
-    if state.bounded:  # ``turn_order`` is the keys of ``turn_starts``: stored once
-        state = msgspec.structs.replace(state, turn_order=[])
-    return _state_encoder.encode((STATE_FORMAT, state))
+class EncodedHistory:
+    """The encoded full chunks of one history list, kept by a live session between its snapshots,
+    so a snapshot encodes only the messages added since the last one. Valid while the list is the
+    same object: a history list only grows at its end in place (``add_message``); any other
+    change makes a new list, and the chunks are encoded again."""
+
+    __slots__ = ("_source", "_chunks")
+
+    def __init__(self) -> None:
+        self._source: list[E.Message] | None = None
+        self._chunks: list[msgspec.Raw] = []
+
+    def chunks(self, messages: list[E.Message]) -> list[msgspec.Raw]:
+        if self._source is not messages:
+            self._source, self._chunks = messages, []
+        full = len(messages) // HISTORY_CHUNK
+        while len(self._chunks) < full:
+            at = len(self._chunks) * HISTORY_CHUNK
+            self._chunks.append(msgspec.Raw(_state_encoder.encode(messages[at:at + HISTORY_CHUNK])))
+        tail = messages[full * HISTORY_CHUNK:]
+        return self._chunks + [msgspec.Raw(_state_encoder.encode(tail))] if tail else list(self._chunks)
+
+
+def encode_state(state: SessionState, history: EncodedHistory | None = None) -> bytes:
+    """A snapshot of ``state`` in format 3: ``[3, the state without its messages, chunk, ...]``,
+    each chunk an array of at most ``HISTORY_CHUNK`` messages; a bounded state stores
+    ``turn_order`` once, as the keys of ``turn_starts``. ``history``: the live session's chunks
+    encoded before (only the new messages are encoded)."""
+    body = msgspec.structs.replace(state, messages=[], turn_order=[] if state.bounded else state.turn_order)
+    chunks = (history or EncodedHistory()).chunks(state.messages)
+    return _state_encoder.encode([STATE_FORMAT, body, *chunks])
 
 
 def decode_state(data: bytes) -> SessionState | None:
     """A snapshot's state, or None when it was written in a format this code does not read
-    (replay instead). A format-2 snapshot holds the whole fold (``bounded`` False)."""
+    (replay instead). A format-2 snapshot, ``[2, state]``, holds the whole fold (``bounded`` False)."""
     try:
-        fmt, state = _state_decoder.decode(data)
+        parts = _parts_decoder.decode(data)
+        fmt = _format_decoder.decode(parts[0]) if len(parts) >= 2 else None
+        if fmt not in _FORMATS:
+            return None
+        state = _body_decoder.decode(parts[1])
+        if fmt == 2:
+            return state if len(parts) == 2 else None
+        messages: list[E.Message] = []
+        for chunk in parts[2:]:
+            messages += _chunk_decoder.decode(chunk)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    if fmt not in _FORMATS:
-        return None
+    state.messages = messages
     if state.bounded:
         state.turn_order = list(state.turn_starts)
     return state

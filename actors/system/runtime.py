@@ -316,7 +316,7 @@ class Runtime:
         ``rerun`` answers its fork's approvals from the recording."""
         self.approvals = approvals
 
-    def model_request(self, cfg: AgentConfig, messages: list[E.Message],
+    def model_request(self, cfg: AgentConfig, messages: Sequence[E.Message],
                       tally: HistoryTally | None = None) -> ModelRequest:
         """The request of one model call: the model id the session's model reference stands for
         (None: the provider's own model); ``tally``: exact counts over ``messages``, when kept."""
