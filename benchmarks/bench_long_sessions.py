@@ -17,8 +17,10 @@ what the activation allocated and still holds (tracemalloc, after a collection),
 model view (the messages the next model call is sent) takes alone.
 
 The ratios that matter are in one run: CPU per turn of turns 4,901-5,000 over turns 1-100 (target
-1.1x or less), activation (target under 20 ms at 50,000 events), and the live memory beyond the
-model view (a live session's memory should be bounded by its model view and settings, not its
+1.1x or less; and, since a shared machine's speed drifts over a run, the same comparison made at
+one time: ``--rounds`` times a new session's turns 1-100 beside the long session's next 100),
+activation (target under 20 ms at 50,000 events), and the live memory beyond the model view (a
+live session's memory should be bounded by its model view and settings, not its
 history). Writes ``benchmarks/results/long_sessions.json``.
 """
 
@@ -69,6 +71,26 @@ def drive(session: Any, turns: int, window: int) -> list[dict[str, float]]:
                          "wall_ms_per_turn": (wall1 - wall0) * 1000 / window, "rss_mib": rss_now_mib()})
             cpu0, wall0 = cpu1, wall1
     return rows
+
+
+def interleaved(host: Host, session: Any, turn: int, window: int, rounds: int) -> tuple[list[float], list[float], int]:
+    """CPU ms per turn of ``window`` turns of a new session (its turns 1 to ``window``), then of
+    ``window`` more turns of the long ``session``, ``rounds`` times: the two at the same time of the
+    run, so a machine whose speed drifts (a shared one) moves both alike."""
+    fresh, long = [], []
+    for _ in range(rounds):
+        other = host.create(title="a new contact")
+        cpu0 = time.process_time()
+        for t in range(1, window + 1):
+            run_turn(other, t)
+        cpu1 = time.process_time()
+        for _ in range(window):
+            turn += 1
+            run_turn(session, turn)
+        cpu2 = time.process_time()
+        fresh.append((cpu1 - cpu0) * 1000 / window)
+        long.append((cpu2 - cpu1) * 1000 / window)
+    return fresh, long, turn
 
 
 def drive_to(host: Host, session: Any, turn: int, events: int) -> int:
@@ -143,6 +165,8 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=100, help="turns per reported window")
     ap.add_argument("--events", type=int, default=50_000, help="then drive on to this many events (0: stop)")
     ap.add_argument("--repeats", type=int, default=7, help="activations measured after the run")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="after --turns: rounds of a new session's first window beside a window of the long one")
     args = ap.parse_args()
     if args.turns < 2 * args.window:
         raise SystemExit("--turns must be at least two windows")
@@ -156,7 +180,8 @@ def main() -> None:
             rss_start = rss_now_mib()
             rows = drive(session, args.turns, args.window)
             rss_end = rows[-1]["rss_mib"]
-            turns = drive_to(host, session, args.turns, args.events)
+            fresh, long, turns = interleaved(host, session, args.turns, args.window, args.rounds)
+            turns = drive_to(host, session, turns, args.events)
             events = host.store.stream_version(f"session-{session.id}")
             snapshot = host.store.load_snapshot(f"session-{session.id}")
             snapshot_bytes = len(snapshot.state) if snapshot is not None else 0
@@ -172,6 +197,10 @@ def main() -> None:
     print(f"\nCPU per turn, turns 4,901-5,000 (or the last window) over turns 1-{args.window}: {cpu_ratio_5000:.2f}x"
           f"   (target <= 1.1x); last window over the first {cpu_ratio:.2f}x; medians of the first and last "
           f"five windows {medians:.2f}x")
+    side = statistics.median(long) / statistics.median(fresh)
+    print(f"interleaved after turn {args.turns:,}: a new session's turns 1-{args.window} "
+          f"{statistics.median(fresh):.3f} ms, the long session's next {args.window} "
+          f"{statistics.median(long):.3f} ms CPU per turn (medians of {args.rounds}): {side:.2f}x")
     print(f"events in the stream: {events:,} after {turns:,} turns; latest snapshot: {snapshot_bytes / 1024:,.0f} KiB")
     print(f"activation after a reopen: median {statistics.median(walls):.1f} ms wall (max {max(walls):.1f}), "
           f"{statistics.median(cpus):.1f} ms process CPU   (target < 20 ms at 50,000 events)")
@@ -182,7 +211,8 @@ def main() -> None:
     print(f"machine reference: {reference:.1f} ms")
     write_results("long_sessions", {
         "turns": args.turns, "window": args.window, "windows": rows, "cpu_ratio_5000_first": cpu_ratio_5000,
-        "cpu_ratio_last_first": cpu_ratio, "cpu_ratio_median5": medians, "turns_driven": turns,
+        "cpu_ratio_last_first": cpu_ratio, "cpu_ratio_median5": medians,
+        "interleaved_new_ms": fresh, "interleaved_long_ms": long, "cpu_ratio_interleaved": side, "turns_driven": turns,
         "events": events, "snapshot_bytes": snapshot_bytes, "activation_ms": walls, "activation_cpu_ms": cpus,
         "live_memory": memory, "rss_kib_per_turn": rss_per_turn_kib, "machine_reference_ms": reference})
 

@@ -16,7 +16,7 @@ from sessionloop.actors import events as E
 from sessionloop.actors.errors import NotFound
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.decide import ensure_usable
-from sessionloop.actors.session.state import SessionState, set_messages
+from sessionloop.actors.session.state import SessionState, copy_state, set_messages
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pubsub import TurnOutcome
 
@@ -76,7 +76,7 @@ def answer(actor: SessionBehaviour, query: C.Query) -> Any:
         case C.ProjectionView():
             items = actor.projection()
             singletons = [x for x in (items.plan_item(), items.usage_item(), items.queue_item()) if x is not None]
-            return state.version, actor.whole_state(), items.items() + singletons
+            return state.version, copy_state(state), items.items() + singletons  # the live (bounded) state
     raise TypeError(f"not a session query: {type(query).__name__}")
 
 
