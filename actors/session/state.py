@@ -337,7 +337,8 @@ def decode_state(data: bytes) -> SessionState | None:
             messages += _chunk_decoder.decode(chunk)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    state.messages = messages
+    if len(parts) > 2:  # else no message (an early format-3 snapshot kept them in the state itself)
+        state.messages = messages
     if state.bounded:
         state.turn_order = list(state.turn_starts)
     return state
