@@ -87,7 +87,7 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
     ``messages[i]`` (a user message), indexed in this very list (after trimming), bytes read.
     """
 
-    messages: list[Message]
+    messages: Sequence[Message]
     tools: list[dict[str, Any]] = []
     model: str | None = None
     attachments: dict[int, list[ModelAttachment]] = {}

@@ -64,6 +64,7 @@ from sessionloop.actors.session.decide import (
 )
 from sessionloop.actors.session.drive import drive
 from sessionloop.actors.session.effects import Deltas, SessionEffects
+from sessionloop.actors.session.history import bounded_fold, whole_fold
 from sessionloop.actors.session.inputs import SessionInputs
 from sessionloop.actors.session.messages import (
     Cancel,
@@ -80,7 +81,15 @@ from sessionloop.actors.session.messages import (
 from sessionloop.actors.session.publish import SessionPublisher
 from sessionloop.actors.session.purge import SessionPurge
 from sessionloop.actors.session.queries import CallerFacts
-from sessionloop.actors.session.state import SessionState, decode_state, encode_state, evolve, new_state
+from sessionloop.actors.session.state import (
+    EncodedHistory,
+    SessionState,
+    bound,
+    decode_state,
+    encode_state,
+    evolve,
+    new_state,
+)
 from sessionloop.actors.session.stream_sink import StreamSink
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pool import PooledActor
@@ -139,6 +148,7 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
         self._failures: list[float] = []
         self._snapshot_version = 0
         self._snapshot_retry_at = 0  # after a refused snapshot: the version to try again at
+        self._history = EncodedHistory()  # the history's chunks the snapshots encoded so far
         self._active: bool | None = None
         self._workspace: Any = None
         self._unfinished = 0
@@ -203,12 +213,20 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
         store = self.rt.store
         snap = store.load_snapshot(self.stream)
         state = decode_state(snap.state) if snap is not None else None
+        current = state is not None and state.bounded  # a format-2 snapshot is replaced by the next one
         if state is None:
-            state = new_state(self.sid)
+            state = new_state(self.sid, bounded=True)
+        elif not state.bounded:
+            bound(state)
+        rewound = False
         for recorded in store.read_stream(self.stream, state.version + 1):
             evolve(state, recorded.event)
+            rewound = rewound or type(recorded.event) is E.TurnRewound
+        if rewound:  # a rewind may reach turns a bounded state holds no record of
+            state = bounded_fold(store, self.sid)
         self.state = state
-        self._snapshot_version = snap.version if snap is not None and state.version >= snap.version else 0
+        self._snapshot_version = (snap.version if snap is not None and current and state.version >= snap.version
+                                  else 0)
         self._active = bool(state.current_turn or state.queue)
         # subscribers still attached (a reload after a failed commit) need the projection of what is
         # stored now, so the next commit's pushes reach them; built lazily it would already hold that
@@ -428,6 +446,8 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
 
     def _after_commit(self, events: list[E.Event], inline: dict[str, Deltas], compaction: str | None,
                       result: Any) -> None:
+        if any(type(e) is E.TurnRewound for e in events):  # see ``_load``
+            self.state = bounded_fold(self.rt.store, self.sid)
         state = self.state
         if (state.version - self._snapshot_version >= self.rt.options.snapshot_every
                 and state.version >= self._snapshot_retry_at):
@@ -487,7 +507,7 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
         is in the log: its client must get its receipt, not "write failed")."""
         try:
             self.rt.faults.hit("snapshot")
-            self.rt.store.save_snapshot(self.stream, self.state.version, encode_state(self.state))
+            self.rt.store.save_snapshot(self.stream, self.state.version, encode_state(self.state, self._history))
         except StoreError as e:
             self._snapshot_retry_at = self.state.version + max(1, self.rt.options.snapshot_every // 4)
             log.warning("session %s: the snapshot at version %d was not saved (%s); the events are committed, "
@@ -550,6 +570,11 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
             msg.reply.set(Snapshot(epoch=channel.epoch, seq=channel.seq, items=items, before=before))
             channel.subscribers[msg.subscriber] = msg.subscriber
         self.push_usage_estimate()  # a session without usage yet gets it pushed after the snapshot
+
+    def whole_state(self) -> SessionState:
+        """The whole fold of the committed events, read from the log (``history``): the live
+        state is bounded. Called between commits, so the log holds every event the state has."""
+        return whole_fold(self.rt.store, self.sid)
 
     def projection(self) -> Any:
         """The timeline's items (``views.items.ItemsProjection``), built from the log on first use."""

@@ -131,7 +131,7 @@ def decide_create(state: SessionState, new: C.NewSession, initial: C.NewInput | 
 def decide_input(state: SessionState, new: C.NewInput, now: int) -> list[E.Event]:
     """``input.accepted`` into the FIFO queue; Conflict for an input or turn id already taken."""
     ensure_usable(state)
-    if any(q.input_id == new.input_id for q in state.queue) or new.turn_id in state.turns:
+    if any(q.input_id == new.input_id for q in state.queue) or state.has_turn(new.turn_id):
         raise Conflict(f"input {new.input_id} was already accepted")
     return [accepted_input(new, now)]
 

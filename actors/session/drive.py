@@ -78,7 +78,7 @@ def _start_turn(state: SessionState, cfg: AgentConfig, now: int, emit: Callable[
     q = state.queue[0]
     # before a new run, unanswered tool calls of an earlier turn get a
     # "not executed" result so the provider never sees a call without its result.
-    last = state.turns[state.turn_order[-1]].message_start if state.turn_order else 0
+    last = state.message_start(state.turn_order[-1]) if state.turn_order else 0
     recent = state.messages[last:]
     answered = {m.tool_call_id for m in recent if m.role == "tool"}
     for m in recent:

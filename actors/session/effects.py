@@ -12,8 +12,10 @@ like a stream's.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 import pykka
 
@@ -96,7 +98,7 @@ class SessionEffects:
             tally = HistoryTally(chars=head.chars + state.history_chars,
                                  tool_calls=head.tool_calls + state.history_tool_calls,
                                  attachments=head.attachments + state.history_attachments)
-            return self.rt.model_request(cfg, system + state.messages, tally)
+            return self.rt.model_request(cfg, HistoryView(system, state.messages), tally)
         messages, _ = model_view(system + state.messages, cfg.context_chars)
         return self.rt.model_request(cfg, messages)
 
@@ -175,6 +177,50 @@ class SessionEffects:
             ref.tell(ToolDone(turn_id, call_id, result, _ms_since(started)))
 
         self._tool_tasks[call_id] = self.rt.worker.start(run())
+
+
+class HistoryView(Sequence[E.Message]):
+    """``system`` then the history as it is now, without copying it (a model call per step would
+    otherwise copy the whole history): holds the history list and its length, and a history list
+    only grows at its end (``state.add_message``), so the view never changes."""
+
+    __slots__ = ("_system", "_history", "_len")
+
+    def __init__(self, system: list[E.Message], history: list[E.Message]) -> None:
+        self._system, self._history, self._len = system, history, len(system) + len(history)
+
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, index: int) -> E.Message: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[E.Message]: ...
+    def __getitem__(self, index: int | slice) -> E.Message | list[E.Message]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            head = len(self._system)
+            return self._system[start:min(stop, head)] + self._history[max(start - head, 0):max(stop - head, 0)]
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError("history view index out of range")
+        head = len(self._system)
+        return self._system[index] if index < head else self._history[index - head]
+
+    def __iter__(self) -> Iterator[E.Message]:
+        yield from self._system
+        yield from itertools.islice(self._history, self._len - len(self._system))
+
+    def __eq__(self, other: object) -> bool:  # equal to a list of the same messages, as the copy it replaces was
+        return isinstance(other, (list, tuple, HistoryView)) and len(other) == self._len and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # like a list
+
+    def __repr__(self) -> str:
+        return f"HistoryView({list(self)!r})"
 
 
 def _ms_since(started: float) -> int:

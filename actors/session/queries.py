@@ -48,12 +48,15 @@ def answer(actor: SessionBehaviour, query: C.Query) -> Any:
             return state.status.value
         case C.StateCopy():
             ensure_usable(state)
-            return copy_state(state)
+            return actor.whole_state()
         case C.ForkSource():
-            return fork_source(state)
+            ensure_usable(state)
+            return fork_source(actor.whole_state())
         case C.LastTurn():
             return state.queue[-1].turn_id if state.queue else state.current_turn
         case C.TurnEnd(turn_id=turn_id):
+            if turn_id not in state.turns and turn_id in state.turn_starts:  # an old turn: read from the log
+                return turn_end(actor.whole_state(), turn_id)
             return turn_end(state, turn_id)
         case C.SettingsOf():
             return dict(state.settings)
@@ -73,19 +76,17 @@ def answer(actor: SessionBehaviour, query: C.Query) -> Any:
         case C.ProjectionView():
             items = actor.projection()
             singletons = [x for x in (items.plan_item(), items.usage_item(), items.queue_item()) if x is not None]
-            return state.version, copy_state(state), items.items() + singletons
+            return state.version, copy_state(state), items.items() + singletons  # the live (bounded) state
     raise TypeError(f"not a session query: {type(query).__name__}")
 
 
 def fork_source(state: SessionState) -> SessionState:
+    """What a fork copies of ``state`` (a whole fold read for it, changed in place): only what
+    ended turns produced, since a running turn is not a stable prefix."""
     ensure_usable(state)
     if state.current_turn is not None:
-        # copy only what ended turns produced: the running turn is not a stable prefix
-        copied = copy_state(state)
-        start = state.turns[state.current_turn].message_start
-        set_messages(copied, copied.messages[:start])
-        return copied
-    return copy_state(state)
+        set_messages(state, state.messages[: state.turns[state.current_turn].message_start])
+    return state
 
 
 def turn_end(state: SessionState, turn_id: str) -> TurnOutcome | None:

@@ -27,7 +27,13 @@ from sessionloop.actors.model.base import tally_of
 from sessionloop.actors.session.context import summary_message
 from sessionloop.protocol.limits import MAX_TITLE, clip
 
-STATE_FORMAT = 2  # bump when SessionState changes shape: old snapshots are then ignored
+#: bump when SessionState changes shape. 3: a live session's state is bounded (``bound``); a
+#: format-2 snapshot (the whole state) still loads and is bounded when read
+STATE_FORMAT = 3
+_FORMATS = (2, 3)
+#: turns whose records (turn, tool calls, steps, checkpoints, artifacts) a bounded state keeps: the
+#: current one and the one before it (``drive`` looks at the last turn's messages before a new one)
+KEPT_TURNS = 2
 MAX_GRANTS = 100  # grants a session keeps (revoked and expired ones are dropped first)
 
 
@@ -187,28 +193,49 @@ class SessionState(msgspec.Struct, kw_only=True):
     summaries: int = 0  # summary messages inserted so far (0: the model view needs no merging)
     notices: list[E.NoticePosted] = []
     grants: dict[str, Grant] = {}  # approval grants by id (the approval whose answer made them)
+    #: a bounded state (the live session actor's, its snapshots): ``turns``, ``tool_calls``,
+    #: ``steps``, ``checkpoints`` and ``artifacts`` hold the last ``KEPT_TURNS`` turns only, and
+    #: ``turn_starts`` the first message of every turn; what is older is read from the log
+    #: (``actors.session.history``). False: the whole fold (replay, verify, a state copy)
+    bounded: bool = False
+    turn_starts: dict[str, int] = {}  # bounded only: turn id -> its ``message_start``, every turn
 
     @property
     def is_busy(self) -> bool:
         return self.current_turn is not None
+
+    def has_turn(self, turn_id: str) -> bool:
+        """Whether ``turn_id`` started in this session (also a turn a bounded state keeps no record of)."""
+        return turn_id in self.turns or turn_id in self.turn_starts
 
     def unfinished_turns(self) -> int:
         return len(self.queue) + (1 if self.current_turn else 0)
 
     def last_turn(self) -> TurnRecord | None:
         for turn_id in reversed(self.turn_order):
-            turn = self.turns[turn_id]
+            turn = self.turns.get(turn_id)
+            if turn is None:  # a bounded state keeps the last two turns: one of them has ended
+                return None
             if turn.ended_at is not None:
                 return turn
         return None
 
+    def message_start(self, turn_id: str) -> int:
+        """The index of ``turn_id``'s first message (its record's, or a bounded state's index)."""
+        turn = self.turns.get(turn_id)
+        return turn.message_start if turn is not None else self.turn_starts[turn_id]
+
 
 def add_message(s: SessionState, message: E.Message, at: int | None = None) -> None:
-    """Append ``message`` to the history (or insert it at index ``at``), keeping the history's counts."""
+    """Append ``message`` to the history (or insert it at index ``at``), keeping the history's counts.
+
+    A history list only grows at its end in place; any other change (an insert here, a rewind, an
+    import: ``set_messages``) makes a new list, so a model request's view of the list as it was
+    (``effects.HistoryView``: the list and its length) never changes under it."""
     if at is None:
         s.messages.append(message)
     else:
-        s.messages.insert(at, message)
+        s.messages = [*s.messages[:at], message, *s.messages[at:]]
     s.history_chars += len(message.content)
     s.history_tool_calls += len(message.tool_calls)
     if message.attachments:
@@ -222,25 +249,99 @@ def set_messages(s: SessionState, messages: list[E.Message]) -> None:
     s.history_chars, s.history_tool_calls, s.history_attachments = tally.chars, tally.tool_calls, tally.attachments
 
 
-def new_state(session_id: str) -> SessionState:
-    return SessionState(session_id=session_id)
+def new_state(session_id: str, *, bounded: bool = False) -> SessionState:
+    return SessionState(session_id=session_id, bounded=bounded)
 
+
+def bound(state: SessionState) -> SessionState:
+    """``state`` as a bounded fold of the same events has it (in place): the records of the last
+    ``KEPT_TURNS`` turns, and every turn's first message in ``turn_starts``. A bounded fold equals
+    ``bound`` of the whole fold except after a ``turn.rewound`` (the shell then bounds the whole
+    fold read from the log again, ``actors.session.history``)."""
+    if not state.bounded:
+        state.turn_starts = {t: state.turns[t].message_start for t in state.turn_order if t in state.turns}
+        state.bounded = True
+    _keep_recent(state)
+    return state
+
+
+def _keep_recent(s: SessionState) -> None:
+    """Drop the records of every turn but the last ``KEPT_TURNS`` (a bounded state, at a turn start)."""
+    kept = set(s.turn_order[-KEPT_TURNS:])
+    if len(s.turns) > len(kept) or any(t not in kept for t in s.turns):
+        s.turns = {t: r for t, r in s.turns.items() if t in kept}
+    s.tool_calls = {k: v for k, v in s.tool_calls.items() if v.turn_id in kept}
+    s.steps = [st for st in s.steps if st.turn_id in kept]
+    if s.checkpoints:
+        s.checkpoints = [c for c in s.checkpoints if c.turn_id in kept]
+    if s.artifacts:
+        s.artifacts = [a for a in s.artifacts if a.turn_id in kept]
+
+
+#: messages per chunk of a snapshot's history; a full chunk of a live session is encoded once
+HISTORY_CHUNK = 1024
 
 _state_encoder = msgspec.msgpack.Encoder()
-_state_decoder = msgspec.msgpack.Decoder(tuple[int, SessionState])
+_parts_decoder = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_format_decoder = msgspec.msgpack.Decoder(int)
+_body_decoder = msgspec.msgpack.Decoder(SessionState)
+_chunk_decoder = msgspec.msgpack.Decoder(list[E.Message])
 
 
-def encode_state(state: SessionState) -> bytes:
-    return _state_encoder.encode((STATE_FORMAT, state))
+class EncodedHistory:
+    """The encoded full chunks of one history list, kept by a live session between its snapshots,
+    so a snapshot encodes only the messages added since the last one. Valid while the list is the
+    same object: a history list only grows at its end in place (``add_message``); any other
+    change makes a new list, and the chunks are encoded again."""
+
+    __slots__ = ("_source", "_chunks")
+
+    def __init__(self) -> None:
+        self._source: list[E.Message] | None = None
+        self._chunks: list[msgspec.Raw] = []
+
+    def chunks(self, messages: list[E.Message]) -> list[msgspec.Raw]:
+        if self._source is not messages:
+            self._source, self._chunks = messages, []
+        full = len(messages) // HISTORY_CHUNK
+        while len(self._chunks) < full:
+            at = len(self._chunks) * HISTORY_CHUNK
+            self._chunks.append(msgspec.Raw(_state_encoder.encode(messages[at:at + HISTORY_CHUNK])))
+        tail = messages[full * HISTORY_CHUNK:]
+        return self._chunks + [msgspec.Raw(_state_encoder.encode(tail))] if tail else list(self._chunks)
+
+
+def encode_state(state: SessionState, history: EncodedHistory | None = None) -> bytes:
+    """A snapshot of ``state`` in format 3: ``[3, the state without its messages, chunk, ...]``,
+    each chunk an array of at most ``HISTORY_CHUNK`` messages; a bounded state stores
+    ``turn_order`` once, as the keys of ``turn_starts``. ``history``: the live session's chunks
+    encoded before (only the new messages are encoded)."""
+    body = msgspec.structs.replace(state, messages=[], turn_order=[] if state.bounded else state.turn_order)
+    chunks = (history or EncodedHistory()).chunks(state.messages)
+    return _state_encoder.encode([STATE_FORMAT, body, *chunks])
 
 
 def decode_state(data: bytes) -> SessionState | None:
-    """A snapshot's state, or None when it was written in another format (replay instead)."""
+    """A snapshot's state, or None when it was written in a format this code does not read
+    (replay instead). A format-2 snapshot, ``[2, state]``, holds the whole fold (``bounded`` False)."""
     try:
-        fmt, state = _state_decoder.decode(data)
+        parts = _parts_decoder.decode(data)
+        fmt = _format_decoder.decode(parts[0]) if len(parts) >= 2 else None
+        if fmt not in _FORMATS:
+            return None
+        state = _body_decoder.decode(parts[1])
+        if fmt == 2:
+            return state if len(parts) == 2 else None
+        messages: list[E.Message] = []
+        for chunk in parts[2:]:
+            messages += _chunk_decoder.decode(chunk)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    return state if fmt == STATE_FORMAT else None
+    if len(parts) > 2:  # else no message (an early format-3 snapshot kept them in the state itself)
+        state.messages = messages
+    if state.bounded:
+        state.turn_order = list(state.turn_starts)
+    return state
 
 
 def copy_state(state: SessionState) -> SessionState:
@@ -338,6 +439,9 @@ def _turn_started(s: SessionState, e: E.TurnStarted) -> None:
     s.turn_order.append(e.turn_id)
     s.current_turn = e.turn_id
     s.batch = []
+    if s.bounded:
+        s.turn_starts[e.turn_id] = turn.message_start
+        _keep_recent(s)
 
 
 def _end_turn(s: SessionState, turn_id: str, status: str, at: int, outcome: str) -> TurnRecord | None:
@@ -517,15 +621,16 @@ def _checkpoint(s: SessionState, e: E.CheckpointRecorded) -> None:
 
 
 def _rewound(s: SessionState, e: E.TurnRewound) -> None:
-    if e.turn_id not in s.turns:
+    if not s.has_turn(e.turn_id):
         return
     index = s.turn_order.index(e.turn_id)
     gone = set(s.turn_order[index:])
     s.checkpoints = [c for c in s.checkpoints if c.turn_id not in gone]
     if e.chat_deleted:
-        set_messages(s, s.messages[: s.turns[e.turn_id].message_start])
+        set_messages(s, s.messages[: s.message_start(e.turn_id)])
         for turn_id in s.turn_order[index:]:
-            del s.turns[turn_id]
+            s.turns.pop(turn_id, None)
+            s.turn_starts.pop(turn_id, None)
         s.turn_order = s.turn_order[:index]
         s.tool_calls = {k: v for k, v in s.tool_calls.items() if v.turn_id not in gone}
         s.steps = [st for st in s.steps if st.turn_id not in gone]

@@ -348,7 +348,7 @@ class Runtime:
             self.models.replace([cfg], {cfg.name: provider})
         self.settings.changed_elsewhere()  # sessions re-resolve; clients re-read the model field and its options
 
-    def model_request(self, cfg: AgentConfig, messages: list[E.Message],
+    def model_request(self, cfg: AgentConfig, messages: Sequence[E.Message],
                       tally: HistoryTally | None = None) -> ModelRequest:
         """The request of one model call: the model id the session's model reference stands for
         (None: the provider's own model); ``tally``: exact counts over ``messages``, when kept."""
