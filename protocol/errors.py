@@ -95,7 +95,9 @@ TOO_LARGE: Final = "too-large"
 # it once) or "unknown" (retry with the same idempotency key: the original receipt, or one write).
 STORAGE_UNAVAILABLE: Final = "storage-unavailable"
 # The worker process that runs the session is not reachable (``serve --workers``: restarting, or
-# not started yet); ``data.retryAfterMs`` says when to retry. Nothing was done.
+# not started yet); ``data.retryAfterMs`` says when to retry. Nothing was done, unless ``data.outcome``
+# is "unknown" (the link between the workers broke while the request was on its way): then retry with
+# the same idempotency key.
 UNAVAILABLE: Final = "unavailable"
 
 BUSINESS_CODES: Final[frozenset[str]] = frozenset(

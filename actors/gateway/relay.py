@@ -185,6 +185,7 @@ class Relay:
         link.subscribe(f"sl.w.{me}.push", self._push)
         link.subscribe(f"sl.w.{me}.closed", self._closed)
         link.subscribe("sl.up", self._up)
+        link.on_reconnect(self._reconnected)
         link.publish("sl.up", _enc.encode(WorkerUp(me, epoch, True)))
 
     def epoch_of(self, session_id: str) -> int | None:
@@ -312,6 +313,18 @@ class Relay:
                 conn.relayed_to.add(worker)
                 self.link.publish(f"sl.w.{worker}.rpc", request)
 
+    def _reconnected(self) -> None:
+        """NATS was away: a request in flight meanwhile may never have reached its worker, or its
+        answer never came back. Each is answered ``unavailable`` with ``outcome: unknown`` (retry a
+        ``loop/send`` with its idempotency key: the original receipt, or one turn)."""
+        with self._lock:
+            pending = [item for per_owner in self._pending.values() for item in per_owner.items()]
+            owners = {key: owner for owner, per_owner in self._pending.items() for key in per_owner}
+            self._pending = {}
+        for (conn, request_id), _method in pending:
+            conn.error(request_id, _unavailable(owners[(conn, request_id)], outcome="unknown"))
+        self.link.publish("sl.up", _enc.encode(WorkerUp(self.placement.worker, self.epoch, True)))
+
     def _owner_restarted(self, owner: int, epoch: int) -> None:
         """``owner`` came back as a new incarnation: what the old one had is gone. Its requests in
         flight are answered ``unavailable``; each subscription to its sessions gets
@@ -381,9 +394,9 @@ def _unanswered(text: str) -> None:
     """The response of a broadcast request: nobody waits for it."""
 
 
-def _unavailable(owner: int) -> RpcError:
+def _unavailable(owner: int, **extra: str) -> RpcError:
     return RpcError.unavailable(f"the worker that runs this session (worker {owner}) is not answering; retry "
-                                f"after {RETRY_AFTER_MS} ms", RETRY_AFTER_MS)
+                                f"after {RETRY_AFTER_MS} ms", RETRY_AFTER_MS, **extra)
 
 
 def _wire_peer(peer: Peer) -> Peer:

@@ -44,11 +44,10 @@ class ClusterUnavailable(Exception):
 class NatsLink:
     """One NATS connection, used from any thread."""
 
-    def __init__(self, url: str, *, token: str | None, name: str,
-                 on_reconnected: Callable[[], None] | None = None) -> None:
+    def __init__(self, url: str, *, token: str | None, name: str) -> None:
         self.url = url
         self.name = name
-        self._on_reconnected = on_reconnected
+        self._reconnect_handlers: list[Callable[[], None]] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"sessionloop-nats-{name}", daemon=True)
         self._thread.start()
@@ -66,8 +65,8 @@ class NatsLink:
 
         async def reconnected() -> None:
             log.warning("%s: reconnected to NATS at %s", self.name, self.url)
-            if self._on_reconnected is not None:
-                self._on_reconnected()
+            for handler in list(self._reconnect_handlers):
+                handler()
 
         async def error(e: Exception) -> None:
             if not self._closed:
@@ -112,10 +111,19 @@ class NatsLink:
                 return
             done(msg.data, None)
 
-        if self._closed:
-            done(None, ClusterUnavailable("the link to the other workers is closed"))
+        if not self.connected:  # nothing is sent: the caller may say nothing was done
+            done(None, ClusterUnavailable("the link to the other workers is down"))
             return
         self._loop.call_soon_threadsafe(lambda: self._loop.create_task(ask()))
+
+    @property
+    def connected(self) -> bool:
+        return not self._closed and bool(self._nc.is_connected)
+
+    def on_reconnect(self, handler: Callable[[], None]) -> None:
+        """Call ``handler()`` on the link's loop each time the connection is made again (what was
+        in flight while it was away may be lost: NATS keeps no message for an absent subscriber)."""
+        self._reconnect_handlers.append(handler)
 
     def subscribe(self, subject: str, handler: Callable[[Msg], None]) -> None:
         """Call ``handler(msg)`` on the link's loop for every message on ``subject`` (it must not block)."""
