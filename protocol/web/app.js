@@ -6,6 +6,7 @@ const PROTOCOL_VERSION = '0.2.1';
 const PRESENCE_EVERY_MS = 60000;
 const IDLE_MS = 10 * 60000;
 const HISTORY_PAGE = 100;
+const CHUNK = 50;
 
 const TEXTS = {
   en: {
@@ -131,6 +132,7 @@ const S = {
 };
 window.__sl = S;  // the tests and the benchmark read the page's state and timings here
 S.perf = { renders: [], deltas: 0 };
+S.rerender = () => renderTimeline();
 
 async function call(method, params) {
   try {
@@ -260,6 +262,11 @@ function ownerOrder(a, b) {
   return b.updatedAt - a.updatedAt;
 }
 
+let listFrame = null;
+function scheduleList() {
+  if (listFrame === null) listFrame = requestAnimationFrame(() => { listFrame = null; renderList(); });
+}
+
 function renderList() {
   if (!V.list) return;
   const shown = [...S.sessions.values()].filter(visible);
@@ -331,7 +338,7 @@ function onPush(method, p) {
       for (const s of p.upserts) S.sessions.set(s.id, s);
       for (const id of p.removes) { S.sessions.delete(id); if (S.cur && S.cur.id === id) closeSession(); }
       S.groups = p.groups;
-      renderList();
+      scheduleList();
       if (S.cur && p.upserts.some((s) => s.id === S.cur.id)) renderHeader();
       break;
     case 'item/started': case 'item/completed': case 'item/delta':
@@ -407,7 +414,9 @@ function buildSession() {
   const cur = S.cur;
   V.header = h('header', {});
   V.plan = h('section', { class: 'plan', 'aria-label': t('plan') });
-  V.timeline = h('div', { class: 'timeline', role: 'log', 'aria-live': 'polite', 'aria-label': cur.session.title });
+  V.timeline = h('div', { class: 'timeline', role: 'log', 'aria-live': 'polite', 'aria-label': cur.session.title,
+    onscroll: () => { const tl = V.timeline; atBottom = tl.scrollHeight - tl.scrollTop - tl.clientHeight < 120; } });
+  atBottom = true;
   V.tasks = h('section', { class: 'tasks', 'aria-label': t('tasks') });
   V.queue = h('div', { class: 'queue' });
   V.files = h('div', { class: 'files' });
@@ -445,10 +454,7 @@ function renderHeader() {
     s.background > 0 && h('button', { text: t('stopAll'), onclick: () => call('background/stopAll', { sessionId: cur.id }) }));
   renderPlan();
   renderQueue();
-  for (const [id, node] of cur.nodes) {
-    const item = cur.items.get(id);
-    if (item && item.kind === 'turn') node.replaceWith(cur.nodes.set(id, itemNode(item)).get(id));
-  }
+  V.timeline.classList.toggle('running', !!s.running);  // the rewind buttons hide while a turn runs
 }
 
 function renderPlan() {
@@ -471,11 +477,15 @@ function renderTimeline() {
   const frag = document.createDocumentFragment();
   if (cur.before) frag.append(h('button', { class: 'older', id: 'older', text: t('older'), onclick: loadOlder }));
   cur.nodes.clear();
-  for (const id of cur.order) {
+  // in chunks of CHUNK items, each skipped by the browser while off screen (content-visibility):
+  // a frame of a long session then lays out and paints a few chunks, not every item
+  let chunk = null;
+  cur.order.forEach((id, i) => {
+    if (i % CHUNK === 0) frag.append((chunk = h('div', { class: 'chunk' })));
     const node = itemNode(cur.items.get(id));
     cur.nodes.set(id, node);
-    frag.append(node);
-  }
+    chunk.append(node);
+  });
   V.timeline.replaceChildren(frag);
   V.timeline.scrollTop = V.timeline.scrollHeight;
   performance.mark('sl-render-end');
@@ -506,7 +516,10 @@ function onItem(method, p) {
     if (!item) return;
     if (item.kind === 'tool-call') item.output = (item.output || '') + p.text; else item.text = (item.text || '') + p.text;
     const node = cur.nodes.get(p.itemId);
-    if (node && node._text) node._text.textContent += p.text;
+    if (node && node._text) {
+      const text = node._text.lastChild;
+      if (text && text.nodeType === Node.TEXT_NODE) text.appendData(p.text); else node._text.append(p.text);
+    }
     stickToBottom();
     return;
   }
@@ -530,9 +543,16 @@ function onItem(method, p) {
   stickToBottom();
 }
 
+// Follow the stream when the reader is at the bottom; once a frame, however many pushes came in it.
+let stick = null;
+let atBottom = true;
 function stickToBottom() {
-  const tl = V.timeline;
-  if (tl.scrollHeight - tl.scrollTop - tl.clientHeight < 120) tl.scrollTop = tl.scrollHeight;
+  if (stick !== null) return;
+  stick = requestAnimationFrame(() => {
+    stick = null;
+    const tl = V.timeline;
+    if (atBottom) tl.scrollTop = tl.scrollHeight;
+  });
 }
 
 // --- items -------------------------------------------------------------------------------------------------
@@ -594,7 +614,6 @@ function toolCard(item, wrap) {
 }
 
 function turnLine(item) {
-  const s = S.sessions.get(S.cur.id) || S.cur.session;
   if (!item.outcome) return h('div', { class: 'turn', text: t('turnRunning') });
   const label = { replied: t('replied'), silent: t('silent'), aborted: t('aborted'), error: t('failed') }[item.outcome];
   const sid = S.cur.id;
@@ -604,8 +623,8 @@ function turnLine(item) {
   };
   return h('div', { class: 'turn' }, h('span', { class: item.outcome === 'error' ? 'error' : null, text: label }),
     item.reason ? h('span', { class: 'error', text: item.reason }) : null,
-    S.features.rewind && !s.running && item.turnId && h('button', { class: 'rewind-code', text: t('rewindCode'), onclick: rewind('code') }),
-    S.features.rewind && !s.running && item.turnId && h('button', { class: 'rewind-all', text: t('rewindAll'), onclick: rewind('code-and-chat') }));
+    S.features.rewind && item.turnId && h('button', { class: 'rewind rewind-code', text: t('rewindCode'), onclick: rewind('code') }),
+    S.features.rewind && item.turnId && h('button', { class: 'rewind rewind-all', text: t('rewindAll'), onclick: rewind('code-and-chat') }));
 }
 
 // --- the input --------------------------------------------------------------------------------------------
