@@ -18,8 +18,9 @@ protocol/ (with ``transport.py``, which hands every opening request to :meth:`Ht
   ``GET /api/login`` (the owner token as ``Authorization: Bearer``) and ``GET /api/logout``. A
   login sets an HttpOnly, SameSite=Strict cookie whose random value the server keeps
   (:class:`~protocol.web_login.LoginTable`); ``/session`` and the other routes take it as the
-  owner on the ``webui`` surface, only from a browser whose Origin is allowed (a cookie rides
-  along on any same-site request, and other ports of the same host are the same site).
+  owner on the ``webui`` surface, only from the page itself: an allowed Origin, or without one
+  ``Sec-Fetch-Site: same-origin`` (a cookie rides along on any same-site request, and other ports
+  of the same host are the same site).
 
 Before any of that: a request with two ``Authorization``, ``Origin`` or ``Cookie`` headers is answered
 400; an address that failed authentication ``auth_failures`` times in ``auth_window`` seconds is
@@ -169,10 +170,8 @@ class HttpEdges:
             return self._metrics()
         if not self._origin_allowed(request):
             return _response(403, b"forbidden origin\n", "text/plain")
-        if request.headers.get("Origin") is None and self._cookie_only(request):
-            # the cookie stands for the owner only in the page that logged in: a browser says
-            # where a request comes from, so a cookie without an Origin is not the page's
-            return _response(403, b"the login cookie is accepted only with the page's Origin\n", "text/plain")
+        if self._cookie_only(request) and not _from_the_page(request):
+            return _response(403, b"the login cookie is accepted only from the page itself\n", "text/plain")
         if path == "/api/session-file":
             return await self._file(peer, request)
         if path.startswith(OPTIONS_PREFIX):
@@ -287,6 +286,19 @@ class HttpEdges:
         if answer is None:
             return _response(404, b"no such option source\n", "text/plain")
         return _response(200, msgspec.json.encode(answer), "application/json")
+
+
+def _from_the_page(request: Request) -> bool:
+    """Whether a browser says the request comes from the page itself: the cookie stands for the
+    owner only there. With an Origin (a WebSocket upgrade always has one; it was checked against
+    the allowed ones already), yes; without one (a same-origin GET: a download link, a fetch),
+    only when ``Sec-Fetch-Site`` says ``same-origin`` (or ``none``: the owner opened the address
+    itself). Another port of the same host is the same *site* for cookies, and says
+    ``same-site``; a request with neither header is not a browser's, and a cookie alone does not
+    stand for the owner there."""
+    if request.headers.get("Origin") is not None:
+        return True
+    return request.headers.get("Sec-Fetch-Site", "").strip().lower() in ("same-origin", "none")
 
 
 def _local_port(connection: ServerConnection) -> int:

@@ -22,9 +22,11 @@ const TEXTS = {
     expiresIn: 'expires in {0} s', approvalFor: 'Approval: {0}', inSession: 'in {0}', tasks: 'Background tasks',
     stop: 'Stop', output: 'Output', exitCode: 'exit {0}', queue: 'Waiting: {0}', disconnected: 'Disconnected: reconnecting…',
     turnRunning: 'turn running', replied: 'replied', silent: 'silent', aborted: 'aborted', failed: 'failed',
-    plan: 'Plan', usage: '{0} tokens ({1}% of the context)', backgroundTask: 'background task {0}', notExecuted: 'not executed',
+    plan: 'Plan', usage: 'context {0} tokens ({1}%)', context: 'context {0} tokens', rename: 'Rename',
+    grant: 'Answer later calls of this tool the same way', grantNone: 'only this call', grantTurn: 'for the rest of this turn',
+    grantSession: 'for this session (24 h)', backgroundTask: 'background task {0}', notExecuted: 'not executed',
     settled: '{0} ({1})', attachments: '{0} attachment(s)', children_: 'Child sessions', rewound: 'Rewound: {0} restored, {1} removed',
-    grantTurn: 'and the rest of this turn', speaker: '{0}', renamed: 'Renamed',
+    speaker: '{0}',
   },
   zh: {
     login: '登录', token: 'owner 令牌', tokenHint: 'owner 令牌:DATA/token,或 sessionloop serve 打印的链接。',
@@ -39,9 +41,11 @@ const TEXTS = {
     expiresIn: '{0} 秒后到期', approvalFor: '审批:{0}', inSession: '在 {0}', tasks: '后台任务',
     stop: '停止', output: '输出', exitCode: '退出码 {0}', queue: '排队中:{0}', disconnected: '连接断开,正在重连…',
     turnRunning: '回合进行中', replied: '已回复', silent: '静默', aborted: '已中止', failed: '出错',
-    plan: '计划', usage: '{0} token(上下文的 {1}%)', backgroundTask: '后台任务 {0}', notExecuted: '没有执行',
+    plan: '计划', usage: '上下文 {0} token({1}%)', context: '上下文 {0} token', rename: '改名',
+    grant: '之后同一工具的调用按同样处理', grantNone: '只这一次', grantTurn: '本回合余下的调用',
+    grantSession: '本会话(24 小时)', backgroundTask: '后台任务 {0}', notExecuted: '没有执行',
     settled: '{0}({1})', attachments: '{0} 个附件', children_: '子会话', rewound: '已回滚:恢复 {0} 个,删除 {1} 个',
-    grantTurn: '以及本回合之后的同类调用', speaker: '{0}', renamed: '已改名',
+    speaker: '{0}',
   },
 };
 let TX = TEXTS.en;
@@ -445,10 +449,14 @@ function renderHeader() {
   const path = (s.ancestors || []).map((a) => a.title).concat([s.title]).join(' › ');
   const u = cur.usage;
   let usage = '';
-  if (u && u.tokens != null) usage = u.contextWindow ? t('usage', u.tokens, Math.round((100 * u.tokens) / u.contextWindow)) : t('tokens', u.tokens);
+  if (u && u.tokens != null) usage = u.contextWindow ? t('usage', u.tokens, Math.round((100 * u.tokens) / u.contextWindow)) : t('context', u.tokens);
   const title = h('h2', { tabindex: '0', title: s.id, text: s.title });
   fill(V.header, title, s.ancestors ? h('span', { class: 'path', text: path }) : null, ...badges(s),
     h('span', { class: 'usage', text: usage }),
+    h('button', { id: 'rename', text: t('rename'), onclick: async () => {
+      const title = prompt(t('rename'), s.title);
+      if (title && title.trim() && title.trim() !== s.title) await call('session/rename', { sessionId: cur.id, title: title.trim() });
+    } }),
     s.running && h('button', { class: 'danger', id: 'abort', text: t('abort'), onclick: () => call('turn/abort', { sessionId: cur.id }) }),
     S.features.compress && h('button', { text: t('compress'), onclick: () => call('session/compress', { sessionId: cur.id }) }),
     s.background > 0 && h('button', { text: t('stopAll'), onclick: () => call('background/stopAll', { sessionId: cur.id }) }));
@@ -688,8 +696,13 @@ function approvalCard(a) {
   const f = a.facts || {};
   const note = h('input', { type: 'text', 'aria-label': t('note'), placeholder: t('note'), maxlength: '100000' });
   const session = S.sessions.get(a.sessionId);
+  const grant = h('select', { 'aria-label': t('grant'), title: t('grant'), class: 'grant' },
+    h('option', { value: '', text: t('grantNone') }), h('option', { value: 'turn', text: t('grantTurn') }),
+    h('option', { value: 'session', text: t('grantSession') }));
   const answer = (decision) => async () => {
-    await call('approval/respond', { approvalId: a.id, decision, contentHash: a.contentHash, note: note.value || null });
+    const params = { approvalId: a.id, decision, contentHash: a.contentHash, note: note.value || null };
+    if (grant.value) params.grant = { scope: grant.value };
+    await call('approval/respond', params);
     S.approvals.delete(a.id);
     renderApprovals();
   };
@@ -704,7 +717,7 @@ function approvalCard(a) {
     h('span', { text: t('inSession', sanitize(chain || (session ? session.title : a.sessionId))) }), ' ',
     h('span', { 'data-expires': a.expiresAt }),
     h('div', { class: 'facts' }, facts),
-    h('div', { class: 'acts' }, note,
+    h('div', { class: 'acts' }, note, grant,
       a.options.includes('approve') && h('button', { class: 'primary approve', text: t('approve'), onclick: answer('approve') }),
       a.options.includes('deny') && h('button', { class: 'danger deny', text: t('deny'), onclick: answer('deny') })));
 }

@@ -149,19 +149,62 @@ def test_deny_with_a_note_by_keyboard(pages):
     send(page, '!tool write_file {"path": "denied.txt", "content": "no"}')
     note = page.locator(".approval input")
     note.fill("not this file")
-    note.press("Tab")  # to Approve
+    note.press("Tab")  # to the grant
+    page.keyboard.press("Tab")  # to Approve
     page.keyboard.press("Tab")  # to Deny
+    expect(page.locator(".approval button.deny")).to_be_focused()
     page.keyboard.press("Enter")
     expect(page.locator(".tool .st-denied")).to_be_visible()
     expect(page.locator(".tool")).to_contain_text("denied (answer)")
+
+
+def test_an_approval_with_a_turn_grant_answers_the_turns_later_calls(pages):
+    page = pages.logged_in()
+    new_session(page)
+    send(page, '!tool write_file {"path": "one.txt", "content": "1"}\n'
+               '!tool write_file {"path": "two.txt", "content": "2"}')
+    card = page.locator(".approval").first
+    card.locator("select.grant").select_option("turn")
+    card.locator("button.approve").click()
+    expect(page.locator(".msg.agent").last).to_have_text("done: 2 tool calls")
+    expect(page.locator(".tool .st-completed")).to_have_count(2)
+    expect(page.locator(".approval")).to_have_count(0)
+
+
+def test_attach_a_file_send_it_and_download_it_with_the_login_cookie(pages, tmp_path):
+    page = pages.logged_in()
+    new_session(page)
+    path = tmp_path / "notes.txt"
+    path.write_text("attached from the page")
+    page.set_input_files("input[type=file]", str(path))
+    expect(page.locator(".files")).to_contain_text("notes.txt")
+    send(page, "with a file")
+    link = page.locator(".msg.user a.att")
+    expect(link).to_have_text("notes.txt")
+    body = page.evaluate("async (href) => { const r = await fetch(href); return [r.status, await r.text()]; }",
+                         link.get_attribute("href"))
+    assert body == [200, "attached from the page"]
+    expect(page.locator(".files")).to_have_text("")
+
+
+def test_continue_after_the_tool_limit_and_compress(pages):
+    page = pages.logged_in()
+    sid = new_session(page)
+    page.evaluate("(id) => window.__sl.rpc.call('session/config/update',"
+                  " {sessionId: id, plugin: 'agent', key: 'maxSteps', value: 1})", sid)
+    send(page, '!tool list_files {"path": "."}')
+    notice = page.locator("[data-kind=notice]", has_text="tool-limit")
+    notice.locator("button").click()
+    expect(page.locator(".msg.agent").last).to_have_text("done: 1 tool calls")
+    page.click("text=Compress")
+    expect(page.locator("[data-kind=notice]", has_text="compress")).to_be_visible()
 
 
 def test_abort_a_long_turn(pages):
     page = pages.logged_in()
     new_session(page)
     send(page, "!sleep 60000\na turn that would take a minute")
-    page.wait_for_function("() => { const m = [...document.querySelectorAll('.msg.agent')].pop();"
-                           " return m && m.textContent.length > 0; }")
+    expect(page.locator(".turn").last).to_have_text("turn running")
     page.click("#abort")
     expect(page.locator(".turn").last).to_contain_text("aborted")
     expect(page.locator("#abort")).to_have_count(0)

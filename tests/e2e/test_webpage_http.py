@@ -112,6 +112,19 @@ def test_the_cookie_needs_the_pages_origin_and_a_foreign_origin_is_refused(serve
     assert refused_status(server, None, base(server)) == 401
 
 
+def test_a_get_from_the_page_without_an_origin_needs_sec_fetch_site_same_origin(server):
+    """A download link or a same-origin fetch carries no Origin: the browser's Sec-Fetch-Site says
+    where it comes from. Another port of the same host says same-site and is refused."""
+    value = login(server)
+    url = f"{base(server)}/api/models/llm"
+    cookies = {f"sessionloop_{server.port}": value}
+    assert httpx.get(url, cookies=cookies, headers={"Sec-Fetch-Site": "same-origin"}).status_code == 200
+    assert httpx.get(url, cookies=cookies, headers={"Sec-Fetch-Site": "same-site"}).status_code == 403
+    assert httpx.get(url, cookies=cookies, headers={"Sec-Fetch-Site": "cross-site"}).status_code == 403
+    assert httpx.get(url, cookies=cookies).status_code == 403  # no browser says where it comes from
+    assert httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200  # a token needs neither
+
+
 def test_logout_ends_the_login_and_clears_the_cookie(server):
     value = login(server)
     r = httpx.get(f"{base(server)}/api/logout", cookies={f"sessionloop_{server.port}": value})
