@@ -214,6 +214,8 @@ class HttpEdges:
                                         "language": self._language()})
             return _response(200, body, "application/json", PAGE_HEADERS)
         if path == "/api/logout":
+            if not _from_the_page(request):  # another port of the host could log the page out
+                return _response(403, b"log out from the page itself\n", "text/plain")
             self.logins.revoke(cookie_value(request.headers.get("Cookie"), name))
             return _response(204, b"", "text/plain", {**PAGE_HEADERS, "Set-Cookie": clear_cookie(name)})
         if path == "/api/login" or "token" in query:

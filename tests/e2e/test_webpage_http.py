@@ -127,7 +127,12 @@ def test_a_get_from_the_page_without_an_origin_needs_sec_fetch_site_same_origin(
 
 def test_logout_ends_the_login_and_clears_the_cookie(server):
     value = login(server)
-    r = httpx.get(f"{base(server)}/api/logout", cookies={f"sessionloop_{server.port}": value})
+    cookies = {f"sessionloop_{server.port}": value}
+    for site in ("same-site", "cross-site"):  # a page on another port or site cannot log the page out
+        refused = httpx.get(f"{base(server)}/api/logout", cookies=cookies, headers={"Sec-Fetch-Site": site})
+        assert refused.status_code == 403
+    assert refused_status(server, value, base(server)) == 101
+    r = httpx.get(f"{base(server)}/api/logout", cookies=cookies, headers={"Sec-Fetch-Site": "same-origin"})
     assert r.status_code == 204 and "Max-Age=0" in r.headers["set-cookie"]
     assert refused_status(server, value, base(server)) == 401
     assert httpx.get(f"{base(server)}/api/web", cookies={f"sessionloop_{server.port}": value}).json()[

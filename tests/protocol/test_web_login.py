@@ -54,7 +54,7 @@ def test_a_cookie_header_is_read_by_name_and_a_broken_one_has_none():
 
 def test_the_static_files_are_the_pages_own_with_their_types():
     files = StaticFiles()
-    assert {"index.html", "app.js", "app.css"} <= set(files.names())
-    body, kind = files.get("app.js")
+    assert {"index.html", "app.js", "session.js", "app.css"} <= set(files.names())
+    body, kind = files.get("session.js")
     assert kind.startswith("text/javascript") and b"session/subscribe" in body
     assert files.get("../transport.py") is None and files.get("web_login.py") is None
