@@ -108,12 +108,7 @@ class HttpEdges:
         login cookie named ``cookie`` (the owner on the ``webui`` surface; see
         :meth:`_by_cookie`), else None."""
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
-        token = None
-        auth = request.headers.get("Authorization", "")
-        if auth.lower().startswith("bearer "):
-            token = auth[7:].strip()
-        elif "token" in query:
-            token = query["token"][0]
+        token = _token(request)
         if not token:
             if cookie is not None and self._by_cookie(request, cookie):
                 return Peer(platform="console", user_id="owner", surface="webui")
@@ -180,9 +175,8 @@ class HttpEdges:
         return None
 
     def _cookie_only(self, request: Request) -> bool:
-        """Authenticated by the cookie alone (no token given)."""
-        query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
-        return not request.headers.get("Authorization", "").lower().startswith("bearer ") and "token" not in query
+        """Authenticated by the cookie alone: no token given (an empty one is none)."""
+        return not _token(request)
 
     def _throttled(self, connection: ServerConnection) -> Response | None:
         wait = self.throttle.retry_after(_client_address(connection), time.monotonic())
@@ -288,6 +282,15 @@ class HttpEdges:
         if answer is None:
             return _response(404, b"no such option source\n", "text/plain")
         return _response(200, msgspec.json.encode(answer), "application/json")
+
+
+def _token(request: Request) -> str | None:
+    """The token a request gives: ``Authorization: Bearer``, else ``?token=``."""
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
+    return query["token"][0] if "token" in query else None
 
 
 def _from_the_page(request: Request) -> bool:

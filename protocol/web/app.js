@@ -3,7 +3,7 @@
 import { renderApprovals, loadTasks, renderTasks } from './cards.js';
 import { Rpc, h, status } from './dom.js';
 import { loadSessions, newSession, scheduleList } from './list.js';
-import { closeSession, onItem, openSession, renderHeader } from './session.js';
+import { closeSession, onItem, openSession, renderHeader, resubscribe } from './session.js';
 import { IDLE_MS, PRESENCE_EVERY_MS, PROTOCOL_VERSION, S, V } from './state.js';
 import { setLanguage, t } from './texts.js';
 
@@ -116,7 +116,7 @@ function onPush(method, p) {
       onItem(method, p);
       break;
     case 'session/resync':
-      if (S.cur && S.cur.id === p.sessionId) openSession(p.sessionId, true);
+      if (S.cur && S.cur.id === p.sessionId) resubscribe(S.cur);
       break;
     case 'approval/requested':
       S.approvals.set(p.approval.id, p.approval);

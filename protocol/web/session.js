@@ -32,10 +32,19 @@ export async function openSession(id, again) {
   S.sessions.set(id, snap.session);
   for (const a of snap.approvals) S.approvals.set(a.id, a);
   if (location.hash.slice(1) !== id) history.replaceState(null, '', '#' + id);
+  const draft = again && previous === id && V.input ? V.input.value : '';  // a resubscribe keeps what was typed
   if (!again || previous !== id) S.files = [];
   buildSession();
+  V.input.value = draft;
   renderList();
   S.rpc.call('session/markSeen', { sessionId: id }).catch(() => {});
+}
+
+// A new epoch or a resync: a fresh snapshot, once however many pushes say so meanwhile.
+export function resubscribe(cur) {
+  if (cur.stale) return;
+  cur.stale = true;
+  openSession(cur.id, true);
 }
 
 // Keep an item in the session's state: the plan, the usage and the queue are not on the timeline.
@@ -150,7 +159,7 @@ async function loadOlder() {
 export function onItem(method, p) {
   const cur = S.cur;
   if (!cur || cur.id !== p.sessionId) return;
-  if (p.epoch !== cur.epoch) { openSession(cur.id, true); return; }
+  if (p.epoch !== cur.epoch) { resubscribe(cur); return; }
   if (p.seq <= cur.seq) return;
   cur.seq = p.seq;
   if (method === 'item/delta') {

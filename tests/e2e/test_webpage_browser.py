@@ -218,9 +218,11 @@ def test_rewind_a_turn_with_its_chat(pages):
     send(page, '!tool write_file {"path": "rewound.txt", "content": "x"}')
     page.locator(".approval button.approve").click()
     expect(page.locator(".msg.agent").last).to_have_text("done: 1 tool calls")
+    page.fill("#input", "a draft")
     page.locator(".turn").last.locator("button.rewind-all").click()
     expect(page.locator("#status")).to_contain_text("Rewound: 0 restored, 1 removed")
     expect(page.locator(".msg.user")).to_have_count(1)  # the session resubscribed: the turn is gone
+    expect(page.locator("#input")).to_have_value("a draft")  # and what was typed stayed
     expect(page.locator(".msg.user")).to_have_text("first message")
     expect(page.locator(".tool")).to_have_count(0)
 

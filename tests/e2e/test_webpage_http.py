@@ -122,6 +122,7 @@ def test_a_get_from_the_page_without_an_origin_needs_sec_fetch_site_same_origin(
     assert httpx.get(url, cookies=cookies, headers={"Sec-Fetch-Site": "same-site"}).status_code == 403
     assert httpx.get(url, cookies=cookies, headers={"Sec-Fetch-Site": "cross-site"}).status_code == 403
     assert httpx.get(url, cookies=cookies).status_code == 403  # no browser says where it comes from
+    assert httpx.get(url + "?token=", cookies=cookies).status_code == 403  # an empty token is no token
     assert httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200  # a token needs neither
 
 
