@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import tomllib
+import urllib.parse
 from typing import Any
 
 import click
@@ -353,9 +354,14 @@ async def _run(server: Server, quiet: bool) -> None:
              rt.models.default.entry_id, rt.sandbox.mode, rt.options.sandbox_policy, len(server.config.app_tokens))
     print(f"sessionloop listening on ws://{server.config.host}:{port}/session "
           f"(data {server.data_dir}, durability {info['durability']}, epoch {server.host.epoch})", flush=True)
+    shown = f"[{server.config.host}]" if ":" in server.config.host else server.config.host
+    page = f"http://{shown}:{port}/"
     if server.token_is_new and not quiet:
         print(f"owner token (saved to {os.path.join(server.data_dir, TOKEN_FILE)}, mode 0600): {server.token}",
               flush=True)
+        print(f"web page: {page}?token={urllib.parse.quote(server.token, safe='')}", flush=True)
+    else:
+        print(f"web page: {page} (log in with the owner token)", flush=True)
     await stop.wait()
     print("sessionloop stopping: finishing writes in flight and closing connections", flush=True)
     await server.stop()

@@ -12,9 +12,17 @@ protocol/ (with ``transport.py``, which hands every opening request to :meth:`Ht
   ``dynamicOptions`` source (``llm``: the configured models), JSON, answered by
   the service's ``options``; any valid token, the Origin check of ``/session``; 404 for a source
   nobody answers;
-* ``GET /metrics`` (Prometheus text; the owner token, unless ``metrics_public``) and ``GET /healthz``.
+* ``GET /metrics`` (Prometheus text; the owner token, unless ``metrics_public``) and ``GET /healthz``;
+* the owner's web page (``web_login.py``): ``GET /`` (``/?token=`` logs in and redirects to ``/``),
+  its files under ``/web/``, ``GET /api/web`` (is this browser logged in, the server's language),
+  ``GET /api/login`` (the owner token as ``Authorization: Bearer``) and ``GET /api/logout``. A
+  login sets an HttpOnly, SameSite=Strict cookie whose random value the server keeps
+  (:class:`~protocol.web_login.LoginTable`); ``/session`` and the other routes take it as the
+  owner on the ``webui`` surface, only from the page itself: an allowed Origin, or without one
+  ``Sec-Fetch-Site: same-origin`` (a cookie rides along on any same-site request, and other ports
+  of the same host are the same site).
 
-Before any of that: a request with two ``Authorization`` or two ``Origin`` headers is answered
+Before any of that: a request with two ``Authorization``, ``Origin`` or ``Cookie`` headers is answered
 400; an address that failed authentication ``auth_failures`` times in ``auth_window`` seconds is
 answered 429 with ``Retry-After`` (:class:`~protocol.guards.AuthThrottle`).
 """
@@ -39,16 +47,30 @@ from websockets.http11 import Request, Response
 
 from sessionloop.protocol.guards import AuthThrottle, origin_key
 from sessionloop.protocol.peer import AppCredential, Peer, ProtocolService
+from sessionloop.protocol.web_login import (
+    PAGE_HEADERS,
+    LoginTable,
+    StaticFiles,
+    clear_cookie,
+    cookie_name,
+    cookie_value,
+    set_cookie,
+)
 
-__all__ = ["MAX_DEPENDENCY", "OPTIONS_PREFIX", "SINGLE_HEADERS", "HttpEdges", "HttpSettings"]
+__all__ = ["MAX_DEPENDENCY", "OPTIONS_PREFIX", "SINGLE_HEADERS", "WEB_PREFIX", "WEB_ROUTES", "HttpEdges",
+           "HttpSettings"]
 
 log = logging.getLogger("sessionloop.transport")
 
 #: the headers a request may carry once: two would make "which one counts" the attacker's choice
-SINGLE_HEADERS = ("Authorization", "Origin")
+SINGLE_HEADERS = ("Authorization", "Origin", "Cookie")
 OPTIONS_PREFIX = "/api/models/"
 _SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_DEPENDENCY = 1024
+WEB_PREFIX = "/web/"
+#: the page's routes besides its files: the page, whether this browser is logged in, log in, log out
+WEB_ROUTES = ("/", "/api/web", "/api/login", "/api/logout")
+_AUTHENTICATED = ("/metrics", "/session", "/api/session-file")
 
 
 class HttpSettings(Protocol):
@@ -78,25 +100,33 @@ class HttpEdges:
         self.health = health
         self.throttle = AuthThrottle(config.auth_failures, config.auth_window)
         self.origins: set[str] = set()
+        self.logins = LoginTable()
+        self.files = StaticFiles()
 
-    def _authenticate(self, request: Request) -> Peer | None:
+    def _authenticate(self, request: Request, cookie: str | None = None) -> Peer | None:
+        """The peer of a token (``Authorization: Bearer``, else ``?token=``), else of the page's
+        login cookie named ``cookie`` (the owner on the ``webui`` surface; see
+        :meth:`_by_cookie`), else None."""
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
-        token = None
-        auth = request.headers.get("Authorization", "")
-        if auth.lower().startswith("bearer "):
-            token = auth[7:].strip()
-        elif "token" in query:
-            token = query["token"][0]
+        token = _token(request)
         if not token:
+            if cookie is not None and self._by_cookie(request, cookie):
+                return Peer(platform="console", user_id="owner", surface="webui")
             return None
         surface = query.get("surface", ["cli"])[0]
         surface = surface if surface in ("cli", "webui") else "cli"
-        if hmac.compare_digest(token.encode(), self.config.owner_token.encode()):
+        if self._is_owner_token(token):
             return Peer(platform="console", user_id="owner", surface=surface)
         for app_token, cred in self.config.app_tokens.items():
             if hmac.compare_digest(token.encode(), app_token.encode()):
                 return Peer(platform=cred.platform, user_id=cred.app_id, surface=surface, app_id=cred.app_id)
         return None
+
+    def _is_owner_token(self, token: str) -> bool:
+        return hmac.compare_digest(token.encode(), self.config.owner_token.encode())
+
+    def _by_cookie(self, request: Request, name: str) -> bool:
+        return self.logins.valid(cookie_value(request.headers.get("Cookie"), name), time.monotonic())
 
     def _origin_allowed(self, request: Request) -> bool:
         """No Origin: not a browser (terminals and bots send none). Otherwise the origin must be
@@ -112,34 +142,108 @@ class HttpEdges:
         if path == "/healthz":
             body = msgspec.json.encode(self.health() if self.health else {"status": "ok"})
             return _response(200, body, "application/json")
-        if path not in ("/metrics", "/session", "/api/session-file") and not path.startswith(OPTIONS_PREFIX):
+        web = path in WEB_ROUTES or path.startswith(WEB_PREFIX)
+        if path not in _AUTHENTICATED and not path.startswith(OPTIONS_PREFIX) and not web:
             return _response(404, b"not found\n", "text/plain")
         for name in SINGLE_HEADERS:
             if len(request.headers.get_all(name)) > 1:
                 return _response(400, f"more than one {name} header\n".encode(), "text/plain")
+        if web:
+            return self._web(connection, request, path)
         if path == "/metrics" and self.config.metrics_public:
             return self._metrics()
-        address = _client_address(connection)
-        wait = self.throttle.retry_after(address, time.monotonic())
-        if wait is not None:
-            return _response(429, b"too many failed authentications: try again later\n", "text/plain",
-                             {"Retry-After": str(math.ceil(wait))})
-        peer = self._authenticate(request)
+        refused = self._throttled(connection)
+        if refused is not None:
+            return refused
+        cookie = cookie_name(_local_port(connection))
+        peer = self._authenticate(request, cookie)
         if peer is None:
-            self.throttle.failed(address, time.monotonic())
-            return _response(401, b"missing or wrong token\n", "text/plain", {"WWW-Authenticate": "Bearer"})
+            return self._failed(connection)
         if path == "/metrics":
             if not peer.is_owner:
                 return _response(403, b"/metrics needs the owner token\n", "text/plain")
             return self._metrics()
         if not self._origin_allowed(request):
             return _response(403, b"forbidden origin\n", "text/plain")
+        if self._cookie_only(request) and not _from_the_page(request):
+            return _response(403, b"the login cookie is accepted only from the page itself\n", "text/plain")
         if path == "/api/session-file":
             return await self._file(peer, request)
         if path.startswith(OPTIONS_PREFIX):
             return await self._options(peer, path[len(OPTIONS_PREFIX):], request)
         connection.peer = peer  # type: ignore[attr-defined]
         return None
+
+    def _cookie_only(self, request: Request) -> bool:
+        """Authenticated by the cookie alone: no token given (an empty one is none)."""
+        return not _token(request)
+
+    def _throttled(self, connection: ServerConnection) -> Response | None:
+        wait = self.throttle.retry_after(_client_address(connection), time.monotonic())
+        if wait is None:
+            return None
+        return _response(429, b"too many failed authentications: try again later\n", "text/plain",
+                         {"Retry-After": str(math.ceil(wait))})
+
+    def _failed(self, connection: ServerConnection) -> Response:
+        self.throttle.failed(_client_address(connection), time.monotonic())
+        return _response(401, b"missing or wrong token\n", "text/plain", {"WWW-Authenticate": "Bearer"})
+
+    # --- the owner's web page ---------------------------------------------------------------------
+
+    def _web(self, connection: ServerConnection, request: Request, path: str) -> Response:
+        if request.method != "GET":
+            return _response(405, b"only GET\n", "text/plain", {"Allow": "GET"})
+        if not self._origin_allowed(request):
+            return _response(403, b"forbidden origin\n", "text/plain")
+        name = cookie_name(_local_port(connection))
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
+        if path.startswith(WEB_PREFIX):
+            found = self.files.get(path[len(WEB_PREFIX):])
+            if found is None:
+                return _response(404, b"not found\n", "text/plain")
+            return _response(200, found[0], found[1], PAGE_HEADERS)
+        if path == "/api/web":
+            body = msgspec.json.encode({"authenticated": self._by_cookie(request, name),
+                                        "language": self._language()})
+            return _response(200, body, "application/json", PAGE_HEADERS)
+        if path == "/api/logout":
+            if not _from_the_page(request):  # another port of the host could log the page out
+                return _response(403, b"log out from the page itself\n", "text/plain")
+            self.logins.revoke(cookie_value(request.headers.get("Cookie"), name))
+            return _response(204, b"", "text/plain", {**PAGE_HEADERS, "Set-Cookie": clear_cookie(name)})
+        if path == "/api/login" or "token" in query:
+            return self._login(connection, request, path, name, query)
+        page = self.files.get("index.html")
+        if page is None:
+            return _response(404, b"the web page is not installed\n", "text/plain")
+        return _response(200, page[0], page[1], PAGE_HEADERS)
+
+    def _login(self, connection: ServerConnection, request: Request, path: str, name: str,
+               query: dict[str, list[str]]) -> Response:
+        """The owner token (``Authorization: Bearer`` on ``/api/login``, ``?token=`` on ``/``) for
+        a login cookie. Only the owner's: the page is the owner's console. ``/?token=`` answers
+        with a redirect to ``/``, so the token leaves the address bar and the history."""
+        refused = self._throttled(connection)
+        if refused is not None:
+            return refused
+        auth = request.headers.get("Authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else query.get("token", [""])[0]
+        if not token or not self._is_owner_token(token):
+            return self._failed(connection)
+        cookie = set_cookie(name, self.logins.issue(time.monotonic()), self.logins.ttl_s)
+        if path == "/api/login":
+            return _response(204, b"", "text/plain", {**PAGE_HEADERS, "Set-Cookie": cookie})
+        return _response(303, b"", "text/plain", {**PAGE_HEADERS, "Set-Cookie": cookie, "Location": "/"})
+
+    def _language(self) -> str:
+        """The language of the server's human text, which the page's own text follows: the
+        service's ``language`` when it has one, else its runtime's; ``en`` without either."""
+        for holder in (self.service, getattr(self.service, "rt", None)):
+            language = getattr(holder, "language", None)
+            if isinstance(language, str) and language:
+                return language
+        return "en"
 
     def _metrics(self) -> Response:
         return _response(200, self.metrics() if self.metrics else b"", "text/plain; version=0.0.4")
@@ -178,6 +282,34 @@ class HttpEdges:
         if answer is None:
             return _response(404, b"no such option source\n", "text/plain")
         return _response(200, msgspec.json.encode(answer), "application/json")
+
+
+def _token(request: Request) -> str | None:
+    """The token a request gives: ``Authorization: Bearer``, else ``?token=``."""
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
+    return query["token"][0] if "token" in query else None
+
+
+def _from_the_page(request: Request) -> bool:
+    """Whether a browser says the request comes from the page itself: the cookie stands for the
+    owner only there. With an Origin (a WebSocket upgrade always has one; it was checked against
+    the allowed ones already), yes; without one (a same-origin GET: a download link, a fetch),
+    only when ``Sec-Fetch-Site`` says ``same-origin`` (or ``none``: the owner opened the address
+    itself). Another port of the same host is the same *site* for cookies, and says
+    ``same-site``; a request with neither header is not a browser's, and a cookie alone does not
+    stand for the owner there."""
+    if request.headers.get("Origin") is not None:
+        return True
+    return request.headers.get("Sec-Fetch-Site", "").strip().lower() in ("same-origin", "none")
+
+
+def _local_port(connection: ServerConnection) -> int:
+    """The port this request came in on (the login cookie's name carries it)."""
+    address = connection.transport.get_extra_info("sockname") if connection.transport is not None else None
+    return int(address[1]) if isinstance(address, tuple) and len(address) > 1 else 0
 
 
 def _client_address(connection: ServerConnection) -> str:
