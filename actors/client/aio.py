@@ -34,14 +34,14 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib import metadata
-from typing import Any, Final, cast
+from typing import Any, cast
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.client import backoff, process_exception
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed
 
 from sessionloop.client.errors import (
     CallTimeout,
@@ -52,23 +52,20 @@ from sessionloop.client.errors import (
     InvalidArguments,
     Rejected,
     RpcFailed,
-    TokenRefused,
-    error_from_frame,
 )
+from sessionloop.client.link import Link, Lost, connect_error, describe
+from sessionloop.client.options import ClientOptions, check_options
 from sessionloop.client.stream import EventStream, parse_cursor
 from sessionloop.client.wire import (
     ENVELOPE,
     OWNER_METHODS,
     RETRY_SAFE,
-    Envelope,
     Notification,
     check_params,
     decode_push,
-    decode_result,
     python_name,
 )
-from sessionloop.protocol.connection import Limits, TokenBucket
-from sessionloop.protocol.frames import request_frame
+from sessionloop.protocol.connection import TokenBucket
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 from sessionloop.protocol.limits import DEFAULT_WAIT_MS, MAX_WAIT_MS, MIN_WAIT_MS
 from sessionloop.protocol.schemas import METHODS, ClientInfo, Empty, InitializeParams, InitializeResult, MethodSpec
@@ -80,102 +77,13 @@ from sessionloop.protocol.schemas_loop import (
     LoopWaitForTurnResult,
 )
 
-__all__ = ["AsyncClient", "ClientOptions", "NotificationsDropped"]
-
-_SERVER: Final = Limits()
-
-
-@dataclass(frozen=True, slots=True)
-class ClientOptions:
-    """How the client behaves; every buffer is bounded. Times in seconds.
-
-    The pacing bucket defaults to below the server's per-connection bucket (``Limits``: 100
-    requests a second, bursts of 200), so a client alone on its connection is not refused; a
-    refusal (``rejected`` with ``retryAfterMs``) is waited out all the same."""
-
-    client_name: str = "sessionloop-client"
-    call_timeout: float = 30.0  # each call's default timeout (wait_for_turn adds its own wait)
-    connect_timeout: float = 30.0  # how long connect() keeps trying before ConnectFailed
-    open_timeout: float = 10.0  # one attempt's TCP + WebSocket handshake
-    reconnect: bool = True
-    #: backoff between attempts to reconnect: websockets' exponential backoff with these bounds
-    reconnect_initial: float = 1.0  # a random delay up to this before the first attempt
-    reconnect_min: float = 0.5
-    reconnect_max: float = 30.0
-    requests_per_second: float = (_SERVER.requests_per_second or 100.0) * 0.9
-    burst: int = _SERVER.burst // 2
-    max_in_flight: int = _SERVER.max_in_flight // 2
-    max_notifications: int = 10_000
-    max_watch_buffer: int = 10_000
-    resume_window: int = 1024  # see sessionloop.client.stream
-    max_frame_bytes: int = 64 * 1024 * 1024  # the server's default frame limit: a snapshot can be big
-    honour_rejected: bool = True  # send(): a rejected receipt is sent again after retryAfterMs
-    ping_interval: float | None = 20.0
-    ping_timeout: float | None = 20.0
-
+__all__ = ["AsyncClient", "ClientOptions", "NotificationsDropped"]  # ClientOptions: re-exported
 
 class NotificationsDropped(ClientError):
     """Notifications were dropped because nobody took them (``max_notifications``); what they said
     is lost: subscribe again for fresh snapshots."""
 
     code = "notifications-dropped"
-
-
-class _Lost(Exception):
-    """The connection went away under a request (internal): ``sent`` says whether it was written."""
-
-    def __init__(self, sent: bool) -> None:
-        super().__init__("connection lost")
-        self.sent = sent
-
-
-class _Link:
-    """One WebSocket's requests in flight."""
-
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-        self.pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}
-        self.next_id = 0
-        self.lost = False
-
-    async def request(self, method: str, params: msgspec.Struct) -> Any:
-        if self.lost:
-            raise _Lost(sent=False)
-        self.next_id += 1
-        rid = self.next_id
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.pending[rid] = (method, future)
-        try:
-            await self.ws.send(request_frame(rid, method, params))
-        except ConnectionClosed:
-            self.pending.pop(rid, None)
-            raise _Lost(sent=True) from None
-        try:
-            return await future
-        finally:
-            self.pending.pop(rid, None)
-
-    def resolve(self, frame: Envelope) -> None:
-        entry = self.pending.pop(frame.id, None) if isinstance(frame.id, int) else None
-        if entry is None:
-            return  # an answer nobody waits for any more (its call timed out)
-        method, future = entry
-        if future.done():
-            return
-        if frame.error is not None:
-            future.set_exception(error_from_frame(method, frame.error.code, frame.error.message, frame.error.data))
-            return
-        try:
-            future.set_result(decode_result(method, frame.result))
-        except ClientError as e:
-            future.set_exception(e)
-
-    def lose(self) -> None:
-        self.lost = True
-        for _, future in self.pending.values():
-            if not future.done():
-                future.set_exception(_Lost(sent=True))
-        self.pending.clear()
 
 
 class AsyncClient:
@@ -193,10 +101,14 @@ class AsyncClient:
             raise InvalidArguments("a token is required (the owner's, DATA/token, or an app's from apps.toml)")
         self.url = url
         self._token = token
-        self.options = replace(options or ClientOptions(), **overrides)
+        try:
+            self.options = replace(options or ClientOptions(), **overrides)
+        except TypeError as e:
+            raise InvalidArguments(f"unknown client option: {e}") from None
+        check_options(self.options)
         self.info: InitializeResult | None = None
         self.connections = 0  # WebSockets initialized so far (1 + reconnections)
-        self._link: _Link | None = None
+        self._link: Link | None = None
         self._ready = asyncio.Event()
         self._fatal: ClientError | None = None
         self._closing = False
@@ -230,7 +142,7 @@ class AsyncClient:
                 await self._wait_link()
         except TimeoutError:
             await self.close()
-            why = f": {_describe(self._last_error)}" if self._last_error is not None else ""
+            why = f": {describe(self._last_error)}" if self._last_error is not None else ""
             raise ConnectFailed(f"cannot connect to {self.url} within {self.options.connect_timeout:g} s{why}",
                                 url=self.url) from None
         except BaseException:
@@ -266,10 +178,10 @@ class AsyncClient:
             # closed on the way out, whatever the way: the connection it holds goes with it
             async with contextlib.aclosing(self._attempts_to_connect()) as attempts:
                 async for ws in attempts:
-                    link = _Link(ws)
+                    link = Link(ws)
                     try:
                         await self._serve(link)
-                    except (ConnectionClosed, _Lost):
+                    except (ConnectionClosed, Lost):
                         pass
                     finally:
                         self._drop(link)
@@ -278,7 +190,7 @@ class AsyncClient:
         except ClientError as e:
             self._fatal = self._fatal or e
         except Exception as e:  # the iterator gave up: a fatal failure to connect
-            self._fatal = self._fatal or _connect_error(self.url, e)
+            self._fatal = self._fatal or connect_error(self.url, e)
         finally:
             if self._fatal is None:
                 self._fatal = ConnectionLost(f"the connection to {self.url} ended and reconnect is off")
@@ -293,7 +205,7 @@ class AsyncClient:
                                process_exception=self._retryable)
         return cast(AsyncGenerator[ClientConnection], reconnecting.__aiter__())
 
-    async def _serve(self, link: _Link) -> None:
+    async def _serve(self, link: Link) -> None:
         reader = asyncio.create_task(self._read(link))
         try:
             try:
@@ -315,21 +227,26 @@ class AsyncClient:
         finally:
             reader.cancel()
 
-    async def _renew(self, link: _Link) -> None:
+    async def _renew(self, link: Link) -> None:
         """What this client had subscribed to, on a new connection (before any call gets through)."""
         if self._streams:
             await link.request("loop/watch", Empty())
         for method in sorted(self._watching):
             await link.request(method, Empty())
         for session_id in list(self._subscribed):
-            snapshot = await link.request("session/subscribe", METHODS["session/subscribe"].params(
-                session_id=session_id))
+            try:
+                snapshot = await link.request("session/subscribe", METHODS["session/subscribe"].params(
+                    session_id=session_id))
+            except RpcFailed as e:  # e.g. deleted meanwhile: the subscription ends, the consumer is told
+                self._subscribed.pop(session_id, None)
+                self._note(Notification("session/subscribe", e))
+                continue
             self._note(Notification("session/subscribe", snapshot))
         for stream in self._streams:
             if self.connections:
                 stream.reconnected()
 
-    def _drop(self, link: _Link) -> None:
+    def _drop(self, link: Link) -> None:
         link.lose()
         if self._link is link:
             self._link = None
@@ -345,7 +262,7 @@ class AsyncClient:
         if self._fatal is not None:
             raise self._fatal
 
-    async def _wait_link(self) -> _Link:
+    async def _wait_link(self) -> Link:
         while True:
             self._raise_if_fatal()
             link = self._link
@@ -356,7 +273,7 @@ class AsyncClient:
 
     # --- the reader --------------------------------------------------------------------------------
 
-    async def _read(self, link: _Link) -> None:
+    async def _read(self, link: Link) -> None:
         try:
             async for text in link.ws:
                 self._dispatch(link, text if isinstance(text, str) else text.decode("utf-8", "replace"))
@@ -367,7 +284,7 @@ class AsyncClient:
         finally:
             link.lose()
 
-    def _dispatch(self, link: _Link, text: str) -> None:
+    def _dispatch(self, link: Link, text: str) -> None:
         try:
             frame = ENVELOPE.decode(text)
         except msgspec.DecodeError as e:
@@ -424,7 +341,7 @@ class AsyncClient:
                 async with self._slots:
                     await self._pace()
                     return await link.request(method, params)
-            except _Lost as lost:
+            except Lost as lost:
                 if retry_safe or not lost.sent:
                     continue
                 raise ConnectionLost(f"{method}: the connection was lost before the answer; whether it was "
@@ -573,26 +490,3 @@ def _owner_method(name: str, spec: MethodSpec) -> Callable[..., Any]:
 
 for _name, _spec in OWNER_METHODS.items():
     setattr(AsyncClient, python_name(_name), _owner_method(_name, _spec))
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, ConnectionRefusedError):
-        return "connection refused (is `sessionloop serve` running?)"
-    if isinstance(error, OSError):
-        return error.strerror or str(error)
-    return str(error) or type(error).__name__
-
-
-def _connect_error(url: str, e: Exception) -> ClientError:
-    if isinstance(e, InvalidStatus):
-        status = e.response.status_code
-        if status in (401, 403):
-            return TokenRefused(f"the server refused the token ({url}: HTTP {status})", status=status)
-        return ConnectFailed(f"cannot connect to {url}: HTTP {status}", status=status)
-    if isinstance(e, InvalidURI):
-        return ConnectFailed(f"cannot connect to {url}: not a ws:// or wss:// URL")
-    if isinstance(e, InvalidHandshake):
-        return ConnectFailed(f"cannot connect to {url}: {e}")
-    return ConnectFailed(f"cannot connect to {url}: {_describe(e)}")
-
-

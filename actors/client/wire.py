@@ -66,7 +66,9 @@ _ENCODER: Final = msgspec.json.Encoder()
 class Notification:
     """A push: ``params`` is the Struct registered for ``method`` (plain data for unknown ones).
     After a reconnection the client queues each renewed ``session/subscribe`` snapshot as a
-    notification of that method (``params``: the :class:`~protocol.schemas.SubscribeResult`)."""
+    notification of that method (``params``: the :class:`~protocol.schemas.SubscribeResult`, or the
+    :class:`~sessionloop.client.errors.RpcFailed` that refused it, e.g. the session was deleted:
+    that subscription ends)."""
 
     method: str
     params: Any

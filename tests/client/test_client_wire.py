@@ -315,3 +315,87 @@ def test_the_relay_is_a_real_connection():
         assert run(go()) == b"" and r.connections == 1
     finally:
         r.close()
+
+
+def test_watch_has_no_gap_and_no_duplicate_while_many_sessions_commit_at_once_and_connections_drop(
+        bot_server, relay):
+    """Sessions commit on threads of their own, so live events of different sessions may come a
+    little out of cursor order; catching up after each cut must still give each stored event once."""
+    async def go():
+        async with AsyncClient(relay.url, BOT_TOKEN, **FAST) as bot:
+            sessions = [(await bot.create(container_id="inbox")).session_id for _ in range(6)]
+            stream = await bot.watch(after="0").start()
+            seen = []
+
+            async def talk(sid):
+                for i in range(5):
+                    r = await bot.send(sid, f"!sleep 40\n{sid[-4:]} {i}", f"{sid}-{i}")
+                    await bot.wait_for_turn(sid, r.turn_id)
+
+            async def cutter():
+                while True:
+                    await asyncio.sleep(0.08)
+                    relay.cut()
+
+            async def consume():
+                async for event in stream:
+                    if event.cursor != "0":
+                        seen.append(event)
+                    if sum(e.type == "turn.completed" for e in seen) == 30:
+                        return
+
+            consuming = asyncio.ensure_future(consume())
+            cutting = asyncio.ensure_future(cutter())
+            await asyncio.gather(*(talk(s) for s in sessions))
+            cutting.cancel()
+            await asyncio.wait_for(consuming, 30)
+            return seen, await _everything(bot), bot.connections
+    seen, stored, connections = run(go())
+    assert connections >= 3
+    cursors = [e.cursor for e in seen]
+    assert len(cursors) == len(set(cursors))  # no duplicate
+    assert sorted(cursors, key=int) == [e.cursor for e in stored]  # no gap
+
+
+def test_the_sync_iterator_keeps_its_place_across_a_timeout(bot_server):
+    with Client(bot_server.url, BOT_TOKEN) as bot:
+        events = bot.watch(after="0")
+        with pytest.raises(TimeoutError):
+            events.next(timeout=0.2)  # nothing stored yet
+        s = bot.create(container_id="inbox", initial_message={"text": "hi", "idempotency_key": "it-1"})
+        bot.wait_for_turn(s.session_id, s.turn_id)
+        heard = [events.next(timeout=10)]
+        while heard[-1].type != "turn.completed":
+            heard.append(events.next(timeout=10))
+        events.close()
+    stored = [e.type for e in heard if e.cursor != "0"]
+    assert stored == ["turn.started", "assistant.message", "turn.completed"]
+    assert events.last_cursor == heard[-1].cursor
+
+
+def test_a_subscription_whose_session_was_deleted_ends_with_the_error_after_a_reconnection(bot_server, relay):
+    with Client(relay.url, bot_server.token, **FAST) as owner:
+        gone = owner.session_create(name="to delete").session.id
+        kept = owner.session_create(name="to keep").session.id
+        owner.session_subscribe(session_id=gone)
+        owner.session_subscribe(session_id=kept)
+        owner.session_delete(session_id=gone)
+        relay.cut()
+        renewed = []
+        while len(renewed) < 2:
+            note = owner.next_notification(timeout=10)
+            if note.method == "session/subscribe":
+                renewed.append(note.params)
+    assert isinstance(renewed[0], NotFound) and isinstance(renewed[1], SubscribeResult)
+    assert renewed[1].session.id == kept
+
+
+def test_client_options_out_of_bounds_are_refused_naming_the_option():
+    for bad, name in (({"max_in_flight": 0}, "max_in_flight"), ({"call_timeout": -1}, "call_timeout"),
+                      ({"burst": 1.5}, "burst"), ({"reconnect_min": 5.0, "reconnect_max": 1.0}, "reconnect")):
+        with pytest.raises(InvalidArguments, match=name):
+            AsyncClient("ws://127.0.0.1:1/session", BOT_TOKEN, **bad)
+    with pytest.raises(InvalidArguments, match="no_such_option"):
+        AsyncClient("ws://127.0.0.1:1/session", BOT_TOKEN, no_such_option=1)
+    with pytest.raises(InvalidArguments, match="token"):
+        AsyncClient("ws://127.0.0.1:1/session", "")
