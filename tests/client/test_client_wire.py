@@ -204,8 +204,8 @@ def test_a_rejected_receipt_is_sent_again_after_its_retry_after(bot_server):
         async with (AsyncClient(bot_server.url, BOT_TOKEN, honour_rejected=False) as plain,
                     AsyncClient(bot_server.url, BOT_TOKEN) as patient):
             s = await plain.create(container_id="inbox")
-            for i in range(20):  # the session's quota: 20 unfinished turns
-                await plain.send(s.session_id, f"!sleep 150\nbusy {i}", f"q-{i}")
+            for i in range(20):  # the session's quota: 20 unfinished turns (the first holds the others)
+                await plain.send(s.session_id, "!sleep 2000\nbusy" if i == 0 else f"queued {i}", f"q-{i}")
             refused = await plain.send(s.session_id, "one more", "q-extra")
             taken = await patient.send(s.session_id, "one more", "q-extra")
             done = await patient.wait_for_turn(s.session_id, taken.turn_id, timeout_ms=60_000)
