@@ -40,6 +40,7 @@ from sessionloop.client.errors import (
     StorageUnavailable,
     TokenRefused,
     TooLarge,
+    Unavailable,
     Unsupported,
 )
 from sessionloop.client.stream import EventStream
@@ -76,5 +77,6 @@ __all__ = [
     "StorageUnavailable",
     "TokenRefused",
     "TooLarge",
+    "Unavailable",
     "Unsupported",
 ]

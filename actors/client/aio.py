@@ -18,9 +18,10 @@ its request and waits for the reply, all within its timeout. When the connection
 request, a method that is safe to repeat (:data:`~sessionloop.client.wire.RETRY_SAFE`) is sent
 again on the next connection; ``loop/send`` is, because its idempotency key makes the repeat answer
 the first receipt. Any other such call raises :class:`ConnectionLost` (its outcome is unknown).
-A ``rejected`` error frame (back-pressure: nothing was done) is waited out (``retryAfterMs``) and
-sent again; a ``rejected`` receipt of ``send`` (the quota) is sent again with the same key after its
-``retryAfterMs`` while the call's time allows, then returned.
+A ``rejected`` error frame (back-pressure) or an ``unavailable`` one (the worker process that runs
+the session is away, ``serve --workers``) means nothing was done: it is waited out
+(``retryAfterMs``) and sent again; a ``rejected`` receipt of ``send`` (the quota) is sent again
+with the same key after its ``retryAfterMs`` while the call's time allows, then returned.
 
 Everything the client holds is bounded: requests in flight (``max_in_flight``), queued
 notifications (``max_notifications``: beyond it they are dropped and the consumer is told once,
@@ -52,6 +53,7 @@ from sessionloop.client.errors import (
     InvalidArguments,
     Rejected,
     RpcFailed,
+    Unavailable,
 )
 from sessionloop.client.link import Link, Lost, connect_error, describe
 from sessionloop.client.options import ClientOptions, check_options
@@ -346,7 +348,7 @@ class AsyncClient:
                     continue
                 raise ConnectionLost(f"{method}: the connection was lost before the answer; whether it was "
                                      "carried out is unknown", method=method) from None
-            except Rejected as e:  # back-pressure: nothing was done
+            except (Rejected, Unavailable) as e:  # back-pressure, or the session's worker is away: nothing done
                 await asyncio.sleep((e.retry_after_ms or 100) / 1000)
 
     async def _pace(self) -> None:

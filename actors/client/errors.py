@@ -14,6 +14,7 @@ message::
     ├── InvalidArguments            the params do not fit the method's schema: nothing was sent
     └── RpcFailed                   method, rpc_code, code, message, data, retry_after_ms
         ├── Rejected                back-pressure (rate, in flight): retry after retry_after_ms
+        ├── Unavailable             the worker running the session is unreachable: retry after it
         ├── NotFound  Forbidden  Conflict  Unsupported  TooLarge
         ├── ApprovalSettled  HashMismatch  ExpectedTurnMismatch
         ├── StorageUnavailable      outcome: "not-written" | "unknown", retry_after_ms
@@ -44,6 +45,7 @@ from sessionloop.protocol.errors import (
     RPC_ERROR_CODES,
     STORAGE_UNAVAILABLE,
     TOO_LARGE,
+    UNAVAILABLE,
     UNSUPPORTED,
 )
 
@@ -70,6 +72,7 @@ __all__ = [
     "StorageUnavailable",
     "TokenRefused",
     "TooLarge",
+    "Unavailable",
     "Unsupported",
     "error_from_frame",
 ]
@@ -140,6 +143,11 @@ class Rejected(RpcFailed):
     """Back-pressure: nothing was done; the same request may be sent again after ``retry_after_ms``."""
 
 
+class Unavailable(RpcFailed):
+    """The worker process that runs the session cannot be reached now (``serve --workers``):
+    nothing was done; the same request may be sent again after ``retry_after_ms``."""
+
+
 class NotFound(RpcFailed):
     pass
 
@@ -204,6 +212,7 @@ class InternalError(RpcFailed):
 
 _BY_BUSINESS: Final[dict[str, type[RpcFailed]]] = {
     REJECTED: Rejected,
+    UNAVAILABLE: Unavailable,
     NOT_FOUND: NotFound,
     FORBIDDEN: Forbidden,
     CONFLICT: Conflict,
