@@ -1,7 +1,7 @@
 """``sessionloop schema``: the JSON Schema of the session protocol, for generating clients.
 
 Generated from the msgspec Structs the server decodes and encodes with
-(:data:`protocol.schemas.METHODS`, :data:`protocol.schemas.NOTIFICATIONS`) by
+(:data:`protocol.registry.METHODS`, :data:`protocol.registry.NOTIFICATIONS`) by
 ``msgspec.json.schema_components``, so it cannot drift from the decoder: the params and result of
 every method, the params of every notification, the error codes, and ``protocolVersion``. The
 handshake's version rules apply to it: a document of ``0.x.y`` describes every server that agrees
@@ -20,7 +20,7 @@ import msgspec
 
 from sessionloop.protocol.errors import BUSINESS_CODES, RPC_ERROR_CODES
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
-from sessionloop.protocol.schemas import METHODS, NOTIFICATIONS
+from sessionloop.protocol.registry import METHODS, NOTIFICATIONS
 
 DEFS: Final = "#/$defs/{name}"
 

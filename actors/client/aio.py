@@ -70,7 +70,8 @@ from sessionloop.client.wire import (
 from sessionloop.protocol.connection import TokenBucket
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
 from sessionloop.protocol.limits import DEFAULT_WAIT_MS, MAX_WAIT_MS, MIN_WAIT_MS
-from sessionloop.protocol.schemas import METHODS, ClientInfo, Empty, InitializeParams, InitializeResult, MethodSpec
+from sessionloop.protocol.registry import METHODS, MethodSpec
+from sessionloop.protocol.schemas import ClientInfo, Empty, InitializeParams, InitializeResult
 from sessionloop.protocol.schemas_loop import (
     LoopCreateResult,
     LoopEventParams,

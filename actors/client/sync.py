@@ -22,7 +22,8 @@ import msgspec
 from sessionloop.client.aio import AsyncClient, ClientOptions
 from sessionloop.client.stream import EventStream
 from sessionloop.client.wire import OWNER_METHODS, Notification, python_name
-from sessionloop.protocol.schemas import InitializeResult, MethodSpec
+from sessionloop.protocol.registry import MethodSpec
+from sessionloop.protocol.schemas import InitializeResult
 from sessionloop.protocol.schemas_loop import (
     LoopCreateResult,
     LoopEvent,

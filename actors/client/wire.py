@@ -2,8 +2,8 @@
 the Python name of every method and which methods are safe to send again.
 
 Results are decoded two-stage, as the server decodes params (STYLE: msgspec): the envelope with
-``result: Raw``, then the method's result Struct from :data:`protocol.schemas.METHODS`; a push's
-``params`` with the Struct of :data:`protocol.schemas.NOTIFICATIONS`.
+``result: Raw``, then the method's result Struct from :data:`protocol.registry.METHODS`; a push's
+``params`` with the Struct of :data:`protocol.registry.NOTIFICATIONS`.
 
 Params are checked here before anything is sent: a params Struct (or the keyword arguments that
 make one) is encoded and decoded again with the server's own decoder, so a value beyond a bound
@@ -20,7 +20,7 @@ from typing import Any, Final
 import msgspec
 
 from sessionloop.client.errors import ClientError, InvalidArguments
-from sessionloop.protocol.schemas import METHODS, NOTIFICATIONS, MethodSpec
+from sessionloop.protocol.registry import METHODS, NOTIFICATIONS, MethodSpec
 
 __all__ = [
     "ENVELOPE",

@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect
 from sessionloop.cli.main import main
 from sessionloop.cli.schema_cmd import document, render
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
-from sessionloop.protocol.schemas import METHODS, NOTIFICATIONS
+from sessionloop.protocol.registry import METHODS, NOTIFICATIONS
 from tests.conftest import REPO
 from tests.e2e.conftest import APPS, ServerProcess
 

@@ -21,8 +21,8 @@ from sessionloop.client import (
     TokenRefused,
 )
 from sessionloop.client.wire import OWNER_METHODS, python_name
+from sessionloop.protocol.registry import METHODS
 from sessionloop.protocol.schemas import (
-    METHODS,
     AgentMessageItem,
     SessionsListResult,
     SubscribeResult,
