@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "doctor": "sessionloop.cli.doctor:doctor",
     "compact": "sessionloop.cli.maintenance:compact",
     "backup": "sessionloop.cli.maintenance:backup",
+    "schema": "sessionloop.cli.schema_cmd:schema",
 }
 
 

@@ -1,6 +1,7 @@
 """The import graph, read from the source: the layers only import downwards (eventstore <-
-protocol <- actors <- the package root <- cli), no module-level import closes a cycle, and every
-import of our code names the one installed top-level package, ``sessionloop``.
+protocol <- client <- actors <- the package root <- cli), no module-level import closes a cycle,
+every import of our code names the one installed top-level package, ``sessionloop``, and the
+client (``sessionloop.client``, kept in actors/client/) imports nothing of ours but protocol/.
 
 Imports inside functions are not part of the cycle check: they are how some modules still break
 their cycles (issue "One house plan" removes them); imports under ``if TYPE_CHECKING`` never run.
@@ -17,13 +18,16 @@ from tests.conftest import REPO
 
 FOLDERS = ("eventstore", "protocol", "actors", "cli")  # the design card's folders, sessionloop.<folder>
 ROOT = os.path.join("actors", "public")  # the root module of sessionloop (setup.cfg's package_dir)
-LAYERS = ("eventstore", "protocol", "actors", "", "cli")  # "": the package root, sessionloop itself
+CLIENT = os.path.join("actors", "client")  # sessionloop.client (setup.cfg's package_dir)
+LAYERS = ("eventstore", "protocol", "client", "actors", "", "cli")  # "": the package root, sessionloop itself
 
 
 def module_name(rel: str) -> str:
     """The installed name of the source file at ``rel`` (a path under the repository)."""
     if rel == ROOT or rel.startswith(ROOT + os.sep):
         rel = rel[len(ROOT):].lstrip(os.sep)
+    elif rel == CLIENT or rel.startswith(CLIENT + os.sep):
+        rel = "client" + rel[len(CLIENT):]
     return ".".join(["sessionloop", *[p for p in rel.split(os.sep) if p]]).removesuffix(".__init__")
 
 
@@ -100,6 +104,18 @@ def test_protocol_imports_nothing_of_ours_outside_protocol() -> None:
     assert outside == []
 
 
+def test_the_client_imports_nothing_of_ours_but_protocol() -> None:
+    """A bot installs sessionloop for its client: importing it must not start (or even import) the
+    server's actors, store or command line, wherever the import stands."""
+    own = "sessionloop.client"
+    foreign = [f"{mod} imports {target}" for mod, path in modules().items() if mod == own or mod.startswith(own + ".")
+               for target in imports_outside(path, mod if path.endswith("__init__.py") else mod.rpartition(".")[0],
+                                             own)
+               if not (target == "sessionloop.protocol" or target.startswith("sessionloop.protocol."))]
+    assert foreign == []
+    assert modules()[own].endswith(os.path.join("actors", "client", "__init__.py"))
+
+
 def test_no_module_level_import_closes_a_cycle() -> None:
     known = modules()
     graph = {mod: {t for t, top in imports(mod, path, known) if top and t in known and t != mod}
@@ -145,6 +161,9 @@ def test_the_checker_sees_an_upward_import_and_a_cycle(tmp_path) -> None:
     assert [layer(m) for m in ("sessionloop", "sessionloop.cli.main", "sessionloop.actors")] == ["", "cli", "actors"]
     assert module_name(os.path.join("actors", "public", "__init__")) == "sessionloop"
     assert module_name(os.path.join("actors", "model", "mock")) == "sessionloop.actors.model.mock"
+    assert module_name(os.path.join("actors", "client", "aio")) == "sessionloop.client.aio"
+    assert module_name(os.path.join("actors", "client", "__init__")) == "sessionloop.client"
+    assert layer("sessionloop.client.aio") == "client"
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert find_cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
 
