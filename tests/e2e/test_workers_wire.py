@@ -54,6 +54,11 @@ async def _clients_on_both_workers(server, stack, limit: int = 40):
     raise AssertionError(f"{limit} connections all landed on one worker")
 
 
+def _across(made):
+    """A client and a session of the other worker than the client's (its requests are relayed)."""
+    return next((c, s) for c, own in made for _, s in made if owner(s) != owner(own))
+
+
 def test_every_connection_drives_every_session_whichever_worker_runs_it(server_factory):
     server = server_factory("--workers", "2")
 
@@ -99,8 +104,7 @@ def test_a_killed_worker_is_started_again_its_sessions_answer_unavailable_meanwh
         async with AsyncExitStack() as stack:
             made = await _clients_on_both_workers(server, stack)
             # a client on one worker, a session of the other
-            client, sid = next((c, s) for c, _ in made for _, s in made
-                               if owner(s) != owner(next(x for cc, x in made if cc is c)))
+            client, sid = _across(made)
             victim = owner(sid)
             snap = await client.result("session/subscribe", {"sessionId": sid})
             assert await client.result("turn/send", {"sessionId": sid, "content": "before"}) == {}
@@ -133,8 +137,7 @@ def test_an_owner_present_on_one_worker_approves_a_tool_call_of_a_session_the_ot
     async def go():
         async with AsyncExitStack() as stack:
             made = await _clients_on_both_workers(server, stack)
-            client, sid = next((c, s) for c, _ in made for _, s in made
-                               if owner(s) != owner(next(x for cc, x in made if cc is c)))
+            client, sid = _across(made)
             for other, _ in made:  # nobody else is present: only this client can be asked
                 if other is not client:
                     await other.result("presence/update", {"active": False})
@@ -251,8 +254,7 @@ def test_a_killed_nats_server_is_started_again_and_relaying_resumes(server_facto
     async def go():
         async with AsyncExitStack() as stack:
             made = await _clients_on_both_workers(server, stack)
-            client, sid = next((c, s) for c, _ in made for _, s in made
-                               if owner(s) != owner(next(x for cc, x in made if cc is c)))
+            client, sid = _across(made)
             await client.result("session/subscribe", {"sessionId": sid})
             first = nats_pid(server)
             os.kill(first, signal.SIGKILL)

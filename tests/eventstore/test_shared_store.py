@@ -49,11 +49,15 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _start(path: str, fd: int, index: int, count: int, streams: int) -> subprocess.Popen[str]:
+def _start_script(script: str, path: str, fd: int, *args: str) -> subprocess.Popen[str]:
+    """``script`` in a process of its own that inherits the lock's descriptor ``fd``."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return subprocess.Popen([sys.executable, "-c", WORKER, path, str(fd), str(index), str(count), str(streams)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            pass_fds=(fd,), cwd=root)
+    return subprocess.Popen([sys.executable, "-c", script, path, str(fd), *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(fd,), cwd=root)
+
+
+def _start(path: str, fd: int, index: int, count: int, streams: int) -> subprocess.Popen[str]:
+    return _start_script(WORKER, path, fd, str(index), str(count), str(streams))
 
 
 def test_two_worker_processes_write_their_own_shards_of_one_store_and_read_each_others(store_path):
@@ -107,13 +111,10 @@ def test_a_claim_both_workers_make_is_stored_once_and_the_second_gets_the_first_
         print(json.dumps(out), flush=True)
         store.close()
     """)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     open_test_store(store_path, durability="nosync", shards=SHARDS).close()
     fd = take_lock(store_path)
     try:
-        workers = [subprocess.Popen([sys.executable, "-c", script, store_path, str(fd), str(i)], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(fd,),
-                                    cwd=root) for i in range(2)]
+        workers = [_start_script(script, store_path, fd, str(i)) for i in range(2)]
         for w in workers:  # both start at once: their claims race
             w.stdin.write("\n")
             w.stdin.flush()
@@ -159,13 +160,10 @@ RACER = textwrap.dedent("""
 def test_two_workers_writing_the_same_streams_keep_one_history_each_with_every_version_once(store_path):
     """Any worker may write any stream (a place a session was seen in, say): the expected
     version is checked against what both wrote, and versions never collide."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     open_test_store(store_path, durability="nosync", shards=SHARDS).close()
     fd = take_lock(store_path)
     try:
-        workers = [subprocess.Popen([sys.executable, "-c", RACER, store_path, str(fd), str(i)], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(fd,),
-                                    cwd=root) for i in range(2)]
+        workers = [_start_script(RACER, store_path, fd, str(i)) for i in range(2)]
         for w in workers:
             w.stdin.write("\n")
             w.stdin.flush()
