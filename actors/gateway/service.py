@@ -322,7 +322,8 @@ class SessionProtocolService:
         self.server_info = ServerInfo(name=SERVER_NAME, describe=self._describe)
         self.index = index
         self.blobs = runtime.blobs
-        self.file_key = file_handles.derive_epoch_key(master_secret(runtime.data_dir), runtime.epoch)
+        self._secret = master_secret(runtime.data_dir)  # read once: each worker's epoch key derives from it
+        self.file_key = file_handles.derive_epoch_key(self._secret, runtime.epoch)
         self.slow = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sessionloop-slow")
         self.connections: set[ClientConnection] = set()
         self.relayed: set[ClientConnection] = set()  # other workers' connections, for their sessions here
@@ -390,7 +391,7 @@ class SessionProtocolService:
             epoch = self.relay.epoch_of(session_id)
             if epoch is None:
                 return None
-            key = file_handles.derive_epoch_key(master_secret(self.rt.data_dir), epoch)
+            key = file_handles.derive_epoch_key(self._secret, epoch)
         file_id = file_handles.resolve(key, session_id, handle)
         if file_id is None:
             return None
