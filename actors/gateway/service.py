@@ -123,16 +123,16 @@ class ClientConnection:
 
     def _relayed(self, relay: Relay, out: Dispatch, frame: str | bytes) -> bool:
         """Whether ``out`` went to the worker that runs its session, or to every worker."""
+        text = frame if isinstance(frame, str) else frame.decode("utf-8")
         if out.method in SCATTERED:
-            relay.scatter(self, out, frame if isinstance(frame, str) else frame.decode("utf-8"))
+            relay.scatter(self, out, text)
             return True
         owner = relay.owner_of(out)
         if owner is None:
             if out.method == "presence/update":  # the other workers' sessions see the owner too
-                relay.broadcast(self, frame if isinstance(frame, str) else frame.decode("utf-8"))
+                relay.broadcast(self, text)
             return False
         wait_ms = getattr(out.params, "timeout_ms", None)
-        text = frame if isinstance(frame, str) else frame.decode("utf-8")
         relay.forward(self, self.relay_id, owner, out, text, (wait_ms or 0) / 1000)
         return True
 
