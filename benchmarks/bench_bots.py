@@ -27,8 +27,9 @@ ws: unpinned, and the server under ``taskset -c 0`` with the bots under ``taskse
    ``wait_for_turn`` the original result). Reported: turns/s, send -> completed latency p50/p99.
 2. **overload** (``--overload-bots`` bots): ``--overload-one`` sends to one session at once (over
    the 20-unfinished-turns-per-session quota), then ``--overload-each`` to every session of the bot
-   at once (over the 200-per-app quota); each session's first one is ``!sleep 2000`` (so no turn
-   ends while the others are sent, whatever the transport's speed), the rest ``!sleep 20``.
+   at once (over the 200-per-app quota); each session's first one is ``!sleep 2000``, acknowledged
+   before the rest are sent (so no turn ends while the others are sent, whatever the transport's
+   speed or the order concurrent sends arrive in), the rest ``!sleep 20``.
    Reported: the ``rejected`` receipt rate, whether every rejection says ``retryAfterMs: 1000``,
    whether repeats of accepted keys sent while over
    quota still get ``duplicate``; then every accepted turn is waited for, and rejected keys sent
@@ -400,10 +401,16 @@ async def overload_bot(api: Any, rec: Record, b: int, spec: dict[str, Any], out:
     await api.widen(b, spec["overload_one"] + spec["overload_each"] * len(sids))
     rate_limited0 = rec.rate_limited
     t0 = now()
-    one = await asyncio.gather(*(send(sids[0], f"b{b}-over1-{k}", text(k, "one"), "overload")
-                                 for k in range(spec["overload_one"])))
-    each = await asyncio.gather(*(send(sid, f"b{b}-s{s}-over-{k}", text(k, str(s)), "overload")
-                                  for k in range(spec["overload_each"]) for s, sid in enumerate(sids)))
+    # each session's slow head is acknowledged before the rest are sent: concurrent sends may
+    # reach a session in any order (over two workers some are relayed), and a short turn first
+    # would end, and free its slot, inside the send window
+    one = [await send(sids[0], f"b{b}-over1-0", text(0, "one"), "overload")]
+    one += await asyncio.gather(*(send(sids[0], f"b{b}-over1-{k}", text(k, "one"), "overload")
+                                  for k in range(1, spec["overload_one"])))
+    each = await asyncio.gather(*(send(sid, f"b{b}-s{s}-over-0", text(0, str(s)), "overload")
+                                  for s, sid in enumerate(sids)))
+    each += await asyncio.gather(*(send(sid, f"b{b}-s{s}-over-{k}", text(k, str(s)), "overload")
+                                   for k in range(1, spec["overload_each"]) for s, sid in enumerate(sids)))
     # no turn of this bot can end before HEAD_SLEEP_MS: everything accepted is unfinished at once
     out["send_window_ms"] = max(out["send_window_ms"], int((now() - t0) * 1000))
     out["rate_limited"] += rec.rate_limited - rate_limited0
