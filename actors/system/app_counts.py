@@ -79,6 +79,7 @@ class SharedAppCounts:
         self.worker = worker
         self._row = struct.Struct(f"<Q{self.workers}i")
         self._lock = threading.Lock()  # the flock is the process's: its threads take turns here first
+        self._slots: dict[str, int] = {}  # app id -> its slot, found once (under the lock)
         with self._locked():
             for slot in range(self.slots):  # what this worker's previous incarnation counted ended with it
                 key, *counts = self._row.unpack_from(self._map, self._offset(slot))
@@ -105,6 +106,15 @@ class SharedAppCounts:
         return _FileLock(self._lock, self._fd)
 
     def _slot(self, app_id: str, create: bool) -> int | None:
+        slot = self._slots.get(app_id)
+        if slot is not None:  # an app's slot never moves once taken (slots are never freed)
+            return slot
+        slot = self._find_slot(app_id, create)
+        if slot is not None:
+            self._slots[app_id] = slot
+        return slot
+
+    def _find_slot(self, app_id: str, create: bool) -> int | None:
         key = int.from_bytes(hashlib.blake2b(app_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
                              "little") or 1
         start = key % self.slots
