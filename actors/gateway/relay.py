@@ -112,6 +112,19 @@ _index_dec = msgspec.msgpack.Decoder(IndexRecord)
 _up_dec = msgspec.msgpack.Decoder(WorkerUp)
 
 
+class _InFlight:
+    """A request relayed and not answered yet: answered once, by its worker or for it (its worker
+    restarted, NATS broke). A scattered request is in the table of every worker it went to."""
+
+    __slots__ = ("answered", "conn", "request_id", "workers")
+
+    def __init__(self, conn: ClientConnection, request_id: Any, workers: list[int]) -> None:
+        self.conn = conn
+        self.request_id = request_id
+        self.workers = workers
+        self.answered = False
+
+
 class Placement(msgspec.Struct, frozen=True):
     """Which worker this process is, of how many, over how many shards."""
 
@@ -178,8 +191,8 @@ class Relay:
         self._relayed: dict[tuple[int, int, int], RelayedConnection] = {}  # (origin, epoch, conn) -> relayed
         #: every worker's incarnation (its epoch), as it announced it (``sl.up``)
         self.epochs: dict[int, int] = {placement.worker: epoch}
-        #: requests relayed and not answered yet, by the worker they went to
-        self._pending: dict[int, dict[tuple[ClientConnection, Any], str]] = {}
+        #: requests relayed and not answered yet, by the worker they went to (scattered ones under each)
+        self._pending: dict[int, dict[tuple[ClientConnection, Any], _InFlight]] = {}
         me = placement.worker
         link.subscribe(f"sl.w.{me}.rpc", self._request)
         link.subscribe(f"sl.w.{me}.push", self._push)
@@ -234,9 +247,7 @@ class Relay:
         request = RelayedRequest(self.placement.worker, self.epoch, relay_id, _wire_peer(conn.peer),
                                  conn.protocol.client, frame)
         conn.relayed_to.add(owner)
-        key = (conn, dispatch.id)
-        with self._lock:
-            self._pending.setdefault(owner, {})[key] = dispatch.method
+        entry = self._track(conn, dispatch.id, [owner])
         session_id = session_of(dispatch.method, dispatch.params)
         if dispatch.method == "session/subscribe" and session_id is not None:
             conn.relayed_subscriptions[session_id] = owner
@@ -245,9 +256,8 @@ class Relay:
 
         def done(answer: bytes | None, error: BaseException | None) -> None:
             with self._lock:
-                mine = self._pending.get(owner, {}).pop(key, None) is not None
-            if not mine:  # answered already: its worker went away
-                return
+                if not self._settle(entry):  # answered already: its worker went away
+                    return
             if answer is not None:
                 conn.settle_relayed(dispatch.id, answer.decode("utf-8"))
                 return
@@ -275,12 +285,12 @@ class Relay:
                                                          "result": {SCATTERED[dispatch.method] or "": []}}))
             return
         answers: dict[int, Any] = {}
-        lock = threading.Lock()
+        entry = self._track(conn, dispatch.id, list(parts))
 
         def done(worker: int, answer: bytes | None, error: BaseException | None) -> None:
-            with lock:
-                answers[worker] = json.loads(answer) if answer is not None else None
-                if len(answers) < len(parts):
+            with self._lock:
+                answers[worker] = answer
+                if len(answers) < len(parts) or not self._settle(entry):
                     return
             conn.settle_relayed(dispatch.id, self._merged(dispatch, answers))
 
@@ -290,8 +300,28 @@ class Relay:
                                                  _wire_peer(conn.peer), conn.protocol.client, text))
             self.link.request(f"sl.w.{worker}.rpc", request, RELAY_TIMEOUT_S, functools.partial(done, worker))
 
+    def _track(self, conn: ClientConnection, request_id: Any, workers: list[int]) -> _InFlight:
+        entry = _InFlight(conn, request_id, workers)
+        with self._lock:
+            for worker in workers:
+                self._pending.setdefault(worker, {})[(conn, request_id)] = entry
+        return entry
+
+    def _settle(self, entry: _InFlight) -> bool:
+        """Take ``entry`` out of the table (under ``_lock``): True for the one who answers it."""
+        if entry.answered:
+            return False
+        entry.answered = True
+        for worker in entry.workers:
+            per_worker = self._pending.get(worker)
+            if per_worker is not None and per_worker.get((entry.conn, entry.request_id)) is entry:
+                del per_worker[(entry.conn, entry.request_id)]
+        return True
+
     @staticmethod
-    def _merged(dispatch: Dispatch, answers: dict[int, Any]) -> str:
+    def _merged(dispatch: Dispatch, raw: dict[int, bytes | None]) -> str:
+        answers: dict[int, Any] = {worker: json.loads(text) if text is not None else None
+                                   for worker, text in raw.items()}
         for worker, answer in sorted(answers.items()):
             if answer is None:
                 return json.dumps({"jsonrpc": "2.0", "id": dispatch.id, "error": _unavailable(worker).error_object()})
@@ -318,11 +348,10 @@ class Relay:
         answer never came back. Each is answered ``unavailable`` with ``outcome: unknown`` (retry a
         ``loop/send`` with its idempotency key: the original receipt, or one turn)."""
         with self._lock:
-            pending = [item for per_owner in self._pending.values() for item in per_owner.items()]
-            owners = {key: owner for owner, per_owner in self._pending.items() for key in per_owner}
-            self._pending = {}
-        for (conn, request_id), _method in pending:
-            conn.error(request_id, _unavailable(owners[(conn, request_id)], outcome="unknown"))
+            pending = [(owner, entry) for owner, per_owner in self._pending.items() for entry in per_owner.values()]
+            pending = [(owner, entry) for owner, entry in pending if self._settle(entry)]
+        for owner, entry in pending:
+            entry.conn.error(entry.request_id, _unavailable(owner, outcome="unknown"))
         self.link.publish("sl.up", _enc.encode(WorkerUp(self.placement.worker, self.epoch, True)))
 
     def _owner_restarted(self, owner: int, epoch: int) -> None:
@@ -330,10 +359,10 @@ class Relay:
         flight are answered ``unavailable``; each subscription to its sessions gets
         ``session/resync`` (subscribe again: a fresh snapshot, the new epoch)."""
         with self._lock:
-            pending = self._pending.pop(owner, {})
+            pending = [entry for entry in list(self._pending.get(owner, {}).values()) if self._settle(entry)]
             local = list(self._local.values())
-        for (conn, request_id), _method in pending.items():
-            conn.error(request_id, _unavailable(owner))
+        for entry in pending:  # a scattered request is unavailable as a whole: one of its parts is lost
+            entry.conn.error(entry.request_id, _unavailable(owner))
         for conn in local:
             for session_id, at in list(conn.relayed_subscriptions.items()):
                 if at == owner:

@@ -104,12 +104,16 @@ class NatsLink:
         ``timeout`` seconds."""
 
         async def ask() -> None:
+            answer: bytes | None = None
+            error: BaseException | None = None
             try:
-                msg = await self._nc.request(subject, data, timeout=timeout)
+                answer = (await self._nc.request(subject, data, timeout=timeout)).data
             except BaseException as e:
-                done(None, e)
-                return
-            done(msg.data, None)
+                error = e
+            try:
+                done(answer, error)
+            except Exception:  # a bug in the handler: said, not lost in a task nobody awaits
+                log.exception("the handler of a reply on %s failed", subject)
 
         if not self.connected:  # nothing is sent: the caller may say nothing was done
             done(None, ClusterUnavailable("the link to the other workers is down"))

@@ -238,6 +238,50 @@ def test_background_list_and_session_batch_answer_for_both_workers_sessions(serv
     assert {s["id"] for s in archived["sessions"]} >= set(one.values())
 
 
+def test_requests_in_flight_to_a_worker_that_dies_are_answered_unavailable_when_it_is_back(server_factory):
+    """A worker stopped (SIGSTOP) holds a relayed request and a scattered one unanswered; killed, it
+    is started again, and both are answered ``unavailable`` when its next incarnation announces
+    itself, not after the relay's 60 s timeout (the calls here give up after 30 s)."""
+    server = server_factory("--workers", "2")
+
+    async def go():
+        async with AsyncExitStack() as stack:
+            made = await _clients_on_both_workers(server, stack)
+            client, sid = _across(made)
+            victim = owner(sid)
+            pid = worker_pid(server, victim)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                await client.ws.send(json.dumps({"jsonrpc": "2.0", "id": "relayed", "method": "session/history",
+                                                 "params": {"sessionId": sid, "limit": 5}}))
+                await client.ws.send(json.dumps({"jsonrpc": "2.0", "id": "scattered", "method": "background/list",
+                                                 "params": {}}))
+                await asyncio.sleep(0.5)  # both reached NATS, and the stopped worker's socket
+            finally:
+                os.kill(pid, signal.SIGKILL)
+            answers = {}
+            while len(answers) < 2:
+                msg = json.loads(await asyncio.wait_for(client.ws.recv(), 30))
+                if msg.get("id") in ("relayed", "scattered"):
+                    answers[msg["id"]] = msg
+            deadline = asyncio.get_running_loop().time() + 30
+            while True:  # the new incarnation answers both again
+                again = await client.call("background/list", {})
+                if "result" in again or asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+            history = await client.call("session/history", {"sessionId": sid, "limit": 5})
+            return answers, again, history, worker_pid(server, victim), pid
+
+    answers, again, history, new_pid, pid = run(go())
+    for reply in answers.values():
+        assert reply["error"]["data"]["code"] == "unavailable", reply
+        assert reply["error"]["data"]["retryAfterMs"] > 0
+    assert new_pid != pid
+    assert "tasks" in again["result"], again
+    assert "items" in history["result"], history
+
+
 def nats_pid(server) -> int:
     pid = server.proc.pid
     with open(f"/proc/{pid}/task/{pid}/children") as f:
