@@ -5,7 +5,8 @@ limit) and gives slots back as turns end or the actor stops (``add``). One proce
 (:class:`LocalAppCounts`). The workers of ``serve --workers N`` count in one file they all map
 (:class:`SharedAppCounts`), so the limit holds across all of them exactly: a reservation reads
 every worker's count of the app and adds to its own under a lock on that file (an ``flock``, held
-for a few microseconds; nothing is waited for that another process holds longer). Each worker has
+for a few microseconds; nothing is waited for that another process holds longer); giving slots
+back takes no file lock (only a worker writes its own count, in one aligned store). Each worker has
 its own column: a worker that is started again zeroes its column (what its previous incarnation
 had ended with it; its sessions count themselves again as they resume).
 """
@@ -78,14 +79,14 @@ class SharedAppCounts:
             raise ValueError(f"{path} is not the app counts file of worker {worker}")
         self.worker = worker
         self._row = struct.Struct(f"<Q{self.workers}i")
+        # the counts as ints of the machine's own order (the file never leaves it), each 4-byte
+        # aligned: a worker's count changes in one store, so another worker reads it whole
+        self._ints = memoryview(self._map).cast("i")
         self._lock = threading.Lock()  # the flock is the process's: its threads take turns here first
         self._slots: dict[str, int] = {}  # app id -> its slot, found once (under the lock)
         with self._locked():
             for slot in range(self.slots):  # what this worker's previous incarnation counted ended with it
-                key, *counts = self._row.unpack_from(self._map, self._offset(slot))
-                if key and counts[worker]:
-                    counts[worker] = 0
-                    self._row.pack_into(self._map, self._offset(slot), key, *counts)
+                self._ints[self._counts_at(slot) + worker] = 0
 
     @classmethod
     def create(cls, path: str, workers: int) -> None:
@@ -130,34 +131,47 @@ class SharedAppCounts:
                 return slot
         raise RuntimeError(f"the app counts file has no room for another app ({self.slots} slots)")
 
+    def _counts_at(self, slot: int) -> int:
+        """The index in ``_ints`` of worker 0's count in ``slot`` (the others follow it)."""
+        return (self._offset(slot) + 8) // 4
+
     def reserve(self, app_id: str, limit: int) -> bool:
+        """Under the file's lock: no two workers both take the app's last slot."""
         with self._locked():
             slot = self._slot(app_id, True)
             assert slot is not None
-            key, *counts = self._row.unpack_from(self._map, self._offset(slot))
-            if sum(counts) >= limit:
+            at = self._counts_at(slot)
+            if sum(self._ints[at:at + self.workers]) >= limit:
                 return False
-            counts[self.worker] += 1
-            self._row.pack_into(self._map, self._offset(slot), key, *counts)
+            self._ints[at + self.worker] += 1
             return True
 
     def add(self, app_id: str, delta: int) -> None:
-        with self._locked():
-            slot = self._slot(app_id, True)
-            assert slot is not None
-            key, *counts = self._row.unpack_from(self._map, self._offset(slot))
-            counts[self.worker] += delta
-            self._row.pack_into(self._map, self._offset(slot), key, *counts)
+        """Only this worker writes its count: no file lock (a reservation elsewhere reads it before
+        or after, as if the two had taken turns); the app's slot is found under it once."""
+        slot = self._slots.get(app_id)
+        if slot is None:
+            with self._locked():
+                slot = self._slot(app_id, True)
+                assert slot is not None
+        at = self._counts_at(slot) + self.worker
+        with self._lock:
+            self._ints[at] += delta
 
     def count(self, app_id: str) -> int:
-        with self._locked():
-            slot = self._slot(app_id, False)
+        slot = self._slots.get(app_id)
+        if slot is None:
+            with self._locked():
+                slot = self._slot(app_id, False)
             if slot is None:
                 return 0
-            _key, *counts = self._row.unpack_from(self._map, self._offset(slot))
-            return sum(counts)
+        at = self._counts_at(slot)
+        return sum(self._ints[at:at + self.workers])
 
     def close(self) -> None:
+        ints = getattr(self, "_ints", None)
+        if ints is not None:
+            ints.release()
         self._map.close()
         os.close(self._fd)
 
