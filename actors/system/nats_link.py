@@ -11,9 +11,10 @@ hands work to an actor or a connection). nats-py reconnects by itself when the s
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,10 @@ def _nats() -> Any:
 CONNECT_TIMEOUT_S = 10.0
 
 
+#: a request's task, made when it leaves the outbox
+_Ask = Callable[[], Coroutine[Any, Any, None]]
+
+
 class ClusterUnavailable(Exception):
     """The NATS server could not be reached."""
 
@@ -48,6 +53,10 @@ class NatsLink:
         self.url = url
         self.name = name
         self._reconnect_handlers: list[Callable[[], None]] = []
+        #: what is to be sent, in order: (subject, data, None) for a message, a request's task for a request
+        self._outbox: collections.deque[tuple[str, bytes, _Ask | None]] = collections.deque()
+        self._outbox_lock = threading.Lock()
+        self._sending = False  # a task on the loop empties the outbox
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"sessionloop-nats-{name}", daemon=True)
         self._thread.start()
@@ -83,19 +92,42 @@ class NatsLink:
     # --- what the workers say to each other ------------------------------------------------------
 
     def publish(self, subject: str, data: bytes) -> None:
-        """Queue ``data`` for ``subject`` (nothing is waited for; lost only with the connection)."""
-        if not self._closed:
-            self._loop.call_soon_threadsafe(self._publish, subject, data)
+        """Queue ``data`` for ``subject`` (nothing is waited for; lost only with the connection).
+        Messages and requests leave in the order they were queued, from any thread."""
+        self._queue(subject, data)
 
-    def _publish(self, subject: str, data: bytes) -> None:
-        self._loop.create_task(self._send(subject, data))
+    def _queue(self, subject: str, data: bytes, ask: _Ask | None = None) -> None:
+        """Into the outbox; the first of a batch wakes the link's loop (one wake-up, not one per message)."""
+        if self._closed:
+            return
+        with self._outbox_lock:
+            self._outbox.append((subject, data, ask))
+            if self._sending:
+                return
+            self._sending = True
+        self._loop.call_soon_threadsafe(self._start_sending)
 
-    async def _send(self, subject: str, data: bytes) -> None:
-        try:
-            await self._nc.publish(subject, data)
-        except Exception as e:  # closed, or the buffer is full while NATS is away
-            if not self._closed:
-                log.warning("%s: a message to %s was dropped: %s", self.name, subject, e)
+    def _start_sending(self) -> None:
+        self._loop.create_task(self._send_outbox())
+
+    async def _send_outbox(self) -> None:
+        while True:
+            with self._outbox_lock:
+                if not self._outbox:
+                    self._sending = False
+                    return
+                batch = list(self._outbox)
+                self._outbox.clear()
+            for subject, data, ask in batch:
+                if ask is not None:  # a request: its task publishes it when it first runs, before what follows
+                    self._loop.create_task(ask())
+                    await asyncio.sleep(0)
+                    continue
+                try:
+                    await self._nc.publish(subject, data)
+                except Exception as e:  # closed, or the buffer is full while NATS is away
+                    if not self._closed:
+                        log.warning("%s: a message to %s was dropped: %s", self.name, subject, e)
 
     def request(self, subject: str, data: bytes, timeout: float,
                 done: Callable[[bytes | None, BaseException | None], None]) -> None:
@@ -118,7 +150,7 @@ class NatsLink:
         if not self.connected:  # nothing is sent: the caller may say nothing was done
             done(None, ClusterUnavailable("the link to the other workers is down"))
             return
-        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(ask()))
+        self._queue(subject, data, ask)
 
     @property
     def connected(self) -> bool:
