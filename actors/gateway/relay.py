@@ -56,6 +56,10 @@ log = logging.getLogger("sessionloop.relay")
 RETRY_AFTER_MS = 1000
 #: how long a relayed request may take beyond what the request itself asks to wait
 RELAY_TIMEOUT_S = 60.0
+#: listing records wait this long to go to the other workers with the others of their batch
+INDEX_FLUSH_S = 0.005
+#: listing records in one message at most (a record is a few hundred bytes; NATS takes 1 MB)
+INDEX_BATCH = 256
 
 #: what every worker answers for its own sessions: sent to all of them (``session/batch`` to each
 #: with the ids of its sessions), the answers merged: the list under this key joined (None: the
@@ -97,18 +101,18 @@ class WorkerUp(msgspec.Struct, array_like=True, frozen=True):
     ask: bool
 
 
-class IndexRecord(msgspec.Struct, array_like=True, frozen=True):
-    """A listing record a worker committed, for every other worker's index."""
+class IndexRecords(msgspec.Struct, array_like=True, frozen=True):
+    """Listing records a worker committed, for every other worker's index (each session's latest)."""
 
     worker: int
-    record: SummaryRecord
+    records: list[SummaryRecord]
 
 
 _enc = msgspec.msgpack.Encoder()
 _request_dec = msgspec.msgpack.Decoder(RelayedRequest)
 _push_dec = msgspec.msgpack.Decoder(RelayedPush)
 _closed_dec = msgspec.msgpack.Decoder(ConnectionClosed)
-_index_dec = msgspec.msgpack.Decoder(IndexRecord)
+_index_dec = msgspec.msgpack.Decoder(IndexRecords)
 _up_dec = msgspec.msgpack.Decoder(WorkerUp)
 
 
@@ -154,7 +158,11 @@ def session_of(method: str, params: Any) -> str | None:
 
 class IndexReplica:
     """Keeps every worker's listing index whole: publishes the records this worker commits, applies
-    the others'. ``committed`` is a commit listener of the worker's host."""
+    the others'. ``committed`` is a commit listener of the worker's host.
+
+    Records go out in batches, :data:`INDEX_FLUSH_S` after the first of a batch, each session's
+    latest only (a turn commits several times: the others apply its last record, not each one),
+    at most :data:`INDEX_BATCH` to a message. Another worker's listing is that much behind."""
 
     SUBJECT = "sl.index"
 
@@ -162,16 +170,36 @@ class IndexReplica:
         self.link = link
         self.placement = placement
         self.index = index
+        self._lock = threading.Lock()
+        self._batch: dict[str, SummaryRecord] = {}
+        self._flushing = False
         link.subscribe(self.SUBJECT, self._received)
 
     def committed(self, commit: Commit) -> None:
-        if commit.record is not None:
-            self.link.publish(self.SUBJECT, _enc.encode(IndexRecord(self.placement.worker, commit.record)))
+        record = commit.record
+        if record is None:
+            return
+        with self._lock:
+            self._batch[record.id] = record
+            if self._flushing:
+                return
+            self._flushing = True
+        self.link.call_later(INDEX_FLUSH_S, self._flush)
+
+    def _flush(self) -> None:
+        with self._lock:
+            records = list(self._batch.values())
+            self._batch.clear()
+            self._flushing = False
+        for start in range(0, len(records), INDEX_BATCH):
+            self.link.publish(self.SUBJECT, _enc.encode(IndexRecords(self.placement.worker,
+                                                                     records[start:start + INDEX_BATCH])))
 
     def _received(self, msg: Msg) -> None:
         got = _index_dec.decode(msg.data)
         if got.worker != self.placement.worker:
-            self.index.update(got.record)
+            for record in got.records:
+                self.index.update(record)
 
 
 class Relay:

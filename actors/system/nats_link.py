@@ -176,6 +176,11 @@ class NatsLink:
         """Wait until what was published so far reached the NATS server."""
         self._run(self._nc.flush(timeout), timeout + 1)
 
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the link's loop after ``delay_s`` seconds (from any thread)."""
+        if not self._closed:
+            self._loop.call_soon_threadsafe(self._loop.call_later, delay_s, fn)
+
     def call_soon(self, fn: Callable[[], None]) -> Future[None]:
         """Run ``fn`` on the link's loop (where message handlers run)."""
         future: Future[None] = Future()
