@@ -3,6 +3,8 @@ quotas under overload — in process and over WebSocket, checked against the eve
 
     python benchmarks/bench_bots.py             # 20 bots x 50 sessions x 10 turns per transport
     python benchmarks/bench_bots.py --quick     # 4 bots x 10 sessions x 10 turns (under a minute)
+    python benchmarks/bench_bots.py --transports inprocess,ws --rate 800 --turns 20 --no-pinned
+                                                # the wire against in process at a fixed load
 
 Every bot is an app of its own (``bot0`` ... ``botK-1``, container ``inbox``, its own token) owning
 ``--sessions-per-bot`` sessions created with ``permissionMode: acceptCalls``. Transports:
@@ -275,7 +277,25 @@ def schedule(spec: dict[str, Any], index: int) -> list[bool]:
     return [False, *rest]
 
 
-async def session_worker(api: Any, rec: Record, bot: int, s: int, sid: str, spec: dict[str, Any]) -> None:
+class Pacer:
+    """``--rate``: new keys sent at most ``rate`` a second over all sessions, on a fixed schedule
+    (a session that is late, waiting for its previous turn, takes the next free slot; slots are
+    not saved up, so there is no burst), so the latency is the server's at that load."""
+
+    def __init__(self, rate: float) -> None:
+        self.interval = 1.0 / rate
+        self.next = 0.0
+
+    async def wait(self) -> None:
+        t = now()
+        slot = max(self.next, t)
+        self.next = slot + self.interval
+        if slot > t:
+            await asyncio.sleep(slot - t)
+
+
+async def session_worker(api: Any, rec: Record, bot: int, s: int, sid: str, spec: dict[str, Any],
+                         pacer: Pacer | None = None) -> None:
     rng = random.Random(f"{bot}-{s}")
     done: list[Op] = []
     n = 0
@@ -290,6 +310,8 @@ async def session_worker(api: Any, rec: Record, bot: int, s: int, sid: str, spec
         key = f"b{bot}-s{s}-t{n}"
         op = Op(bot, sid, key, TOOL_TEXT if n % 2 == 0 else f"hello {key}", "throughput")
         rec.ops.append(op)
+        if pacer is not None:
+            await pacer.wait()
         t0 = now()
         while True:
             r = await api.send(bot, sid, op.text, key)
@@ -308,8 +330,9 @@ async def session_worker(api: Any, rec: Record, bot: int, s: int, sid: str, spec
 
 
 async def throughput_async(api: Any, rec: Record, spec: dict[str, Any]) -> float:
+    pacer = Pacer(spec["rate"]) if spec.get("rate") else None
     t0 = now()
-    await asyncio.gather(*(session_worker(api, rec, b, s, sid, spec)
+    await asyncio.gather(*(session_worker(api, rec, b, s, sid, spec, pacer)
                            for b, sids in rec.sessions.items() for s, sid in enumerate(sids)))
     return now() - t0
 
@@ -721,6 +744,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--workers", default="1",
                     help="ws: comma-separated worker counts of the server (serve --workers), each a column, "
                          "unpinned (e.g. 1,2)")
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="new turns sent per second over all sessions, on a fixed schedule (0: as fast as "
+                         "turns end); with a rate below capacity the latency is the server's at that load "
+                         "(inprocess and ws; not inprocess-sync)")
     ap.add_argument("--repeats", type=int, help="runs per figure, median reported (default 3; 1 with --quick)")
     ap.add_argument("--no-pinned", action="store_true", help="skip the pinned runs")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -739,7 +766,9 @@ def main() -> None:
     base = {"bots": args.bots, "sessions_per_bot": args.sessions_per_bot, "turns": args.turns,
             "dup_ratio": args.dup_ratio, "durability": args.durability, "overload_bots": args.overload_bots,
             "overload_one": args.overload_one, "overload_each": args.overload_each,
-            "ws_sessions_per_conn": args.ws_sessions_per_conn}
+            "ws_sessions_per_conn": args.ws_sessions_per_conn, "rate": args.rate}
+    if args.rate and "inprocess-sync" in args.transports:
+        raise SystemExit("--rate paces the asyncio bots: use it with --transports inprocess,ws")
     modes: list[tuple[str, str, bool, int]] = []
     worker_counts = [int(n) for n in args.workers.split(",")]
     for t in args.transports.split(","):
