@@ -57,6 +57,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
 HEAD_SLEEP_MS = 2000  # the first overload input of a session: nothing ends while the rest are sent
 SLEEP_MS = 20
 WAIT_MS = 120_000
+SHARDS = 16  # the server's default: a session's worker is crc32(id) mod 16 mod N (actors.gateway.relay)
 
 
 
@@ -599,6 +601,25 @@ def job_inprocess(spec: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def reroute_to_other_workers(api: WsApi, rec: Record, workers: int) -> float:
+    """``--ws-route other``: each session driven through a connection of its bot on another worker
+    than the session's (every request relayed, as a front process would pass every frame on);
+    the share of sessions that could be. A connection's worker is that of the sessions it made
+    (a session is made on its maker's worker)."""
+    def owner(sid: str) -> int:
+        return zlib.crc32(sid.encode()) % SHARDS % workers
+
+    moved = 0
+    for b, sids in rec.sessions.items():
+        at = {id(api.route[sid]): owner(sid) for sid in sids}
+        for sid in sids:
+            other = [c for c in api.conns[b] if at.get(id(c), owner(sid)) != owner(sid)]
+            if other:
+                api.route[sid] = other[hash(sid) % len(other)]
+                moved += 1
+    return moved / max(1, sum(len(s) for s in rec.sessions.values()))
+
+
 def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
     from sessionloop.actors.events import open_store
 
@@ -623,6 +644,8 @@ def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
                     await api.open(b, max(1, -(-spec["sessions_per_bot"] // per_conn)))
                     rec.sessions[b] = list(await asyncio.gather(*(api.create(b, f"bot {b} chat {s}")
                                                                   for s in range(spec["sessions_per_bot"]))))
+                if spec.get("ws_route") == "other":
+                    out_relayed = reroute_to_other_workers(api, rec, workers)
                 # the server's CPU: the process and, with --workers, its workers and nats-server
                 cpu0, scpu0 = time.process_time(), proc_tree_cpu_s(server.proc.pid)
                 wall = await throughput_async(api, rec, spec)
@@ -632,6 +655,8 @@ def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
                 out["connections"] = sum(len(c) for c in api.conns.values())
                 out["server_rss_mib"] = sum(proc_rss_mib(p) for p in proc_tree(server.proc.pid))
                 out["server_processes"] = len(proc_tree(server.proc.pid))
+                if spec.get("ws_route") == "other":
+                    out["relayed_share"] = out_relayed
                 out["overload"] = await overload(api, rec, spec)
                 return out
             finally:
@@ -692,6 +717,7 @@ ROWS = [("sessions", "sessions (bots x sessions each)", ",.0f"), ("turns", "turn
         ("rate_limited_requests", "rate-limited requests (ws, retried)", ",.0f"),
         ("events_per_s", "events/s", ",.0f"), ("cpu_ms_per_turn", "CPU ms per turn (all procs)", ".3f"),
         ("server_cpu_ms_per_turn", "server CPU ms per turn", ".3f"), ("peak_rss_mib", "peak RSS server (MiB)", ",.0f"),
+        ("relayed_share", "sessions driven through another worker", ".2f"),
         ("over_one_sent", "overload: sends to one session", ",.0f"),
         ("over_one_accepted", "overload: one session accepted", ",.0f"),
         ("over_one_rejected", "overload: one session rejected", ",.0f"),
@@ -712,16 +738,16 @@ BOOL_ROWS = [("over_app_quota_held", "app quota held (<= 200 unfinished)"),
 
 def print_table(title: str, cols: dict[str, dict[str, Any]]) -> None:
     print(f"\n{title}")
-    print(f"{'measure':<38}" + "".join(f"{c:>27}" for c in cols))
-    print("-" * (38 + 27 * len(cols)))
+    print(f"{'measure':<38}" + "".join(f"{c:>31}" for c in cols))
+    print("-" * (38 + 31 * len(cols)))
     for key, name, fmt in ROWS:
         cells = []
         for col in cols.values():
             v = col.get(key)
-            cells.append(f"{format(v, fmt) if isinstance(v, (int, float)) else '-':>27}")
+            cells.append(f"{format(v, fmt) if isinstance(v, (int, float)) else '-':>31}")
         print(f"{name:<38}" + "".join(cells))
     for key, name in BOOL_ROWS:
-        print(f"{name:<38}" + "".join(f"{('yes' if cols[c].get(key) else 'NO'):>27}" for c in cols))
+        print(f"{name:<38}" + "".join(f"{('yes' if cols[c].get(key) else 'NO'):>31}" for c in cols))
 
 
 def parse_args() -> argparse.Namespace:
@@ -748,6 +774,11 @@ def parse_args() -> argparse.Namespace:
                     help="new turns sent per second over all sessions, on a fixed schedule (0: as fast as "
                          "turns end); with a rate below capacity the latency is the server's at that load "
                          "(inprocess and ws; not inprocess-sync)")
+    ap.add_argument("--ws-route", default="own",
+                    help="ws with --workers > 1: drive each session through a connection on its own worker "
+                         "(own: what a bot that makes its sessions gets), on another one (other: every "
+                         "request relayed, the cost a front process passing every frame on would add), "
+                         "or both (own,other: a column each)")
     ap.add_argument("--repeats", type=int, help="runs per figure, median reported (default 3; 1 with --quick)")
     ap.add_argument("--no-pinned", action="store_true", help="skip the pinned runs")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -769,25 +800,31 @@ def main() -> None:
             "ws_sessions_per_conn": args.ws_sessions_per_conn, "rate": args.rate}
     if args.rate and "inprocess-sync" in args.transports:
         raise SystemExit("--rate paces the asyncio bots: use it with --transports inprocess,ws")
-    modes: list[tuple[str, str, bool, int]] = []
+    modes: list[tuple[str, str, bool, int, str]] = []
     worker_counts = [int(n) for n in args.workers.split(",")]
+    routes = [r.strip() for r in args.ws_route.split(",")]
+    if not set(routes) <= {"own", "other"}:
+        raise SystemExit(f"--ws-route takes own, other or both, not {args.ws_route!r}")
     for t in args.transports.split(","):
         t = t.strip()
         if t not in JOBS:
             raise SystemExit(f"unknown transport {t!r}")
         for n in worker_counts if t == "ws" else [1]:
-            modes.append((t, "unpinned", False, n))
+            for route in routes if t == "ws" and n > 1 else ["own"]:
+                modes.append((t, "unpinned", False, n, route))
         if can_pin and (t != "ws" or worker_counts == [1]):  # workers spread over the cores: not pinned
-            modes.append((t, "server-cpu0" if t == "ws" else "pinned_cpu0", t != "ws", 1))
+            modes.append((t, "server-cpu0" if t == "ws" else "pinned_cpu0", t != "ws", 1, "own"))
     print(f"bots: {args.bots} bot apps x {args.sessions_per_bot} sessions x {args.turns} turns, "
           f"{args.dup_ratio:.0%} repeated keys, durability {args.durability}; the clients and the server share "
           f"this {len(os.sched_getaffinity(0))}-CPU machine (ws server-cpu0: server under taskset -c 0, bots under "
           f"taskset -c 1)", flush=True)
     samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in range(args.repeats):
-        for transport, placement, pinned, workers in modes:
-            res = run_child({**base, "transport": transport, "placement": placement, "workers": workers}, pinned)
+        for transport, placement, pinned, workers, route in modes:
+            res = run_child({**base, "transport": transport, "placement": placement, "workers": workers,
+                             "ws_route": route}, pinned)
             label = f"{transport} {placement}" + (f" workers={workers}" if transport == "ws" and workers > 1 else "")
+            label += " relayed" if route == "other" else ""
             samples[label].append(res)
             print(f"  run {r + 1}/{args.repeats} {label}: {res['turns_per_s']:,.0f} turns/s, p99 "
                   f"{res['p99_ms']:.1f} ms, overload rejected {res['overload']['rejected_rate']:.0%}, check "
