@@ -256,6 +256,59 @@ def test_the_app_feed_is_one_across_workers_listed_and_watched_from_either(serve
     assert {e["sessionId"] for e in watched.values()} == {sid for _, sid in made}
 
 
+def test_changing_the_worker_count_between_restarts_keeps_every_session_and_idempotency_key(server_factory,
+                                                                                          tmp_path):
+    """Sessions made and sent to under ``--workers 2``, the server stopped, started again with 4
+    workers, then with one process: each time every session answers, every repeated key gets the
+    original receipt (its turn, ``duplicate``), and new keys make new turns; no migration step."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "apps.toml").write_text(f'[apps.mybot]\ntoken = "{BOT_TOKEN}"\nplatform = "telegram"\n'
+                                    'containers = ["inbox"]\n')
+
+    async def first_run(server):
+        async with AsyncExitStack() as stack:
+            made: dict[str, str] = {}
+            for n in range(40):  # until both workers made sessions (a connection lands on either)
+                if len(made) >= 6 and len({owner(s) for s in made}) == 2:
+                    break
+                ws = await stack.enter_async_context(open_client(server, BOT_TOKEN))
+                c = await initialized(ws)
+                sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
+                receipt = await c.result("loop/send", {"sessionId": sid, "text": f"first {n}",
+                                                       "idempotencyKey": f"key-{n}"})
+                await c.result("loop/waitForTurn", {"sessionId": sid, "turnId": receipt["turnId"],
+                                                    "timeoutMs": 30_000})
+                made[sid] = receipt["turnId"]
+            return made
+
+    async def again(server, made, run_n):
+        async with AsyncExitStack() as stack:
+            ws = await stack.enter_async_context(open_client(server, BOT_TOKEN))
+            c = await initialized(ws)
+            repeats, new = {}, {}
+            for n, sid in enumerate(made):
+                repeats[sid] = await c.result("loop/send", {"sessionId": sid, "text": f"first {n}",
+                                                            "idempotencyKey": f"key-{n}"})
+                receipt = await c.result("loop/send", {"sessionId": sid, "text": f"run {run_n}",
+                                                       "idempotencyKey": f"key-{n}-run-{run_n}"})
+                new[sid] = await c.result("loop/waitForTurn", {"sessionId": sid, "turnId": receipt["turnId"],
+                                                               "timeoutMs": 30_000})
+            return repeats, new
+
+    server = server_factory("--workers", "2", data_dir=str(data))
+    made = run(first_run(server))
+    assert len({owner(s) for s in made}) == 2  # both workers had sessions
+    assert server.stop() == 0
+    for run_n, workers in enumerate(("4", "1"), start=1):
+        server = server_factory("--workers", workers, data_dir=str(data))
+        repeats, new = run(again(server, made, run_n))
+        assert server.stop() == 0
+        for sid, turn in made.items():
+            assert repeats[sid]["state"] == "duplicate" and repeats[sid]["turnId"] == turn, repeats[sid]
+            assert new[sid]["state"] == "completed" and new[sid]["outputText"] == f"echo: run {run_n}", new[sid]
+
+
 def test_background_list_and_session_batch_answer_for_both_workers_sessions(server_factory):
     server = server_factory("--workers", "2")
 
