@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
+import queue
 import signal
+import threading
 import time
 from typing import Any
 
@@ -32,18 +33,40 @@ def app(app_id: str, token: str, modes: str = '["deny", "ask", "acceptCalls"]') 
             f"permission_modes = {modes}\n\n")
 
 
+_stdout_lines: dict[int, queue.Queue[str]] = {}
+
+
+def _lines(server: ServerProcess) -> queue.Queue[str]:
+    """The server's stdout lines, read by a thread of their own (``select`` on the pipe misses a
+    line the text wrapper already holds in its buffer: two lines written together)."""
+    assert server.proc is not None and server.proc.stdout is not None
+    lines = _stdout_lines.get(server.proc.pid)
+    if lines is None:
+        lines = _stdout_lines[server.proc.pid] = queue.Queue()
+        stdout = server.proc.stdout
+
+        def read() -> None:
+            for line in stdout:
+                lines.put(line)
+
+        threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
 def reload(server: ServerProcess) -> str:
     """SIGHUP, then the line the server says about it on stdout."""
-    assert server.proc is not None and server.proc.stdout is not None
+    assert server.proc is not None
+    lines = _lines(server)
     os.kill(server.proc.pid, signal.SIGHUP)
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([server.proc.stdout], [], [], 0.1)
-        if ready:
-            line = server.proc.stdout.readline()
-            if line.startswith("sessionloop reload (SIGHUP): "):
-                return line.strip()
-        assert server.proc.poll() is None, "the server stopped on SIGHUP"
+        try:
+            line = lines.get(timeout=0.1)
+        except queue.Empty:
+            assert server.proc.poll() is None, "the server stopped on SIGHUP"
+            continue
+        if line.startswith("sessionloop reload (SIGHUP): "):
+            return line.strip()
     raise AssertionError("no reload line within the wait")
 
 
