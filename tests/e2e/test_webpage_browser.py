@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.e2e.conftest import TOKEN, initialized, open_client
+from tests.e2e.test_workers_wire import owner
 
 pytestmark = pytest.mark.e2e
 
@@ -313,6 +315,72 @@ def test_the_page_speaks_chinese_when_the_server_does(browser, server_factory, a
         expect(page.locator("#new-session")).to_have_text("新会话")
         assert page.evaluate("document.documentElement.lang") == "zh"
         p.shot(page, "zh")
+    finally:
+        p.context.close()
+    assert p.errors == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_the_page_reconnects_after_a_restart_without_a_new_login_and_the_timeline_continues(
+        browser, server_factory, artifacts, sig):
+    server = server_factory()
+    p = Pages(browser, server, artifacts)
+    try:
+        page = p.logged_in()
+        sid = new_session(page)
+        send(page, "before the restart")
+        expect(page.locator(".msg.agent").last).to_have_text("echo: before the restart")
+        epoch = page.evaluate("window.__sl.cur.epoch")
+        page.fill("#input", "a draft typed before")
+        server.stop(sig)
+        expect(page.locator("#status")).to_contain_text("reconnecting")
+        again = server_factory("--port", str(server.port), data_dir=server.data_dir)
+        # a new epoch: the page subscribed again for a fresh snapshot, on its own, with its cookie
+        page.wait_for_function("(e) => window.__sl.rpc && window.__sl.cur && window.__sl.cur.epoch !== e", arg=epoch)
+        assert page.evaluate("window.__sl.cur.epoch") == again.epoch
+        assert page.evaluate("window.__sl.cur.id") == sid
+        expect(page.locator("#token")).to_have_count(0)
+        expect(page.locator("#input")).to_have_value("a draft typed before")
+        send(page, "after the restart")
+        expect(page.locator(".msg.agent").last).to_have_text("echo: after the restart")
+        assert page.locator(".msg.user").all_inner_texts() == ["before the restart", "after the restart"]
+        assert page.locator(".msg.agent").all_inner_texts() == ["echo: before the restart", "echo: after the restart"]
+        ids = page.eval_on_selector_all("[data-item]", "els => els.map((e) => e.dataset.item)")
+        assert len(ids) == len(set(ids))  # nothing twice on the timeline
+        p.shot(page, f"reconnected-{signal.Signals(sig).name}")
+    finally:
+        p.context.close()
+    assert p.errors == []
+
+
+def test_a_page_logged_in_against_two_workers_works_on_every_connection_and_logout_ends_them_all(
+        browser, server_factory, artifacts):
+    server = server_factory("--workers", "2")
+    p = Pages(browser, server, artifacts)
+    try:
+        first = p.logged_in()
+        opened, workers = [first], set()
+        for n in range(16):
+            page = opened[-1] if n == 0 else p.open()
+            sid = new_session(page)
+            send(page, f"hello from page {n}")
+            expect(page.locator(".msg.agent").last).to_have_text(f"echo: hello from page {n}")
+            workers.add(owner(sid))  # the session was made on the worker this page's socket reached
+            if n % 2:  # a reload is a new connection, to either worker: the same session, the same login
+                page.reload()
+                expect(page.locator(".msg.agent").last).to_have_text(f"echo: hello from page {n}")
+                send(page, "after the reload")
+                expect(page.locator(".msg.agent").last).to_have_text("echo: after the reload")
+            if n:
+                opened.append(page)
+            if workers == {0, 1} and len(opened) >= 3:
+                break
+        assert workers == {0, 1}, "every page landed on one worker"
+        first.click("#logout")
+        for page in opened:  # on either worker: their sockets are closed 4003 and they ask for the token
+            expect(page.locator("#token")).to_be_visible()
+        opened[-1].reload()
+        expect(opened[-1].locator("#token")).to_be_visible()
     finally:
         p.context.close()
     assert p.errors == []

@@ -15,8 +15,10 @@ from contextlib import AsyncExitStack
 import httpx
 import pytest
 import websockets
+from click.testing import CliRunner
 from websockets.asyncio.client import connect
 
+from sessionloop.cli.main import main
 from tests.e2e.conftest import TOKEN, Client, ServerProcess
 from tests.e2e.test_workers_wire import owner
 
@@ -275,3 +277,17 @@ def test_with_two_workers_a_login_opens_connections_on_both_and_a_logout_closes_
     assert workers == {0, 1} and set(codes) == {4003}
     for _ in range(8):  # whichever worker takes the request, the login is over
         assert not authenticated(server, value) and refused_status(server, value, base(server)) == 401
+
+
+def test_a_restored_backup_keeps_the_logins_and_the_logouts(server, tmp_path):
+    kept, ended = login(server), login(server)
+    assert httpx.get(f"{base(server)}/api/logout", cookies={f"sessionloop_{server.port}": ended},
+                     headers={"Sec-Fetch-Site": "same-origin"}).status_code == 204
+    dest = str(tmp_path / "backup")
+    result = CliRunner().invoke(main, ["backup", dest, "--data", server.data_dir])
+    assert result.exit_code == 0, result.output
+    restored = ServerProcess(dest).start()
+    try:
+        assert authenticated(restored, kept) and not authenticated(restored, ended)
+    finally:
+        restored.stop()
