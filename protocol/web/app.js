@@ -151,6 +151,9 @@ function onPush(method, p) {
       for (const id of p.removes) S.tasks.delete(id);
       renderTasks();
       break;
+    case 'session/config/changed':
+      if (V.settings && V.settings.isConnected) V.settings.refresh();
+      break;
     case 'features/changed':
       S.features = p.features;
       break;

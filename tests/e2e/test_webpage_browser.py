@@ -384,3 +384,79 @@ def test_a_page_logged_in_against_two_workers_works_on_every_connection_and_logo
     finally:
         p.context.close()
     assert p.errors == []
+
+
+def rows_of(server, method: str, params: dict) -> dict[str, tuple]:
+    """(value, effective, source) of each row ``method`` answers, asked over a plain WebSocket client."""
+
+    async def go():
+        async with open_client(server) as ws:
+            client = await initialized(ws)
+            rows = await client.result(method, params)
+            return {f"{r['plugin']}/{r['key']}": (r.get("value"), r.get("effective"), r.get("source"))
+                    for r in rows["items"]}
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, go()).result()
+
+
+def session_rows(server, sid: str) -> dict[str, tuple]:
+    return rows_of(server, "session/config/get", {"sessionId": sid})
+
+
+def test_the_session_settings_show_their_layers_change_and_show_the_servers_refusal(pages):
+    page = pages.logged_in()
+    sid = new_session(page)
+    page.click(".settings summary")
+    steps = page.locator("[data-setting='agent/maxSteps']")
+    expect(steps.locator(".effective")).to_have_text("20")
+    expect(steps.locator(".source")).to_have_text("from the default")
+    model = page.locator("[data-setting='llm/model']")
+    expect(model.locator(".effective")).to_contain_text("Follow the service preference")  # the row's actual
+    # this session's permission mode, from its own layer
+    mode = page.locator("[data-setting='tools/permissionMode']")
+    mode.locator("select").select_option("deny")
+    expect(mode.locator(".effective")).to_have_text("deny")
+    expect(mode.locator(".source")).to_have_text("from This session")
+    assert session_rows(pages.server, sid)["tools/permissionMode"] == ("deny", "deny", "session")
+    model.locator("select").select_option(label="mock")
+    expect(model.locator(".source")).to_have_text("from This session")
+    # refused by the server: the row says why, as the server words it, and nothing changed
+    steps.locator("input").fill("-1")
+    steps.locator("input").press("Enter")
+    expect(steps.locator("[role=alert]")).to_have_text("params.value: agent/maxSteps: at least 0")
+    budget = page.locator("[data-setting='agent/contextChars']")
+    budget.locator("input").fill("500")
+    budget.locator("input").press("Enter")
+    expect(budget.locator("[role=alert]")).to_have_text("params.value: agent/contextChars: at least 1000")
+    rows = session_rows(pages.server, sid)
+    assert rows["agent/maxSteps"] == (None, 20, "default") and rows["agent/contextChars"][0] is None
+    expect(steps.locator("input")).to_have_value("-1")  # what was tried stays in view beside the refusal
+    expect(steps.locator(".effective")).to_have_text("20")
+    # a place-wide setting has no row on the session's own layer
+    expect(page.locator("[data-setting='tools/execYieldSeconds']")).to_have_count(0)
+    pages.shot(page, "settings-refused")
+    # on a layer instead: the global one, then this session's place
+    page.locator(".settings select.target").select_option(label="Global (plugin configuration)")
+    steps = page.locator("[data-setting='agent/maxSteps']")
+    steps.locator("input").fill("7")
+    steps.locator("input").press("Enter")
+    expect(steps.locator(".source")).to_have_text("from Global (plugin configuration)")
+    expect(steps.locator(".effective")).to_have_text("7")
+    page.locator(".settings select.target").select_option(label="Place: Default workspace")
+    exec_yield = page.locator("[data-setting='tools/execYieldSeconds']")
+    exec_yield.locator("input").fill("5")
+    exec_yield.locator("input").press("Enter")
+    expect(exec_yield.locator(".source")).to_have_text("from Place")
+    expect(exec_yield.locator(".effective")).to_have_text("5")
+    place = rows_of(pages.server, "session/config/layer/get", {"layer": {"scope": "place", "key": "workspace:default"}})
+    assert place["tools/execYieldSeconds"][0] == 5
+    assert rows_of(pages.server, "session/config/layer/get", {"layer": {"scope": "global"}})["agent/maxSteps"][0] == 7
+    # back on this session: its own permission mode reset, so it inherits again
+    page.locator(".settings select.target").select_option(label="This session")
+    mode = page.locator("[data-setting='tools/permissionMode']")
+    mode.locator("button.reset").click()
+    expect(mode.locator(".source")).to_have_text("not set on any layer")
+    expect(mode.locator("button.reset")).to_have_count(0)
+    assert session_rows(pages.server, sid)["tools/permissionMode"][0] is None
+    pages.shot(page, "settings")
