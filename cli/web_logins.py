@@ -11,8 +11,8 @@ A logout is written to ``DATA/web-logouts`` (JSON, mode 0600): under an ``flock`
 over it (then the directory fsynced), so a reader sees the old file or the new one and a logout
 answered survives a crash. Readers take no lock: a ``stat`` tells whether the file changed
 (inode, size, mtime) and only then is it read again (or while it is under two seconds old). A file
-that does not decode ends every login (and is replaced by the next logout): a logout is never
-forgotten by accident.
+that does not decode ends every login issued before it was written (and is replaced by the next
+logout): a logout is never forgotten by accident.
 
 Why a file and not the event store: a logout is not a fact of any session or actor, it must be
 written by whichever worker the request reached (the store has one writer per shard, reached
@@ -69,13 +69,19 @@ class DataDirLogins(MemoryLogins):
     def _read(self) -> Logouts:
         try:
             with open(self.path, "rb") as f:
-                return Logouts.decode(f.read())
+                data, written = f.read(), os.fstat(f.fileno()).st_mtime_ns // 1_000_000
         except FileNotFoundError:
             return Logouts()
-        except (msgspec.DecodeError, OSError) as e:
-            log.warning("%s cannot be read (%s): every web page login is ended until the next logout rewrites it",
-                        self.path, e)
-            return Logouts(not_before_ms=now_ms())
+        except OSError as e:
+            log.warning("%s cannot be read (%s): every web page login is ended", self.path, e)
+            return Logouts(not_before_ms=now_ms() + 1)
+        try:
+            return Logouts.decode(data)
+        except msgspec.DecodeError as e:
+            # what it held is unknown: every login issued until it was written may be in it
+            log.warning("%s is not a logouts file (%s): every web page login issued before it was written is "
+                        "ended; the next logout rewrites it", self.path, e)
+            return Logouts(not_before_ms=max(written + 1, 0))
 
     def record(self, login: Login) -> None:
         """Add ``login``'s logout to the file (see the module docstring); raises OSError when it
