@@ -27,7 +27,8 @@ def test_a_logout_in_one_process_is_refused_by_another_and_by_a_later_start(tmp_
     path = os.path.join(tmp_path, LOGOUTS_FILE)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with open(path) as f:
-        assert ended not in f.read() and login.id in open(path).read()
+        held = f.read()
+    assert ended not in held and login.id in held
 
 
 def test_another_owner_token_or_secret_verifies_nothing_issued_before(tmp_path):
