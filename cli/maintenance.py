@@ -60,7 +60,7 @@ def compact(data_dir: str) -> None:
 
 
 #: what a data directory holds beside the store, copied by ``backup`` when present
-_FILES = ("token", "secret", "apps.toml", "config.toml")
+_FILES = ("token", "secret", "web-logouts", "apps.toml", "config.toml")  # web-logouts: a restore keeps them
 _DIRS = ("blobs", "workspaces")
 
 
@@ -71,7 +71,8 @@ _DIRS = ("blobs", "workspaces")
 def backup(dest: str, data_dir: str) -> None:
     """Copy the data directory to DEST (a new directory) while the server keeps running: the
     event store as one consistent snapshot (compacted: no freed pages), then the token, secret,
-    apps.toml, config.toml, attachments and workspaces, readable by the owner only. Serve the
+    the web page's logouts, apps.toml, config.toml, attachments and workspaces, readable by the
+    owner only. Serve the
     copy with --data DEST to restore it.
 
     \b

@@ -27,6 +27,7 @@ import click
 
 from sessionloop.actors.api.host import Host
 from sessionloop.actors.errors import InvalidCommand
+from sessionloop.actors.gateway.service import master_secret
 from sessionloop.actors.model.registry import (
     ModelConfigError,
     ModelFlags,
@@ -49,6 +50,7 @@ from sessionloop.cli.logs import LEVELS as LOG_LEVELS
 from sessionloop.cli.logs import configure as configure_logging
 from sessionloop.cli.metrics import render_metrics
 from sessionloop.cli.model_flags import flags_from, mock_clock_options, model_flag_options
+from sessionloop.cli.web_logins import DataDirLogins
 from sessionloop.cli.workers import (
     WorkerEnvironment,
     parse_workers,
@@ -301,8 +303,10 @@ class Server:
         return closed
 
     async def start(self) -> int:
+        # the page's login cookies: every worker and every later start with this token verifies them
+        logins = DataDirLogins(self.data_dir, master_secret(self.data_dir), self.token)
         self.transport = SessionServer(self.service, self.config, metrics=lambda: render_metrics(self.host),
-                                       health=self.health)
+                                       health=self.health, logins=logins)
         port = await self.transport.start()
         self._report_models()  # once serving: a start refused for another reason stays one line
         return port

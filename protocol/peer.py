@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import msgspec
 
+from sessionloop.protocol.web_login import Login
+
 __all__ = ["AppCredential", "Peer", "ProtocolService"]
 
 
@@ -25,6 +27,8 @@ class Peer(msgspec.Struct, kw_only=True):
     surface: str = "cli"
     app_id: str | None = None
     disconnect: Any = None  # Callable[[int, str], None]
+    #: the page's login, for a connection the login cookie opened (closed when it ends)
+    login: Login | None = None
 
     @property
     def is_owner(self) -> bool:

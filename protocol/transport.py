@@ -27,6 +27,10 @@ of each connection is capped at ``send_buffer_bytes``. A frame above the socket'
 closes with 1009; frames below it but above the application limit get an ``invalidRequest``
 reply from the connection. A frame that waited ``inflight_wait`` for room in the inflight
 budget closes its connection with 1013 (``transport_flow.py``).
+
+A connection the page's login cookie opened is closed with 4003 when that login ends: at once when
+it is logged out here, within :data:`LOGIN_CHECK_S` when another process logged it out (every
+worker of ``serve --workers`` reads the logouts) or when it expires.
 """
 
 from __future__ import annotations
@@ -56,10 +60,14 @@ from sessionloop.protocol.transport_flow import (
     Waker,
 )
 from sessionloop.protocol.transport_http import HttpEdges
+from sessionloop.protocol.web_login import Login, WebLogins
 
 log = logging.getLogger("sessionloop.transport")
 
 CLOSE_SLOW_CONSUMER = 4008
+CLOSE_LOGGED_OUT = 4003
+#: how often the connections of page logins are checked against the logouts and their expiry
+LOGIN_CHECK_S = 1.0
 CLOSE_TRY_AGAIN_LATER = 1013
 #: asked for with SO_SNDBUF on every connection (Linux doubles it: 256 KiB); without a cap the
 #: kernel grows it to ``net.ipv4.tcp_wmem``'s maximum (4 MiB here, 3.7 MB seen filled) for a
@@ -96,10 +104,11 @@ class SessionServer:
 
     def __init__(self, service: ProtocolService, config: TransportConfig,
                  metrics: Callable[[], bytes] | None = None,
-                 health: Callable[[], dict[str, Any]] | None = None) -> None:
+                 health: Callable[[], dict[str, Any]] | None = None, logins: WebLogins | None = None) -> None:
         self.service = service
         self.config = config
-        self.http = HttpEdges(service, config, metrics=metrics, health=health)
+        self.http = HttpEdges(service, config, metrics=metrics, health=health, logins=logins,
+                              on_logout=self._logged_out)
         self._server: Server | None = None
         self.port: int | None = None
         self.connections: dict[ServerConnection, Outbox] = {}
@@ -108,6 +117,7 @@ class SessionServer:
         self._services: dict[ServerConnection, Any] = {}  # each connection's end of the service
         self._closing: dict[ServerConnection, asyncio.Task[None]] = {}
         self._watchdog: asyncio.Task[None] | None = None
+        self._login_check: asyncio.Task[None] | None = None
         self._waker: Waker | None = None
         self._wire = WireFrames()
 
@@ -128,6 +138,7 @@ class SessionServer:
         stall = self._stall_limit()
         if stall is not None:
             self._watchdog = asyncio.ensure_future(self._watch_stalls(stall))
+        self._login_check = asyncio.ensure_future(self._watch_logins())
         return self.port
 
     async def stop(self, reason: str = "server shutting down", drain_s: float = 1.0) -> None:
@@ -136,8 +147,9 @@ class SessionServer:
         (each peer gets ``close_timeout`` to answer, all at once)."""
         if self._server is None:
             return
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        for task in (self._watchdog, self._login_check):
+            if task is not None:
+                task.cancel()
         self.service.going_offline()
         outboxes = [o for o in self.connections.values() if not o.closed]
         if outboxes:
@@ -255,6 +267,22 @@ class SessionServer:
             for ws, outbox in list(self.connections.items()):
                 if outbox.stuck_since is not None and now - outbox.stuck_since > limit:
                     self._release(ws, CLOSE_SLOW_CONSUMER, "slow consumer: not reading", flush=False)
+
+    def _logged_out(self, login: Login) -> None:
+        for ws in list(self.connections):
+            peer = getattr(ws, "peer", None)
+            if peer is not None and peer.login is not None and peer.login.id == login.id:
+                self._release(ws, CLOSE_LOGGED_OUT, "the page's login ended")
+
+    async def _watch_logins(self) -> None:
+        """Close the connections of page logins that ended elsewhere or expired (checked every
+        :data:`LOGIN_CHECK_S`; reading the logouts again is a ``stat`` unless they changed)."""
+        while True:
+            await asyncio.sleep(LOGIN_CHECK_S)
+            for ws in list(self.connections):
+                peer = getattr(ws, "peer", None)
+                if peer is not None and peer.login is not None and not self.http.logins.live(peer.login):
+                    self._release(ws, CLOSE_LOGGED_OUT, "the page's login ended")
 
 
 #: frames written to a socket in one go before the next writer's turn

@@ -16,11 +16,14 @@ protocol/ (with ``transport.py``, which hands every opening request to :meth:`Ht
 * the owner's web page (``web_login.py``): ``GET /`` (``/?token=`` logs in and redirects to ``/``),
   its files under ``/web/``, ``GET /api/web`` (is this browser logged in, the server's language),
   ``GET /api/login`` (the owner token as ``Authorization: Bearer``) and ``GET /api/logout``. A
-  login sets an HttpOnly, SameSite=Strict cookie whose random value the server keeps
-  (:class:`~protocol.web_login.LoginTable`); ``/session`` and the other routes take it as the
+  login sets an HttpOnly, SameSite=Strict cookie, signed and with an expiry, which the
+  :class:`~protocol.web_login.WebLogins` given verify (:class:`MemoryLogins`: one process's;
+  ``serve`` gives the data directory's, which every worker and a restarted server verify and
+  whose logouts hold for all of them); ``/session`` and the other routes take it as the
   owner on the ``webui`` surface, only from the page itself: an allowed Origin, or without one
   ``Sec-Fetch-Site: same-origin`` (a cookie rides along on any same-site request, and other ports
-  of the same host are the same site).
+  of the same host are the same site). A logout is passed to ``on_logout``, so the connections
+  the login opened are closed.
 
 Before any of that: a request with two ``Authorization``, ``Origin`` or ``Cookie`` headers is answered
 400; an address that failed authentication ``auth_failures`` times in ``auth_window`` seconds is
@@ -35,6 +38,7 @@ import http
 import logging
 import math
 import re
+import secrets
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -49,8 +53,11 @@ from sessionloop.protocol.guards import AuthThrottle, origin_key
 from sessionloop.protocol.peer import AppCredential, Peer, ProtocolService
 from sessionloop.protocol.web_login import (
     PAGE_HEADERS,
-    LoginTable,
+    Login,
+    LoginCookies,
+    Logouts,
     StaticFiles,
+    WebLogins,
     clear_cookie,
     cookie_name,
     cookie_value,
@@ -58,7 +65,7 @@ from sessionloop.protocol.web_login import (
 )
 
 __all__ = ["MAX_DEPENDENCY", "OPTIONS_PREFIX", "SINGLE_HEADERS", "WEB_PREFIX", "WEB_ROUTES", "HttpEdges",
-           "HttpSettings"]
+           "HttpSettings", "MemoryLogins"]
 
 log = logging.getLogger("sessionloop.transport")
 
@@ -86,6 +93,47 @@ class HttpSettings(Protocol):
     auth_window: float
 
 
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class MemoryLogins:
+    """The page's logins in one process (:class:`~protocol.web_login.WebLogins`): cookies signed
+    under ``cookies`` (by default a key of its own, so a restart ends every login) and the
+    logouts in memory. ``serve`` keeps the logouts in the data directory instead
+    (``cli/web_logins.py``, a subclass)."""
+
+    def __init__(self, cookies: LoginCookies | None = None) -> None:
+        self.cookies = cookies or LoginCookies(secrets.token_bytes(32))
+        self._logouts = Logouts()
+
+    @property
+    def ttl_s(self) -> float:
+        return self.cookies.ttl_s
+
+    def logouts(self) -> Logouts:
+        return self._logouts
+
+    def record(self, login: Login) -> None:
+        self._logouts = self._logouts.with_logout(login, now_ms())
+
+    def issue(self) -> str:
+        return self.cookies.issue(now_ms())[1]
+
+    def login(self, value: str | None) -> Login | None:
+        found = self.cookies.verify(value, now_ms())
+        return found if found is not None and not self.logouts().ends(found) else None
+
+    def logout(self, value: str | None) -> Login | None:
+        found = self.login(value)
+        if found is not None:
+            self.record(found)
+        return found
+
+    def live(self, login: Login) -> bool:
+        return login.expires_ms > now_ms() and not self.logouts().ends(login)
+
+
 class HttpEdges:
     """The answers to HTTP requests, and the authentication of the ones that go on to ``/session``.
 
@@ -93,14 +141,16 @@ class HttpEdges:
 
     def __init__(self, service: ProtocolService, config: HttpSettings,
                  metrics: Callable[[], bytes] | None = None,
-                 health: Callable[[], dict[str, Any]] | None = None) -> None:
+                 health: Callable[[], dict[str, Any]] | None = None, logins: WebLogins | None = None,
+                 on_logout: Callable[[Login], None] | None = None) -> None:
         self.service = service
         self.config = config
         self.metrics = metrics
         self.health = health
         self.throttle = AuthThrottle(config.auth_failures, config.auth_window)
         self.origins: set[str] = set()
-        self.logins = LoginTable()
+        self.logins: WebLogins = logins if logins is not None else MemoryLogins()
+        self.on_logout = on_logout
         self.files = StaticFiles()
 
     def _authenticate(self, request: Request, cookie: str | None = None) -> Peer | None:
@@ -110,8 +160,9 @@ class HttpEdges:
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
         token = _token(request)
         if not token:
-            if cookie is not None and self._by_cookie(request, cookie):
-                return Peer(platform="console", user_id="owner", surface="webui")
+            login = self._by_cookie(request, cookie) if cookie is not None else None
+            if login is not None:
+                return Peer(platform="console", user_id="owner", surface="webui", login=login)
             return None
         surface = query.get("surface", ["cli"])[0]
         surface = surface if surface in ("cli", "webui") else "cli"
@@ -125,8 +176,8 @@ class HttpEdges:
     def _is_owner_token(self, token: str) -> bool:
         return hmac.compare_digest(token.encode(), self.config.owner_token.encode())
 
-    def _by_cookie(self, request: Request, name: str) -> bool:
-        return self.logins.valid(cookie_value(request.headers.get("Cookie"), name), time.monotonic())
+    def _by_cookie(self, request: Request, name: str) -> Login | None:
+        return self.logins.login(cookie_value(request.headers.get("Cookie"), name))
 
     def _origin_allowed(self, request: Request) -> bool:
         """No Origin: not a browser (terminals and bots send none). Otherwise the origin must be
@@ -148,6 +199,8 @@ class HttpEdges:
         for name in SINGLE_HEADERS:
             if len(request.headers.get_all(name)) > 1:
                 return _response(400, f"more than one {name} header\n".encode(), "text/plain")
+        if web and path == "/api/logout" and request.method == "GET" and self._origin_allowed(request):
+            return await self._logout(connection, request)
         if web:
             return self._web(connection, request, path)
         if path == "/metrics" and self.config.metrics_public:
@@ -204,20 +257,27 @@ class HttpEdges:
                 return _response(404, b"not found\n", "text/plain")
             return _response(200, found[0], found[1], PAGE_HEADERS)
         if path == "/api/web":
-            body = msgspec.json.encode({"authenticated": self._by_cookie(request, name),
+            body = msgspec.json.encode({"authenticated": self._by_cookie(request, name) is not None,
                                         "language": self._language()})
             return _response(200, body, "application/json", PAGE_HEADERS)
-        if path == "/api/logout":
-            if not _from_the_page(request):  # another port of the host could log the page out
-                return _response(403, b"log out from the page itself\n", "text/plain")
-            self.logins.revoke(cookie_value(request.headers.get("Cookie"), name))
-            return _response(204, b"", "text/plain", {**PAGE_HEADERS, "Set-Cookie": clear_cookie(name)})
         if path == "/api/login" or "token" in query:
             return self._login(connection, request, path, name, query)
         page = self.files.get("index.html")
         if page is None:
             return _response(404, b"the web page is not installed\n", "text/plain")
         return _response(200, page[0], page[1], PAGE_HEADERS)
+
+    async def _logout(self, connection: ServerConnection, request: Request) -> Response:
+        """End the login of the request's cookie for every process (recording it may write a file:
+        off the event loop), close its connections here (``on_logout``), clear the cookie."""
+        if not _from_the_page(request):  # another port of the host could log the page out
+            return _response(403, b"log out from the page itself\n", "text/plain")
+        name = cookie_name(_local_port(connection))
+        value = cookie_value(request.headers.get("Cookie"), name)
+        ended = await asyncio.get_running_loop().run_in_executor(None, self.logins.logout, value)
+        if ended is not None and self.on_logout is not None:
+            self.on_logout(ended)
+        return _response(204, b"", "text/plain", {**PAGE_HEADERS, "Set-Cookie": clear_cookie(name)})
 
     def _login(self, connection: ServerConnection, request: Request, path: str, name: str,
                query: dict[str, list[str]]) -> Response:
@@ -231,7 +291,7 @@ class HttpEdges:
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else query.get("token", [""])[0]
         if not token or not self._is_owner_token(token):
             return self._failed(connection)
-        cookie = set_cookie(name, self.logins.issue(time.monotonic()), self.logins.ttl_s)
+        cookie = set_cookie(name, self.logins.issue(), self.logins.ttl_s)
         if path == "/api/login":
             return _response(204, b"", "text/plain", {**PAGE_HEADERS, "Set-Cookie": cookie})
         return _response(303, b"", "text/plain", {**PAGE_HEADERS, "Set-Cookie": cookie, "Location": "/"})

@@ -4,7 +4,7 @@ import { renderApprovals, loadTasks, renderTasks } from './cards.js';
 import { Rpc, h, status } from './dom.js';
 import { loadSessions, newSession, scheduleList } from './list.js';
 import { closeSession, onItem, openSession, renderHeader, resubscribe } from './session.js';
-import { IDLE_MS, PRESENCE_EVERY_MS, PROTOCOL_VERSION, S, V } from './state.js';
+import { CLOSE_LOGGED_OUT, IDLE_MS, PRESENCE_EVERY_MS, PROTOCOL_VERSION, RECONNECT_MS, S, V } from './state.js';
 import { setLanguage, t } from './texts.js';
 
 // --- presence: visible and active, throttled; false when hidden or idle 10 minutes ------------------
@@ -29,11 +29,26 @@ document.addEventListener('visibilitychange', () => (document.visibilityState ==
 
 // --- start, login, connect -------------------------------------------------------------------------
 
+// Also after a dropped connection (a restart, a worker gone): the cookie is the login, so a server
+// that verifies it again is reconnected to without asking; one that does not shows the login.
 async function start() {
-  const info = await (await fetch('/api/web', { cache: 'no-store' })).json();
+  let info;
+  try {
+    info = await (await fetch('/api/web', { cache: 'no-store' })).json();
+  } catch {
+    status(t('disconnected'));
+    setTimeout(start, RECONNECT_MS);
+    return;
+  }
   setLanguage(info.language);
   document.documentElement.lang = info.language === 'zh' ? 'zh' : 'en';
-  if (info.authenticated) connect(); else showLogin();
+  if (info.authenticated) connect(); else loggedOut();
+}
+
+function loggedOut() {
+  if (S.rpc) { S.rpc.close(); S.rpc = null; }
+  S.cur = null;
+  showLogin();
 }
 
 function showLogin(message) {
@@ -53,16 +68,16 @@ function showLogin(message) {
 async function logout() {
   if (S.rpc) { S.rpc.close(); S.rpc = null; }
   await fetch('/api/logout', { cache: 'no-store' });
-  S.cur = null;
-  showLogin();
+  loggedOut();
 }
 
 async function connect() {
-  const rpc = new Rpc(onPush, () => {
+  const rpc = new Rpc(onPush, (code) => {
     if (S.rpc !== rpc) return;
     S.rpc = null;
+    if (code === CLOSE_LOGGED_OUT) { loggedOut(); return; }  // logged out on another page, or expired
     status(t('disconnected'));
-    setTimeout(start, 1500);
+    setTimeout(start, RECONNECT_MS);
   });
   S.rpc = rpc;
   try { await rpc.opened; } catch { return; }
@@ -72,11 +87,16 @@ async function connect() {
   document.title = init.appName;
   presence.sent = null;
   activity();
-  layout();
+  const again = !!(V.main && V.main.isConnected);  // a reconnect keeps the page as it is
+  if (!again) layout();
+  S.approvals.clear();  // the snapshot and the pushes say again which are pending
   await Promise.all([loadSessions(), rpc.call('sessions/watch', {}), loadTasks(), rpc.call('background/watch', {})]);
   const wanted = S.cur ? S.cur.id : location.hash.slice(1);
-  S.cur = null;
-  if (wanted) openSession(wanted);
+  if (!again) S.cur = null;
+  // a fresh snapshot (the server's epoch is new after a restart): the timeline is rebuilt from it,
+  // then pushes above its seq extend it; the draft and the attachments picked stay
+  if (wanted) openSession(wanted, again); else renderApprovals();
+  status('');
 }
 
 // --- layout ------------------------------------------------------------------------------------------
@@ -130,6 +150,9 @@ function onPush(method, p) {
       for (const task of p.upserts) S.tasks.set(task.id, task);
       for (const id of p.removes) S.tasks.delete(id);
       renderTasks();
+      break;
+    case 'session/config/changed':
+      if (V.settings && V.settings.isConnected) V.settings.refresh();
       break;
     case 'features/changed':
       S.features = p.features;

@@ -57,10 +57,10 @@ export class Rpc {
         } else resolve(msg.result);
       } else if (msg.method) onPush(msg.method, msg.params);
     };
-    this.ws.onclose = () => {
+    this.ws.onclose = (ev) => {
       for (const [, reject] of this.waiting.values()) reject(new Error('disconnected'));
       this.waiting.clear();
-      onClose();
+      onClose(ev.code);
     };
   }
   call(method, params) {

@@ -2,6 +2,7 @@
 import { fill, h, status } from './dom.js';
 import { renderApprovals, renderTasks } from './cards.js';
 import { badges, renderList } from './list.js';
+import { settingsPanel } from './settings.js';
 import { CHUNK, HISTORY_PAGE, S, V, call } from './state.js';
 import { t } from './texts.js';
 
@@ -76,7 +77,8 @@ function buildSession() {
   const composer = h('div', { class: 'composer' }, V.input, V.picker,
     h('button', { text: t('attach'), onclick: () => V.picker.click() }),
     h('button', { class: 'primary', id: 'send', text: t('send'), onclick: sendInput }));
-  V.main.replaceChildren(V.header, V.plan, V.approvals, V.timeline, V.tasks, V.queue, V.files, composer);
+  V.settings = settingsPanel(cur.id);
+  V.main.replaceChildren(V.header, V.plan, V.settings, V.approvals, V.timeline, V.tasks, V.queue, V.files, composer);
   renderHeader();
   renderTimeline();
   renderApprovals();

@@ -6,6 +6,8 @@ export const PRESENCE_EVERY_MS = 60000;
 export const IDLE_MS = 10 * 60000;
 export const HISTORY_PAGE = 100;
 export const CHUNK = 50;
+export const RECONNECT_MS = 1500;
+export const CLOSE_LOGGED_OUT = 4003;  // the server closes a connection whose login ended
 
 // --- state -----------------------------------------------------------------------------------------
 

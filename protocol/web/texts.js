@@ -18,6 +18,8 @@ export const TEXTS = {
     grantSession: 'for this session (24 h)', backgroundTask: 'background task {0}', notExecuted: 'not executed',
     settled: '{0} ({1})', attachments: '{0} attachment(s)', children_: 'Child sessions', rewound: 'Rewound: {0} restored, {1} removed',
     speaker: '{0}',
+    settings: 'Settings', writeTo: 'Write to', inherit: '(not set here)', notSet: 'not set on any layer',
+    fromDefault: 'from the default', from: 'from {0}', reset: 'Reset', save: 'Save',
   },
   zh: {
     login: '登录', token: 'owner 令牌', tokenHint: 'owner 令牌:DATA/token,或 sessionloop serve 打印的链接。',
@@ -37,6 +39,8 @@ export const TEXTS = {
     grantSession: '本会话(24 小时)', backgroundTask: '后台任务 {0}', notExecuted: '没有执行',
     settled: '{0}({1})', attachments: '{0} 个附件', children_: '子会话', rewound: '已回滚:恢复 {0} 个,删除 {1} 个',
     speaker: '{0}',
+    settings: '设置', writeTo: '写到', inherit: '(此处未设置)', notSet: '各层都未设置',
+    fromDefault: '来自默认值', from: '来自 {0}', reset: '清除', save: '保存',
   },
 };
 let TX = TEXTS.en;

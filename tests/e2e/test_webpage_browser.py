@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.e2e.conftest import TOKEN, initialized, open_client
+from tests.e2e.test_workers_wire import owner
 
 pytestmark = pytest.mark.e2e
 
@@ -316,3 +318,145 @@ def test_the_page_speaks_chinese_when_the_server_does(browser, server_factory, a
     finally:
         p.context.close()
     assert p.errors == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_the_page_reconnects_after_a_restart_without_a_new_login_and_the_timeline_continues(
+        browser, server_factory, artifacts, sig):
+    server = server_factory()
+    p = Pages(browser, server, artifacts)
+    try:
+        page = p.logged_in()
+        sid = new_session(page)
+        send(page, "before the restart")
+        expect(page.locator(".msg.agent").last).to_have_text("echo: before the restart")
+        epoch = page.evaluate("window.__sl.cur.epoch")
+        page.fill("#input", "a draft typed before")
+        server.stop(sig)
+        expect(page.locator("#status")).to_contain_text("reconnecting")
+        again = server_factory("--port", str(server.port), data_dir=server.data_dir)
+        # a new epoch: the page subscribed again for a fresh snapshot, on its own, with its cookie
+        page.wait_for_function("(e) => window.__sl.rpc && window.__sl.cur && window.__sl.cur.epoch !== e", arg=epoch)
+        assert page.evaluate("window.__sl.cur.epoch") == again.epoch
+        assert page.evaluate("window.__sl.cur.id") == sid
+        expect(page.locator("#token")).to_have_count(0)
+        expect(page.locator("#input")).to_have_value("a draft typed before")
+        send(page, "after the restart")
+        expect(page.locator(".msg.agent").last).to_have_text("echo: after the restart")
+        assert page.locator(".msg.user").all_inner_texts() == ["before the restart", "after the restart"]
+        assert page.locator(".msg.agent").all_inner_texts() == ["echo: before the restart", "echo: after the restart"]
+        ids = page.eval_on_selector_all("[data-item]", "els => els.map((e) => e.dataset.item)")
+        assert len(ids) == len(set(ids))  # nothing twice on the timeline
+        p.shot(page, f"reconnected-{signal.Signals(sig).name}")
+    finally:
+        p.context.close()
+    assert p.errors == []
+
+
+def test_a_page_logged_in_against_two_workers_works_on_every_connection_and_logout_ends_them_all(
+        browser, server_factory, artifacts):
+    server = server_factory("--workers", "2")
+    p = Pages(browser, server, artifacts)
+    try:
+        first = p.logged_in()
+        opened, workers = [first], set()
+        for n in range(16):
+            page = opened[-1] if n == 0 else p.open()
+            sid = new_session(page)
+            send(page, f"hello from page {n}")
+            expect(page.locator(".msg.agent").last).to_have_text(f"echo: hello from page {n}")
+            workers.add(owner(sid))  # the session was made on the worker this page's socket reached
+            if n % 2:  # a reload is a new connection, to either worker: the same session, the same login
+                page.reload()
+                expect(page.locator(".msg.agent").last).to_have_text(f"echo: hello from page {n}")
+                send(page, "after the reload")
+                expect(page.locator(".msg.agent").last).to_have_text("echo: after the reload")
+            if n:
+                opened.append(page)
+            if workers == {0, 1} and len(opened) >= 3:
+                break
+        assert workers == {0, 1}, "every page landed on one worker"
+        first.click("#logout")
+        for page in opened:  # on either worker: their sockets are closed 4003 and they ask for the token
+            expect(page.locator("#token")).to_be_visible()
+        opened[-1].reload()
+        expect(opened[-1].locator("#token")).to_be_visible()
+    finally:
+        p.context.close()
+    assert p.errors == []
+
+
+def rows_of(server, method: str, params: dict) -> dict[str, tuple]:
+    """(value, effective, source) of each row ``method`` answers, asked over a plain WebSocket client."""
+
+    async def go():
+        async with open_client(server) as ws:
+            client = await initialized(ws)
+            rows = await client.result(method, params)
+            return {f"{r['plugin']}/{r['key']}": (r.get("value"), r.get("effective"), r.get("source"))
+                    for r in rows["items"]}
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, go()).result()
+
+
+def session_rows(server, sid: str) -> dict[str, tuple]:
+    return rows_of(server, "session/config/get", {"sessionId": sid})
+
+
+def test_the_session_settings_show_their_layers_change_and_show_the_servers_refusal(pages):
+    page = pages.logged_in()
+    sid = new_session(page)
+    page.click(".settings summary")
+    steps = page.locator("[data-setting='agent/maxSteps']")
+    expect(steps.locator(".effective")).to_have_text("20")
+    expect(steps.locator(".source")).to_have_text("from the default")
+    model = page.locator("[data-setting='llm/model']")
+    expect(model.locator(".effective")).to_contain_text("Follow the service preference")  # the row's actual
+    # this session's permission mode, from its own layer
+    mode = page.locator("[data-setting='tools/permissionMode']")
+    mode.locator("select").select_option("deny")
+    expect(mode.locator(".effective")).to_have_text("deny")
+    expect(mode.locator(".source")).to_have_text("from This session")
+    assert session_rows(pages.server, sid)["tools/permissionMode"] == ("deny", "deny", "session")
+    model.locator("select").select_option(label="mock")
+    expect(model.locator(".source")).to_have_text("from This session")
+    # refused by the server: the row says why, as the server words it, and nothing changed
+    steps.locator("input").fill("-1")
+    steps.locator("input").press("Enter")
+    expect(steps.locator("[role=alert]")).to_have_text("params.value: agent/maxSteps: at least 0")
+    budget = page.locator("[data-setting='agent/contextChars']")
+    budget.locator("input").fill("500")
+    budget.locator("input").press("Enter")
+    expect(budget.locator("[role=alert]")).to_have_text("params.value: agent/contextChars: at least 1000")
+    rows = session_rows(pages.server, sid)
+    assert rows["agent/maxSteps"] == (None, 20, "default") and rows["agent/contextChars"][0] is None
+    expect(steps.locator("input")).to_have_value("-1")  # what was tried stays in view beside the refusal
+    expect(steps.locator(".effective")).to_have_text("20")
+    # a place-wide setting has no row on the session's own layer
+    expect(page.locator("[data-setting='tools/execYieldSeconds']")).to_have_count(0)
+    pages.shot(page, "settings-refused")
+    # on a layer instead: the global one, then this session's place
+    page.locator(".settings select.target").select_option(label="Global (plugin configuration)")
+    steps = page.locator("[data-setting='agent/maxSteps']")
+    steps.locator("input").fill("7")
+    steps.locator("input").press("Enter")
+    expect(steps.locator(".source")).to_have_text("from Global (plugin configuration)")
+    expect(steps.locator(".effective")).to_have_text("7")
+    page.locator(".settings select.target").select_option(label="Place: Default workspace")
+    exec_yield = page.locator("[data-setting='tools/execYieldSeconds']")
+    exec_yield.locator("input").fill("5")
+    exec_yield.locator("input").press("Enter")
+    expect(exec_yield.locator(".source")).to_have_text("from Place")
+    expect(exec_yield.locator(".effective")).to_have_text("5")
+    place = rows_of(pages.server, "session/config/layer/get", {"layer": {"scope": "place", "key": "workspace:default"}})
+    assert place["tools/execYieldSeconds"][0] == 5
+    assert rows_of(pages.server, "session/config/layer/get", {"layer": {"scope": "global"}})["agent/maxSteps"][0] == 7
+    # back on this session: its own permission mode reset, so it inherits again
+    page.locator(".settings select.target").select_option(label="This session")
+    mode = page.locator("[data-setting='tools/permissionMode']")
+    mode.locator("button.reset").click()
+    expect(mode.locator(".source")).to_have_text("not set on any layer")
+    expect(mode.locator("button.reset")).to_have_count(0)
+    assert session_rows(pages.server, sid)["tools/permissionMode"][0] is None
+    pages.shot(page, "settings")

@@ -7,15 +7,20 @@ import asyncio
 import gzip
 import os
 import re
+import signal
 import subprocess
 import sys
+from contextlib import AsyncExitStack
 
 import httpx
 import pytest
 import websockets
+from click.testing import CliRunner
 from websockets.asyncio.client import connect
 
-from tests.e2e.conftest import TOKEN, Client
+from sessionloop.cli.main import main
+from tests.e2e.conftest import TOKEN, Client, ServerProcess
+from tests.e2e.test_workers_wire import owner
 
 pytestmark = pytest.mark.e2e
 
@@ -180,3 +185,109 @@ def test_serve_prints_a_login_link_with_a_new_token_and_the_link_logs_in(tmp_pat
         finally:
             proc.terminate()
             proc.wait(15)
+
+
+def restarted(server_factory, server, sig: int, *extra: str):
+    """``server`` stopped by ``sig`` and started again on its port with its data directory."""
+    server.stop(sig)
+    return server_factory("--port", str(server.port), *extra, data_dir=server.data_dir)
+
+
+def authenticated(server, value: str) -> bool:
+    return httpx.get(f"{base(server)}/api/web", cookies={f"sessionloop_{server.port}": value}).json()["authenticated"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_login_survives_a_restart_and_a_logout_does_too(server_factory, sig):
+    server = server_factory()
+    kept, ended = login(server), login(server)
+    r = httpx.get(f"{base(server)}/api/logout", cookies={f"sessionloop_{server.port}": ended},
+                  headers={"Sec-Fetch-Site": "same-origin"})
+    assert r.status_code == 204
+    again = restarted(server_factory, server, sig)
+    assert again.epoch != server.epoch
+    assert authenticated(again, kept) and refused_status(again, kept, base(again)) == 101
+    assert not authenticated(again, ended) and refused_status(again, ended, base(again)) == 401
+    with open(os.path.join(again.data_dir, "web-logouts")) as f:
+        assert kept not in f.read()  # the file holds ids of ended logins, never a cookie
+
+
+def test_a_new_owner_token_ends_every_login(server_factory):
+    server = server_factory()
+    value = login(server)
+    server.stop()
+    rotated = ServerProcess(server.data_dir, "--port", str(server.port), token="a-rotated-owner-token").start()
+    try:
+        assert not authenticated(rotated, value) and refused_status(rotated, value, base(rotated)) == 401
+        r = httpx.get(f"{base(rotated)}/api/login", headers={"Authorization": "Bearer a-rotated-owner-token"})
+        assert r.status_code == 204
+    finally:
+        rotated.stop()
+
+
+def test_logout_closes_the_connections_the_login_opened_with_4003(server):
+    value, other = login(server), login(server)
+
+    async def go():
+        async with socket(server, value, base(server)) as ws, socket(server, other, base(server)) as kept:
+            await Client(ws).result("initialize", {"protocolVersion": "0.2.0", "client": {"name": "p", "version": "1"}})
+            r = await asyncio.to_thread(httpx.get, f"{base(server)}/api/logout",
+                                        cookies={f"sessionloop_{server.port}": value},
+                                        headers={"Sec-Fetch-Site": "same-origin"})
+            assert r.status_code == 204
+            with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+            assert closed.value.rcvd.code == 4003
+            await Client(kept).result("initialize", {"protocolVersion": "0.2.0",
+                                                     "client": {"name": "p", "version": "1"}})
+
+    asyncio.run(go())
+
+
+def test_with_two_workers_a_login_opens_connections_on_both_and_a_logout_closes_them_on_both(server_factory):
+    server = server_factory("--workers", "2")
+    value = login(server)
+
+    async def go() -> tuple[set[int], list[int]]:
+        async with AsyncExitStack() as stack:
+            sockets, workers = [], set()
+            for n in range(40):
+                ws = await stack.enter_async_context(socket(server, value, base(server)))
+                client = Client(ws)
+                await client.result("initialize", {"protocolVersion": "0.2.0",
+                                                   "client": {"name": "p", "version": "1"}})
+                sid = (await client.result("session/create", {"name": f"w{n}"}))["session"]["id"]
+                workers.add(owner(sid))  # a session made on a connection runs on that connection's worker
+                sockets.append(ws)
+                if len(workers) == 2 and len(sockets) >= 4:
+                    break
+            r = await asyncio.to_thread(httpx.get, f"{base(server)}/api/logout",
+                                        cookies={f"sessionloop_{server.port}": value},
+                                        headers={"Sec-Fetch-Site": "same-origin"})
+            assert r.status_code == 204
+            codes = []
+            for ws in sockets:
+                with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+                    while True:
+                        await asyncio.wait_for(ws.recv(), 10)
+                codes.append(closed.value.rcvd.code)
+            return workers, codes
+
+    workers, codes = asyncio.run(go())
+    assert workers == {0, 1} and set(codes) == {4003}
+    for _ in range(8):  # whichever worker takes the request, the login is over
+        assert not authenticated(server, value) and refused_status(server, value, base(server)) == 401
+
+
+def test_a_restored_backup_keeps_the_logins_and_the_logouts(server, tmp_path):
+    kept, ended = login(server), login(server)
+    assert httpx.get(f"{base(server)}/api/logout", cookies={f"sessionloop_{server.port}": ended},
+                     headers={"Sec-Fetch-Site": "same-origin"}).status_code == 204
+    dest = str(tmp_path / "backup")
+    result = CliRunner().invoke(main, ["backup", dest, "--data", server.data_dir])
+    assert result.exit_code == 0, result.output
+    restored = ServerProcess(dest).start()
+    try:
+        assert authenticated(restored, kept) and not authenticated(restored, ended)
+    finally:
+        restored.stop()
