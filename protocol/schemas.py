@@ -64,6 +64,8 @@ from sessionloop.protocol.schemas_loop import (
     LoopSendResult,
     LoopWaitForTurnParams,
     LoopWaitForTurnResult,
+    LoopWatchParams,
+    LoopWatchResult,
     Traceparent,
 )
 from sessionloop.protocol.schemas_types import (
@@ -537,6 +539,8 @@ __all__ = [
     "LoopSendResult",
     "LoopWaitForTurnParams",
     "LoopWaitForTurnResult",
+    "LoopWatchParams",
+    "LoopWatchResult",
     "NoticeItem",
     "OutgoingAttachment",
     "OverrideEntry",

@@ -9,6 +9,7 @@ import json
 import pytest
 from websockets.asyncio.client import connect
 
+from sessionloop.actors.api.host import Host
 from sessionloop.client import (
     AsyncClient,
     CallTimeout,
@@ -16,6 +17,7 @@ from sessionloop.client import (
     Conflict,
     ConnectFailed,
     ConnectionLost,
+    CursorExpired,
     InvalidArguments,
     NotFound,
     TokenRefused,
@@ -30,6 +32,7 @@ from sessionloop.protocol.schemas import (
 )
 from sessionloop.protocol.schemas_loop import LoopCreateResult, LoopSendResult, LoopWaitForTurnResult
 from tests.client.conftest import BOT_TOKEN, OTHER_TOKEN, Relay, free_port
+from tests.e2e.conftest import APPS, ServerProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -399,3 +402,35 @@ def test_client_options_out_of_bounds_are_refused_naming_the_option():
         AsyncClient("ws://127.0.0.1:1/session", BOT_TOKEN, no_such_option=1)
     with pytest.raises(InvalidArguments, match="token"):
         AsyncClient("ws://127.0.0.1:1/session", "")
+
+
+def test_a_cursor_older_than_the_retention_is_a_typed_cursor_expired_with_the_oldest_cursor(tmp_path):
+    data = tmp_path / "data"
+    host = Host.open(str(data), durability="nosync", feed_max_events=3, permission_mode="acceptCalls")
+    host.register_app("mybot", platform="telegram", containers=["inbox"])
+    loop = host.sessions(app="mybot")
+    made = loop.create(container_id="inbox", title="old")
+    for i in range(3):
+        loop.wait_for_turn(made.session_id, loop.send(made.session_id, f"m {i}", idempotency_key=f"k{i}").turn_id)
+    kept = [str(e.cursor) for e in loop.list_events(limit=100).events]
+    host.close()
+    (data / "apps.toml").write_text(APPS)
+    server = ServerProcess(str(data)).start()
+
+    async def go():
+        async with AsyncClient(server.url, BOT_TOKEN, **FAST) as bot:
+            with pytest.raises(CursorExpired) as listed:
+                await bot.list_events(after="1")
+            stream = bot.watch(after="1")
+            with pytest.raises(CursorExpired) as watched:
+                await anext(stream)
+            oldest = listed.value.oldest_cursor
+            page = await bot.list_events(after=oldest)
+            return listed.value, watched.value, oldest, [e.cursor for e in page.events]
+
+    try:
+        listed, watched, oldest, resumed = run(go())
+    finally:
+        server.stop()
+    assert listed.code == "cursor-expired" and watched.oldest_cursor == oldest
+    assert oldest is not None and int(oldest) < int(kept[0]) and resumed == kept
