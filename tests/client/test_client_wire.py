@@ -434,3 +434,32 @@ def test_a_cursor_older_than_the_retention_is_a_typed_cursor_expired_with_the_ol
         server.stop()
     assert listed.code == "cursor-expired" and watched.oldest_cursor == oldest
     assert oldest is not None and int(oldest) < int(kept[0]) and resumed == kept
+
+
+def test_the_client_paces_itself_by_the_rate_limits_the_server_announces(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "apps.toml").write_text(APPS)
+    server = ServerProcess(str(data), "--requests-per-second", "20", "--request-burst", "10").start()
+    relay = Relay(server.port)
+    refusals: list[bool] = []
+    relay.drop_reply_when(lambda chunk: refusals.append(b'"code":"rejected"' in chunk) and False)
+
+    async def burst(**options):
+        async with AsyncClient(relay.url, BOT_TOKEN, **options) as bot:
+            pages = await asyncio.gather(*(bot.list_events() for _ in range(40)))
+            return bot.info.rate_limits, bot.pace, len(pages)
+
+    try:
+        announced, pace, answered = run(burst())
+        paced_refusals = sum(refusals)
+        refusals.clear()
+        _, fast, fast_answered = run(burst(requests_per_second=200.0, burst=100))  # told to go faster
+    finally:
+        relay.close()
+        server.stop()
+    assert (announced.requests_per_second, announced.burst, announced.max_in_flight) == (20, 10, 256)
+    assert (pace.requests_per_second, pace.burst, pace.max_in_flight) == (18, 5, 128)
+    assert answered == 40 and paced_refusals == 0  # kept below the announced bucket: never refused
+    assert (fast.requests_per_second, fast.burst) == (200.0, 100)
+    assert fast_answered == 40 and sum(refusals) > 0  # the same burst above it is refused (and waited out)
