@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import struct
 import threading
@@ -40,6 +41,8 @@ from websockets.asyncio.server import ServerConnection
 from websockets.protocol import State
 
 __all__ = ["SseStream", "take_over"]
+
+log = logging.getLogger("sessionloop.transport")
 
 #: what a client may send after its request before it is closed
 MAX_CLIENT_BYTES = 64 * 1024
@@ -173,6 +176,7 @@ class SseStream(asyncio.Protocol):
                 return
             self.closed = True
             self.reason = reason
+        log.info("event stream closed: %s", reason)
         if self._timer is not None:
             self._timer.cancel()
         stop, self.stop = self.stop, None
