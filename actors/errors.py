@@ -57,6 +57,21 @@ def compact_error(event: Any) -> str:
     return Text.stored(event.error, event.error_key, event.error_values)
 
 
+class CursorExpired(ActorError):
+    """A feed cursor older than the retention (7 days, 10,000 events per app): the events after it
+    are partly gone. ``oldest_cursor`` (``data.oldestCursor`` on the wire) resumes without a gap
+    from what is left; starting there still misses what retention took, so the bot should know."""
+
+    code = "cursor-expired"
+
+    def __init__(self, after: int, oldest: int) -> None:
+        super().__init__(f"cursor {after} is older than the event feed's retention (7 days, 10,000 events per "
+                         f"app): events after it were taken out; the oldest cursor to resume after is {oldest}",
+                         oldestCursor=str(oldest))
+        self.after = after
+        self.oldest_cursor = oldest
+
+
 class ExpectedTurnMismatch(ActorError):
     code = "expected-turn-mismatch"
 

@@ -57,10 +57,11 @@ from websockets.exceptions import (
 )
 
 from sessionloop.cli.serve import DEFAULT_DATA, DEFAULT_PORT, TOKEN_FILE
+from sessionloop.client.errors import ClientError as WireError
+from sessionloop.client.wire import ENVELOPE, Notification, decode_push, decode_result
 from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.protocol.frames import request_frame
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
-from sessionloop.protocol.registry import METHODS, NOTIFICATIONS
 from sessionloop.protocol.sanitize import sanitize_text
 from sessionloop.protocol.schemas import InitializeResult, SessionsListResult, SessionSummary
 
@@ -124,41 +125,10 @@ class RpcFailed(ClientError):
         self.error: dict[str, Any] = {"code": rpc_code, "message": message, **({} if data is None else {"data": data})}
 
 
-# --- wire envelopes, decoders built once (STYLE rule 2) ------------------------------------------
+# --- wire envelopes: sessionloop.client's (one decoder per method, built once: STYLE rule 2) -----
 
-
-class _ErrorBody(msgspec.Struct, frozen=True):
-    code: int
-    message: str
-    data: Any = None
-
-
-class _Envelope(msgspec.Struct, frozen=True):
-    """Any server frame; ``result``/``params`` stay raw until we know which Struct they are."""
-
-    id: int | str | None = None
-    method: str | None = None
-    params: msgspec.Raw = msgspec.Raw()
-    result: msgspec.Raw = msgspec.Raw()
-    error: _ErrorBody | None = None
-
-
-_ENVELOPE: Final = msgspec.json.Decoder(_Envelope)
-_RESULTS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
-    name: msgspec.json.Decoder(spec.result) for name, spec in METHODS.items()
-}
-_PUSHES: Final[dict[str, msgspec.json.Decoder[Any]]] = {
-    name: msgspec.json.Decoder(struct) for name, struct in NOTIFICATIONS.items()
-}
+#: ``call(..., plain=True)``: the result as the server sent it
 _ANY: Final = msgspec.json.Decoder()
-
-
-@dataclass(frozen=True, slots=True)
-class Notification:
-    """A push: ``params`` is the Struct registered for ``method`` (plain data for unknown ones)."""
-
-    method: str
-    params: Any
 
 
 _CLOSED: Final = object()  # queued when the connection ends, after every push before it
@@ -313,7 +283,7 @@ class Client:
 
     def _dispatch(self, text: str) -> None:
         try:
-            frame = _ENVELOPE.decode(text)
+            frame = ENVELOPE.decode(text)
         except msgspec.DecodeError as e:
             raise ClientError(f"the server sent a frame that is not JSON-RPC: {e}") from e
         if frame.method is not None and frame.id is None:
@@ -331,17 +301,18 @@ class Client:
             future.set_exception(RpcFailed(method, frame.error.code, frame.error.message, frame.error.data))
             return
         try:
-            decoder = _ANY if plain else _RESULTS.get(method, _ANY)
-            future.set_result(decoder.decode(frame.result))
-        except msgspec.DecodeError as e:
-            future.set_exception(ClientError(f"{method}: the server's result is not what this client reads: {e}"))
+            future.set_result(_ANY.decode(frame.result) if plain else decode_result(method, frame.result))
+        except (msgspec.DecodeError, WireError) as e:
+            future.set_exception(ClientError(str(e) if isinstance(e, WireError) else
+                                             f"{method}: the server's result is not what this client reads: {e}"))
 
     @staticmethod
     def _decode_push(method: str, params: msgspec.Raw) -> Any:
+        """``sessionloop.client``'s push decoding, its error as this module's (a ``SessionloopError``)."""
         try:
-            return _PUSHES.get(method, _ANY).decode(params or b"{}")
-        except msgspec.DecodeError as e:
-            raise ClientError(f"the server sent a {method} this client cannot read: {e}") from e
+            return decode_push(method, params)
+        except WireError as e:
+            raise ClientError(str(e)) from e
 
     def _connection_lost(self) -> ConnectionLost:
         code, reason = self._ws.close_code, self._ws.close_reason

@@ -134,7 +134,8 @@ class Server:
                  sandbox_hide: tuple[str, ...] = (), max_inflight_mb: int = DEFAULT_MAX_INFLIGHT_MB,
                  inflight_wait: float = 30.0, metrics_public: bool = False, auth_failures: int = 20,
                  auth_window: float = 60.0, span_exporter: Any = None, model_flags: ModelFlags | None = None,
-                 worker: WorkerEnvironment | None = None, **host_options: Any) -> None:
+                 worker: WorkerEnvironment | None = None, requests_per_second: float = 100.0,
+                 request_burst: int = 200, **host_options: Any) -> None:
         if max_inflight_mb < max_frame_mb:
             raise ValueError(f"--max-inflight-mb {max_inflight_mb} is below --max-frame-mb {max_frame_mb}: "
                              "a frame the socket accepts could never be received")
@@ -172,7 +173,8 @@ class Server:
         apps = load_apps(self.apps_path)
         manifests, app_tokens = self._apps_of(apps)
         self.host.apps.register_all(manifests)
-        self.service = self._service(apps, request_limit(max_frame_mb * 1024 * 1024))
+        self.service = self._service(Limits(max_frame_bytes=request_limit(max_frame_mb * 1024 * 1024),
+                                            requests_per_second=requests_per_second or None, burst=request_burst))
         self.config = TransportConfig(host=host, port=port, owner_token=token,
                                       app_tokens=app_tokens, allowed_origins=list(allowed_origins),
                                       max_frame_bytes=max_frame_mb * 1024 * 1024,
@@ -225,8 +227,8 @@ class Server:
         return (f"models reloaded: {', '.join(c.name for c in models.configs())} "
                 f"(default {models.default.entry_id})")
 
-    def _service(self, apps: dict[str, Any], max_request_bytes: int) -> Any:
-        return self.host.protocol(limits=Limits(max_frame_bytes=max_request_bytes))
+    def _service(self, limits: Limits) -> Any:
+        return self.host.protocol(limits=limits)
 
     def _apps_of(self, apps: dict[str, Any]) -> tuple[list[AppManifest], dict[str, AppCredential]]:
         """The manifests and the token table of ``load_apps``'s tables, all checked: raises
@@ -426,6 +428,12 @@ async def _run(server: Server, quiet: bool) -> None:
                    "Other addresses are unaffected; up to 4,096 addresses are remembered (IPv6 by /64).")
 @click.option("--auth-window", default=60.0, show_default=True, type=click.FloatRange(min=0.01),
               help="Seconds over which --auth-failures are counted.")
+@click.option("--requests-per-second", default=100.0, show_default=True, type=click.FloatRange(min=0),
+              help="Each connection's token bucket refills at this many requests a second (0: no rate limit); a "
+                   "request finding it empty is answered rejected with retryAfterMs. initialize announces it "
+                   "(rateLimits), and sessionloop.client paces itself below it.")
+@click.option("--request-burst", default=200, show_default=True, type=click.IntRange(min=1),
+              help="The bucket's size: requests a connection may send at once after a pause.")
 @click.option("--snapshot-every", default=500, show_default=True, type=click.IntRange(min=1),
               help="Write a session's state snapshot after this many new events (activation replays only "
                    "the events after its last snapshot).")
@@ -481,7 +489,8 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
           mock_latency_sigma: float | None, mock_stream_tokens_per_s: float | None, mock_seed: int | None,
           max_steps: int, allowed_origins: tuple[str, ...], max_frame_mb: int,
           max_outbox_mb: float, ping_interval: float, ping_timeout: float, close_timeout: float, max_inflight_mb: int,
-          inflight_wait: float, metrics_public: bool, auth_failures: int, auth_window: float, snapshot_every: int,
+          inflight_wait: float, metrics_public: bool, auth_failures: int, auth_window: float,
+          requests_per_second: float, request_burst: int, snapshot_every: int,
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
           exec_file_size_mb: int, log_level: str, log_format: str, otlp_endpoint: str | None,
@@ -527,6 +536,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                         ping_interval=ping_interval, ping_timeout=ping_timeout, close_timeout=close_timeout,
                         max_inflight_mb=max_inflight_mb, inflight_wait=inflight_wait, metrics_public=metrics_public,
                         auth_failures=auth_failures, auth_window=auth_window,
+                        requests_per_second=requests_per_second, request_burst=request_burst,
                         model=model,
                         model_flags=flags_from(model_provider, base_url, model_name, api_key_env,
                                                latency_ms=mock_latency_ms, latency_jitter=mock_latency_jitter,

@@ -8,6 +8,7 @@ imports nothing of ours outside itself.
 from sessionloop.eventstore.codec import EventTypes, UnknownEvent, Upcaster, encode_event, event_to_builtins
 from sessionloop.eventstore.errors import (
     EventDecodeError,
+    FeedCursorExpired,
     IdempotencyConflict,
     InvalidStreamName,
     ReadOnlyStore,
@@ -38,6 +39,7 @@ __all__ = [
     "EventDecodeError",
     "EventStore",
     "EventTypes",
+    "FeedCursorExpired",
     "IdempotencyClaim",
     "IdempotencyConflict",
     "InvalidStreamName",

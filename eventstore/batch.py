@@ -289,7 +289,9 @@ class BatchContext:
         count = int(_any_dec.decode(self.txn.get(count_key, b"\x00", db=self.db["meta"]))) + added
         excess = count - self.rec.feed_max_events
         if excess > 0:
-            count -= delete_prefix_head(self.txn, self.db["feed"], prefix, excess)
+            deleted, last = delete_prefix_head(self.txn, self.db["feed"], prefix, excess)
+            count -= deleted
+            raise_feed_floor(self.txn, self.db["meta"], prefix, last)
         self.txn.put(count_key, _enc.encode(count), db=self.db["meta"])
 
 
@@ -298,18 +300,33 @@ def _last_position(txn: Any, log_db: Any) -> int:
     return K.from_u64(cur.key()) if cur.last() else 0
 
 
-def delete_prefix_head(txn: Any, db: Any, prefix: bytes, n: int, older_than: int | None = None) -> int:
+def delete_prefix_head(txn: Any, db: Any, prefix: bytes, n: int,
+                       older_than: int | None = None) -> tuple[int, int]:
+    """Delete up to ``n`` of the first keys under ``prefix`` (those stamped before ``older_than``);
+    ``(how many, the position of the last one deleted or 0)`` (keys are prefix ‖ u64 position)."""
     cur = txn.cursor(db=db)
-    deleted = 0
+    deleted = last = 0
     if not cur.set_range(prefix):
-        return 0
+        return 0, 0
     while deleted < n and cur.key().startswith(prefix):
         if older_than is not None and K.from_u64(cur.value()) >= older_than:
             break
+        key = bytes(cur.key())
         if not cur.delete():
             break
         deleted += 1
-    return deleted
+        last = K.from_u64(key, len(prefix)) if len(key) == len(prefix) + 8 else last
+    return deleted, last
+
+
+def raise_feed_floor(txn: Any, meta_db: Any, prefix: bytes, position: int) -> None:
+    """Record that retention took the app's feed entries up to ``position`` out (never lowers it)."""
+    if position <= 0:
+        return
+    key = K.FEED_FLOOR + prefix
+    raw = txn.get(key, db=meta_db)
+    if raw is None or K.from_u64(bytes(raw)) < position:
+        txn.put(key, K.u64(position), db=meta_db)
 
 
 def feed_apps(txn: Any, meta_db: Any) -> Iterator[bytes]:
@@ -322,8 +339,9 @@ def feed_apps(txn: Any, meta_db: Any) -> Iterator[bytes]:
 
 
 def prune_feed_age(txn: Any, dbs: dict[str, Any], prefix: bytes, cutoff: int, budget: int) -> int:
-    deleted = delete_prefix_head(txn, dbs["feed"], prefix, budget, older_than=cutoff)
+    deleted, last = delete_prefix_head(txn, dbs["feed"], prefix, budget, older_than=cutoff)
     if deleted:
+        raise_feed_floor(txn, dbs["meta"], prefix, last)
         count_key = b"feedcount\x00" + prefix
         count = int(_any_dec.decode(txn.get(count_key, b"\x00", db=dbs["meta"])))
         txn.put(count_key, _enc.encode(max(0, count - deleted)), db=dbs["meta"])

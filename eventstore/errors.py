@@ -16,6 +16,7 @@ that shape, ``protocol.errors.DomainError``, and imports nothing from here)::
     │   ├── EventDecodeError            stream, version
     │   ├── StreamDeleted               stream (its partition was purged: nothing more is written)
     │   ├── InvalidStreamName           stream
+    │   ├── FeedCursorExpired           app, after, oldest (retention took events after ``after``)
     │   └── StoreClosed
     └── ActorError                      (actors/, see actors/errors.py)
 
@@ -176,6 +177,20 @@ class InvalidStreamName(StoreError):
     def __init__(self, stream: str, reason: str) -> None:
         super().__init__(f"invalid stream name {stream!r}: {reason}", stream=stream)
         self.stream = stream
+
+
+class FeedCursorExpired(StoreError):
+    """A feed read after ``after`` would skip events retention already took out: the oldest
+    cursor to read after without a gap is ``oldest`` (the last position pruned)."""
+
+    code = "cursor-expired"
+
+    def __init__(self, app: str, after: int, oldest: int) -> None:
+        super().__init__(f"cursor {after} of feed {app!r} is older than its retention: the oldest "
+                         f"cursor to resume after is {oldest}", after=after, oldest=oldest)
+        self.app = app
+        self.after = after
+        self.oldest = oldest
 
 
 class StoreClosed(StoreError):

@@ -12,6 +12,7 @@ database       key                                         value
 ``idem``       sha256(scope ‖ 0x00 ‖ key)                  IdemValue (the receipt; erased: purged)
 ``idem_time``  time ms (u64) ‖ sha256                      empty (retention order)
 ``feed``       app ‖ 0x00 ‖ global position (u64)          time ms (u64)
+``meta``       ``feedfloor`` ‖ 0x00 ‖ app ‖ 0x00              u64: the last position retention pruned
 =============  ==========================================  ======================================
 
 Session-stream keys begin with their shard, ``shard = crc32(partition) mod S`` where
@@ -84,6 +85,12 @@ def from_u64(raw: bytes, offset: int = 0) -> int:
 
 def catalogue_key(category: str, raw_stream: bytes) -> bytes:
     return category.encode("utf-8") + b"\x00" + raw_stream
+
+
+#: meta key prefix of an app's feed floor (``feedfloor\\0 ‖ feed prefix`` -> u64): the position of
+#: the last feed entry retention took out (7 days or the per-app cap). A cursor below it would miss
+#: events, so reads after it are refused (a purge's entries do not count: the session is gone)
+FEED_FLOOR = b"feedfloor\x00"
 
 
 def feed_prefix(app: str) -> bytes:

@@ -173,20 +173,24 @@ class LmdbReads:
         with self._read(), self._env.begin(db=self._db["meta"]) as txn:
             return txn.get(K.seal_key(K.partition_of(stream))) is not None
 
-    def read_feed_positions(self, app: str, after: int, limit: int) -> list[int]:
+    def read_feed_positions(self, app: str, after: int, limit: int) -> tuple[list[int], int]:
+        """The app's feed positions above ``after`` (at most ``limit``) and its floor (the last
+        position retention took out, 0 when none), read in one transaction so they agree."""
         prefix = K.feed_prefix(app)
         out: list[int] = []
         with self._read(), self._env.begin(db=self._db["feed"]) as txn:
+            raw = txn.get(K.FEED_FLOOR + prefix, db=self._db["meta"])
+            floor = K.from_u64(bytes(raw)) if raw is not None else 0
             cur = txn.cursor()
             if not cur.set_range(prefix + K.u64(after + 1)):
-                return out
+                return out, floor
             for key in cur.iternext(keys=True, values=False):
                 if not key.startswith(prefix) or len(key) != len(prefix) + 8:
                     break
                 out.append(K.from_u64(key, len(prefix)))
                 if len(out) >= limit:
                     break
-        return out
+        return out, floor
 
     def get_stream_meta(self, stream: str) -> bytes | None:
         skey = self.stream_key(stream)

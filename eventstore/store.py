@@ -20,7 +20,7 @@ import msgspec
 from sessionloop.eventstore import keys as K
 from sessionloop.eventstore.batch import ANY_VERSION, AppendOp, FlagsOp, MetaOp, PurgeOp, SnapshotOp
 from sessionloop.eventstore.codec import EventTypes, EvT, UnknownEvent, encode_json, event_to_builtins
-from sessionloop.eventstore.errors import IdempotencyConflict, StreamDeleted
+from sessionloop.eventstore.errors import FeedCursorExpired, IdempotencyConflict, StreamDeleted
 from sessionloop.eventstore.groupcommit import HistogramSnapshot
 from sessionloop.eventstore.lmdb_recorder import LmdbRecorder
 from sessionloop.eventstore.records import (
@@ -36,6 +36,8 @@ from sessionloop.eventstore.records import (
 __all__ = ["ANY_VERSION", "NO_STREAM", "EventStore", "request_hash"]
 
 NO_STREAM = 0
+#: above every position (u64 keys): a read after it finds nothing
+MAX_POSITION = 2**64 - 2
 
 
 def request_hash(body: Any) -> str:
@@ -419,14 +421,29 @@ class EventStore(Generic[EvT]):
         return AppendResult(v.stream, v.first_version, v.last_version, v.first_position,
                             v.last_position, v.at, True, v.claim.receipt)
 
-    def read_feed(self, app: str, after: int = 0, limit: int = 100) -> list[RecordedEvent[EvT | UnknownEvent]]:
-        """The app's feed events with position > ``after`` (the stable cursor is the position)."""
+    def read_feed(self, app: str, after: int = 0, limit: int = 100, *,
+                  strict: bool = False) -> list[RecordedEvent[EvT | UnknownEvent]]:
+        """The app's feed events with position > ``after`` (the stable cursor is the position).
+
+        Retention (``feed_ttl_s``, ``feed_max_events``) takes the oldest entries out; with
+        ``strict`` a read whose ``after`` lies below what it took (so events after ``after`` are
+        gone) raises FeedCursorExpired carrying the oldest cursor that reads without a gap,
+        checked in the same read transaction as the positions. Entries of a purged session are
+        simply absent (never a reason to refuse)."""
+        positions, floor = self._rec.read_feed_positions(app, after, limit)
+        if strict and after < floor:
+            raise FeedCursorExpired(app, after, floor)
         out: list[RecordedEvent[EvT | UnknownEvent]] = []
-        for pos in self._rec.read_feed_positions(app, after, limit):
+        for pos in positions:
             ev = self.event_at(pos)
             if ev is not None:
                 out.append(ev)
         return out
+
+    def feed_floor(self, app: str) -> int:
+        """The last feed position of ``app`` retention took out (0: none yet): the oldest cursor
+        a strict :meth:`read_feed` accepts."""
+        return self._rec.read_feed_positions(app, MAX_POSITION, 1)[1]
 
     def audit(self) -> list[str]:
         """Whether the indexes agree with the log: one sentence per problem found, none when

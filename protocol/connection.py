@@ -70,7 +70,7 @@ from sessionloop.protocol.frames import (
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION, negotiate
 from sessionloop.protocol.registry import METHODS, NOTIFICATIONS, MethodSpec
 from sessionloop.protocol.schemas import InitializeParams, InitializeResult, ServerName
-from sessionloop.protocol.schemas_types import ClientInfo, Features, Identity
+from sessionloop.protocol.schemas_types import ClientInfo, Features, Identity, RateLimits
 
 __all__ = [
     "CLOSE_GOING_AWAY",
@@ -352,6 +352,8 @@ class Connection:
             surface=self.surface,
             features=features,
             app_name=app_name,
+            rate_limits=RateLimits(requests_per_second=self._limits.requests_per_second, burst=self._limits.burst,
+                                   max_in_flight=self._limits.max_in_flight),
         )
         self._transition(Event.INIT_ACCEPTED)
         self.client = params.client

@@ -38,6 +38,7 @@ __all__ = [
     "APPROVAL_SETTLED",
     "BUSINESS_CODES",
     "CONFLICT",
+    "CURSOR_EXPIRED",
     "DomainError",
     "EXPECTED_TURN_MISMATCH",
     "FORBIDDEN",
@@ -99,6 +100,10 @@ STORAGE_UNAVAILABLE: Final = "storage-unavailable"
 # is "unknown" (the link between the workers broke while the request was on its way): then retry with
 # the same idempotency key.
 UNAVAILABLE: Final = "unavailable"
+# A cursor (``loop/watch``, ``loop/listEvents``, ``GET /api/loop/events``) older than the feed's
+# retention (7 days, 10,000 events per app): events after it are gone, so nothing is answered
+# rather than a silent gap; ``data.oldestCursor`` is the oldest cursor that resumes without one.
+CURSOR_EXPIRED: Final = "cursor-expired"
 
 BUSINESS_CODES: Final[frozenset[str]] = frozenset(
     {
@@ -113,6 +118,7 @@ BUSINESS_CODES: Final[frozenset[str]] = frozenset(
         TOO_LARGE,
         STORAGE_UNAVAILABLE,
         UNAVAILABLE,
+        CURSOR_EXPIRED,
     }
 )
 
@@ -293,6 +299,7 @@ _DOMAIN_CODE_MAP: Final[dict[str, str]] = {
     "too-large": TOO_LARGE,
     "storage-unavailable": STORAGE_UNAVAILABLE,
     "unavailable": UNAVAILABLE,
+    "cursor-expired": CURSOR_EXPIRED,
 }
 
 

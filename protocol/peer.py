@@ -52,3 +52,9 @@ class ProtocolService(Protocol):
     # optional: ``GET /api/models/<source>``; a JSON-able answer, or None for an unknown source
     def options(self, peer: Peer, source: str, dependency: str | None) -> Any: ...
 
+
+    # optional: ``GET /api/loop/events``; the app's feed after ``cursor`` (None: from the present) to
+    # ``deliver`` (False: stop), ``ended`` if it stops by itself; returns (the cursor it starts
+    # after, stop). Raises a domain error (``forbidden``, ``cursor-expired`` with ``oldestCursor``)
+    def watch_feed(self, peer: Peer, cursor: int | None, deliver: Callable[[Any], bool],
+                   ended: Callable[[BaseException], None]) -> tuple[int, Callable[[], None]]: ...

@@ -43,6 +43,8 @@ from sessionloop.protocol.schemas import (
     LoopSendResult,
     LoopWaitForTurnParams,
     LoopWaitForTurnResult,
+    LoopWatchParams,
+    LoopWatchResult,
     OverridesParams,
     OverridesResult,
     PresenceParams,
@@ -122,7 +124,7 @@ METHODS: Final[dict[str, MethodSpec]] = dict(
         _spec("loop/send", LoopSendParams, LoopSendResult),
         _spec("loop/waitForTurn", LoopWaitForTurnParams, LoopWaitForTurnResult),
         _spec("loop/listEvents", LoopListEventsParams, LoopListEventsResult),
-        _spec("loop/watch", Empty, Empty),
+        _spec("loop/watch", LoopWatchParams, LoopWatchResult),
     ]
 )
 

@@ -64,6 +64,8 @@ from sessionloop.protocol.schemas_loop import (
     LoopSendResult,
     LoopWaitForTurnParams,
     LoopWaitForTurnResult,
+    LoopWatchParams,
+    LoopWatchResult,
     Traceparent,
 )
 from sessionloop.protocol.schemas_types import (
@@ -96,6 +98,7 @@ from sessionloop.protocol.schemas_types import (
     PlaceLayer,
     PlatformLayer,
     PlatformTypeLayer,
+    RateLimits,
     RoomGroup,
     SessionSummary,
     SessionTarget,
@@ -149,6 +152,8 @@ class InitializeResult(Wire, frozen=True, kw_only=True):
     surface: str
     features: Features
     app_name: str
+    #: the limits this connection's requests meet (0.2.1 servers from this one on; absent before)
+    rate_limits: RateLimits | None = None
 
 
 class FeaturesChanged(Wire, frozen=True, kw_only=True):
@@ -537,6 +542,8 @@ __all__ = [
     "LoopSendResult",
     "LoopWaitForTurnParams",
     "LoopWaitForTurnResult",
+    "LoopWatchParams",
+    "LoopWatchResult",
     "NoticeItem",
     "OutgoingAttachment",
     "OverrideEntry",
@@ -554,6 +561,7 @@ __all__ = [
     "PresenceParams",
     "QueueEntry",
     "QueueItem",
+    "RateLimits",
     "ReasoningItem",
     "RewindResult",
     "RoomGroup",

@@ -193,5 +193,21 @@ class LoopListEventsResult(Wire, frozen=True, kw_only=True):
     next_cursor: str | None = None
 
 
+class LoopWatchParams(Wire, frozen=True, kw_only=True):
+    """``cursor``: deliver the stored events after it first (a cursor from an event, a receipt or
+    ``loop/listEvents``; ``"0"``: everything retained), then the live ones, in cursor order with
+    no gap and no duplicate; a cursor older than the retention is ``cursor-expired``. Without
+    one the watch starts at the present."""
+
+    cursor: Annotated[str, Meta(max_length=MAX_CURSOR)] | None = None
+
+
+class LoopWatchResult(Wire, frozen=True, kw_only=True):
+    """``cursor``: the watch delivers the stored events after this one (the given cursor, or the
+    present's last position)."""
+
+    cursor: str
+
+
 class LoopEventParams(Wire, frozen=True, kw_only=True):
     event: LoopEvent

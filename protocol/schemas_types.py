@@ -163,6 +163,17 @@ class Features(Wire, frozen=True, kw_only=True):
     settings: bool
 
 
+class RateLimits(Wire, frozen=True, kw_only=True):
+    """The connection's request limits, as ``initialize`` announces them (docs/protocol.md,
+    Transport): a token bucket of ``burst`` tokens refilled at ``requestsPerSecond`` (null: no rate
+    limit), one token a request, and at most ``maxInFlight`` requests unanswered. A request beyond
+    either is ``rejected`` with ``retryAfterMs``."""
+
+    requests_per_second: float | None
+    burst: int
+    max_in_flight: int
+
+
 # --- session summaries and room groups ------------------------------------------------------------
 
 SessionKind = Literal["owner", "room", "task"]

@@ -2,15 +2,18 @@
 
 It moves text between sockets and a session-protocol service (through
 ``connect(peer, send) -> {receive, close}``, :class:`~protocol.peer.ProtocolService`) and serves
-three small HTTP endpoints. It imports no actor: the service is anything with ``connect``,
-``resolve_file`` and ``can_read``. The I/O shell is three modules; the rest of protocol/ is sans-I/O:
+small HTTP endpoints. It imports no actor: the service is anything with ``connect``,
+``resolve_file`` and ``can_read`` (and ``watch_feed`` for the event stream). The I/O shell is four
+modules; the rest of protocol/ is sans-I/O:
 
 * ``transport.py`` (this one): :class:`SessionServer`, serving ``/session`` over WebSocket, and
   its writers and closes;
 * ``transport_http.py``: the HTTP endpoints and the authentication and Origin checks before an
   upgrade (:class:`~protocol.transport_http.HttpEdges`);
 * ``transport_flow.py``: the flow control of frames, the inflight budget of incoming frames and
-  the bounded outbox of outgoing ones.
+  the bounded outbox of outgoing ones;
+* ``transport_sse.py``: ``GET /api/loop/events``, an app's event feed as server-sent events, on a
+  socket taken over from the HTTP handshake.
 
 Outgoing frames: every connection has a bounded outbox: pushes from actor threads are queued
 without blocking them; a client that does not read lets its outbox grow to ``max_outbox_bytes``,
@@ -157,6 +160,7 @@ class SessionServer:
                 await asyncio.wait_for(asyncio.gather(*(o.drained() for o in outboxes)), drain_s)
             except TimeoutError:
                 pass
+        self.http.close_streams()
         for ws in list(self.connections):
             self._release(ws, 1001, reason, flush=False)
         await asyncio.gather(*list(self._closing.values()), return_exceptions=True)

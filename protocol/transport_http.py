@@ -12,6 +12,11 @@ protocol/ (with ``transport.py``, which hands every opening request to :meth:`Ht
   ``dynamicOptions`` source (``llm``: the configured models), JSON, answered by
   the service's ``options``; any valid token, the Origin check of ``/session``; 404 for a source
   nobody answers;
+* ``GET /api/loop/events[?cursor=…]`` — an app's event feed as server-sent events
+  (``transport_sse.py``; app tokens only, 403 for the owner): the cursor is ``Last-Event-ID``
+  or ``cursor`` (400 when both are given and differ, or either is not a cursor), each event's
+  ``id`` is its cursor; a cursor older than the feed's retention is answered 410 with
+  ``{"error": {"code": "cursor-expired", "message", "oldestCursor"}}``;
 * ``GET /metrics`` (Prometheus text; the owner token, unless ``metrics_public``) and ``GET /healthz``;
 * the owner's web page (``web_login.py``): ``GET /`` (``/?token=`` logs in and redirects to ``/``),
   its files under ``/web/``, ``GET /api/web`` (is this browser logged in, the server's language),
@@ -51,6 +56,7 @@ from websockets.http11 import Request, Response
 
 from sessionloop.protocol.guards import AuthThrottle, origin_key
 from sessionloop.protocol.peer import AppCredential, Peer, ProtocolService
+from sessionloop.protocol.transport_sse import SseStream, take_over
 from sessionloop.protocol.web_login import (
     PAGE_HEADERS,
     Login,
@@ -64,8 +70,8 @@ from sessionloop.protocol.web_login import (
     set_cookie,
 )
 
-__all__ = ["MAX_DEPENDENCY", "OPTIONS_PREFIX", "SINGLE_HEADERS", "WEB_PREFIX", "WEB_ROUTES", "HttpEdges",
-           "HttpSettings", "MemoryLogins"]
+__all__ = ["LOOP_EVENTS", "MAX_DEPENDENCY", "OPTIONS_PREFIX", "SINGLE_HEADERS", "SSE_RETRY_MS", "WEB_PREFIX",
+           "WEB_ROUTES", "HttpEdges", "HttpSettings", "MemoryLogins", "sse_cursor", "sse_event", "sse_head"]
 
 log = logging.getLogger("sessionloop.transport")
 
@@ -77,7 +83,11 @@ MAX_DEPENDENCY = 1024
 WEB_PREFIX = "/web/"
 #: the page's routes besides its files: the page, whether this browser is logged in, log in, log out
 WEB_ROUTES = ("/", "/api/web", "/api/login", "/api/logout")
-_AUTHENTICATED = ("/metrics", "/session", "/api/session-file")
+LOOP_EVENTS = "/api/loop/events"
+_AUTHENTICATED = ("/metrics", "/session", "/api/session-file", LOOP_EVENTS)
+#: how long an EventSource waits before it reconnects (the stream's ``retry:``)
+SSE_RETRY_MS = 1000
+_CURSOR_DIGITS = 19
 
 
 class HttpSettings(Protocol):
@@ -89,6 +99,10 @@ class HttpSettings(Protocol):
     owner_token: str
     app_tokens: dict[str, AppCredential]
     metrics_public: bool
+    max_outbox_bytes: int
+    send_buffer_bytes: int
+    ping_interval: float | None
+    ping_timeout: float | None
     auth_failures: int
     auth_window: float
 
@@ -152,6 +166,7 @@ class HttpEdges:
         self.logins: WebLogins = logins if logins is not None else MemoryLogins()
         self.on_logout = on_logout
         self.files = StaticFiles()
+        self.streams: set[SseStream] = set()  # open ``GET /api/loop/events`` streams
 
     def _authenticate(self, request: Request, cookie: str | None = None) -> Peer | None:
         """The peer of a token (``Authorization: Bearer``, else ``?token=``), else of the page's
@@ -224,6 +239,8 @@ class HttpEdges:
             return await self._file(peer, request)
         if path.startswith(OPTIONS_PREFIX):
             return await self._options(peer, path[len(OPTIONS_PREFIX):], request)
+        if path == LOOP_EVENTS:
+            return await self._events(connection, peer, request)
         connection.peer = peer  # type: ignore[attr-defined]
         return None
 
@@ -342,6 +359,100 @@ class HttpEdges:
         if answer is None:
             return _response(404, b"no such option source\n", "text/plain")
         return _response(200, msgspec.json.encode(answer), "application/json")
+
+
+    # --- the event feed as server-sent events ---------------------------------------------------------
+
+    async def _events(self, connection: ServerConnection, peer: Peer, request: Request) -> Response:
+        """``GET /api/loop/events``: checks, then the socket is handed to an :class:`SseStream`
+        (``transport_sse.py``); the Response returned then is never sent."""
+        cursor, problem = sse_cursor(request)
+        if problem is not None:
+            return _response(400, f"{problem}\n".encode(), "text/plain")
+        watch = getattr(self.service, "watch_feed", None)
+        if watch is None:
+            return _response(404, b"not found\n", "text/plain")
+        if peer.app_id is None:
+            return _error_json(403, "forbidden", "the event feed is for apps: connect with an app token")
+        loop = asyncio.get_running_loop()
+        interval, timeout = self.config.ping_interval, self.config.ping_timeout
+        stall = interval + timeout if interval is not None and timeout is not None else None
+        stream = SseStream(loop, sse_head(), max_bytes=self.config.max_outbox_bytes, heartbeat_s=interval,
+                           stall_s=stall, on_closed=self.streams.discard)
+
+        def deliver(event: Any) -> bool:
+            return stream.put(sse_event(event))
+
+        def ended(error: BaseException) -> None:  # the cursor expired under a client that fell behind
+            loop.call_soon_threadsafe(stream.close, "the stream fell behind the event feed's retention", True)
+
+        try:
+            start_after, stop = await loop.run_in_executor(None, watch, peer, cursor, deliver, ended)
+        except Exception as e:
+            return _feed_refused(e)
+        stream.stop = stop
+        self.streams.add(stream)
+        stream.put(f": after {start_after}\n\n".encode())
+        take_over(connection, stream, self.config.send_buffer_bytes)
+        return _response(200, b"", "text/event-stream")
+
+    def close_streams(self) -> None:
+        """At shutdown: every event stream ends (what is queued goes first)."""
+        for stream in list(self.streams):
+            stream.close("server shutting down")
+
+
+def sse_cursor(request: Request) -> tuple[int | None, str | None]:
+    """The cursor a ``GET /api/loop/events`` resumes after: ``Last-Event-ID`` (what an EventSource
+    sends when it reconnects), else the ``cursor`` query parameter; ``(cursor, None)`` or
+    ``(None, problem)``. None without either: the stream starts at the present."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
+    given = [v for v in (request.headers.get("Last-Event-ID"), *query.get("cursor", [])) if v is not None]
+    if len(request.headers.get_all("Last-Event-ID")) > 1 or len(query.get("cursor", [])) > 1:
+        return None, "give one cursor"
+    values = {v.strip() for v in given}
+    if len(values) > 1:
+        return None, "Last-Event-ID and cursor differ: give one"
+    if not values:
+        return None, None
+    text = values.pop()
+    if not text.isascii() or not text.isdigit() or len(text) > _CURSOR_DIGITS or int(text) > 2**63 - 1:
+        return None, "the cursor (Last-Event-ID or cursor) is not one of this server's (digits, at most 2**63 - 1)"
+    return int(text), None
+
+
+def sse_head() -> bytes:
+    """The response head of an event stream and its ``retry:`` field."""
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-store\r\n"
+            b"X-Accel-Buffering: no\r\nConnection: close\r\n\r\n" + f"retry: {SSE_RETRY_MS}\n\n".encode())
+
+
+def sse_event(event: Any) -> bytes:
+    """One feed event (a wire ``LoopEvent``) as an SSE event: ``id:`` its cursor (none for a live
+    delta, cursor ``"0"``), ``data:`` its JSON (one line: JSON escapes every newline)."""
+    data = msgspec.json.encode(event)
+    cursor = getattr(event, "cursor", "0")
+    head = b"" if cursor == "0" else f"id: {cursor}\n".encode()
+    return head + b"data: " + data + b"\n\n"
+
+
+def _error_json(status: int, code: str, message: str, **extra: Any) -> Response:
+    body = msgspec.json.encode({"error": {"code": code, "message": message, **extra}})
+    return _response(status, body, "application/json")
+
+
+def _feed_refused(error: Exception) -> Response:
+    """The answer to a feed the service refused: 410 for an expired cursor (with the oldest one),
+    403 forbidden, else 500."""
+    code = getattr(error, "code", None)
+    data = getattr(error, "data", None) or {}
+    message = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
+    if code == "cursor-expired":
+        return _error_json(410, "cursor-expired", message, oldestCursor=str(data.get("oldestCursor", "")))
+    if code == "forbidden":
+        return _error_json(403, "forbidden", message)
+    log.error("the event feed failed to start: %r", error)
+    return _error_json(500, "internal", "the event feed failed to start")
 
 
 def _token(request: Request) -> str | None:

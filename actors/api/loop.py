@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import msgspec
 
 from sessionloop.actors import events as E
-from sessionloop.actors.errors import Forbidden, InvalidCommand, NotFound, RequestTimeout
+from sessionloop.actors.errors import CursorExpired, Forbidden, InvalidCommand, NotFound, RequestTimeout
 from sessionloop.actors.session.commands import CallerOf, NewInput, NewSession, Quota
 from sessionloop.actors.session.messages import Ask, Create, Receipt, Send, now_ms
 from sessionloop.actors.session.queries import CallerFacts
@@ -33,7 +33,7 @@ from sessionloop.actors.system.ports import Commit
 from sessionloop.actors.system.pubsub import LoopEvent, Reply, TurnOutcome, Watchers
 from sessionloop.actors.tools.caller import CURRENT_CALL
 from sessionloop.actors.views.traces import parse_traceparent
-from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
+from sessionloop.eventstore import FeedCursorExpired, IdempotencyClaim, RecordedEvent, request_hash
 from sessionloop.protocol.limits import (
     DEFAULT_WAIT_MS,
     LOOP_EVENTS_MAX_LIMIT,
@@ -199,7 +199,8 @@ class LoopFeed:
             if live is not None and isinstance(event, (E.LlmCompleted, E.LlmFailed)):
                 for data in live.get(event.step_id, ()):
                     self.watchers.emit(app, LoopEvent(cursor=0, session_id=commit.session_id, type="assistant.delta",
-                                                      at=now_ms(), turn_id=event.turn_id, data=data))
+                                                      at=now_ms(), turn_id=event.turn_id, data=data,
+                                                      before=result.first_position + i))
             loop_event = feed_event(RecordedEvent(stream, result.first_version + i, result.first_position + i,
                                                   result.at, event))
             if loop_event is not None:
@@ -231,6 +232,14 @@ def feed_event(recorded: RecordedEvent) -> LoopEvent | None:
         code = e.code if isinstance(e, E.TurnFailed) else "aborted"
         return LoopEvent(type="turn.failed", turn_id=e.turn_id, data={"code": code, "reason": e.reason}, **base)
     return None
+
+
+def read_feed(store: Any, app: str, after: int, limit: int, *, strict: bool) -> list[RecordedEvent]:
+    """``store.read_feed``, its FeedCursorExpired as the API's CursorExpired."""
+    try:
+        return store.read_feed(app, after, limit, strict=strict)
+    except FeedCursorExpired as e:
+        raise CursorExpired(e.after, e.oldest) from None
 
 
 class SessionLoop:
@@ -485,7 +494,9 @@ class SessionLoop:
     def list_events(self, session_id: str | None = None, after: int | None = None, limit: int = 100) -> EventsPage:
         """History and reconnection only (never sleep-and-poll this; use wait_for_turn).
         Retention: 7 days and 10,000 events per app. ``after`` is an event's ``cursor`` or a
-        receipt's ``cursor`` (the events of that input on)."""
+        receipt's ``cursor`` (the events of that input on); None or 0 reads from the oldest retained.
+        A cursor retention already passed raises CursorExpired (with the oldest cursor that
+        reads without a gap), never a page with a hole in it."""
         if after is not None and not 0 <= _integer("after", after) <= MAX_INT:
             raise InvalidCommand("after must be a cursor (an integer from 0 to 2**63 - 1)")
         if not 1 <= _integer("limit", limit) <= LOOP_EVENTS_MAX_LIMIT:
@@ -495,7 +506,7 @@ class SessionLoop:
         cursor = after or 0
         out: list[LoopEvent] = []
         while len(out) < limit:
-            batch = self.rt.store.read_feed(self.app.id, cursor, limit * 2)
+            batch = read_feed(self.rt.store, self.app.id, cursor, limit * 2, strict=bool(after))
             if not batch:
                 break
             for recorded in batch:

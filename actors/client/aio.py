@@ -56,7 +56,7 @@ from sessionloop.client.errors import (
     Unavailable,
 )
 from sessionloop.client.link import Link, Lost, connect_error, describe
-from sessionloop.client.options import ClientOptions, check_options
+from sessionloop.client.options import ClientOptions, Pace, check_options, pace_for
 from sessionloop.client.stream import EventStream, parse_cursor
 from sessionloop.client.wire import (
     ENVELOPE,
@@ -117,8 +117,10 @@ class AsyncClient:
         self._closing = False
         self._runner: asyncio.Task[None] | None = None
         self._last_error: BaseException | None = None
-        self._bucket = TokenBucket(self.options.requests_per_second, self.options.burst)
-        self._slots = asyncio.Semaphore(self.options.max_in_flight)
+        self.pace: Pace = pace_for(self.options, None)  # until a server announces its limits
+        self._bucket: TokenBucket | None = None
+        self._slots = asyncio.Semaphore(self.pace.max_in_flight)
+        self._set_pace(self.pace)
         self._streams: list[EventStream] = []
         self._notes: deque[Notification] = deque()
         self._notes_dropped = 0
@@ -222,6 +224,7 @@ class AsyncClient:
             except RpcFailed as e:  # an incompatible server: retrying cannot help
                 self._fatal = e
                 raise
+            self._set_pace(pace_for(self.options, self.info.rate_limits))
             await self._renew(link)
             self.connections += 1
             self._link = link
@@ -352,9 +355,19 @@ class AsyncClient:
             except (Rejected, Unavailable) as e:  # back-pressure, or the session's worker is away: nothing done
                 await asyncio.sleep((e.retry_after_ms or 100) / 1000)
 
+    def _set_pace(self, pace: Pace) -> None:
+        """Keep to ``pace`` from now on (a new bucket; a new in-flight limit for the calls that
+        start from now: those in flight finish under the one they started with)."""
+        if pace.max_in_flight != self.pace.max_in_flight:
+            self._slots = asyncio.Semaphore(pace.max_in_flight)
+        rate = pace.requests_per_second
+        if rate != self.pace.requests_per_second or pace.burst != self.pace.burst or self._bucket is None:
+            self._bucket = TokenBucket(rate, pace.burst) if rate is not None else None
+        self.pace = pace
+
     async def _pace(self) -> None:
         loop = asyncio.get_running_loop()
-        while (wait_ms := self._bucket.take(loop.time())) is not None:
+        while self._bucket is not None and (wait_ms := self._bucket.take(loop.time())) is not None:
             await asyncio.sleep(wait_ms / 1000)
 
     def _track(self, method: str, params: Any) -> None:

@@ -18,6 +18,7 @@ message::
         ├── NotFound  Forbidden  Conflict  Unsupported  TooLarge
         ├── ApprovalSettled  HashMismatch  ExpectedTurnMismatch
         ├── StorageUnavailable      outcome: "not-written" | "unknown", retry_after_ms
+        ├── CursorExpired           oldest_cursor: the feed's retention passed the cursor
         └── InvalidParams  InvalidRequest  MethodNotFound  ParseError  InternalError
 
 ``code`` is the business code for application errors (``"conflict"``), else the JSON-RPC name
@@ -32,6 +33,7 @@ from sessionloop.protocol.errors import (
     APPLICATION_ERROR,
     APPROVAL_SETTLED,
     CONFLICT,
+    CURSOR_EXPIRED,
     EXPECTED_TURN_MISMATCH,
     FORBIDDEN,
     HASH_MISMATCH,
@@ -56,6 +58,7 @@ __all__ = [
     "ClientError",
     "Conflict",
     "ConnectFailed",
+    "CursorExpired",
     "ConnectionLost",
     "ExpectedTurnMismatch",
     "Forbidden",
@@ -190,6 +193,18 @@ class StorageUnavailable(RpcFailed):
         return value if isinstance(value, str) else None
 
 
+class CursorExpired(RpcFailed):
+    """A cursor (``watch(after=...)``, ``list_events(after=...)``) older than the event feed's
+    retention (7 days, 10,000 events per app): events after it are gone, so the server refused
+    rather than leave a silent gap. ``oldest_cursor`` resumes from what is left (knowing that
+    something was missed)."""
+
+    @property
+    def oldest_cursor(self) -> str | None:
+        value = self.data.get("oldestCursor")
+        return value if isinstance(value, str) else None
+
+
 class InvalidParams(RpcFailed):
     pass
 
@@ -222,6 +237,7 @@ _BY_BUSINESS: Final[dict[str, type[RpcFailed]]] = {
     HASH_MISMATCH: HashMismatch,
     EXPECTED_TURN_MISMATCH: ExpectedTurnMismatch,
     STORAGE_UNAVAILABLE: StorageUnavailable,
+    CURSOR_EXPIRED: CursorExpired,
 }
 _BY_RPC: Final[dict[int, type[RpcFailed]]] = {
     INVALID_PARAMS: InvalidParams,

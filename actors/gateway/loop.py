@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from sessionloop.actors.api.feed_tail import FeedTails
 from sessionloop.actors.api.loop import turn_result
 from sessionloop.actors.errors import InvalidCommand
 from sessionloop.actors.gateway.methods import Client, Handler, answer, in_background, store_attachments
 from sessionloop.actors.system.pubsub import Reply
 from sessionloop.protocol.errors import RpcError
 from sessionloop.protocol.frames import RequestId
-from sessionloop.protocol.schemas import Empty
+from sessionloop.protocol.limits import MAX_INT
 from sessionloop.protocol.schemas_loop import (
     LoopCreateParams,
     LoopCreateResult,
@@ -31,6 +32,8 @@ from sessionloop.protocol.schemas_loop import (
     LoopSendResult,
     LoopWaitForTurnParams,
     LoopWaitForTurnResult,
+    LoopWatchParams,
+    LoopWatchResult,
 )
 
 if TYPE_CHECKING:
@@ -39,10 +42,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("sessionloop.gateway")
 
 
-def loop_handlers(svc: SessionProtocolService, host: Any) -> tuple[dict[str, Handler], Callable[[Any], None]]:
-    """The ``loop/*`` methods, and what the service calls when a connection closes (its event
-    watch ends)."""
-    h = _LoopHandlers(svc, host)
+def loop_handlers(svc: SessionProtocolService, host: Any) -> tuple[dict[str, Handler], LoopHandlers]:
+    """The ``loop/*`` methods, and their holder (``forget``: what the service calls when a
+    connection closes, its event watch ends; ``tail``: the feed of ``GET /api/loop/events``)."""
+    h = LoopHandlers(svc, host)
     handlers: dict[str, Handler] = {
         "loop/create": h.create,
         "loop/send": h.send,
@@ -50,19 +53,20 @@ def loop_handlers(svc: SessionProtocolService, host: Any) -> tuple[dict[str, Han
         "loop/listEvents": h.list_events,
         "loop/watch": h.watch,
     }
-    return handlers, h.forget
+    return handlers, h
 
 
-def _wire_event(e: Any) -> LoopEvent:
+def wire_event(e: Any) -> LoopEvent:
     return LoopEvent(cursor=str(e.cursor), session_id=e.session_id, type=e.type, at=e.at, data=e.data,
                      turn_id=e.turn_id)
 
 
-class _LoopHandlers:
+class LoopHandlers:
     def __init__(self, svc: SessionProtocolService, host: Any) -> None:
         self.svc = svc
         self.host = host
         self.unsubscribers: dict[Any, Any] = {}
+        self.tails = FeedTails(host.rt.store, host.loop_watchers)
 
     def loop_of(self, conn: Client) -> Any:
         if conn.peer.app_id is None:
@@ -141,22 +145,69 @@ class _LoopHandlers:
             except ValueError:
                 raise InvalidCommand("params.after: not a cursor from this server") from None
             page = loop.list_events(p.session_id, after, p.limit or 100)
-            return LoopListEventsResult(events=[_wire_event(e) for e in page.events],
+            return LoopListEventsResult(events=[wire_event(e) for e in page.events],
                                         next_cursor=str(page.next_cursor) if page.next_cursor is not None else None)
 
         in_background(self.svc, conn, request_id, work)
 
-    def watch(self, conn: Client, request_id: RequestId, p: Empty) -> None:
+    def watch(self, conn: Client, request_id: RequestId, p: LoopWatchParams) -> None:
+        """Answer the cursor the watch starts after, then deliver the feed after it (a tail:
+        ``actors/api/feed_tail.py``). A second ``loop/watch`` on the connection replaces the first."""
         loop = self.loop_of(conn)
-        if conn not in self.unsubscribers:
-            self.unsubscribers[conn] = loop.on_did_receive_event(
-                lambda e: conn.notify("loop/event", LoopEventParams(event=_wire_event(e))))
-        conn.result(request_id, Empty())
+        after = parse_cursor("params.cursor", p.cursor)
+
+        def start() -> None:
+            try:
+                begin(self.tails.check(loop.app.id, after))
+            except BaseException as e:  # CursorExpired, a failed read, or a bug: the request's error
+                conn.error(request_id, e)
+
+        def begin(start_after: int) -> None:
+            def deliver(e: Any) -> bool:
+                conn.notify("loop/event", LoopEventParams(event=wire_event(e)))
+                return not conn.closed
+
+            def ended(error: BaseException) -> None:
+                # the cursor expired under a consumer that fell behind the retention: closed as
+                # a slow consumer; its next ``loop/watch`` from that cursor is ``cursor-expired``
+                log.warning("loop/watch of app %s ended: %s", loop.app.id, error)
+                disconnect = getattr(conn.peer, "disconnect", None)
+                if disconnect is not None:
+                    disconnect(4008, "slow consumer: the watch fell behind the event feed")
+
+            self.forget(conn)
+            # listening before the answer (nothing told after it is missed), delivering after it
+            tail = self.tails.tail(loop.app.id, start_after, deliver, ended, begin=False)
+            self.unsubscribers[conn] = tail.close
+            conn.result(request_id, LoopWatchResult(cursor=str(start_after)))
+            if conn.closed:
+                self.forget(conn)
+                return
+            tail.begin()
+
+        self.svc.slow.submit(start)
 
     def forget(self, conn: Any) -> None:
         unsubscribe = self.unsubscribers.pop(conn, None)
         if unsubscribe is not None:
             unsubscribe()
+
+    def tail(self, app_id: str, cursor: int | None, deliver: Callable[[Any], bool],
+             ended: Callable[[BaseException], None]) -> tuple[int, Callable[[], None]]:
+        """For ``GET /api/loop/events``: the cursor a tail of ``app_id``'s feed starts after
+        (CursorExpired if retention passed ``cursor``) and the function that closes it."""
+        self.host.sessions(app=app_id)  # an app without permissions.sessions is refused here
+        start_after = self.tails.check(app_id, cursor)
+        return start_after, self.tails.tail(app_id, start_after, deliver, ended).close
+
+
+def parse_cursor(field: str, value: str | None) -> int | None:
+    """A cursor of the wire (a string of digits, at most 2**63 - 1), or None."""
+    if value is None:
+        return None
+    if not value.isascii() or not value.isdigit() or int(value) > MAX_INT:
+        raise RpcError.invalid_params(f"{field}: not a cursor from this server (digits, from 0 to 2**63 - 1)")
+    return int(value)
 
 
 def _result(outcome: Any) -> Any:

@@ -64,8 +64,7 @@ INDEX_BATCH = 256
 #: what every worker answers for its own sessions: sent to all of them (``session/batch`` to each
 #: with the ids of its sessions), the answers merged: the list under this key joined (None: the
 #: answer is ``{}``); a worker that cannot be reached makes it ``unavailable``, never a part
-SCATTERED: dict[str, str | None] = {"background/list": "tasks", "background/watch": None, "loop/watch": None,
-                                    "session/batch": "failed"}
+SCATTERED: dict[str, str | None] = {"background/list": "tasks", "background/watch": None, "session/batch": "failed"}
 
 
 class RelayedRequest(msgspec.Struct, array_like=True, frozen=True):

@@ -33,7 +33,7 @@ from typing import Any
 import msgspec
 import pykka
 
-from sessionloop.actors.gateway.loop import loop_handlers
+from sessionloop.actors.gateway.loop import loop_handlers, wire_event
 from sessionloop.actors.gateway.methods import build_handlers
 from sessionloop.actors.gateway.relay import SCATTERED, Placement, Relay, RelayedPush
 from sessionloop.actors.gateway.settings import install_settings
@@ -329,7 +329,7 @@ class SessionProtocolService:
         self.relayed: set[ClientConnection] = set()  # other workers' connections, for their sessions here
         self._lock = threading.Lock()
         self.handlers = build_handlers(self)
-        loop, self._forget_loop_watch = loop_handlers(self, host)
+        loop, self.loop = loop_handlers(self, host)
         self.handlers.update(loop)
         self.gateway = GatewayActor.start(self)
         #: ``serve --workers``: requests for sessions other workers run go to them (None: one process)
@@ -377,7 +377,17 @@ class SessionProtocolService:
             self.rt.channel(session_id).remove(conn)
         self.index.unwatch(conn)
         self.rt.disconnected(conn)
-        self._forget_loop_watch(conn)
+        self.loop.forget(conn)
+
+    def watch_feed(self, peer: Peer, cursor: int | None, deliver: Callable[[Any], bool],
+                   ended: Callable[[BaseException], None]) -> tuple[int, Callable[[], None]]:
+        """``GET /api/loop/events`` (``protocol/transport_sse.py``): the app's feed after ``cursor``
+        (None: from the present) as wire ``LoopEvent`` values to ``deliver``; returns the cursor it
+        starts after and the function that stops it. Raises ``forbidden`` for a peer that is not
+        an app, CursorExpired for a cursor retention passed."""
+        if peer.app_id is None:
+            raise RpcError.forbidden("the event feed is for apps: connect with an app token")
+        return self.loop.tail(peer.app_id, cursor, lambda e: deliver(wire_event(e)), ended)
 
     def can_read(self, peer: Peer, session_id: str) -> bool:
         record = self.index.get(session_id)
@@ -443,6 +453,7 @@ class SessionProtocolService:
                 conn.peer.disconnect(1001, "server shutting down")
         if self.relay is not None:
             self.relay.close()
+        self.loop.tails.close()
         try:
             self.gateway.stop(timeout=5)
         except pykka.Timeout:

@@ -379,6 +379,9 @@ class LoopEvent(msgspec.Struct, frozen=True, kw_only=True):
     at: int
     turn_id: str | None = None
     data: dict[str, Any] = {}
+    #: a live ``assistant.delta`` of an answer taken in place: the cursor of the stored event it
+    #: streamed before (its outcome, committed with it); 0 for one streamed as the model answered
+    before: int = 0
 
 
 class Watchers:

@@ -78,6 +78,8 @@ class HostOptions(msgspec.Struct, kw_only=True):
     idle_timeout_s: float = 300.0
     max_live: int = 4000
     snapshot_every: int = 500
+    #: the per-app event feed's cap (SPEC §3: 10,000 events per app, and 7 days); lower only in tests
+    feed_max_events: int = 10_000
     park_after_failures: int = 3
     retry_delay_s: float = 0.5
     request_timeout_s: float = 30.0
@@ -144,7 +146,7 @@ def open_data_store(data_dir: str, options: HostOptions, faults: FaultInjector) 
     return open_store(os.path.join(data_dir, "store"), durability=options.durability, shards=options.shards,
                       map_size=options.map_size, on_map_resize=lambda: faults.hit("map-resize"),
                       on_purge=lambda: faults.hit("purge"), owned_shards=options.owned_shards(),
-                      lock_fd=options.store_lock_fd)
+                      lock_fd=options.store_lock_fd, feed_max_events=options.feed_max_events)
 
 
 class Runtime:

@@ -9,6 +9,7 @@ import json
 import pytest
 from websockets.asyncio.client import connect
 
+from sessionloop.actors.api.host import Host
 from sessionloop.client import (
     AsyncClient,
     CallTimeout,
@@ -16,6 +17,7 @@ from sessionloop.client import (
     Conflict,
     ConnectFailed,
     ConnectionLost,
+    CursorExpired,
     InvalidArguments,
     NotFound,
     TokenRefused,
@@ -30,6 +32,7 @@ from sessionloop.protocol.schemas import (
 )
 from sessionloop.protocol.schemas_loop import LoopCreateResult, LoopSendResult, LoopWaitForTurnResult
 from tests.client.conftest import BOT_TOKEN, OTHER_TOKEN, Relay, free_port
+from tests.e2e.conftest import APPS, ServerProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -399,3 +402,64 @@ def test_client_options_out_of_bounds_are_refused_naming_the_option():
         AsyncClient("ws://127.0.0.1:1/session", BOT_TOKEN, no_such_option=1)
     with pytest.raises(InvalidArguments, match="token"):
         AsyncClient("ws://127.0.0.1:1/session", "")
+
+
+def test_a_cursor_older_than_the_retention_is_a_typed_cursor_expired_with_the_oldest_cursor(tmp_path):
+    data = tmp_path / "data"
+    host = Host.open(str(data), durability="nosync", feed_max_events=3, permission_mode="acceptCalls")
+    host.register_app("mybot", platform="telegram", containers=["inbox"])
+    loop = host.sessions(app="mybot")
+    made = loop.create(container_id="inbox", title="old")
+    for i in range(3):
+        loop.wait_for_turn(made.session_id, loop.send(made.session_id, f"m {i}", idempotency_key=f"k{i}").turn_id)
+    kept = [str(e.cursor) for e in loop.list_events(limit=100).events]
+    host.close()
+    (data / "apps.toml").write_text(APPS)
+    server = ServerProcess(str(data)).start()
+
+    async def go():
+        async with AsyncClient(server.url, BOT_TOKEN, **FAST) as bot:
+            with pytest.raises(CursorExpired) as listed:
+                await bot.list_events(after="1")
+            stream = bot.watch(after="1")
+            with pytest.raises(CursorExpired) as watched:
+                await anext(stream)
+            oldest = listed.value.oldest_cursor
+            page = await bot.list_events(after=oldest)
+            return listed.value, watched.value, oldest, [e.cursor for e in page.events]
+
+    try:
+        listed, watched, oldest, resumed = run(go())
+    finally:
+        server.stop()
+    assert listed.code == "cursor-expired" and watched.oldest_cursor == oldest
+    assert oldest is not None and int(oldest) < int(kept[0]) and resumed == kept
+
+
+def test_the_client_paces_itself_by_the_rate_limits_the_server_announces(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "apps.toml").write_text(APPS)
+    server = ServerProcess(str(data), "--requests-per-second", "20", "--request-burst", "10").start()
+    relay = Relay(server.port)
+    refusals: list[bool] = []
+    relay.drop_reply_when(lambda chunk: refusals.append(b'"code":"rejected"' in chunk) and False)
+
+    async def burst(**options):
+        async with AsyncClient(relay.url, BOT_TOKEN, **options) as bot:
+            pages = await asyncio.gather(*(bot.list_events() for _ in range(40)))
+            return bot.info.rate_limits, bot.pace, len(pages)
+
+    try:
+        announced, pace, answered = run(burst())
+        paced_refusals = sum(refusals)
+        refusals.clear()
+        _, fast, fast_answered = run(burst(requests_per_second=200.0, burst=100))  # told to go faster
+    finally:
+        relay.close()
+        server.stop()
+    assert (announced.requests_per_second, announced.burst, announced.max_in_flight) == (20, 10, 256)
+    assert (pace.requests_per_second, pace.burst, pace.max_in_flight) == (18, 5, 128)
+    assert answered == 40 and paced_refusals == 0  # kept below the announced bucket: never refused
+    assert (fast.requests_per_second, fast.burst) == (200.0, 100)
+    assert fast_answered == 40 and sum(refusals) > 0  # the same burst above it is refused (and waited out)

@@ -219,7 +219,7 @@ def test_the_app_feed_is_one_across_workers_listed_and_watched_from_either(serve
                 if len(made) >= 4 and len({owner(s) for _, s in made}) == 2:
                     break
             watcher = made[0][0]
-            assert await watcher.result("loop/watch", {}) == {}
+            assert "cursor" in await watcher.result("loop/watch", {})
             for k in range(3):
                 for c, sid in made:
                     receipt = await c.result("loop/send", {"sessionId": sid, "text": f"hello {k}",
@@ -430,3 +430,51 @@ def test_a_killed_nats_server_is_started_again_and_relaying_resumes(server_facto
     for reply in answers[:-1]:
         assert reply["error"]["data"]["code"] == "unavailable", reply
     assert done["params"]["item"]["outcome"] == "replied"
+
+
+def test_loop_watch_hears_both_workers_sessions_in_cursor_order_and_resumes_from_a_cursor(server_factory, tmp_path):
+    """The connection's worker reads every worker's events from the shared store (woken by its own
+    commits, and once a second for the others'): one watch gets the turns of sessions on both, in
+    cursor order; a watch from a cursor replays exactly what followed it."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "apps.toml").write_text(f'[apps.mybot]\ntoken = "{BOT_TOKEN}"\nplatform = "telegram"\n'
+                                    'containers = ["inbox"]\n')
+    server = server_factory("--workers", "2", data_dir=str(data))
+
+    async def events_of(c, n):
+        got = []
+        while len(got) < n:
+            push = await c.push(lambda m: m["method"] == "loop/event", 15)
+            if push["params"]["event"]["cursor"] != "0":
+                got.append(push["params"]["event"])
+        return got
+
+    async def go():
+        async with AsyncExitStack() as stack:
+            watcher = await initialized(await stack.enter_async_context(open_client(server, BOT_TOKEN)))
+            start = (await watcher.result("loop/watch", {}))["cursor"]
+            sessions: list[tuple[object, str]] = []
+            for _ in range(40):
+                c = await initialized(await stack.enter_async_context(open_client(server, BOT_TOKEN)))
+                sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
+                sessions.append((c, sid))
+                if len(sessions) >= 4 and len({owner(s) for _, s in sessions}) == 2:
+                    break
+            for c, sid in sessions:
+                receipt = await c.result("loop/send", {"sessionId": sid, "text": "hi", "idempotencyKey": sid})
+                assert (await c.result("loop/waitForTurn", {"sessionId": sid, "turnId": receipt["turnId"]}))[
+                    "state"] == "completed"
+            heard = await events_of(watcher, 3 * len(sessions))
+            again = await initialized(await stack.enter_async_context(open_client(server, BOT_TOKEN)))
+            assert (await again.result("loop/watch", {"cursor": heard[2]["cursor"]}))["cursor"] == heard[2]["cursor"]
+            replayed = await events_of(again, len(heard) - 3)
+            return sessions, start, heard, replayed
+
+    sessions, start, heard, replayed = run(go())
+    assert {owner(s) for _, s in sessions} == {0, 1}
+    cursors = [int(e["cursor"]) for e in heard]
+    assert cursors == sorted(cursors) and len(set(cursors)) == len(cursors) and cursors[0] > int(start)
+    assert {e["sessionId"] for e in heard} == {s for _, s in sessions}
+    assert sum(e["type"] == "turn.completed" for e in heard) == len(sessions)
+    assert replayed == heard[3:]

@@ -333,3 +333,12 @@ def test_a_conversation_through_the_in_memory_pair(fresh: Peer) -> None:
     assert fresh.call("sessions/list", {"limit": 1}, 1)["result"]["nextCursor"] == "c"
     assert fresh.call("sessions/watch", None, 2)["result"] == {}
     assert fresh.conn.in_flight == 0
+
+
+def test_initialize_announces_the_connections_rate_limits() -> None:
+    p = Peer(make_connection(limits=Limits(requests_per_second=20, burst=10, max_in_flight=64)))
+    (reply,) = p.feed(hello(), now=0.0)
+    assert reply["result"]["rateLimits"] == {"requestsPerSecond": 20, "burst": 10, "maxInFlight": 64}
+    unlimited = Peer(make_connection(limits=Limits(requests_per_second=None)))
+    (reply,) = unlimited.feed(hello(), now=0.0)
+    assert reply["result"]["rateLimits"] == {"requestsPerSecond": None, "burst": 200, "maxInFlight": 256}

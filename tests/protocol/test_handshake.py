@@ -87,7 +87,7 @@ def test_compatibility_key_is_two_parts_below_1_and_one_part_from_1() -> None:
 # --- initialize on a connection -------------------------------------------------------------------
 
 
-def test_initialize_answers_with_version_identity_surface_features_and_app_name(fresh: Peer) -> None:
+def test_initialize_answers_with_version_identity_surface_features_app_name_and_rate_limits(fresh: Peer) -> None:
     (reply,) = fresh.feed(hello("0.2.7", "h1"))
     assert reply == {
         "jsonrpc": "2.0",
@@ -100,6 +100,7 @@ def test_initialize_answers_with_version_identity_surface_features_and_app_name(
             "surface": "cli",
             "features": {"send": True, "rewind": True, "compress": True, "settings": True},
             "appName": "Aalis",
+            "rateLimits": {"requestsPerSecond": 100.0, "burst": 200, "maxInFlight": 256},
         },
     }
     assert fresh.conn.state is State.OPEN and fresh.conn.client is not None
