@@ -56,8 +56,6 @@ log = logging.getLogger("sessionloop.relay")
 RETRY_AFTER_MS = 1000
 #: how long a relayed request may take beyond what the request itself asks to wait
 RELAY_TIMEOUT_S = 60.0
-#: listing records wait this long to go to the other workers with the others of their batch
-INDEX_FLUSH_S = 0.005
 #: listing records in one message at most (a record is a few hundred bytes; NATS takes 1 MB)
 INDEX_BATCH = 256
 
@@ -159,9 +157,12 @@ class IndexReplica:
     """Keeps every worker's listing index whole: publishes the records this worker commits, applies
     the others'. ``committed`` is a commit listener of the worker's host.
 
-    Records go out in batches, :data:`INDEX_FLUSH_S` after the first of a batch, each session's
-    latest only (a turn commits several times: the others apply its last record, not each one),
-    at most :data:`INDEX_BATCH` to a message. Another worker's listing is that much behind."""
+    A commit's record waits in a batch for the link's outbox to reach it: the first record of a
+    batch queues one message, whose data is every record committed until it is sent, each
+    session's latest only (a turn commits several times: the others apply its last record), at
+    most :data:`INDEX_BATCH` records to a message. It is queued before anything the commit's
+    reply makes this worker send, so a client whose request another worker answered lists what
+    that request changed."""
 
     SUBJECT = "sl.index"
 
@@ -171,7 +172,7 @@ class IndexReplica:
         self.index = index
         self._lock = threading.Lock()
         self._batch: dict[str, SummaryRecord] = {}
-        self._flushing = False
+        self._queued = False
         link.subscribe(self.SUBJECT, self._received)
 
     def committed(self, commit: Commit) -> None:
@@ -180,19 +181,20 @@ class IndexReplica:
             return
         with self._lock:
             self._batch[record.id] = record
-            if self._flushing:
+            if self._queued:
                 return
-            self._flushing = True
-        self.link.call_later(INDEX_FLUSH_S, self._flush)
+            self._queued = True
+        self.link.publish_made(self.SUBJECT, self._take)
 
-    def _flush(self) -> None:
+    def _take(self) -> bytes | None:
         with self._lock:
-            records = list(self._batch.values())
-            self._batch.clear()
-            self._flushing = False
-        for start in range(0, len(records), INDEX_BATCH):
-            self.link.publish(self.SUBJECT, _enc.encode(IndexRecords(self.placement.worker,
-                                                                     records[start:start + INDEX_BATCH])))
+            records = list(self._batch.values())[:INDEX_BATCH]
+            for record in records:
+                del self._batch[record.id]
+            self._queued = bool(self._batch)
+        if self._queued:  # more than one message holds: the rest after this one
+            self.link.publish_made(self.SUBJECT, self._take)
+        return _enc.encode(IndexRecords(self.placement.worker, records)) if records else None
 
     def _received(self, msg: Msg) -> None:
         got = _index_dec.decode(msg.data)

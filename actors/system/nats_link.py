@@ -40,6 +40,8 @@ CONNECT_TIMEOUT_S = 10.0
 
 #: a request's task, made when it leaves the outbox
 _Ask = Callable[[], Coroutine[Any, Any, None]]
+#: a message's data, made when it leaves the outbox (None: nothing to send)
+_Make = Callable[[], bytes | None]
 
 
 class ClusterUnavailable(Exception):
@@ -54,7 +56,7 @@ class NatsLink:
         self.name = name
         self._reconnect_handlers: list[Callable[[], None]] = []
         #: what is to be sent, in order: (subject, data, None) for a message, a request's task for a request
-        self._outbox: collections.deque[tuple[str, bytes, _Ask | None]] = collections.deque()
+        self._outbox: collections.deque[tuple[str, bytes | _Make, _Ask | None]] = collections.deque()
         self._outbox_lock = threading.Lock()
         self._sending = False  # a task on the loop empties the outbox
         self._loop = asyncio.new_event_loop()
@@ -96,7 +98,12 @@ class NatsLink:
         Messages and requests leave in the order they were queued, from any thread."""
         self._queue(subject, data)
 
-    def _queue(self, subject: str, data: bytes, ask: _Ask | None = None) -> None:
+    def publish_made(self, subject: str, make: _Make) -> None:
+        """Queue a message whose data ``make()`` gives when its turn to be sent comes (what piled up
+        meanwhile goes in it), in order with everything queued before and after it."""
+        self._queue(subject, make)
+
+    def _queue(self, subject: str, data: bytes | _Make, ask: _Ask | None = None) -> None:
         """Into the outbox; the first of a batch wakes the link's loop (one wake-up, not one per message)."""
         if self._closed:
             return
@@ -123,8 +130,11 @@ class NatsLink:
                     self._loop.create_task(ask())
                     await asyncio.sleep(0)
                     continue
+                payload = data if isinstance(data, bytes) else data()
+                if payload is None:
+                    continue
                 try:
-                    await self._nc.publish(subject, data)
+                    await self._nc.publish(subject, payload)
                 except Exception as e:  # closed, or the buffer is full while NATS is away
                     if not self._closed:
                         log.warning("%s: a message to %s was dropped: %s", self.name, subject, e)
@@ -175,11 +185,6 @@ class NatsLink:
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until what was published so far reached the NATS server."""
         self._run(self._nc.flush(timeout), timeout + 1)
-
-    def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the link's loop after ``delay_s`` seconds (from any thread)."""
-        if not self._closed:
-            self._loop.call_soon_threadsafe(self._loop.call_later, delay_s, fn)
 
     def call_soon(self, fn: Callable[[], None]) -> Future[None]:
         """Run ``fn`` on the link's loop (where message handlers run)."""
