@@ -2,8 +2,8 @@
 WebSocket against a model that takes 800 ms (log-normal) and streams 50 tokens/s; LangGraph on the
 same workload side by side; and turns/s at N = 1, 2 and 4 workers.
 
-    python benchmarks/bench_realistic.py            # full: 10,000 sessions x 2 turns, N = 1,2,4, 3 repeats
-    python benchmarks/bench_realistic.py --quick    # smoke: 400 sessions x 2 turns, N = 1,2, one repeat
+    python benchmarks/bench_realistic.py            # full: 10,000 sessions x 1 turn, N = 1,2,4, 3 repeats
+    python benchmarks/bench_realistic.py --quick    # smoke: 400 sessions x 1 turn, N = 1,2, one repeat
 
 sessionloop side, per run: a fresh ``sessionloop serve --workers N --durability sync`` with the mock
 model on the clock (``--mock-latency-ms 800 --mock-latency-jitter lognormal --mock-stream-tokens-per-s
@@ -284,9 +284,9 @@ def median_of(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke run: 400 sessions x 2 turns, N = 1,2, one repeat")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 400 sessions, N = 1,2, one repeat")
     ap.add_argument("--sessions", type=int, help="sessions in flight (a multiple of 100; default 10,000; 400 quick)")
-    ap.add_argument("--turns", type=int, default=2, help="turns per session, closed loop")
+    ap.add_argument("--turns", type=int, default=1, help="turns per session, closed loop (default 1)")
     ap.add_argument("--answer-chars", type=int, default=200, help="characters of each input (the mock echoes them)")
     ap.add_argument("--clients", type=int, default=4, help="client processes")
     ap.add_argument("--sessions-per-conn", type=int, default=25, help="sessions sharing one bot connection")

@@ -145,6 +145,7 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
     t0, t1 = await bots.run()
     cpu = time.process_time() - cpu0
     print("DONE", flush=True)
+    await asyncio.sleep(0.5)  # the owner connections' last frames (they may trail the bots' replies)
     frames = sum(o.stream.frames for o in bots.owners)
     deltas = sum(o.stream.deltas for o in bots.owners)
     answers = sum(o.stream.answers for o in bots.owners)
