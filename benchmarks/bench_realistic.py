@@ -30,6 +30,11 @@ checkpointer) on its async API, its fake model sleeping the same seeded log-norm
 streaming its answer at 50 tokens/s; a tenth of the sessions run with ``astream(stream_mode=
 "messages")`` taking every chunk, the rest ``ainvoke``. One process: its CPU is server and client.
 
+Half load: at 10,000 in flight both systems are saturated (the sessions are more than turns/s times
+the model's time), so what the server adds there is mostly the queue. Then one more run of each at
+half its measured turns/s (closed loop: ``sessions = turns/s x the model's median time / 2``, rounded
+to hundreds, ``--half-load-turns`` turns each) shows what each adds when it is not the bottleneck.
+
 Workers: the sessionloop run at N = ``--workers`` (default 1,2,4), interleaved over ``--repeats``
 (the order rotates each repeat), medians; cores used = (server + clients CPU) / wall, per-core
 efficiency = turns/s / cores used. Prints a table, writes ``benchmarks/results/realistic.json``.
@@ -302,6 +307,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, help="runs per worker count, interleaved (default 3; 1 quick)")
     ap.add_argument("--langgraph-sessions", type=int, help="LangGraph's sessions (default: --sessions)")
     ap.add_argument("--no-langgraph", action="store_true", help="skip the LangGraph run")
+    ap.add_argument("--no-half-load", action="store_true", help="skip the runs at half the measured turns/s")
+    ap.add_argument("--half-load-turns", type=int, default=3, help="turns per session at half load")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     fill_defaults(args, [("sessions", 10_000, 400), ("workers", "1,2,4", "1,2"), ("repeats", 3, 1)])
@@ -343,13 +350,30 @@ def main() -> None:
             print(f"  run {r + 1}/{args.repeats} {label}: {res['turns_per_s']:,.0f} turns/s, server adds p50 "
                   f"{res['added_p50_ms']:,.0f} / p99 {res['added_p99_ms']:,.0f} ms, {res['cores_used']:.2f} cores, "
                   f"{res['failed_turns']} failed ({time.time() - t:.0f} s)", flush=True)
-    ref1 = machine_reference_ms()
     cols = {k: median_of(v) for k, v in samples.items()}
+    half: dict[str, Any] = {}
+    if not args.no_half_load:
+        # at 10,000 in flight both systems are saturated and the added latency is the queue; at half
+        # of the measured turns/s (closed loop: sessions = rate x model time) it is the overhead
+        model_s = statistics.median(configured_model_ms(base, 1001)) / 1000
+        for label in ("sessionloop N=1", "langgraph"):
+            if label not in cols:
+                continue
+            n = max(SESSIONS_PER_APP, round(cols[label]["turns_per_s"] * model_s / 2 / SESSIONS_PER_APP)
+                    * SESSIONS_PER_APP)
+            spec = {**base, "system": label.split()[0], "workers": 1, "sessions": n, "turns": args.half_load_turns}
+            res = run_job(__file__, spec, cwd=ROOT, label=f"{label} half load")
+            half[f"{label}, half load"] = res
+            print(f"  {label} at half load ({n:,} sessions x {args.half_load_turns} turns): "
+                  f"{res['turns_per_s']:,.0f} turns/s, server adds p50 {res['added_p50_ms']:,.1f} / p99 "
+                  f"{res['added_p99_ms']:,.1f} ms", flush=True)
+    ref1 = machine_reference_ms()
     n_model = max(int(c["turns"]) for c in cols.values())
     configured = sorted(configured_model_ms(base, n_model))
     for c in cols.values():
         c["configured_p50_ms"], c["configured_p99_ms"] = percentile(configured, 0.5), percentile(configured, 0.99)
     main_cols = {k: cols[k] for k in ("sessionloop N=1", "langgraph") if k in cols}
+    main_cols.update(half)
     print_table(f"{args.sessions:,} sessions in flight, model {args.latency_ms:g} ms {args.jitter} + "
                 f"{args.tokens_per_s:g} tokens/s (medians of {args.repeats}; LangGraph one run)", main_cols)
     sl = {k: v for k, v in cols.items() if k.startswith("sessionloop")}
@@ -375,7 +399,8 @@ def main() -> None:
     failed = sum(int(c["failed_turns"]) for c in cols.values())
     write_results("realistic", {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick, "params": base,
                                 "workers": counts, "repeats": args.repeats, "cpus": len(os.sched_getaffinity(0)),
-                                "machine_reference_ms": [ref0, ref1], "results": cols, "scaling": scaling,
+                                "machine_reference_ms": [ref0, ref1], "results": cols, "half_load": half,
+                                "scaling": scaling,
                                 "command": " ".join(sys.argv)})
     if failed:
         raise SystemExit(f"{failed} turns failed or answered wrong")
