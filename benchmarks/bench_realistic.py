@@ -37,7 +37,8 @@ to hundreds, ``--half-load-turns`` turns each) shows what each adds when it is n
 
 Workers: the sessionloop run at N = ``--workers`` (default 1,2,4), interleaved over ``--repeats``
 (the order rotates each repeat), medians; cores used = (server + clients CPU) / wall, per-core
-efficiency = turns/s / cores used. Prints a table, writes ``benchmarks/results/realistic.json``.
+efficiency = turns/s / cores used. Prints a table, writes ``benchmarks/results/realistic.json``
+(``--results NAME``: ``NAME.json``).
 """
 
 from __future__ import annotations
@@ -309,6 +310,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--no-langgraph", action="store_true", help="skip the LangGraph run")
     ap.add_argument("--no-half-load", action="store_true", help="skip the runs at half the measured turns/s")
     ap.add_argument("--half-load-turns", type=int, default=3, help="turns per session at half load")
+    ap.add_argument("--results", default="realistic", help="name of the JSON file in benchmarks/results/")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     fill_defaults(args, [("sessions", 10_000, 400), ("workers", "1,2,4", "1,2"), ("repeats", 3, 1)])
@@ -397,7 +399,7 @@ def main() -> None:
                   f"({'met' if two['cpu_per_turn_ratio'] <= 1.15 else 'NOT met'})")
     print(f"machine reference: {ref0:.1f} ms before, {ref1:.1f} ms after")
     failed = sum(int(c["failed_turns"]) for c in cols.values())
-    write_results("realistic", {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick, "params": base,
+    write_results(args.results, {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": args.quick, "params": base,
                                 "workers": counts, "repeats": args.repeats, "cpus": len(os.sched_getaffinity(0)),
                                 "machine_reference_ms": [ref0, ref1], "results": cols, "half_load": half,
                                 "scaling": scaling,
