@@ -32,6 +32,9 @@ their result: sessionloop from its event log (``bench``'s lost/duplicated check)
 each thread's final checkpoint (every turn's human message once, with the expected answer, and the
 expected number of tool messages). Prints one table per pinning and the ratios; writes
 ``benchmarks/results/compare_langgraph.json``.
+
+:func:`lg_realistic` is the LangGraph side of ``benchmarks/bench_realistic.py`` (the fake model on
+sessionloop's mock clock: seeded log-normal latency, answers streamed at a token rate).
 """
 
 from __future__ import annotations
