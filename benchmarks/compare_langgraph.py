@@ -32,20 +32,27 @@ their result: sessionloop from its event log (``bench``'s lost/duplicated check)
 each thread's final checkpoint (every turn's human message once, with the expected answer, and the
 expected number of tool messages). Prints one table per pinning and the ratios; writes
 ``benchmarks/results/compare_langgraph.json``.
+
+:func:`lg_realistic` is the LangGraph side of ``benchmarks/bench_realistic.py`` (the fake model on
+sessionloop's mock clock: seeded log-normal latency, answers streamed at a token rate).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import json
+import math
 import os
+import random
 import shutil
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -60,16 +67,36 @@ from sessionloop.cli.bench_observers import OBSERVE_MODES
 # --- LangGraph side -------------------------------------------------------------------------------
 
 
-def langgraph_agent(checkpointer: Any, workspace: str, latency_ms: float) -> Any:
-    """The graph: agent (fake model) -> tools_condition -> ToolNode -> agent."""
+#: per turn of :func:`lg_realistic`, the model calls' own times (ms), appended by the fake model
+TURN_MODEL_MS: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("turn_model_ms", default=None)
+
+
+def draw_latency_ms(clock: dict[str, Any], rng: random.Random) -> float:
+    """The fake model's delay before its first token, drawn as sessionloop's mock draws it
+    (``MockProvider.draw_latency_ms``: median ``latency_ms``, log-normal with ``sigma``)."""
+    if clock["jitter"] == "lognormal":
+        return float(clock["latency_ms"] * math.exp(clock["sigma"] * rng.normalvariate(0.0, 1.0)))
+    if clock["jitter"] == "uniform":
+        return rng.uniform(0.0, 2.0 * clock["latency_ms"])
+    return float(clock["latency_ms"])
+
+
+def langgraph_agent(checkpointer: Any, workspace: str, latency_ms: float, clock: dict[str, Any] | None = None) -> Any:
+    """The graph: agent (fake model) -> tools_condition -> ToolNode -> agent.
+
+    ``clock`` (``latency_ms``, ``jitter``, ``sigma``, ``tokens_per_s``, ``seed``) puts the fake
+    model on sessionloop's mock clock: a seeded delay, then the answer in pieces of 6 characters
+    at ``tokens_per_s`` (4 characters a token), streamed (``_astream``) when the caller streams,
+    else slept through the same way (``_agenerate``)."""
     from langchain_core.language_models.chat_models import BaseChatModel
     from langchain_core.messages import (
         AIMessage,
+        AIMessageChunk,
         BaseMessage,
         HumanMessage,
         ToolMessage,
     )
-    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
     from langchain_core.runnables import RunnableLambda
     from langchain_core.tools import StructuredTool
     from langgraph.graph import START, MessagesState, StateGraph
@@ -121,9 +148,38 @@ def langgraph_agent(checkpointer: Any, workspace: str, latency_ms: float) -> Any
 
         async def _agenerate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
                              **kwargs: Any) -> ChatResult:
+            if clock is not None:
+                async for _ in self._astream(messages):
+                    pass
+                return ChatResult(generations=[ChatGeneration(message=self._answer(messages))])
             if self.latency_ms:
                 await asyncio.sleep(self.latency_ms / 1000)
             return ChatResult(generations=[ChatGeneration(message=self._answer(messages))])
+
+        async def _astream(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                           **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+            if clock is None:  # not on the clock: the whole answer in one piece, as _agenerate gives it
+                yield ChatGenerationChunk(message=AIMessageChunk(**(await self._agenerate(messages)).generations[0]
+                                                                 .message.model_dump(exclude={"type"})))
+                return
+            started = time.perf_counter()
+            await asyncio.sleep(draw_latency_ms(clock, rng) / 1000)
+            answer = self._answer(messages)
+            text = str(answer.content)
+            chars_per_s = clock["tokens_per_s"] * 4
+            t0 = asyncio.get_running_loop().time()
+            for k in range(0, len(text), 6):
+                if chars_per_s:
+                    delay = t0 + min(len(text), k + 6) / chars_per_s - asyncio.get_running_loop().time()
+                    await asyncio.sleep(max(0.0, delay))
+                yield ChatGenerationChunk(message=AIMessageChunk(content=text[k:k + 6]))
+            last = AIMessageChunk(content="", usage_metadata=answer.usage_metadata,
+                                  tool_call_chunks=[{"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"],
+                                                     "index": i} for i, c in enumerate(answer.tool_calls)])
+            yield ChatGenerationChunk(message=last)
+            times = TURN_MODEL_MS.get()
+            if times is not None:
+                times.append((time.perf_counter() - started) * 1000)
 
     def list_files(path: str = ".") -> dict[str, Any]:
         """The entries of a directory, sorted, directories with a trailing '/'."""
@@ -136,6 +192,7 @@ def langgraph_agent(checkpointer: Any, workspace: str, latency_ms: float) -> Any
         return list_files(path)
 
     tool = StructuredTool.from_function(func=list_files, coroutine=alist_files, name="list_files")
+    rng = random.Random(clock["seed"] if clock is not None else 0)
     model = MockChatModel(latency_ms=latency_ms)
 
     def call_model(state: MessagesState) -> dict[str, Any]:
@@ -283,6 +340,76 @@ def lg_threads(spec: dict[str, Any], db: str, workspace: str) -> dict[str, Any]:
     states = {tid: graph.get_state({"configurable": {"thread_id": tid}}) for tid in sent}
     conn.close()
     return {**summarize(spec, latencies, wall, cpu), "workers": workers, "check": check_threads(states, sent)}
+
+
+def lg_realistic(spec: dict[str, Any]) -> dict[str, Any]:
+    """``benchmarks/bench_realistic.py``'s workload on LangGraph's async API: every session at once,
+    ``turns`` turns closed-loop each (the same inputs as its bots send), the fake model on the same
+    clock; a share ``subscribed`` of the sessions run with ``astream(stream_mode="messages")``
+    taking every chunk, the others ``ainvoke``. Per turn: the latency and the model's own time."""
+    from langchain_core.messages import AIMessage
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    from benchmarks.realistic_client import turn_text
+
+    work = tempfile.mkdtemp(prefix="bench-langgraph-realistic-")
+    workspace = os.path.join(work, "workspace")
+    os.makedirs(workspace)
+    db = os.path.join(work, "checkpoints.sqlite")
+    n, m = spec["sessions"], spec["turns"]
+    every = max(1, round(1 / spec["subscribed"])) if spec["subscribed"] > 0 else 0
+    latency_s: list[float] = []
+    model_ms: list[float] = []
+    chunks = [0]
+    problems: list[str] = []
+
+    async def main() -> tuple[float, float, int]:
+        async with AsyncSqliteSaver.from_conn_string(db) as saver:
+            await saver.setup()
+            graph = langgraph_agent(saver, workspace, 0.0, clock=spec)
+
+            async def session(i: int) -> None:
+                config = {"configurable": {"thread_id": f"thread-{i}"}}
+                streamed = bool(every) and i % every == 0
+                for t in range(m):
+                    text = turn_text(spec, i // 100, i % 100, t)
+                    times: list[float] = []
+                    TURN_MODEL_MS.set(times)
+                    t0 = time.perf_counter()
+                    if streamed:
+                        parts = []
+                        async for chunk, _meta in graph.astream(turn_input(text), config, stream_mode="messages"):
+                            chunks[0] += 1
+                            if isinstance(chunk, AIMessage):
+                                parts.append(str(chunk.content))
+                        answer = "".join(parts)
+                    else:
+                        answer = str((await graph.ainvoke(turn_input(text), config))["messages"][-1].content)
+                    latency_s.append(time.perf_counter() - t0)
+                    model_ms.append(sum(times) if times else float("nan"))
+                    if answer != f"echo: {text}" and len(problems) < 10:
+                        problems.append(f"thread-{i} turn {t}: {answer[:60]!r}")
+
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            await asyncio.gather(*(session(i) for i in range(n)))
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            sample = [await graph.aget_state({"configurable": {"thread_id": f"thread-{i}"}}) for i in range(0, n, 97)]
+            short = sum(1 for st in sample if len(st.values.get("messages", [])) != 2 * m)
+            return wall, cpu, short
+
+    try:
+        wall, cpu, short = asyncio.run(main())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    turns = len(latency_s)
+    if short:
+        problems.append(f"{short} sampled threads' checkpoints do not hold 2 x {m} messages")
+    return {"workers": 1, "sessions": n, "turns": turns, "failed_turns": n * m - turns + len(problems),
+            "seconds": wall, "turns_per_s": turns / wall, "latency_s": latency_s, "model_ms": model_ms,
+            "server_cpu_ms_per_turn": cpu / turns * 1000, "client_cpu_ms_per_turn": float("nan"),
+            "cores_used": cpu / wall, "peak_rss_mib": rss_peak_mib(), "watched_sessions": (n + every - 1) // every
+            if every else 0, "owner_frames_per_watched_turn": chunks[0] / max(1, ((n + every - 1) // every) * m)
+            if every else 0.0, "problems": problems}
 
 
 # --- sessionloop side -----------------------------------------------------------------------------

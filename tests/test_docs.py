@@ -108,3 +108,43 @@ def test_the_checks_catch_a_broken_link_and_an_unknown_command(tmp_path) -> None
                     "```\nsessionloop frobnicate\nsessionloop tasks explode\n```\n")
     assert broken_links(str(page)) == ["missing.md", "there.md#nope"]
     assert unknown_commands(str(page)) == ["frobnicate", "tasks explode"]
+
+
+# "python benchmarks/NAME.py --option ...": the benchmark commands benchmarks/README.md gives
+BENCH_README = os.path.join(REPO, "benchmarks", "README.md")
+_BENCH = re.compile(r"python3? (benchmarks/[\w/]+\.py)((?:[ \t]+[^\s`|]+)*)")
+
+
+def bench_commands(path: str) -> list[tuple[str, list[str]]]:
+    """``(script, its --options)`` for every ``python benchmarks/X.py ...`` in the file's code."""
+    text = _read(path)
+    code = [m.group(0) for m in _FENCE.finditer(text)] + _INLINE.findall(_FENCE.sub("", text))
+    return [(m.group(1), [w.split("=")[0] for w in m.group(2).split() if w.startswith("--")])
+            for chunk in code for m in _BENCH.finditer(chunk)]
+
+
+def unknown_bench_commands(path: str, root: str) -> list[str]:
+    """The scripts that do not exist, and the options their argument parsers do not declare."""
+    unknown = []
+    for script, options in bench_commands(path):
+        file = os.path.join(root, script)
+        if not os.path.exists(file):
+            unknown.append(script)
+            continue
+        source = _read(file)
+        unknown += [f"{script} {o}" for o in options if f'"{o}"' not in source]
+    return unknown
+
+
+def test_every_benchmark_command_names_a_script_and_options_it_has() -> None:
+    assert bench_commands(BENCH_README), "no command found: the pattern no longer matches the file"
+    assert unknown_bench_commands(BENCH_README, REPO) == []
+
+
+def test_the_benchmark_check_catches_a_missing_script_and_an_unknown_option(tmp_path) -> None:
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "b.py").write_text('ap.add_argument("--quick")\n')
+    page = tmp_path / "README.md"
+    page.write_text("`python benchmarks/b.py --quick` `python benchmarks/b.py --nope 3`\n"
+                    "```\npython benchmarks/gone.py --quick\n```\n")
+    assert unknown_bench_commands(str(page), str(tmp_path)) == ["benchmarks/gone.py", "benchmarks/b.py --nope"]
