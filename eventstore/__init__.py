@@ -21,6 +21,7 @@ from sessionloop.eventstore.errors import (
     StreamDeleted,
     WrongExpectedVersion,
 )
+from sessionloop.eventstore.outbox import OutboxItem, OutboxMark
 from sessionloop.eventstore.records import (
     AppendResult,
     IdempotencyClaim,
@@ -41,6 +42,8 @@ __all__ = [
     "IdempotencyClaim",
     "IdempotencyConflict",
     "InvalidStreamName",
+    "OutboxItem",
+    "OutboxMark",
     "PurgeResult",
     "ReadOnlyStore",
     "RecordedEvent",
