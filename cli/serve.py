@@ -43,12 +43,14 @@ from sessionloop.actors.system.trace_export import (
     otlp_exporter,
 )
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
+from sessionloop.actors.webhooks.config import WebhookOptions, parse_webhook
 from sessionloop.cli.datadir import TOKEN_FILE, read_or_create_token
 from sessionloop.cli.logs import FORMATS as LOG_FORMATS
 from sessionloop.cli.logs import LEVELS as LOG_LEVELS
 from sessionloop.cli.logs import configure as configure_logging
 from sessionloop.cli.metrics import render_metrics
 from sessionloop.cli.model_flags import flags_from, mock_clock_options, model_flag_options
+from sessionloop.cli.webhook_options import webhook_options
 from sessionloop.cli.workers import (
     WorkerEnvironment,
     parse_workers,
@@ -245,11 +247,12 @@ class Server:
             if not isinstance(modes, list) or not isinstance(containers, list):
                 raise click.ClickException(f"{where}: permission_modes and containers must be lists")
             platform = str(table.get("platform", app_id)) or app_id
-            manifest = AppManifest(id=app_id, platform=platform, sessions=bool(table.get("sessions", True)),
-                                   containers=[str(c) for c in containers], token=token,
-                                   name=str(table.get("name", "")), permission_modes=[str(m) for m in modes],
-                                   sandbox=str(table.get("sandbox", DEFAULT_POLICY)))
             try:
+                webhook = parse_webhook(app_id, table["webhook"]) if "webhook" in table else None
+                manifest = AppManifest(id=app_id, platform=platform, sessions=bool(table.get("sessions", True)),
+                                       containers=[str(c) for c in containers], token=token,
+                                       name=str(table.get("name", "")), permission_modes=[str(m) for m in modes],
+                                       sandbox=str(table.get("sandbox", DEFAULT_POLICY)), webhook=webhook)
                 check_manifest(manifest)
             except InvalidCommand as e:
                 raise click.ClickException(f"{where}: {e}") from e
@@ -471,6 +474,7 @@ async def _run(server: Server, quiet: bool) -> None:
 @click.option("--nats", "nats_url", default=None, metavar="URL",
               help="With --workers N > 1: the NATS server the workers use (default: serve starts its own).")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
+@webhook_options
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, model_provider: str | None, base_url: str | None, model_name: str | None,
           api_key_env: str | None, mock_latency_ms: float | None, mock_latency_jitter: str | None,
@@ -481,7 +485,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
           exec_file_size_mb: int, log_level: str, log_format: str, otlp_endpoint: str | None,
-          language: str, workers: str, nats_url: str | None, quiet: bool) -> None:
+          language: str, workers: str, nats_url: str | None, quiet: bool, webhooks: WebhookOptions) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
     Models are configured by name in DATA/config.toml ([models.NAME]: provider, base_url, model,
@@ -536,7 +540,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                                                processes=exec_processes,
                                                output_bytes=int(exec_output_mb * 2**20),
                                                file_size_mb=exec_file_size_mb),
-                        span_exporter=span_exporter, worker=worker)
+                        span_exporter=span_exporter, worker=worker, webhooks=webhooks)
     except SessionloopError as e:
         raise click.ClickException(str(e)) from e
     except ValueError as e:

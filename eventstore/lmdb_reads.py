@@ -175,14 +175,14 @@ class LmdbReads:
             return txn.get(K.seal_key(K.partition_of(stream))) is not None
 
     def read_outbox(self, dead: bool, shards: Iterable[int] | None, after: tuple[int, int] | None,
-                    limit: int) -> list[OutboxItem]:
+                    limit: int, min_position: int = 0) -> list[OutboxItem]:
         """Entries of the outbox (or the dead letters) of ``shards`` (None: all), in key order."""
         wanted = range(self.shards) if shards is None else shards
         db = self._db.get("dead" if dead else "outbox")
         if db is None:  # an older store opened read-only (``lmdb_env.LATER_DATABASES``)
             return []
         with self._read(), self._env.begin() as txn:
-            return read_entries(txn, db, wanted, after, limit)
+            return read_entries(txn, db, wanted, after, limit, min_position)
 
     def read_feed_positions(self, app: str, after: int, limit: int) -> list[int]:
         prefix = K.feed_prefix(app)

@@ -160,16 +160,17 @@ def drop_positions(ctx: BatchContext, shard: int, positions: Iterable[int]) -> N
 
 
 def read_entries(txn: Any, db: Any, shards: Iterable[int], after: tuple[int, int] | None,
-                 limit: int) -> list[OutboxItem]:
+                 limit: int, min_position: int = 0) -> list[OutboxItem]:
     """Up to ``limit`` entries of ``db`` in the given shards, in key order (shard, then
-    position), strictly after ``after`` when it is given."""
+    position), strictly after ``after`` when it is given, of positions above ``min_position``."""
     out: list[OutboxItem] = []
     cur = txn.cursor(db=db)
     for shard in sorted(set(shards)):
         if after is not None and shard < after[0]:
             continue
         prefix = _U16.pack(shard)
-        start = entry_key(shard, after[1] + 1) if after is not None and shard == after[0] else prefix
+        first = max(min_position, after[1] if after is not None and shard == after[0] else 0)
+        start = entry_key(shard, first + 1) if first else prefix
         if not cur.set_range(start):
             continue
         for key, raw in cur:

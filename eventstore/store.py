@@ -435,12 +435,12 @@ class EventStore(Generic[EvT]):
     # --- the outbox (outbox.py) ------------------------------------------------------------------
 
     def read_outbox(self, shards: Sequence[int] | None = None, after: tuple[int, int] | None = None,
-                    limit: int = 100, *, dead: bool = False) -> list[OutboxItem]:
+                    limit: int = 100, *, dead: bool = False, min_position: int = 0) -> list[OutboxItem]:
         """Owed deliveries (``dead``: the dead letters) of ``shards`` (None: every shard), in
-        ``(shard, position)`` order, after ``after``."""
+        ``(shard, position)`` order, after ``after``, of global positions above ``min_position``."""
         if limit < 1:
             raise ValueError("limit must be at least 1")
-        return self._rec.read_outbox(dead, shards, after, limit)
+        return self._rec.read_outbox(dead, shards, after, limit, min_position)
 
     def ack_outbox(self, keys: Sequence[tuple[int, int]]) -> int:
         """Delete delivered entries, ``(shard, position)`` each; returns how many were there."""

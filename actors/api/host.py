@@ -43,6 +43,7 @@ from sessionloop.actors.system.runtime import HostOptions, Runtime, open_data_st
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY
 from sessionloop.actors.views.index import SummaryIndex
 from sessionloop.actors.views.summary import decode_summary_record
+from sessionloop.actors.webhooks.deliverer import WebhookDeliverer
 from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
 from sessionloop.protocol.connection import Limits
 from sessionloop.protocol.limits import MAX_TITLE
@@ -94,6 +95,10 @@ class Host:
             runtime.tools.register(runtime.ports.tool(spawn_session_spec(self)))
         self.apps = runtime.apps
         self.loop_watchers = runtime.loop_watchers
+        #: delivers the outbox of this process's shards to the apps' webhooks (actors/webhooks/)
+        self.webhooks = WebhookDeliverer(runtime.store, runtime.apps, runtime.options.webhooks)
+        if runtime.options.webhooks.enabled:
+            self.webhooks.start()
         runtime.approvals.settle_leftovers()
         for session_id in runtime.store.flagged("active"):
             if session_id.startswith("session-") and runtime.store.owns(session_id):
@@ -161,6 +166,7 @@ class Host:
                                       cluster=self.cluster)
 
     def close(self) -> None:
+        self.webhooks.close()
         self.rt.close()
         self._settings_work.shutdown(wait=False, cancel_futures=True)
 

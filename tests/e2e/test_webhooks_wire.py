@@ -1,0 +1,176 @@
+"""Webhooks against real ``sessionloop serve`` subprocesses and a real HTTP receiver on 127.0.0.1
+(tests/webhooks/receiver.py): signed deliveries, retries, dead letters listed and replayed, the
+address check, and SIGKILL of the server during deliveries."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from standardwebhooks.webhooks import Webhook
+
+from tests.e2e.conftest import ServerProcess, initialized, open_client
+from tests.webhooks.receiver import Receiver
+
+pytestmark = pytest.mark.e2e
+
+BOT = "bot-token-for-the-webhook-tests-0123456789"
+SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
+FAST = ("--webhook-retry-first", "0.1", "--webhook-retry-max-delay", "0.4")
+ALLOW = ("--webhook-allow-net", "127.0.0.1/32")
+
+
+def apps_toml(url: str, events: str = '["turn.completed", "turn.failed"]') -> str:
+    return f"""
+[apps.mybot]
+token = "{BOT}"
+containers = ["inbox"]
+
+[apps.mybot.webhook]
+url = "{url}"
+secret = "{SECRET}"
+events = {events}
+"""
+
+
+def start(tmp_path, url: str, *extra: str, data: str = "data") -> ServerProcess:
+    path = tmp_path / data
+    os.makedirs(path, exist_ok=True)
+    (path / "apps.toml").write_text(apps_toml(url))
+    return ServerProcess(str(path), *extra).start()
+
+
+async def send_turns(server: ServerProcess, texts: list[str]) -> str:
+    async with open_client(server, BOT) as ws:
+        c = await initialized(ws)
+        sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
+        for i, text in enumerate(texts):
+            await c.result("loop/send", {"sessionId": sid, "text": text, "idempotencyKey": f"k{i}"})
+        return sid
+
+
+async def owner_call(server: ServerProcess, method: str, params: dict) -> dict:
+    async with open_client(server) as ws:
+        c = await initialized(ws)
+        return await c.result(method, params)
+
+
+def test_each_completed_turn_is_delivered_signed_with_a_stable_id(tmp_path):
+    with Receiver() as receiver:
+        server = start(tmp_path, receiver.url, *ALLOW)
+        try:
+            sid = asyncio.run(send_turns(server, ["one", "two", "three"]))
+            got = receiver.wait_for(3)
+        finally:
+            server.stop()
+    hook = Webhook(SECRET)
+    for message in got.values():
+        assert hook.verify(message.body, message.headers) == message.json  # the standardwebhooks package agrees
+        assert message.id == f"msg_{sid}_{message.json['data']['sequence']}"
+        assert message.json["type"] == "turn.completed"
+        assert message.json["data"]["sessionId"] == sid and message.json["data"]["app"] == "mybot"
+    assert sorted(m.json["data"]["outputText"] for m in got.values()) == ["echo: one", "echo: three", "echo: two"]
+    forged = dict(next(iter(got.values())).headers, **{"webhook-signature": "v1," + base64.b64encode(b"x" * 32).decode()})
+    with pytest.raises(Exception, match="signature"):
+        hook.verify(next(iter(got.values())).body, forged)
+
+
+def test_a_failing_receiver_is_tried_again_with_the_same_id_and_body(tmp_path):
+    with Receiver(fail_first=2) as receiver:
+        server = start(tmp_path, receiver.url, *ALLOW, *FAST)
+        try:
+            asyncio.run(send_turns(server, ["a", "b"]))
+            got = receiver.wait_for(2)
+        finally:
+            server.stop()
+        for message_id in got:
+            attempts = [r for r in receiver.received if r.id == message_id]
+            assert len(attempts) == 3
+            assert len({r.body for r in attempts}) == 1
+
+
+def test_a_receiver_that_never_answers_2xx_leaves_dead_letters_that_are_listed_and_replayed(tmp_path):
+    with Receiver(status=503) as receiver:
+        server = start(tmp_path, receiver.url, *ALLOW, *FAST, "--webhook-retry-window", "1")
+        try:
+            sid = asyncio.run(send_turns(server, ["lost"]))
+            dead = asyncio.run(wait_dead(server, 1))
+            (letter,) = dead
+            assert letter["sessionId"] == sid and letter["app"] == "mybot" and letter["type"] == "turn.completed"
+            assert letter["attempts"] >= 3 and letter["error"] == "HTTP 503"
+            assert letter["id"] == f"msg_{sid}_{letter['sequence']}"
+            tried = len(receiver.received)
+            receiver.status = 200
+            replayed = asyncio.run(owner_call(server, "webhooks/deadLetters/replay", {"ids": [letter["id"]]}))
+            assert replayed == {"replayed": 1}
+            got = receiver.wait_for(1)
+            assert list(got) == [letter["id"]] and len(receiver.received) == tried + 1
+            assert asyncio.run(owner_call(server, "webhooks/deadLetters/list", {}))["deadLetters"] == []
+        finally:
+            server.stop()
+
+
+async def wait_dead(server: ServerProcess, n: int, timeout: float = 20.0) -> list[dict]:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        listed = (await owner_call(server, "webhooks/deadLetters/list", {}))["deadLetters"]
+        if len(listed) >= n or asyncio.get_running_loop().time() > deadline:
+            return listed
+        await asyncio.sleep(0.1)
+
+
+def test_a_loopback_target_is_refused_unless_its_network_is_allowed(tmp_path):
+    with Receiver() as receiver:
+        server = start(tmp_path, receiver.url.replace("127.0.0.1", "localhost"))
+        try:
+            asyncio.run(send_turns(server, ["private"]))
+            (letter,) = asyncio.run(wait_dead(server, 1))
+        finally:
+            server.stop()
+        assert receiver.received == []
+        assert "127.0.0.1 is a loopback address" in letter["error"] and letter["attempts"] == 1
+
+
+def test_dead_letters_are_listed_from_the_data_directory_by_the_cli(tmp_path):
+    with Receiver(status=500) as receiver:
+        server = start(tmp_path, receiver.url, *ALLOW, *FAST, "--webhook-retry-window", "0.5")
+        try:
+            sid = asyncio.run(send_turns(server, ["x"]))
+            asyncio.run(wait_dead(server, 1))
+            out = subprocess.run([sys.executable, "-m", "sessionloop", "webhooks", "dead-letters", "--data",
+                                  server.data_dir], capture_output=True, text=True, timeout=60)
+        finally:
+            server.stop()
+    assert out.returncode == 0, out.stderr
+    assert f"msg_{sid}_" in out.stdout and "HTTP 500" in out.stdout
+
+
+def test_sigkill_during_deliveries_loses_none_and_repeats_only_with_the_same_id(tmp_path):
+    """20 times: turns committed, deliveries under way (a receiver that takes 30 ms), SIGKILL;
+    then a last start delivers what was left. Every completed turn arrives; a repeat has the id
+    and the body of the first delivery."""
+    with Receiver(delay_s=0.03) as receiver:
+        sids = []
+        for round_ in range(20):
+            server = start(tmp_path, receiver.url, *ALLOW, *FAST)
+            try:
+                sids.append(asyncio.run(send_turns(server, [f"r{round_}-{i}" for i in range(4)])))
+            finally:
+                server.stop(signal.SIGKILL)
+        server = start(tmp_path, receiver.url, *ALLOW, *FAST)
+        try:
+            got = receiver.wait_for(80, timeout=60)
+        finally:
+            server.stop()
+        assert len(got) == 80
+        assert {m.json["data"]["sessionId"] for m in got.values()} == set(sids)
+        bodies: dict[str, bytes] = {}
+        for r in receiver.received:
+            assert bodies.setdefault(r.id, r.body) == r.body
+        assert sorted(m.json["data"]["outputText"] for m in got.values()) == sorted(
+            f"echo: r{k}-{i}" for k in range(20) for i in range(4))
