@@ -16,6 +16,7 @@ class Received:
         self.headers = headers
         self.body = body
         self.json: Any = json.loads(body)
+        self.status = 0  # what the receiver answered
 
     @property
     def id(self) -> str:
@@ -43,11 +44,11 @@ class Receiver:
                 got = Received({k.lower(): v for k, v in self.headers.items()}, body)
                 with outer.lock:
                     outer.attempts[got.id] += 1
-                    failing = outer.attempts[got.id] <= outer.fail_first
+                    got.status = 500 if outer.attempts[got.id] <= outer.fail_first else outer.status
                     outer.received.append(got)
                 if outer.delay_s:
                     time.sleep(outer.delay_s)
-                self.send_response(500 if failing else outer.status)
+                self.send_response(got.status)
                 self.send_header("content-length", "0")
                 self.end_headers()
 
@@ -73,13 +74,7 @@ class Receiver:
     def delivered(self) -> dict[str, Received]:
         """The requests answered 2xx, by webhook-id (the last one of each)."""
         with self.lock:
-            out: dict[str, Received] = {}
-            seen: Counter[str] = Counter()
-            for got in self.received:
-                seen[got.id] += 1
-                if seen[got.id] > self.fail_first and 200 <= self.status < 300:
-                    out[got.id] = got
-            return out
+            return {got.id: got for got in self.received if 200 <= got.status < 300}
 
     def wait_for(self, n: int, timeout: float = 30.0) -> dict[str, Received]:
         deadline = time.monotonic() + timeout
