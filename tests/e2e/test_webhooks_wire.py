@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
@@ -181,3 +182,32 @@ def test_sigkill_during_deliveries_loses_none_and_repeats_only_with_the_same_id(
             assert bodies.setdefault(r.id, r.body) == r.body
         assert sorted(m.json["data"]["outputText"] for m in got.values()) == sorted(
             f"echo: r{k}-{i}" for k in range(20) for i in range(4))
+
+
+def test_with_two_workers_each_delivers_its_own_shards_once(tmp_path):
+    """Sessions on both workers (a connection lands on either; a session runs on its shard's
+    worker): every completed turn arrives exactly once, as each worker reads only its shards'
+    outbox (were both to read every shard, each would also send the other's)."""
+
+    async def drive(server: ServerProcess) -> list[str]:
+        sids = []
+        for n in range(12):
+            async with open_client(server, BOT) as ws:
+                c = await initialized(ws)
+                sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
+                for i in range(2):
+                    await c.result("loop/send", {"sessionId": sid, "text": f"w{n}-{i}", "idempotencyKey": f"k{i}"})
+                sids.append(sid)
+        return sids
+
+    with Receiver() as receiver:
+        server = start(tmp_path, receiver.url, *ALLOW, "--workers", "2")
+        try:
+            sids = asyncio.run(drive(server))
+            got = receiver.wait_for(24)
+            time.sleep(1.0)  # time for a repeat to show
+        finally:
+            server.stop()
+    assert {zlib.crc32(s.encode()) % 16 % 2 for s in sids} == {0, 1}
+    assert len(got) == 24 and len(receiver.received) == 24
+    assert {m.json["data"]["sessionId"] for m in got.values()} == set(sids)
