@@ -9,7 +9,11 @@ app. A 2xx answer acknowledges it: the entry is deleted from the outbox, in a ba
 flusher after the answer. Any other outcome (another status, a timeout, a refused connection) is a
 failed attempt: it is tried again after the schedule's next wait (``WebhookOptions.delay_after``),
 unless that would come more than ``retry_window_s`` after the entry's clock started, in which case
-it becomes a dead letter (moved in the store with its attempts and last error). A target refused by
+it becomes a dead letter (moved in the store with its attempts and last error). A failed attempt also
+makes its app's target *cool* for the schedule's wait after its consecutive failures: no attempt to
+it starts until then, so a receiver that is down is probed by a few entries per wait instead of
+every held one (a 2xx ends the cooling); an entry whose window ends while its target cools becomes
+a dead letter without another attempt. A target refused by
 the address check (``guard.py``), an app with no webhook any more, or an event that cannot be
 announced becomes a dead letter at once. An entry whose event was deleted (its session purged) or
 whose type the app no longer asks for is acknowledged without a delivery.
@@ -59,6 +63,16 @@ class _Held(msgspec.Struct):
     busy: bool = False  # an attempt is in flight, or its ack / dead letter is being written
 
 
+class _Target(msgspec.Struct):
+    """One app's deliveries: how many are held and running, and its cooling after failures."""
+
+    held: int = 0
+    running: int = 0
+    failures: int = 0  # consecutive failed attempts
+    cool_until: float = 0.0  # time.time() before which no attempt to it starts
+    error: str = ""
+
+
 class WebhookDeliverer:
     """Delivers the outbox of ``store``'s owned shards (all of them when it owns all) to the
     webhooks of ``apps``' manifests. :meth:`start` starts its thread; :meth:`close` stops it."""
@@ -73,8 +87,10 @@ class WebhookDeliverer:
         self._held: dict[Key, _Held] = {}
         self._acks: list[Key] = []
         self._dead: list[tuple[int, int, int, str]] = []
-        self._per_target: Counter[str] = Counter()
+        self._targets: dict[str, _Target] = {}
         self._running = 0
+        self._next_due = 0.0  # the earliest time something held may start (from the last _due)
+        self._next_sweep = 0.0
         self._seen = 0  # the highest position a scan saw
         self._need_full = True
         self._next_full = 0.0
@@ -138,10 +154,9 @@ class WebhookDeliverer:
             await self._flush()
 
     async def _sleep(self) -> None:
+        """Until the next poll, the next due entry, or a wake (a replay, an attempt that ended)."""
         assert self._wake is not None
-        now = time.time()
-        waits = [h.due - now for h in self._held.values() if not h.busy]
-        wait = min([self.options.poll_s, *waits]) if waits else self.options.poll_s
+        wait = min(self.options.poll_s, self._next_due - time.time())
         try:
             await asyncio.wait_for(self._wake.wait(), max(0.005, wait))
         except TimeoutError:
@@ -180,23 +195,56 @@ class WebhookDeliverer:
             self._seen = max(self._seen, item.position)
             if key not in self._held and len(self._held) < MAX_HELD:
                 self._held[key] = _Held(item)
+                self._targets.setdefault(item.target, _Target()).held += 1
                 taken += 1
         return taken
 
     def _due(self) -> list[tuple[Key, _Held]]:
+        """The held entries to start now: due, of a target that is not cooling after failures
+        and has room, within the overall concurrency. A target that failed cools for the
+        schedule's wait after its consecutive failures, so a receiver that is down is tried by a
+        few entries per wait, not by every held one."""
         now, opts = time.time(), self.options
+        self._sweep(now)
+        self._next_due = now + opts.poll_s
+        cooling = [t.cool_until for t in self._targets.values() if t.held and t.cool_until > now]
+        if cooling:
+            self._next_due = min(self._next_due, *cooling)
+        room = opts.concurrency - self._running
+        open_ = {name for name, t in self._targets.items()
+                 if t.held > t.running and t.running < opts.per_target and t.cool_until <= now}
         out: list[tuple[Key, _Held]] = []
+        if room <= 0 or not open_:
+            return out
         for key, held in self._held.items():
-            if self._running + len(out) >= opts.concurrency:
-                break
             target = held.item.target
-            if held.busy or held.due > now or self._per_target[target] >= opts.per_target:
+            if held.busy or target not in open_:
                 continue
+            if held.due > now:
+                self._next_due = min(self._next_due, held.due)
+                continue
+            state = self._targets[target]
             held.busy = True
-            self._per_target[target] += 1
+            state.running += 1
             out.append((key, held))
+            if state.running >= opts.per_target:
+                open_.discard(target)
+            if len(out) >= room or not open_:
+                break
         self._running += len(out)
         return out
+
+    def _sweep(self, now: float) -> None:
+        """Once a second: the held entries of a cooling target whose window ended become dead letters."""
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + 1.0
+        window = self.options.retry_window_s
+        for key, held in self._held.items():
+            state = self._targets[held.item.target]
+            if not held.busy and state.cool_until > now and held.item.since / 1000 + window < now:
+                held.busy = True
+                self._give_up(key, held, held.error or f"not tried again: the receiver kept failing ({state.error})")
 
     # --- one attempt ------------------------------------------------------------------------------
 
@@ -208,7 +256,9 @@ class WebhookDeliverer:
             self._failed(key, held, f"internal error: {type(e).__name__}")
         finally:
             self._running -= 1
-            self._per_target[held.item.target] -= 1
+            self._targets[held.item.target].running -= 1
+            if self._wake is not None:
+                self._wake.set()  # room for the next one
 
     async def _try(self, client: httpx.AsyncClient, key: Key, held: _Held) -> None:
         item = held.item
@@ -239,6 +289,7 @@ class WebhookDeliverer:
             return self._failed(key, held, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
         if 200 <= status < 300:
             self.stats["delivered"] += 1
+            self._targets[item.target].failures = 0
             return self._ack(key)
         return self._failed(key, held, f"HTTP {status}")
 
@@ -250,6 +301,10 @@ class WebhookDeliverer:
         held.attempts += 1
         held.error = error
         now, opts = time.time(), self.options
+        state = self._targets[held.item.target]
+        state.failures += 1
+        state.error = error
+        state.cool_until = max(state.cool_until, now + opts.delay_after(state.failures))
         due = now + opts.delay_after(held.attempts)
         if due > held.item.since / 1000 + opts.retry_window_s:
             return self._give_up(key, held, error)
@@ -276,7 +331,7 @@ class WebhookDeliverer:
             self._acks[:0], self._dead[:0] = acks, dead
             return
         self.stats["dead"] += len(dead)
-        for key in acks:
-            self._held.pop(key, None)
-        for shard, position, _a, _e in dead:
-            self._held.pop((shard, position), None)
+        for key in [*acks, *((shard, position) for shard, position, _a, _e in dead)]:
+            held = self._held.pop(key, None)
+            if held is not None:
+                self._targets[held.item.target].held -= 1
