@@ -151,6 +151,8 @@ class Server:
         self.token = token
         self.apps_path = apps_file or os.path.join(self.data_dir, "apps.toml")
         # the apps file holds every app's token: no command may see it, wherever it lives
+        apps = load_apps(self.apps_path)
+        manifests, app_tokens = self._apps_of(apps)  # checked before anything is opened
         # spans of turns, model and tool calls (actors/views/traces.py), when an exporter is given
         self.traces = LiveTraces(batch_processor(span_exporter)) if span_exporter is not None else None
         #: ``serve --workers``: this process is one worker (``cli/workers.py``), linked to the others
@@ -158,7 +160,7 @@ class Server:
         cluster = None if worker is None else worker_cluster(worker, host_options)
         self.link = None if cluster is None else cluster.link
         try:
-            self.host = Host.open(self.data_dir, durability=durability,
+            self.host = Host.open(self.data_dir, durability=durability, apps=manifests,
                                   sandbox_hide=[os.path.abspath(self.apps_path), *sandbox_hide],
                                   listeners=[self.traces.committed] if self.traces is not None else [],
                                   cluster=cluster, **host_options)
@@ -169,9 +171,6 @@ class Server:
                 self.link.close()
             raise
         self._report_sandbox()
-        apps = load_apps(self.apps_path)
-        manifests, app_tokens = self._apps_of(apps)
-        self.host.apps.register_all(manifests)
         self.service = self._service(apps, request_limit(max_frame_mb * 1024 * 1024))
         self.config = TransportConfig(host=host, port=port, owner_token=token,
                                       app_tokens=app_tokens, allowed_origins=list(allowed_origins),
@@ -185,8 +184,8 @@ class Server:
         self.transport: Any = None
 
     def secrets(self) -> list[str]:
-        """What no log line may show: the owner token and every app token now in force."""
-        return [self.token, *self.config.app_tokens]
+        """What no log line may show: the owner token, every app token and webhook secret now in force."""
+        return [self.token, *self.config.app_tokens, *self.host.apps.webhook_secrets()]
 
     def _report_sandbox(self) -> None:
         """Say at start how commands will run: a weaker sandbox is never a silent fallback."""

@@ -108,7 +108,7 @@ class Host:
     def open(cls, data_dir: str = ".sessionloop", *, listeners: Sequence[CommitListener] = (),
              cluster: ClusterPorts | None = None, provider: Provider | None = None,
              approvals: ApprovalsFactory | None = None, tool_handler: ToolWrapper | None = None,
-             **options: Any) -> Host:
+             apps: Sequence[AppManifest] = (), **options: Any) -> Host:
         """Open the host on ``data_dir``; ``options`` are the fields of :class:`HostOptions`;
         ``listeners`` hear every commit (``actors.system.ports.Commit``) from the first, before
         the sessions with unfinished work resume (a tracer sees their repairs too).
@@ -120,6 +120,9 @@ class Host:
         (``rerun`` answers its fork's approvals from the recording); ``tool_handler(spec)`` gives
         the handler each tool runs with, the built-in ones and ``spawn_session`` (``rerun``
         replays the recorded results).
+
+        ``apps``: the app manifests in force from the start (``serve``'s apps file), registered
+        before the sessions with unfinished work resume and before webhooks are delivered.
 
         ``cluster`` (``serve --workers``): this process is one of several workers (the options
         ``worker`` and ``workers`` say which); every commit's listing record goes to the others and
@@ -152,6 +155,7 @@ class Host:
                               listeners=(index.committed, LoopFeed(watchers).committed, *replica, *listeners),
                               settings=settings, app_counts=None if cluster is None else cluster.app_counts,
                               ports=HostPorts(provider=provider, approvals=approvals, tool_handler=tool_handler))
+            runtime.apps.register_all(list(apps))  # before a session resumes or a webhook is delivered
             index.load(store)
         except BaseException:
             settings_work.shutdown(wait=False)

@@ -100,6 +100,10 @@ class AppRegistry:
         with self._lock:
             self._apps.update((m.id, m) for m in manifests)
 
+    def webhook_secrets(self) -> list[str]:
+        """Every registered webhook's secret (what no log line may show)."""
+        return [m.webhook.secret for m in list(self._apps.values()) if m.webhook is not None]
+
     def get(self, app_id: str) -> AppManifest:
         found = self._apps.get(app_id)
         if found is None:

@@ -13,10 +13,10 @@ it becomes a dead letter (moved in the store with its attempts and last error). 
 makes its app's target *cool* for the schedule's wait after its consecutive failures: no attempt to
 it starts until then, so a receiver that is down is probed by a few entries per wait instead of
 every held one (a 2xx ends the cooling); an entry whose window ends while its target cools becomes
-a dead letter without another attempt. A target refused by
-the address check (``guard.py``), an app with no webhook any more, or an event that cannot be
-announced becomes a dead letter at once. An entry whose event was deleted (its session purged) or
-whose type the app no longer asks for is acknowledged without a delivery.
+a dead letter without another attempt. A target refused by the address check (``guard.py``) or an
+event that cannot be announced becomes a dead letter at once; an entry of an app with no webhook
+(any more) is a failed attempt. An entry whose event was deleted (its session purged) or whose type
+the app no longer asks for is acknowledged without a delivery.
 
 At least once: an entry leaves the outbox only after its receiver answered 2xx, so a crash at any
 point sends it again after the restart, with the same ``webhook-id``. Retry times and attempt
@@ -131,18 +131,19 @@ class WebhookDeliverer:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        opts = self.options
-        transport = guarded_transport(self._allowed, opts.concurrency)
-        timeout = httpx.Timeout(opts.timeout_s)
-        async with httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False,
-                                     trust_env=False) as client:
-            tasks: set[asyncio.Task[None]] = set()
+        client: httpx.AsyncClient | None = None  # made at the first delivery (its TLS context costs)
+        tasks: set[asyncio.Task[None]] = set()
+        try:
             while not self._stop.is_set():
                 try:
                     self._scan()
                 except StoreError as e:
                     log.warning("webhooks: the outbox could not be read: %s", e)
-                for key, held in self._due():
+                due = self._due()
+                if due and client is None:
+                    client = self._client()
+                for key, held in due:
+                    assert client is not None
                     task = asyncio.create_task(self._attempt(client, key, held))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
@@ -152,6 +153,14 @@ class WebhookDeliverer:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._flush()
+        finally:
+            if client is not None:
+                await client.aclose()
+
+    def _client(self) -> httpx.AsyncClient:
+        opts = self.options
+        return httpx.AsyncClient(transport=guarded_transport(self._allowed, opts.concurrency),
+                                 timeout=httpx.Timeout(opts.timeout_s), follow_redirects=False, trust_env=False)
 
     async def _sleep(self) -> None:
         """Until the next poll, the next due entry, or a wake (a replay, an attempt that ended)."""
@@ -264,8 +273,8 @@ class WebhookDeliverer:
         item = held.item
         manifest = self.apps.find(item.target)
         hook = manifest.webhook if manifest is not None else None
-        if hook is None:
-            return self._give_up(key, held, f"app {item.target!r} has no webhook configured")
+        if hook is None:  # not registered yet, or its webhook was removed: tried again, then a dead letter
+            return self._failed(key, held, f"app {item.target!r} has no webhook configured")
         recorded = self.store.event_at(item.position)
         if recorded is None:
             return self._ack(key)  # its session was deleted

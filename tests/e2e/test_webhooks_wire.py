@@ -211,3 +211,14 @@ def test_with_two_workers_each_delivers_its_own_shards_once(tmp_path):
     assert {zlib.crc32(s.encode()) % 16 % 2 for s in sids} == {0, 1}
     assert len(got) == 24 and len(receiver.received) == 24
     assert {m.json["data"]["sessionId"] for m in got.values()} == set(sids)
+
+
+def test_a_wrong_webhook_table_refuses_the_start_naming_the_app_and_never_the_secret(tmp_path):
+    data = tmp_path / "data"
+    os.makedirs(data)
+    (data / "apps.toml").write_text(apps_toml("ftp://hooks.example/", events='["turn.done"]'))
+    out = subprocess.run([sys.executable, "-m", "sessionloop", "serve", "--data", str(data), "--port", "0",
+                          "--durability", "nosync"], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "[apps.mybot]: app 'mybot': webhook: url must be http:// or https://" in out.stderr
+    assert SECRET[6:] not in out.stderr + out.stdout
