@@ -11,6 +11,7 @@ delivery is sent by the server serving that data directory, with its original ``
 from __future__ import annotations
 
 import datetime
+import os
 from typing import Any
 
 import click
@@ -19,7 +20,7 @@ import msgspec
 from sessionloop.actors.webhooks.dead_letters import list_dead_letters, replay_dead_letters
 from sessionloop.cli.client import Endpoint, connect, connection_options, run
 from sessionloop.cli.output import echo_json, echo_table
-from sessionloop.cli.session_log import open_store
+from sessionloop.cli.session_log import open_store as open_session_store
 from sessionloop.protocol.schemas_webhooks import DeadLetter, DeadLettersListResult, DeadLettersReplayResult
 
 __all__ = ["webhooks"]
@@ -38,6 +39,13 @@ def webhooks() -> None:
       sessionloop webhooks replay msg_3f2a9c_12
       sessionloop webhooks replay --all --app mybot
     """
+
+
+def open_store(data_dir: str, *, readonly: bool = True) -> Any:
+    """The data directory's event store; one clear line when there is none (or, to write, a server runs there)."""
+    if not os.path.isdir(os.path.join(data_dir, "store")):
+        raise click.ClickException(f"no event store in {data_dir}: not a data directory of sessionloop serve")
+    return open_session_store(data_dir, "", readonly=readonly)
 
 
 def _row(letter: DeadLetter) -> list[str]:
@@ -59,7 +67,7 @@ async def _list_remote(endpoint: Endpoint, app: str | None) -> list[DeadLetter]:
 
 
 def _list_local(data_dir: str, app: str | None) -> list[DeadLetter]:
-    store = open_store(data_dir, "dead letters")
+    store = open_store(data_dir)
     try:
         out: list[DeadLetter] = []
         after = None
@@ -107,7 +115,7 @@ def replay(ids: tuple[str, ...], everything: bool, app: str | None, data_dir: st
     if everything == bool(ids):
         raise click.UsageError("give the ids of dead letters, or --all, not both")
     if data_dir is not None:
-        store = open_store(data_dir, "dead letters", readonly=False)
+        store = open_store(data_dir, readonly=False)
         try:
             moved, missing = replay_dead_letters(store, ids, everything=everything, app=app)
         finally:
