@@ -222,3 +222,32 @@ def test_a_wrong_webhook_table_refuses_the_start_naming_the_app_and_never_the_se
     assert out.returncode != 0
     assert "[apps.mybot]: app 'mybot': webhook: url must be http:// or https://" in out.stderr
     assert SECRET[6:] not in out.stderr + out.stdout
+
+
+def test_a_tool_call_that_waits_for_an_approval_is_announced_as_approval_requested(tmp_path):
+    path = tmp_path / "data"
+    os.makedirs(path)
+
+    async def ask(server: ServerProcess) -> str:
+        async with open_client(server) as owner_ws, open_client(server, BOT) as ws:
+            owner = await initialized(owner_ws)
+            await owner.result("presence/update", {"active": True})  # someone is there to approve
+            c = await initialized(ws)
+            sid = (await c.result("loop/create", {"containerId": "inbox", "permissionMode": "ask"}))["sessionId"]
+            await c.result("loop/send", {"sessionId": sid, "text": '!tool exec {"command": "echo hi"}',
+                                         "idempotencyKey": "k"})
+            await asyncio.to_thread(receiver.wait_for, 1)  # while the owner is still present
+            return sid
+
+    with Receiver() as receiver:
+        (path / "apps.toml").write_text(apps_toml(receiver.url, events='["approval.requested"]'))
+        server = ServerProcess(str(path), *ALLOW).start()
+        try:
+            sid = asyncio.run(ask(server))
+            (message,) = receiver.wait_for(1).values()
+        finally:
+            server.stop()
+    assert message.json["type"] == "approval.requested"
+    data = message.json["data"]
+    assert data["sessionId"] == sid and data["approvalId"] and data["callId"] and data["turnId"]
+    assert Webhook(SECRET).verify(message.body, message.headers) == message.json
