@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import random
 import signal
@@ -148,10 +149,21 @@ def test_dead_letters_are_listed_from_the_data_directory_by_the_cli(tmp_path):
             asyncio.run(wait_dead(server, 1))
             out = subprocess.run([sys.executable, "-m", "sessionloop", "webhooks", "dead-letters", "--data",
                                   server.data_dir], capture_output=True, text=True, timeout=60)
+            remote = ["--url", server.url, "--token", server.token]
+            listed = subprocess.run([sys.executable, "-m", "sessionloop", "webhooks", "dead-letters", "--json",
+                                     *remote], capture_output=True, text=True, timeout=60)
+            receiver.status = 204
+            replayed = subprocess.run([sys.executable, "-m", "sessionloop", "webhooks", "replay", "--all", *remote],
+                                      capture_output=True, text=True, timeout=60)
+            got = receiver.wait_for(1)
         finally:
             server.stop()
     assert out.returncode == 0, out.stderr
     assert f"msg_{sid}_" in out.stdout and "HTTP 500" in out.stdout
+    (letter,) = json.loads(listed.stdout)
+    assert letter["sessionId"] == sid and letter["error"] == "HTTP 500"
+    assert replayed.returncode == 0 and "1 dead letter(s) queued" in replayed.stdout
+    assert list(got) == [letter["id"]]
 
 
 def test_sigkill_during_deliveries_loses_none_and_repeats_only_with_the_same_id(tmp_path):
