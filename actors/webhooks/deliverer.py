@@ -50,6 +50,7 @@ log = logging.getLogger("sessionloop.webhooks")
 MAX_HELD = 2000
 _SCAN_PAGE = 500
 _FULL_SCAN_S = 5.0
+_STOP_GRACE_S = 2.0
 _USER_AGENT = "sessionloop-webhooks/1"
 
 Key = tuple[int, int]
@@ -149,6 +150,8 @@ class WebhookDeliverer:
                     task.add_done_callback(tasks.discard)
                 await self._flush()
                 await self._sleep()
+            if tasks:  # a stop: attempts in flight get a moment to finish (else they are sent again later)
+                await asyncio.wait(list(tasks), timeout=min(self.options.timeout_s, _STOP_GRACE_S))
             for task in list(tasks):
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

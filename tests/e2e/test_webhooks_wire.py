@@ -18,6 +18,7 @@ import zlib
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from sessionloop.actors.events import open_store
 from tests.e2e.conftest import ServerProcess, initialized, open_client
 from tests.webhooks.receiver import Receiver
 
@@ -184,9 +185,22 @@ def test_sigkill_during_deliveries_loses_none_and_repeats_only_with_the_same_id(
         server = start(tmp_path, receiver.url, *ALLOW, *FAST)
         try:
             got = receiver.wait_for(80, timeout=60)
+            store = open_store(os.path.join(server.data_dir, "store"), readonly=True)
+            try:  # the repeats of what was delivered before a kill but not yet acknowledged, then none
+                deadline = time.monotonic() + 30
+                while store.read_outbox() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert store.read_outbox() == [] and store.read_outbox(dead=True) == []
+            finally:
+                store.close()
         finally:
             server.stop()
         assert owed_at_kill > 0  # the kills landed while deliveries were owed
+        store = open_store(os.path.join(server.data_dir, "store"), readonly=True)
+        try:  # the indexes (the outbox among them) agree with the log
+            assert store.audit() == []
+        finally:
+            store.close()
         assert len(got) == 80
         assert {m.json["data"]["sessionId"] for m in got.values()} == set(sids)
         bodies: dict[str, bytes] = {}

@@ -3,6 +3,9 @@ acknowledged, given up as dead letters and replayed. Real LMDB in temporary dire
 
 from __future__ import annotations
 
+import struct
+
+import lmdb
 import pytest
 
 from sessionloop.eventstore import ANY_VERSION, OutboxMark, WrongExpectedVersion
@@ -94,3 +97,19 @@ def test_entries_survive_a_reopen(store_path):
         s.append("session-a", [Stepped(step="t")], 0, outbox=mark(True))
     with open_test_store(store_path, readonly=True) as s:
         assert [i.target for i in s.read_outbox()] == ["bot"]
+
+
+def test_the_audit_finds_an_entry_that_points_at_no_event(store_path):
+    with open_test_store(store_path) as s:
+        s.append("session-a", [Stepped(step="t")], 0, outbox=mark(True))
+        (item,) = s.read_outbox()
+        s.dead_letter([(item.shard, item.position, 1, "down")])
+        assert s.audit() == []
+    env = lmdb.open(store_path, max_dbs=16)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(struct.pack(">HQ", 0, 999), b"\x95\xa3bot\x00\x00\xa0\x00", db=env.open_db(b"outbox", txn=txn))
+    finally:
+        env.close()
+    with open_test_store(store_path) as s:
+        assert s.audit() == ["outbox entry 0.999 points at no event of its shard"]
