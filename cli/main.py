@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "compact": "sessionloop.cli.maintenance:compact",
     "backup": "sessionloop.cli.maintenance:backup",
     "schema": "sessionloop.cli.schema_cmd:schema",
+    "webhooks": "sessionloop.cli.webhooks_cmd:webhooks",
 }
 
 

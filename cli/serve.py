@@ -44,6 +44,7 @@ from sessionloop.actors.system.trace_export import (
     otlp_exporter,
 )
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
+from sessionloop.actors.webhooks.config import WebhookOptions, parse_webhook
 from sessionloop.cli.datadir import TOKEN_FILE, read_or_create_token
 from sessionloop.cli.logs import FORMATS as LOG_FORMATS
 from sessionloop.cli.logs import LEVELS as LOG_LEVELS
@@ -51,6 +52,7 @@ from sessionloop.cli.logs import configure as configure_logging
 from sessionloop.cli.metrics import render_metrics
 from sessionloop.cli.model_flags import flags_from, mock_clock_options, model_flag_options
 from sessionloop.cli.web_logins import DataDirLogins
+from sessionloop.cli.webhook_options import webhook_options
 from sessionloop.cli.workers import (
     WorkerEnvironment,
     parse_workers,
@@ -152,6 +154,8 @@ class Server:
         self.token = token
         self.apps_path = apps_file or os.path.join(self.data_dir, "apps.toml")
         # the apps file holds every app's token: no command may see it, wherever it lives
+        apps = load_apps(self.apps_path)
+        manifests, app_tokens = self._apps_of(apps)  # checked before anything is opened
         # spans of turns, model and tool calls (actors/views/traces.py), when an exporter is given
         self.traces = LiveTraces(batch_processor(span_exporter)) if span_exporter is not None else None
         #: ``serve --workers``: this process is one worker (``cli/workers.py``), linked to the others
@@ -159,7 +163,7 @@ class Server:
         cluster = None if worker is None else worker_cluster(worker, host_options)
         self.link = None if cluster is None else cluster.link
         try:
-            self.host = Host.open(self.data_dir, durability=durability,
+            self.host = Host.open(self.data_dir, durability=durability, apps=manifests,
                                   sandbox_hide=[os.path.abspath(self.apps_path), *sandbox_hide],
                                   listeners=[self.traces.committed] if self.traces is not None else [],
                                   cluster=cluster, **host_options)
@@ -170,9 +174,6 @@ class Server:
                 self.link.close()
             raise
         self._report_sandbox()
-        apps = load_apps(self.apps_path)
-        manifests, app_tokens = self._apps_of(apps)
-        self.host.apps.register_all(manifests)
         self.service = self._service(Limits(max_frame_bytes=request_limit(max_frame_mb * 1024 * 1024),
                                             requests_per_second=requests_per_second or None, burst=request_burst))
         self.config = TransportConfig(host=host, port=port, owner_token=token,
@@ -187,8 +188,8 @@ class Server:
         self.transport: Any = None
 
     def secrets(self) -> list[str]:
-        """What no log line may show: the owner token and every app token now in force."""
-        return [self.token, *self.config.app_tokens]
+        """What no log line may show: the owner token, every app token and webhook secret now in force."""
+        return [self.token, *self.config.app_tokens, *self.host.apps.webhook_secrets()]
 
     def _report_sandbox(self) -> None:
         """Say at start how commands will run: a weaker sandbox is never a silent fallback."""
@@ -249,11 +250,12 @@ class Server:
             if not isinstance(modes, list) or not isinstance(containers, list):
                 raise click.ClickException(f"{where}: permission_modes and containers must be lists")
             platform = str(table.get("platform", app_id)) or app_id
-            manifest = AppManifest(id=app_id, platform=platform, sessions=bool(table.get("sessions", True)),
-                                   containers=[str(c) for c in containers], token=token,
-                                   name=str(table.get("name", "")), permission_modes=[str(m) for m in modes],
-                                   sandbox=str(table.get("sandbox", DEFAULT_POLICY)))
             try:
+                webhook = parse_webhook(app_id, table["webhook"]) if "webhook" in table else None
+                manifest = AppManifest(id=app_id, platform=platform, sessions=bool(table.get("sessions", True)),
+                                       containers=[str(c) for c in containers], token=token,
+                                       name=str(table.get("name", "")), permission_modes=[str(m) for m in modes],
+                                       sandbox=str(table.get("sandbox", DEFAULT_POLICY)), webhook=webhook)
                 check_manifest(manifest)
             except InvalidCommand as e:
                 raise click.ClickException(f"{where}: {e}") from e
@@ -483,6 +485,7 @@ async def _run(server: Server, quiet: bool) -> None:
 @click.option("--nats", "nats_url", default=None, metavar="URL",
               help="With --workers N > 1: the NATS server the workers use (default: serve starts its own).")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
+@webhook_options
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, model_provider: str | None, base_url: str | None, model_name: str | None,
           api_key_env: str | None, mock_latency_ms: float | None, mock_latency_jitter: str | None,
@@ -494,7 +497,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
           exec_file_size_mb: int, log_level: str, log_format: str, otlp_endpoint: str | None,
-          language: str, workers: str, nats_url: str | None, quiet: bool) -> None:
+          language: str, workers: str, nats_url: str | None, quiet: bool, webhooks: WebhookOptions) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
     Models are configured by name in DATA/config.toml ([models.NAME]: provider, base_url, model,
@@ -550,7 +553,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                                                processes=exec_processes,
                                                output_bytes=int(exec_output_mb * 2**20),
                                                file_size_mb=exec_file_size_mb),
-                        span_exporter=span_exporter, worker=worker)
+                        span_exporter=span_exporter, worker=worker, webhooks=webhooks)
     except SessionloopError as e:
         raise click.ClickException(str(e)) from e
     except ValueError as e:

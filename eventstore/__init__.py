@@ -22,6 +22,7 @@ from sessionloop.eventstore.errors import (
     StreamDeleted,
     WrongExpectedVersion,
 )
+from sessionloop.eventstore.outbox import OutboxItem, OutboxMark
 from sessionloop.eventstore.records import (
     AppendResult,
     IdempotencyClaim,
@@ -43,6 +44,8 @@ __all__ = [
     "IdempotencyClaim",
     "IdempotencyConflict",
     "InvalidStreamName",
+    "OutboxItem",
+    "OutboxMark",
     "PurgeResult",
     "ReadOnlyStore",
     "RecordedEvent",

@@ -4,8 +4,8 @@ Read in one read transaction over every database (for tests and the reliability 
 for a serving hot path: it reads the whole store). Each problem is one sentence naming where it
 is; an empty list means: every commit record is where its last position says, indexed under its
 stream and last version; every index, feed, idempotency, snapshot, metadata, flag and catalogue
-entry points at a stream or record that exists. No ``lmdb`` import: the recorder hands in the
-transaction and its databases.
+entry, outbox entry and dead letter points at a stream or record that exists. No ``lmdb`` import:
+the recorder hands in the transaction and its databases.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def check(txn: Any, dbs: dict[str, Any], shards: int) -> list[str]:
     records = _check_log(txn, dbs, shards, problems)
     streams = _check_index(txn, dbs, records, problems)
     _check_feed(txn, dbs, records, problems)
+    _check_outbox(txn, dbs, shards, records, problems)
     _check_idem(txn, dbs, records, problems)
     _check_stream_keyed(txn, dbs, shards, streams, problems)
     return problems[:MAX_PROBLEMS]
@@ -93,6 +94,21 @@ def _check_feed(txn: Any, dbs: dict[str, Any], records: dict[int, CommitRecordIn
         stored = txn.get(b"feedcount\x00" + prefix, db=dbs["meta"])
         if stored is None or int(_any_dec.decode(stored)) != n:
             problems.append(f"feed count of {prefix[:-1].decode(errors='replace')} is not its {n} entries")
+
+
+def _check_outbox(txn: Any, dbs: dict[str, Any], shards: int, records: dict[int, CommitRecordIn],
+                  problems: list[str]) -> None:
+    """Every outbox entry and dead letter points at an event of a stream of its key's shard."""
+    ends = sorted(records)
+    for name in ("outbox", "dead"):
+        db = dbs.get(name)
+        if db is None:  # an older store opened read-only
+            continue
+        for key in txn.cursor(db=db).iternext(keys=True, values=False):
+            shard, position = int.from_bytes(key[:2], "big"), K.from_u64(key, 2)
+            rec = _covering(records, ends, position)
+            if rec is None or K.shard_of(rec.stream, shards) != shard:
+                problems.append(f"{name} entry {shard}.{position} points at no event of its shard")
 
 
 def _check_idem(txn: Any, dbs: dict[str, Any], records: dict[int, CommitRecordIn], problems: list[str]) -> None:

@@ -18,6 +18,14 @@ import msgspec
 from sessionloop.eventstore import keys as K
 from sessionloop.eventstore import purge as P
 from sessionloop.eventstore.errors import IdempotencyConflict, StreamDeleted, WrongExpectedVersion
+from sessionloop.eventstore.outbox import (
+    OutboxAckOp,
+    OutboxDeadOp,
+    OutboxMark,
+    OutboxReplayOp,
+    apply_outbox_op,
+    put_entries,
+)
 from sessionloop.eventstore.records import (
     AppendResult,
     CommitRecordIn,
@@ -51,6 +59,8 @@ class AppendOp(msgspec.Struct):
     feed: str | None
     meta: bytes | None = None
     flags: dict[str, bool] | None = None
+    #: the deliveries this append owes (``outbox.py``), written in its transaction
+    outbox: OutboxMark | None = None
 
 
 class CompactOp(msgspec.Struct):
@@ -120,9 +130,12 @@ class BatchContext:
         self.txn.put(key, value, db=self.db[db], **kw)
         self.witnesses.append((db, key, value))
 
-    def apply(self, op: AppendOp | PurgeOp | FlagsOp | SnapshotOp | MetaOp) -> Any:
+    def apply(self, op: AppendOp | PurgeOp | FlagsOp | SnapshotOp | MetaOp | OutboxAckOp | OutboxDeadOp
+              | OutboxReplayOp) -> Any:
         if isinstance(op, AppendOp):
             return self.append(op)
+        if isinstance(op, (OutboxAckOp, OutboxDeadOp, OutboxReplayOp)):
+            return apply_outbox_op(self, op)
         if isinstance(op, PurgeOp):
             return self.purge(op)
         if isinstance(op, FlagsOp):
@@ -213,6 +226,8 @@ class BatchContext:
                     db=db["catalogue"])
         if op.feed is not None:
             self._index_feed(op, first_pos)
+        if op.outbox is not None:
+            put_entries(self, K.shard_of(op.stream, self.rec.shards), first_pos, op.outbox)
         if op.meta is not None:
             txn.put(skey, _enc.encode((op.stream, op.meta)), db=db["stream_meta"])
         if op.flags:

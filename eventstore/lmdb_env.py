@@ -45,7 +45,9 @@ FORMAT_VERSION = 1
 
 #: the named databases of a store
 DATABASES = ("meta", "log", "streams", "catalogue", "snapshots", "idem", "idem_time", "feed", "stream_meta",
-             "flags")
+             "flags", "outbox", "dead")
+#: databases added after the format's first release (``outbox.py``): absent from an older store opened read-only
+LATER_DATABASES = ("outbox", "dead")
 
 _enc = msgspec.msgpack.Encoder()
 _any_dec = msgspec.msgpack.Decoder()
@@ -117,7 +119,14 @@ def open_environment(path: str, *, map_size: int, max_readers: int, durability: 
         mode=0o600,  # the store holds every session's conversation: the server's user only
     )
     flags = env.flags()
-    dbs = {name: env.open_db(name.encode(), create=not readonly) for name in DATABASES}
+    dbs = {}
+    for name in DATABASES:
+        try:
+            dbs[name] = env.open_db(name.encode(), create=not readonly)
+        except lmdb.NotFoundError:
+            if name not in LATER_DATABASES:
+                raise
+            # a store last written before this database existed, opened read-only: reads of it find nothing
     return env, flags, dbs
 
 

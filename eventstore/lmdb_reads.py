@@ -14,7 +14,7 @@ where it is; no ``lmdb`` or ``msgspec`` error escapes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import lmdb
@@ -24,6 +24,7 @@ from sessionloop.eventstore import keys as K
 from sessionloop.eventstore.audit import check as check_store
 from sessionloop.eventstore.errors import STOPPED_RETRY_AFTER_MS, EventDecodeError, StorageUnavailable, StoreClosed
 from sessionloop.eventstore.lmdb_env import ReadGate
+from sessionloop.eventstore.outbox import OutboxItem, read_entries
 from sessionloop.eventstore.records import CommitRecordIn, IdemValue, SnapshotRecord
 
 __all__ = ["LmdbReads"]
@@ -172,6 +173,16 @@ class LmdbReads:
         K.validate_stream(stream)
         with self._read(), self._env.begin(db=self._db["meta"]) as txn:
             return txn.get(K.seal_key(K.partition_of(stream))) is not None
+
+    def read_outbox(self, dead: bool, shards: Iterable[int] | None, after: tuple[int, int] | None,
+                    limit: int, min_position: int = 0) -> list[OutboxItem]:
+        """Entries of the outbox (or the dead letters) of ``shards`` (None: all), in key order."""
+        wanted = range(self.shards) if shards is None else shards
+        db = self._db.get("dead" if dead else "outbox")
+        if db is None:  # an older store opened read-only (``lmdb_env.LATER_DATABASES``)
+            return []
+        with self._read(), self._env.begin() as txn:
+            return read_entries(txn, db, wanted, after, limit, min_position)
 
     def read_feed_positions(self, app: str, after: int, limit: int) -> tuple[list[int], int]:
         """The app's feed positions above ``after`` (at most ``limit``) and its floor (the last

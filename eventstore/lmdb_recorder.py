@@ -112,6 +112,7 @@ from sessionloop.eventstore.lmdb_env import (
     take_lock,
 )
 from sessionloop.eventstore.lmdb_reads import LmdbReads
+from sessionloop.eventstore.outbox import OutboxOp
 
 log = logging.getLogger("sessionloop.eventstore")
 
@@ -262,7 +263,7 @@ class LmdbRecorder(LmdbReads):
 
     # --- writes ---------------------------------------------------------------------------------
 
-    def submit(self, op: AppendOp | PurgeOp | FlagsOp | SnapshotOp | MetaOp) -> Any:
+    def submit(self, op: AppendOp | PurgeOp | FlagsOp | SnapshotOp | MetaOp | OutboxOp) -> Any:
         self._check_writable()
         return self._committer.submit(op)
 

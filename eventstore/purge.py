@@ -5,8 +5,8 @@ leaves either everything or nothing of it, and no reader ever sees half):
 
 * every stream of the partition in the given categories (``session-S``, ``approval-S.*``,
   ``task-S.*``) loses its commit records from ``log`` and their entries in ``streams``, its
-  snapshot, its metadata record, its flags, its feed entries (the app's feed counts shrink with
-  them) and, except the tombstone stream, its place in ``catalogue``;
+  snapshot, its metadata record, its flags, its outbox entries and dead letters, its feed
+  entries (the app's feed counts shrink with them) and, except the tombstone stream, its place in ``catalogue``;
 * each idempotency claim those records held is *erased*: the entry stays under the same key
   digest and time (retention prunes it as before) with scope, key, request hash and receipt
   emptied, so a retry of the key is answered :class:`~eventstore.errors.StreamDeleted`, never
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from sessionloop.eventstore import keys as K
+from sessionloop.eventstore.outbox import drop_positions
 from sessionloop.eventstore.records import CommitRecordIn, IdempotencyClaim, IdemValue
 
 if TYPE_CHECKING:
@@ -90,6 +91,8 @@ def remove_records(ctx: BatchContext, entries: list[tuple[bytes, bytes]], erased
                     _erase_claim(ctx, rec, erased, tombstone)
                 if rec.feed is not None:
                     _drop_feed(ctx, rec)
+                drop_positions(ctx, K.shard_of(rec.stream, ctx.rec.shards),
+                               range(rec.first_position, rec.first_position + len(rec.events)))
             txn.delete(logkey, db=db["log"])
         txn.delete(index_key, db=db["streams"])
     return events

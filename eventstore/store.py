@@ -23,6 +23,7 @@ from sessionloop.eventstore.codec import EventTypes, EvT, UnknownEvent, encode_j
 from sessionloop.eventstore.errors import FeedCursorExpired, IdempotencyConflict, StreamDeleted
 from sessionloop.eventstore.groupcommit import HistogramSnapshot
 from sessionloop.eventstore.lmdb_recorder import LmdbRecorder
+from sessionloop.eventstore.outbox import OutboxAckOp, OutboxDeadOp, OutboxItem, OutboxMark, OutboxReplayOp
 from sessionloop.eventstore.records import (
     AppendResult,
     CommitRecordIn,
@@ -205,6 +206,7 @@ class EventStore(Generic[EvT]):
         feed: str | None = None,
         meta: bytes | None = None,
         flags: dict[str, bool] | None = None,
+        outbox: OutboxMark | None = None,
     ) -> AppendResult:
         """Append ``events`` to ``stream`` atomically, after all previously committed ones.
 
@@ -214,7 +216,8 @@ class EventStore(Generic[EvT]):
         indexes the feed-visible events under that app (kept for the feed's retention). ``meta`` replaces
         the stream's metadata record (opaque bytes, e.g. a listing summary) and ``flags`` sets
         or clears named markers of the stream (e.g. "has unfinished work"), both in the same
-        transaction, so they can never disagree with the events.
+        transaction, so they can never disagree with the events. ``outbox`` puts one outbox
+        entry per event its flags mark (``outbox.py``), in the same transaction too.
 
         Returns only after the commit (fsynced in ``sync`` mode). Raises WrongExpectedVersion or
         IdempotencyConflict (nothing was written), or StorageUnavailable (StorageFull for a full
@@ -222,7 +225,7 @@ class EventStore(Generic[EvT]):
         in the store) or ``"unknown"`` (the store could not tell and stopped taking writes; retry
         with the same idempotency key after a restart). Never reports a committed append as failed.
         """
-        op = self._append_op(stream, events, expected_version, commit_id, idempotency, feed, meta, flags)
+        op = self._append_op(stream, events, expected_version, commit_id, idempotency, feed, meta, flags, outbox)
         result: AppendResult = self._rec.submit(op)
         return result
 
@@ -237,6 +240,7 @@ class EventStore(Generic[EvT]):
         feed: str | None = None,
         meta: bytes | None = None,
         flags: dict[str, bool] | None = None,
+        outbox: OutboxMark | None = None,
     ) -> None:
         """``append`` without waiting: ``done(result, None)`` or ``done(None, error)`` is called
         once the group holding the append committed (fsynced in ``sync``) or failed.
@@ -244,7 +248,7 @@ class EventStore(Generic[EvT]):
         ``done`` runs on the store's writing thread and must only hand the outcome on. Bad
         arguments and a closed or read-only store raise here, before anything is queued.
         """
-        op = self._append_op(stream, events, expected_version, None, idempotency, feed, meta, flags)
+        op = self._append_op(stream, events, expected_version, None, idempotency, feed, meta, flags, outbox)
         self._rec.submit_async(op, done)
 
     def append_encoded(
@@ -445,6 +449,37 @@ class EventStore(Generic[EvT]):
         a strict :meth:`read_feed` accepts."""
         return self._rec.read_feed_positions(app, MAX_POSITION, 1)[1]
 
+    # --- the outbox (outbox.py) ------------------------------------------------------------------
+
+    def read_outbox(self, shards: Sequence[int] | None = None, after: tuple[int, int] | None = None,
+                    limit: int = 100, *, dead: bool = False, min_position: int = 0) -> list[OutboxItem]:
+        """Owed deliveries (``dead``: the dead letters) of ``shards`` (None: every shard), in
+        ``(shard, position)`` order, after ``after``, of global positions above ``min_position``."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        return self._rec.read_outbox(dead, shards, after, limit, min_position)
+
+    def ack_outbox(self, keys: Sequence[tuple[int, int]]) -> int:
+        """Delete delivered entries, ``(shard, position)`` each; returns how many were there."""
+        if not keys:
+            return 0
+        done: int = self._rec.submit(OutboxAckOp(list(keys)))
+        return done
+
+    def dead_letter(self, entries: Sequence[tuple[int, int, int, str]]) -> int:
+        """Move entries ``(shard, position, attempts, last error)`` to the dead letters."""
+        if not entries:
+            return 0
+        moved: int = self._rec.submit(OutboxDeadOp(list(entries)))
+        return moved
+
+    def replay_dead_letters(self, keys: Sequence[tuple[int, int]]) -> int:
+        """Move dead letters back to the outbox, their clock started again; returns how many."""
+        if not keys:
+            return 0
+        moved: int = self._rec.submit(OutboxReplayOp(list(keys)))
+        return moved
+
     def audit(self) -> list[str]:
         """Whether the indexes agree with the log: one sentence per problem found, none when
         they do (reads the whole store in one read transaction: for tests and audits)."""
@@ -468,13 +503,15 @@ class EventStore(Generic[EvT]):
 
     def _append_op(self, stream: str, events: Sequence[EvT], expected_version: int, commit_id: str | None,
                    idempotency: IdempotencyClaim | None, feed: str | None, meta: bytes | None,
-                   flags: dict[str, bool] | None) -> AppendOp:
+                   flags: dict[str, bool] | None, outbox: OutboxMark | None = None) -> AppendOp:
         if not events:
             raise ValueError("append needs at least one event")
+        if outbox is not None and len(outbox.flags) != len(events):
+            raise ValueError("an outbox mark needs one flag per event")
         raw_stream = K.validate_stream(stream)
         feed_flags = [self._events.in_feed(e) for e in events] if feed is not None else []
         return AppendOp(stream, raw_stream, list(events), feed_flags, expected_version, commit_id, idempotency,
-                        feed, meta, flags)
+                        feed, meta, flags, outbox)
 
     def _expand(self, rec: CommitRecordIn) -> Iterator[RecordedEvent[EvT | UnknownEvent]]:
         for i in range(len(rec.events)):

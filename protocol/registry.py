@@ -65,6 +65,12 @@ from sessionloop.protocol.schemas import (
     TurnRewindParams,
     TurnSendParams,
 )
+from sessionloop.protocol.schemas_webhooks import (
+    DeadLettersListParams,
+    DeadLettersListResult,
+    DeadLettersReplayParams,
+    DeadLettersReplayResult,
+)
 
 __all__ = ["METHODS", "NOTIFICATIONS", "MethodSpec"]
 
@@ -125,6 +131,9 @@ METHODS: Final[dict[str, MethodSpec]] = dict(
         _spec("loop/waitForTurn", LoopWaitForTurnParams, LoopWaitForTurnResult),
         _spec("loop/listEvents", LoopListEventsParams, LoopListEventsResult),
         _spec("loop/watch", LoopWatchParams, LoopWatchResult),
+        # the owner's webhook dead letters (see protocol.schemas_webhooks)
+        _spec("webhooks/deadLetters/list", DeadLettersListParams, DeadLettersListResult),
+        _spec("webhooks/deadLetters/replay", DeadLettersReplayParams, DeadLettersReplayResult),
     ]
 )
 

@@ -43,6 +43,7 @@ from sessionloop.actors.system.runtime import HostOptions, Runtime, open_data_st
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY
 from sessionloop.actors.views.index import SummaryIndex
 from sessionloop.actors.views.summary import decode_summary_record
+from sessionloop.actors.webhooks.deliverer import WebhookDeliverer
 from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
 from sessionloop.protocol.connection import Limits
 from sessionloop.protocol.limits import MAX_TITLE
@@ -94,6 +95,10 @@ class Host:
             runtime.tools.register(runtime.ports.tool(spawn_session_spec(self)))
         self.apps = runtime.apps
         self.loop_watchers = runtime.loop_watchers
+        #: delivers the outbox of this process's shards to the apps' webhooks (actors/webhooks/)
+        self.webhooks = WebhookDeliverer(runtime.store, runtime.apps, runtime.options.webhooks)
+        if runtime.options.webhooks.enabled:
+            self.webhooks.start()
         runtime.approvals.settle_leftovers()
         for session_id in runtime.store.flagged("active"):
             if session_id.startswith("session-") and runtime.store.owns(session_id):
@@ -103,7 +108,7 @@ class Host:
     def open(cls, data_dir: str = ".sessionloop", *, listeners: Sequence[CommitListener] = (),
              cluster: ClusterPorts | None = None, provider: Provider | None = None,
              approvals: ApprovalsFactory | None = None, tool_handler: ToolWrapper | None = None,
-             **options: Any) -> Host:
+             apps: Sequence[AppManifest] = (), **options: Any) -> Host:
         """Open the host on ``data_dir``; ``options`` are the fields of :class:`HostOptions`;
         ``listeners`` hear every commit (``actors.system.ports.Commit``) from the first, before
         the sessions with unfinished work resume (a tracer sees their repairs too).
@@ -115,6 +120,9 @@ class Host:
         (``rerun`` answers its fork's approvals from the recording); ``tool_handler(spec)`` gives
         the handler each tool runs with, the built-in ones and ``spawn_session`` (``rerun``
         replays the recorded results).
+
+        ``apps``: the app manifests in force from the start (``serve``'s apps file), registered
+        before the sessions with unfinished work resume and before webhooks are delivered.
 
         ``cluster`` (``serve --workers``): this process is one of several workers (the options
         ``worker`` and ``workers`` say which); every commit's listing record goes to the others and
@@ -147,6 +155,7 @@ class Host:
                               listeners=(index.committed, LoopFeed(watchers).committed, *replica, *listeners),
                               settings=settings, app_counts=None if cluster is None else cluster.app_counts,
                               ports=HostPorts(provider=provider, approvals=approvals, tool_handler=tool_handler))
+            runtime.apps.register_all(list(apps))  # before a session resumes or a webhook is delivered
             index.load(store)
         except BaseException:
             settings_work.shutdown(wait=False)
@@ -161,6 +170,7 @@ class Host:
                                       cluster=self.cluster)
 
     def close(self) -> None:
+        self.webhooks.close()
         self.rt.close()
         self._settings_work.shutdown(wait=False, cancel_futures=True)
 

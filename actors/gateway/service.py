@@ -37,6 +37,7 @@ from sessionloop.actors.gateway.loop import loop_handlers, wire_event
 from sessionloop.actors.gateway.methods import build_handlers
 from sessionloop.actors.gateway.relay import SCATTERED, Placement, Relay, RelayedPush
 from sessionloop.actors.gateway.settings import install_settings
+from sessionloop.actors.gateway.webhooks import webhook_handlers
 from sessionloop.actors.settings.service import SettingsService
 from sessionloop.actors.settings.texts import Text, enc_hook
 from sessionloop.actors.system.app_counts import SharedAppCounts
@@ -331,6 +332,7 @@ class SessionProtocolService:
         self.handlers = build_handlers(self)
         loop, self.loop = loop_handlers(self, host)
         self.handlers.update(loop)
+        self.handlers.update(webhook_handlers(self, host))
         self.gateway = GatewayActor.start(self)
         #: ``serve --workers``: requests for sessions other workers run go to them (None: one process)
         self.relay: Relay | None = None

@@ -93,6 +93,7 @@ from sessionloop.actors.session.state import (
 from sessionloop.actors.session.stream_sink import StreamSink
 from sessionloop.actors.settings.texts import Text
 from sessionloop.actors.system.pool import PooledActor
+from sessionloop.actors.webhooks.events import outbox_mark
 from sessionloop.eventstore import (
     IdempotencyClaim,
     SessionloopError,
@@ -359,8 +360,9 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
 
     def _append_options(self, pending: _Pending, claim: IdempotencyClaim | None) -> dict[str, Any]:
         """What goes into the commit's transaction beside the events (the same for both paths)."""
-        return {"idempotency": claim, "feed": self._app_id(), "meta": self._meta(pending.events),
-                "flags": self._flags()}
+        app = self._app_id()
+        return {"idempotency": claim, "feed": app, "meta": self._meta(pending.events), "flags": self._flags(),
+                "outbox": None if app is None else outbox_mark(self.rt.apps.find(app), pending.events)}
 
     def _resumed(self, pending: _Pending, result: Any, error: BaseException | None, then: Any) -> None:
         if error is not None:

@@ -25,6 +25,7 @@ import msgspec
 
 from sessionloop.actors.errors import InvalidCommand, NotFound
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, POLICIES, policy_at_most
+from sessionloop.actors.webhooks.config import WebhookTarget
 
 #: Permission modes from the most restrictive to the most permissive.
 MODES: tuple[str, ...] = ("deny", "ask", "acceptCalls")
@@ -41,6 +42,8 @@ class AppManifest(msgspec.Struct, frozen=True, kw_only=True):
     name: str = ""  # the display name: the label of the app's room group (``RoomGroup.label``)
     permission_modes: list[str] = msgspec.field(default_factory=lambda: list(MODES))
     sandbox: str = DEFAULT_POLICY  # the widest sandbox policy its sessions may use
+    #: where its sessions' events are announced (``[apps.<id>.webhook]``, actors/webhooks/)
+    webhook: WebhookTarget | None = None
 
     def allows_mode(self, mode: str) -> bool:
         return mode in self.permission_modes
@@ -96,6 +99,10 @@ class AppRegistry:
             check_manifest(manifest)
         with self._lock:
             self._apps.update((m.id, m) for m in manifests)
+
+    def webhook_secrets(self) -> list[str]:
+        """Every registered webhook's secret (what no log line may show)."""
+        return [m.webhook.secret for m in list(self._apps.values()) if m.webhook is not None]
 
     def get(self, app_id: str) -> AppManifest:
         found = self._apps.get(app_id)

@@ -51,6 +51,7 @@ from sessionloop.actors.tools import ToolContext, ToolError, ToolRegistry, Works
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy, Sandbox, SandboxMode
 from sessionloop.actors.views.items import ItemsProjection
 from sessionloop.actors.views.summary import decode_summary_record
+from sessionloop.actors.webhooks.config import WebhookOptions
 from sessionloop.eventstore import EventStore
 from sessionloop.protocol.limits import one_line
 from sessionloop.protocol.schemas_types import AncestorRef
@@ -110,6 +111,8 @@ class HostOptions(msgspec.Struct, kw_only=True):
     workers: int = 1
     worker: int = 0
     store_lock_fd: int | None = None
+    #: how the apps' webhooks are delivered (``actors/webhooks/``, ``serve --webhook-*``)
+    webhooks: WebhookOptions = WebhookOptions()
 
     def owned_shards(self) -> frozenset[int] | None:
         """The shards this process writes (None: all of them, alone)."""

@@ -24,7 +24,8 @@ from tests.eventstore.test_purge import SECRET, fill, purge
 from tests.eventstore.union import Erased, Noted, Touched, open_test_store
 
 #: the named databases of a store (eventstore/lmdb_env.py opens these)
-DBS = ("meta", "log", "streams", "catalogue", "snapshots", "idem", "idem_time", "feed", "stream_meta", "flags")
+DBS = ("meta", "log", "streams", "catalogue", "snapshots", "idem", "idem_time", "feed", "stream_meta", "flags",
+       "outbox", "dead")
 
 
 def holds_secret(store_dir: str) -> bool:

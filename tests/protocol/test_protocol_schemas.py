@@ -88,6 +88,7 @@ SEED_METHODS = [
 ]
 LOOP_METHODS = ["loop/create", "loop/send", "loop/waitForTurn", "loop/listEvents", "loop/watch"]
 GRANT_METHODS = ["approval/grants/list", "approval/grants/revoke"]  # protocol 0.2.1
+WEBHOOK_METHODS = ["webhooks/deadLetters/list", "webhooks/deadLetters/replay"]  # docs/webhooks.md
 SEED_NOTIFICATIONS = [
     "sessions/changed",
     "session/config/changed",
@@ -124,8 +125,8 @@ def _summary(**changes: Any) -> SessionSummary:
 # --- registry -------------------------------------------------------------------------------------
 
 
-def test_every_seed_method_the_loop_methods_and_the_grant_methods_are_registered() -> None:
-    assert sorted(METHODS) == sorted(SEED_METHODS + LOOP_METHODS + GRANT_METHODS)
+def test_every_seed_method_the_loop_methods_the_grant_and_the_webhook_methods_are_registered() -> None:
+    assert sorted(METHODS) == sorted(SEED_METHODS + LOOP_METHODS + GRANT_METHODS + WEBHOOK_METHODS)
 
 
 def test_every_seed_notification_and_loop_event_are_registered() -> None:
