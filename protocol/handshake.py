@@ -30,7 +30,9 @@ __all__ = [
     "parse_version",
 ]
 
-SESSION_PROTOCOL_VERSION: Final = "0.2.1"  # 0.2.1: approval grants (additive)
+SESSION_PROTOCOL_VERSION: Final = "0.2.2"
+# 0.2.1: approval grants; 0.2.2: loop/watch from a cursor, cursor-expired, the rate limits in
+# initialize, webhooks/deadLetters/* (each additive)
 
 # ASCII digits only (``\d`` would accept other scripts' digits), and a bound on each part so
 # ``int()`` never meets a 5,000-digit number.

@@ -152,7 +152,7 @@ class InitializeResult(Wire, frozen=True, kw_only=True):
     surface: str
     features: Features
     app_name: str
-    #: the limits this connection's requests meet (0.2.1 servers from this one on; absent before)
+    #: the limits this connection's requests meet (0.2.2 servers on; absent before)
     rate_limits: RateLimits | None = None
 
 

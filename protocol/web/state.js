@@ -1,7 +1,7 @@
 // The owner's web page: its state, shared by its parts (window.__sl for the tests and the benchmark).
 import { status } from './dom.js';
 
-export const PROTOCOL_VERSION = '0.2.1';
+export const PROTOCOL_VERSION = '0.2.2';
 export const PRESENCE_EVERY_MS = 60000;
 export const IDLE_MS = 10 * 60000;
 export const HISTORY_PAGE = 100;

@@ -13,13 +13,13 @@ from sessionloop.protocol.schemas_types import Features
 # --- the pure rule --------------------------------------------------------------------------------
 
 
-def test_the_protocol_version_is_0_2_1_approval_grants_added_to_0_2_0() -> None:
-    assert SESSION_PROTOCOL_VERSION == "0.2.1"
+def test_the_protocol_version_is_0_2_2_cursors_rate_limits_and_dead_letters_added_to_0_2_1() -> None:
+    assert SESSION_PROTOCOL_VERSION == "0.2.2"
 
 
 @pytest.mark.parametrize("client", ["0.2.0", "0.2.9", "0.2.123", "0.2"])
 def test_below_1_0_versions_agreeing_in_the_first_two_parts_are_accepted(client: str) -> None:
-    assert negotiate(client) == "0.2.1"
+    assert negotiate(client) == "0.2.2"
 
 
 @pytest.mark.parametrize("client", ["0.3.0", "0.1.9", "0.1", "0.3", "1.2.0", "2.0"])
@@ -49,8 +49,8 @@ def test_from_1_0_only_the_first_part_is_compared(client: str, ok: bool) -> None
 def test_the_refusal_names_both_versions() -> None:
     with pytest.raises(RpcError) as info:
         negotiate("0.7.1")
-    assert "0.7.1" in info.value.message and "0.2.1" in info.value.message
-    assert info.value.data == {"code": "unsupported", "clientVersion": "0.7.1", "serverVersion": "0.2.1"}
+    assert "0.7.1" in info.value.message and "0.2.2" in info.value.message
+    assert info.value.data == {"code": "unsupported", "clientVersion": "0.7.1", "serverVersion": "0.2.2"}
 
 
 @pytest.mark.parametrize(
@@ -93,7 +93,7 @@ def test_initialize_answers_with_version_identity_surface_features_app_name_and_
         "jsonrpc": "2.0",
         "id": "h1",
         "result": {
-            "protocolVersion": "0.2.1",
+            "protocolVersion": "0.2.2",
             "experimental": True,
             "server": {"name": "sessionloop"},
             "identity": {"platform": OWNER.platform, "userId": OWNER.user_id},
@@ -124,7 +124,7 @@ def test_an_unsupported_version_is_answered_then_the_connection_closes(fresh: Pe
     (reply,) = fresh.feed(hello("1.0", 5))
     _, code, message = error_of(reply)
     assert (reply["id"], code, reply["error"]["data"]["code"]) == (5, APPLICATION_ERROR, "unsupported")
-    assert "1.0" in message and "0.2.1" in message
+    assert "1.0" in message and "0.2.2" in message
     assert fresh.closed is not None and fresh.closed.code == CLOSE_UNSUPPORTED_VERSION
     assert "1.0" in fresh.closed.reason
     assert fresh.conn.state is State.CLOSED
