@@ -163,25 +163,36 @@ def test_an_owner_present_on_one_worker_approves_a_tool_call_of_a_session_the_ot
 BOT_TOKEN = "bot-token-for-the-end-to-end-tests"
 
 
-def test_the_app_quota_holds_exactly_across_workers(server_factory, tmp_path):
-    """200 unfinished turns per app, counted by both workers together: 15 sessions on both workers
-    get 17 slow sends each (255, each session under its own 20): exactly 200 accepted."""
+def bot_data_dir(tmp_path):
+    """A data directory whose apps.toml declares the bot ``mybot`` (its token BOT_TOKEN)."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "apps.toml").write_text(f'[apps.mybot]\ntoken = "{BOT_TOKEN}"\nplatform = "telegram"\n'
                                     'containers = ["inbox"]\n')
+    return data
+
+
+async def bot_sessions(server, stack, at_least: int, limit: int = 60) -> list[tuple[object, str]]:
+    """(bot client, session id) pairs, a connection and a ``loop/create`` each, until there are
+    ``at_least`` and both workers made some (a connection lands on either)."""
+    made: list[tuple[object, str]] = []
+    for _ in range(limit):
+        c = await initialized(await stack.enter_async_context(open_client(server, BOT_TOKEN)))
+        made.append((c, (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]))
+        if len(made) >= at_least and len({owner(s) for _, s in made}) == 2:
+            return made
+    raise AssertionError(f"{limit} bot connections all landed on one worker")
+
+
+def test_the_app_quota_holds_exactly_across_workers(server_factory, tmp_path):
+    """200 unfinished turns per app, counted by both workers together: 15 sessions on both workers
+    get 17 slow sends each (255, each session under its own 20): exactly 200 accepted."""
+    data = bot_data_dir(tmp_path)
     server = server_factory("--workers", "2", data_dir=str(data))
 
     async def go():
         async with AsyncExitStack() as stack:
-            sessions: list[tuple[object, str]] = []
-            for _ in range(60):
-                ws = await stack.enter_async_context(open_client(server, BOT_TOKEN))
-                c = await initialized(ws)
-                sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
-                sessions.append((c, sid))
-                if len(sessions) >= 15 and len({owner(s) for _, s in sessions}) == 2:
-                    break
+            sessions = await bot_sessions(server, stack, 15)
             receipts = []
             for k in range(17):
                 for c, sid in sessions:
@@ -203,21 +214,12 @@ def test_the_app_feed_is_one_across_workers_listed_and_watched_from_either(serve
     """One bot app's sessions on both workers: ``loop/listEvents`` pages one feed, the same from a
     connection on either worker (every event once, cursors in order), and ``loop/watch`` on one
     connection hears both workers' sessions' events, the same ones."""
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "apps.toml").write_text(f'[apps.mybot]\ntoken = "{BOT_TOKEN}"\nplatform = "telegram"\n'
-                                    'containers = ["inbox"]\n')
+    data = bot_data_dir(tmp_path)
     server = server_factory("--workers", "2", data_dir=str(data))
 
     async def go():
         async with AsyncExitStack() as stack:
-            made: list[tuple[object, str]] = []
-            for _ in range(60):
-                ws = await stack.enter_async_context(open_client(server, BOT_TOKEN))
-                c = await initialized(ws)
-                made.append((c, (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]))
-                if len(made) >= 4 and len({owner(s) for _, s in made}) == 2:
-                    break
+            made = await bot_sessions(server, stack, 4)
             watcher = made[0][0]
             assert "cursor" in await watcher.result("loop/watch", {})
             for k in range(3):
@@ -261,20 +263,12 @@ def test_changing_the_worker_count_between_restarts_keeps_every_session_and_idem
     """Sessions made and sent to under ``--workers 2``, the server stopped, started again with 4
     workers, then with one process: each time every session answers, every repeated key gets the
     original receipt (its turn, ``duplicate``), and new keys make new turns; no migration step."""
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "apps.toml").write_text(f'[apps.mybot]\ntoken = "{BOT_TOKEN}"\nplatform = "telegram"\n'
-                                    'containers = ["inbox"]\n')
+    data = bot_data_dir(tmp_path)
 
     async def first_run(server):
         async with AsyncExitStack() as stack:
             made: dict[str, str] = {}
-            for n in range(40):  # until both workers made sessions (a connection lands on either)
-                if len(made) >= 6 and len({owner(s) for s in made}) == 2:
-                    break
-                ws = await stack.enter_async_context(open_client(server, BOT_TOKEN))
-                c = await initialized(ws)
-                sid = (await c.result("loop/create", {"containerId": "inbox"}))["sessionId"]
+            for n, (c, sid) in enumerate(await bot_sessions(server, stack, 6)):
                 receipt = await c.result("loop/send", {"sessionId": sid, "text": f"first {n}",
                                                        "idempotencyKey": f"key-{n}"})
                 await c.result("loop/waitForTurn", {"sessionId": sid, "turnId": receipt["turnId"],
@@ -436,10 +430,7 @@ def test_loop_watch_hears_both_workers_sessions_in_cursor_order_and_resumes_from
     """The connection's worker reads every worker's events from the shared store (woken by its own
     commits, and once a second for the others'): one watch gets the turns of sessions on both, in
     cursor order; a watch from a cursor replays exactly what followed it."""
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "apps.toml").write_text(f'[apps.mybot]\ntoken = "{BOT_TOKEN}"\nplatform = "telegram"\n'
-                                    'containers = ["inbox"]\n')
+    data = bot_data_dir(tmp_path)
     server = server_factory("--workers", "2", data_dir=str(data))
 
     async def events_of(c, n):
