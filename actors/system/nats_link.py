@@ -15,7 +15,6 @@ import collections
 import logging
 import threading
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -181,24 +180,6 @@ class NatsLink:
                 log.exception("%s: the handler of %s failed", self.name, subject)
 
         self._run(self._nc.subscribe(subject, cb=deliver), CONNECT_TIMEOUT_S)
-
-    def flush(self, timeout: float = 5.0) -> None:
-        """Wait until what was published so far reached the NATS server."""
-        self._run(self._nc.flush(timeout), timeout + 1)
-
-    def call_soon(self, fn: Callable[[], None]) -> Future[None]:
-        """Run ``fn`` on the link's loop (where message handlers run)."""
-        future: Future[None] = Future()
-
-        def run() -> None:
-            try:
-                fn()
-                future.set_result(None)
-            except BaseException as e:
-                future.set_exception(e)
-
-        self._loop.call_soon_threadsafe(run)
-        return future
 
     def close(self) -> None:
         if self._closed:
