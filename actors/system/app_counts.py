@@ -78,7 +78,7 @@ class SharedAppCounts:
             self.close()
             raise ValueError(f"{path} is not the app counts file of worker {worker}")
         self.worker = worker
-        self._row = struct.Struct(f"<Q{self.workers}i")
+        self._row_size = struct.calcsize(f"<Q{self.workers}i")  # an app's key, then each worker's count
         # the counts as ints of the machine's own order (the file never leaves it), each 4-byte
         # aligned: a worker's count changes in one store, so another worker reads it whole
         self._ints = memoryview(self._map).cast("i")
@@ -101,7 +101,7 @@ class SharedAppCounts:
             os.close(fd)
 
     def _offset(self, slot: int) -> int:
-        return _HEADER.size + slot * self._row.size
+        return _HEADER.size + slot * self._row_size
 
     def _locked(self) -> _FileLock:
         return _FileLock(self._lock, self._fd)
