@@ -57,7 +57,6 @@ import sys
 import tempfile
 import threading
 import time
-import zlib
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -79,13 +78,14 @@ from benchmarks.measure import (  # noqa: E402
 )
 from benchmarks.server_proc import ServerProc
 from sessionloop.actors.api.loop import APP_QUOTA  # noqa: E402  (seed 000: unfinished turns per app)
+from sessionloop.actors.gateway.relay import Placement  # noqa: E402
 
 OWNER_TOKEN = "sessionloop-bots-owner"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
 HEAD_SLEEP_MS = 2000  # the first overload input of a session: nothing ends while the rest are sent
 SLEEP_MS = 20
 WAIT_MS = 120_000
-SHARDS = 16  # the server's default: a session's worker is crc32(id) mod 16 mod N (actors.gateway.relay)
+SHARDS = 16  # the server's default shards (a session's worker: actors.gateway.relay.Placement)
 
 
 
@@ -606,8 +606,7 @@ def reroute_to_other_workers(api: WsApi, rec: Record, workers: int) -> float:
     than the session's (every request relayed, as a front process would pass every frame on);
     the share of sessions that could be. A connection's worker is that of the sessions it made
     (a session is made on its maker's worker)."""
-    def owner(sid: str) -> int:
-        return zlib.crc32(sid.encode()) % SHARDS % workers
+    owner = Placement(0, workers, SHARDS).owner
 
     moved = 0
     for b, sids in rec.sessions.items():
