@@ -439,6 +439,11 @@ async def _run(server: Server, quiet: bool) -> None:
 @click.option("--snapshot-every", default=500, show_default=True, type=click.IntRange(min=1),
               help="Write a session's state snapshot after this many new events (activation replays only "
                    "the events after its last snapshot).")
+@click.option("--max-live", default=4000, show_default=True, type=click.IntRange(min=1),
+              help="Sessions live in memory at most (per worker); beyond it the least recently used one is "
+                   "passivated: its state stays in the store and its next message activates it again.")
+@click.option("--idle-timeout", "idle_timeout_s", default=300.0, show_default=True,
+              type=click.FloatRange(min=0.1), help="Passivate a session after this many seconds without a message.")
 @click.option("--map-size-mb", default=1024, show_default=True, type=click.IntRange(min=1),
               help="Initial LMDB map size in MiB; a full map is grown (doubled) as the store fills.")
 @click.option("--sandbox", type=click.Choice(["bwrap", "none"]), default="bwrap", show_default=True,
@@ -493,7 +498,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
           max_steps: int, allowed_origins: tuple[str, ...], max_frame_mb: int,
           max_outbox_mb: float, ping_interval: float, ping_timeout: float, close_timeout: float, max_inflight_mb: int,
           inflight_wait: float, metrics_public: bool, auth_failures: int, auth_window: float,
-          requests_per_second: float, request_burst: int, snapshot_every: int,
+          requests_per_second: float, request_burst: int, snapshot_every: int, max_live: int, idle_timeout_s: float,
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
           exec_file_size_mb: int, log_level: str, log_format: str, otlp_endpoint: str | None,
@@ -545,7 +550,8 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                                                latency_ms=mock_latency_ms, latency_jitter=mock_latency_jitter,
                                                latency_sigma=mock_latency_sigma,
                                                stream_tokens_per_s=mock_stream_tokens_per_s, seed=mock_seed),
-                        max_steps=max_steps, snapshot_every=snapshot_every, language=language,
+                        max_steps=max_steps, snapshot_every=snapshot_every, max_live=max_live,
+                        idle_timeout_s=idle_timeout_s, language=language,
                         map_size=map_size_mb * 1024 * 1024,
                         sandbox=sandbox, sandbox_policy=sandbox_policy, sandbox_bwrap=sandbox_bwrap,
                         sandbox_hide=tuple(os.path.abspath(p) for p in sandbox_hide),

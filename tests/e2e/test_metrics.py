@@ -215,3 +215,36 @@ def test_sessions_beyond_the_live_limit_are_passivated_and_counted(server):
     assert created <= appends <= created + 1
     assert moved(after, before, "sessionloop_store_commit_requests") == appends + passivated
     assert_store_histograms_agree_with_the_store(after)
+
+
+def test_serve_max_live_bounds_the_live_sessions_and_a_passivated_one_answers_again(server_factory):
+    """``serve --max-live 5``: twelve sessions, each with a turn, leave at most five actors live;
+    the first (passivated) session takes a turn again, activated from the store."""
+    server = server_factory("--max-live", "5")
+    ids: list[str] = []
+
+    async def go() -> None:
+        async with open_client(server) as ws:
+            c = await initialized(ws)
+            for i in range(12):
+                sid = (await c.result("session/create", {}))["session"]["id"]
+                await c.result("session/subscribe", {"sessionId": sid})
+                await c.result("turn/send", {"sessionId": sid, "content": f"hello {i}"})
+                await c.turn_done(sid)
+                await c.result("session/unsubscribe", {"sessionId": sid})
+                ids.append(sid)
+            m = settled(server)
+            assert m["sessionloop_actors_activations"] == 12
+            assert m["sessionloop_actors_active"] <= 5
+            assert m["sessionloop_actors_passivations"] >= 7
+            await c.result("session/subscribe", {"sessionId": ids[0]})
+            await c.result("turn/send", {"sessionId": ids[0], "content": "again"})
+            done = await c.turn_done(ids[0])
+            assert done["params"]["item"]["outcome"] == "replied"
+            history = await c.result("session/history", {"sessionId": ids[0]})
+            assert "echo: hello 0" in json.dumps(history) and "echo: again" in json.dumps(history)
+
+    asyncio.run(go())
+    m = settled(server)
+    assert m["sessionloop_actors_activations"] == 13
+    assert m["sessionloop_actors_active"] <= 5
