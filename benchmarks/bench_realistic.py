@@ -170,8 +170,11 @@ def job_sessionloop(spec: dict[str, Any]) -> dict[str, Any]:
     with open(os.path.join(data_dir, "apps.toml"), "w") as f:
         f.writelines(f'[apps.{app_id(a)}]\ntoken = "{app_token(a)}"\nplatform = "bench"\ncontainers = ["inbox"]\n\n'
                      for a in range(apps))
+    # every session in flight stays live (one process would otherwise passivate and reload beyond
+    # the default 4,000, which no deployment that size would leave so)
+    live = str(max(4000, spec["sessions"] + 1000))
     server = ServerProc(data_dir, OWNER_TOKEN, ["--durability", spec["durability"], "--workers",
-                                                str(spec["workers"]), *model_flags(spec)], None)
+                                                str(spec["workers"]), "--max-live", live, *model_flags(spec)], None)
     clients: list[subprocess.Popen[str]] = []
     try:
         for c in range(spec["clients"]):
