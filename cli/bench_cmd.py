@@ -45,6 +45,7 @@ from dataclasses import asdict
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from websockets.asyncio.client import connect
 
 from sessionloop.actors.api.host import Host
@@ -71,6 +72,7 @@ from sessionloop.cli.bench_observers import (
     create_sessions,
 )
 from sessionloop.cli.bench_ws import NotAccepted, WsClient
+from sessionloop.cli.loadtest.command import Options, run_command
 from sessionloop.cli.serve import Server
 from sessionloop.eventstore import EventStore, RecordedEvent
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
@@ -428,7 +430,27 @@ def observer_failure_line(obs: dict[str, Any]) -> str:
     return f"stream check FAILED: {obs['broken']} problems seen by the observers (first: {first})"
 
 
-@click.command("bench")
+LEGACY = ("sessions", "turns", "concurrency", "tool_ratio", "via", "llm_latency_ms", "latency_jitter", "latency_sigma",
+          "stream_tokens_per_s", "seed", "duration_s", "data_dir", "per_connection", "turn_timeout_s", "observe")
+
+
+@click.group("bench", invoke_without_command=True)
+@click.option("--workload", default=None, metavar="NAME|FILE",
+              help="Run a workload (TOML; shipped: bots-steady, burst, long-sessions, approvals) against --url or "
+                   "--spawn [default with --url or --spawn: bots-steady]. See docs/bench.md.")
+@click.option("--url", default=None, metavar="URL", help="A running deployment, e.g. ws://HOST:8765/session.")
+@click.option("--token", default=None, metavar="T", envvar="SESSIONLOOP_TOKEN",
+              help="With --url: the owner token (approvals and watched sessions need it) [env SESSIONLOOP_TOKEN].")
+@click.option("--app-token", "app_tokens", multiple=True, metavar="T",
+              help="With --url: a bot app's token (repeat for several apps; users are spread over them).")
+@click.option("--spawn", is_flag=True, help="Start a server for the run (127.0.0.1, port 0, temporary data).")
+@click.option("--apps", default=None, type=click.IntRange(1, 1000),
+              help="With --spawn: bot apps to declare [default: one per 150 users].")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Change one key of the workload, e.g. --set sessions.turns=5 --set phases.1.seconds=30.")
+@click.option("--out", default=None, metavar="FILE.json", help="Write the results file (docs/bench-results.md).")
+@click.option("--fail-if", default=None, metavar="CONDITIONS",
+              help='Exit 1 when a condition holds, e.g. "p99_ms>200,errors>0" (docs/bench-results.md).')
 @click.option("--sessions", default=100, show_default=True, type=int, help="Concurrent sessions.")
 @click.option("--turns", default=None, type=int,
               help="Turns per session, one after the other [default: 10; with --duration: until it ends].")
@@ -452,11 +474,19 @@ def observer_failure_line(obs: dict[str, Any]) -> str:
                    "a bot app's event watcher, or nobody. With --via ws the WebSocket clients subscribe.")
 @click.option("--no-progress", is_flag=True, help="No live progress line on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def bench(sessions: int, turns: int | None, concurrency: int | None, tool_ratio: float, via: str, durability: str,
-          llm_latency_ms: float, latency_jitter: str, latency_sigma: float, stream_tokens_per_s: float,
-          seed: int | None, duration_s: float | None, data_dir: str | None, per_connection: int | None,
-          turn_timeout_s: float, observe: str, no_progress: bool, as_json: bool) -> None:
+@click.pass_context
+def bench(ctx: click.Context, workload: str | None, url: str | None, token: str | None, app_tokens: tuple[str, ...],
+          spawn: bool, apps: int | None, sets: tuple[str, ...], out: str | None,
+          fail_if: str | None, sessions: int, turns: int | None, concurrency: int | None, tool_ratio: float, via: str,
+          durability: str, llm_latency_ms: float, latency_jitter: str, latency_sigma: float,
+          stream_tokens_per_s: float, seed: int | None, duration_s: float | None, data_dir: str | None,
+          per_connection: int | None, turn_timeout_s: float, observe: str, no_progress: bool, as_json: bool) -> None:
     """Load benchmark: drive sessions through the real stack with the mock model.
+
+    With --workload, --url or --spawn it is a load generator: it runs a workload (closed or open
+    loop, phases, a message mix) against a deployment or a server it starts, through the Session
+    Loop API, shows live progress, prints the figures per phase and an audit of the event feed,
+    and writes the results file (--out). Without them it runs the built-in shape below (--sessions, --turns, ...).
 
     Prints turns/s, events/s, p50/p95/p99 turn latency and peak RSS; then checks the event log
     and exits 1 on any lost or duplicated turn, or on an answer the observers (--observe: by
@@ -469,6 +499,23 @@ def bench(sessions: int, turns: int | None, concurrency: int | None, tool_ratio:
       sessionloop bench --via ws --sessions 1000 --duration 60 --llm-latency 800 \
           --latency-jitter lognormal --stream-tokens-per-s 50 --seed 1
     """
+    if ctx.invoked_subcommand is not None:
+        return
+    if workload is not None or url is not None or spawn:
+        given = [f"--{name.replace('_', '-')}" for name in LEGACY
+                 if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"{', '.join(given)}: options of the built-in benchmark, not of a workload run "
+                                   "(change the workload with --set)")
+        run_command(Options(workload=workload or "bots-steady", sets=sets, url=url, token=token,
+                            app_tokens=app_tokens, spawn=spawn, apps=apps, durability=durability, out=out,
+                            fail_if=fail_if, as_json=as_json, progress=not no_progress))
+        return
+    stray = [flag for flag, value in (("--token", token), ("--app-token", app_tokens), ("--apps", apps),
+                                      ("--set", sets), ("--out", out), ("--fail-if", fail_if))
+             if value]
+    if stray:
+        raise click.UsageError(f"{', '.join(stray)}: options of a workload run (give --url or --spawn)")
     if turns is None and duration_s is None:
         turns = 10
     cfg = BenchConfig(sessions=sessions, turns=turns, concurrency=concurrency, tool_ratio=tool_ratio, via=via,
