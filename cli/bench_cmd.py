@@ -72,7 +72,7 @@ from sessionloop.cli.bench_observers import (
     create_sessions,
 )
 from sessionloop.cli.bench_ws import NotAccepted, WsClient
-from sessionloop.cli.loadtest.command import Options, run_command
+from sessionloop.cli.loadtest.command import Options, compare_cmd, plot_cmd, run_command
 from sessionloop.cli.serve import Server
 from sessionloop.eventstore import EventStore, RecordedEvent
 from sessionloop.protocol.handshake import SESSION_PROTOCOL_VERSION
@@ -449,6 +449,8 @@ LEGACY = ("sessions", "turns", "concurrency", "tool_ratio", "via", "llm_latency_
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Change one key of the workload, e.g. --set sessions.turns=5 --set phases.1.seconds=30.")
 @click.option("--out", default=None, metavar="FILE.json", help="Write the results file (docs/bench-results.md).")
+@click.option("--plot", "plot_path", default=None, metavar="FILE.png",
+              help="Draw throughput and latency over time (needs matplotlib: sessionloop[bench]).")
 @click.option("--fail-if", default=None, metavar="CONDITIONS",
               help='Exit 1 when a condition holds, e.g. "p99_ms>200,errors>0" (docs/bench-results.md).')
 @click.option("--sessions", default=100, show_default=True, type=int, help="Concurrent sessions.")
@@ -476,7 +478,7 @@ LEGACY = ("sessions", "turns", "concurrency", "tool_ratio", "via", "llm_latency_
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
 def bench(ctx: click.Context, workload: str | None, url: str | None, token: str | None, app_tokens: tuple[str, ...],
-          spawn: bool, apps: int | None, sets: tuple[str, ...], out: str | None,
+          spawn: bool, apps: int | None, sets: tuple[str, ...], out: str | None, plot_path: str | None,
           fail_if: str | None, sessions: int, turns: int | None, concurrency: int | None, tool_ratio: float, via: str,
           durability: str, llm_latency_ms: float, latency_jitter: str, latency_sigma: float,
           stream_tokens_per_s: float, seed: int | None, duration_s: float | None, data_dir: str | None,
@@ -486,7 +488,8 @@ def bench(ctx: click.Context, workload: str | None, url: str | None, token: str 
     With --workload, --url or --spawn it is a load generator: it runs a workload (closed or open
     loop, phases, a message mix) against a deployment or a server it starts, through the Session
     Loop API, shows live progress, prints the figures per phase and an audit of the event feed,
-    and writes the results file (--out). Without them it runs the built-in shape below (--sessions, --turns, ...).
+    and writes the results (--out) and a plot (--plot). `bench compare` and `bench plot` read
+    results files. Without them it runs the built-in shape below (--sessions, --turns, ...).
 
     Prints turns/s, events/s, p50/p95/p99 turn latency and peak RSS; then checks the event log
     and exits 1 on any lost or duplicated turn, or on an answer the observers (--observe: by
@@ -509,10 +512,11 @@ def bench(ctx: click.Context, workload: str | None, url: str | None, token: str 
                                    "(change the workload with --set)")
         run_command(Options(workload=workload or "bots-steady", sets=sets, url=url, token=token,
                             app_tokens=app_tokens, spawn=spawn, apps=apps, durability=durability, out=out,
-                            fail_if=fail_if, as_json=as_json, progress=not no_progress))
+                            plot=plot_path, fail_if=fail_if, as_json=as_json, progress=not no_progress))
         return
     stray = [flag for flag, value in (("--token", token), ("--app-token", app_tokens), ("--apps", apps),
-                                      ("--set", sets), ("--out", out), ("--fail-if", fail_if))
+                                      ("--set", sets), ("--out", out), ("--plot", plot_path),
+                                      ("--fail-if", fail_if))
              if value]
     if stray:
         raise click.UsageError(f"{', '.join(stray)}: options of a workload run (give --url or --spawn)")
@@ -533,3 +537,7 @@ def bench(ctx: click.Context, workload: str | None, url: str | None, token: str 
         raise click.ClickException(failure_line(report["check"]))
     if not report["observers"]["ok"]:
         raise click.ClickException(observer_failure_line(report["observers"]))
+
+
+bench.add_command(compare_cmd)
+bench.add_command(plot_cmd)

@@ -16,7 +16,9 @@ from rich.console import Console
 from rich.live import Live
 
 from sessionloop.cli.loadtest import engine, gate, results
+from sessionloop.cli.loadtest.compare import compare, format_comparison, regressions
 from sessionloop.cli.loadtest.engine import Deployment, Progress
+from sessionloop.cli.loadtest.plot import PlotUnavailable, check_available, plot
 from sessionloop.cli.loadtest.report import format_result, progress_line
 from sessionloop.cli.loadtest.spawn import Spawned, SpawnFailed
 from sessionloop.cli.loadtest.workload import Workload, WorkloadError, load
@@ -37,6 +39,7 @@ class Options:
     apps: int | None
     durability: str
     out: str | None
+    plot: str | None
     fail_if: str | None
     as_json: bool
     progress: bool
@@ -77,15 +80,20 @@ def run_command(o: Options) -> None:
         raise click.UsageError("--url needs --app-token (a bot app's token; repeat it for several apps)")
     if o.spawn and (o.app_tokens or o.token):
         raise click.UsageError("--spawn makes its own tokens: --token and --app-token go with --url")
+    if o.plot is not None:
+        try:
+            check_available()
+        except PlotUnavailable as e:
+            raise click.UsageError(str(e)) from None
     on_progress, stop = live_view() if o.progress and not o.as_json else (None, lambda: None)
     try:
         if o.spawn:
             with Spawned(workload, o.apps or apps_for(workload), o.durability) as target:
-                result = asyncio.run(engine.run(workload, text, o.workload, target, on_progress))
+                result = asyncio.run(engine.run(workload, text, o.workload, target, on_progress, o.sets))
         else:
             assert o.url is not None
             target = Deployment(url=o.url, app_tokens=list(o.app_tokens), owner_token=o.token)
-            result = asyncio.run(engine.run(workload, text, o.workload, target, on_progress))
+            result = asyncio.run(engine.run(workload, text, o.workload, target, on_progress, o.sets))
     except (ClientError, SpawnFailed) as e:
         raise click.ClickException(str(e)) from None
     finally:
@@ -96,12 +104,15 @@ def run_command(o: Options) -> None:
 def finish(result: results.Result, o: Options, conditions: list[gate.Condition]) -> None:
     if o.out is not None:
         results.dump(result, o.out)
+    if o.plot is not None:
+        plot(result, o.plot)
     if o.as_json:
         click.echo(msgspec.json.format(msgspec.json.encode(result), indent=2).decode())
     else:
         click.echo(format_result(result))
-        if o.out is not None:
-            click.echo(f"results: {o.out}")
+        for path, what in ((o.out, "results"), (o.plot, "plot")):
+            if path is not None:
+                click.echo(f"{what}: {path}")
     failed = gate.failures(conditions, results.metrics(result))
     if not result.audit.ok:
         raise click.ClickException(f"audit FAILED: {result.audit.missing} lost, {result.audit.duplicated} "
@@ -110,4 +121,44 @@ def finish(result: results.Result, o: Options, conditions: list[gate.Condition])
         raise click.ClickException(f"--fail-if: {'; '.join(failed)}")
 
 
-__all__ = ["Options", "apps_for", "run_command"]
+def read_result(path: str) -> results.Result:
+    try:
+        return results.load(path)
+    except OSError as e:
+        raise click.ClickException(f"{path}: {e.strerror}") from None
+    except msgspec.DecodeError as e:  # ValidationError included: it names the field
+        raise click.ClickException(f"{path}: not a results file of sessionloop bench: {e}") from None
+
+
+@click.command("compare")
+@click.argument("a", metavar="A.json")
+@click.argument("b", metavar="B.json")
+@click.option("--threshold", default=0.10, show_default=True, type=click.FloatRange(0, 10),
+              help="Relative change below which nothing is a regression (0.10: 10%).")
+@click.option("--fail-on-regression", is_flag=True, help="Exit 1 when B regressed from A.")
+def compare_cmd(a: str, b: str, threshold: float, fail_on_regression: bool) -> None:
+    """Two runs side by side: per metric A, B, B/A and a verdict, over the whole run and per
+    phase. A regression is worse than the threshold and beyond the noise of the two runs
+    (docs/bench-results.md)."""
+    c = compare(read_result(a), read_result(b), threshold)
+    click.echo(format_comparison(c))
+    found = regressions(c)
+    if found and fail_on_regression:
+        raise click.ClickException(f"{len(found)} regressions: {'; '.join(found[:5])}")
+
+
+@click.command("plot")
+@click.argument("result", metavar="RESULT.json")
+@click.option("-o", "--output", required=True, metavar="FILE.png", help="Where to write the PNG.")
+def plot_cmd(result: str, output: str) -> None:
+    """Draw a results file: throughput and p50/p95/p99 over time, phases shaded, errors marked."""
+    try:
+        plot(read_result(result), output)
+    except PlotUnavailable as e:
+        raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"{output}: {e.strerror}") from None
+    click.echo(f"plot: {output}")
+
+
+__all__ = ["Options", "apps_for", "compare_cmd", "plot_cmd", "read_result", "run_command"]

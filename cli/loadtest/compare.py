@@ -198,6 +198,9 @@ def _warnings(a: Result, b: Result) -> list[str]:
     if a.workload_toml != b.workload_toml:
         out.append(f"the workloads differ (workload_toml of {a.workload!r} and {b.workload!r}): "
                    "the comparison measures the workload change too")
+    if a.overrides != b.overrides:
+        out.append(f"the workloads were changed differently (--set): A {' '.join(a.overrides) or 'none'}, "
+                   f"B {' '.join(b.overrides) or 'none'}: the comparison measures the change too")
     ta, tb = a.target, b.target
     if (ta.url != tb.url and not (ta.spawned and tb.spawned)) or ta.spawned != tb.spawned \
             or ta.server_version != tb.server_version:

@@ -43,7 +43,7 @@ import platform
 import random
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
@@ -139,8 +139,9 @@ def level_at(workload: Workload, t: float) -> float:
 
 class Run:
     def __init__(self, workload: Workload, text: str, label: str, target: Deployment,
-                 on_progress: Callable[[Progress], None] | None = None) -> None:
+                 on_progress: Callable[[Progress], None] | None = None, overrides: Sequence[str] = ()) -> None:
         self.w, self.text, self.label, self.target = workload, text, label, target
+        self.overrides = list(overrides)
         self.rng = random.Random(workload.seed)
         self.on_progress = on_progress
         self.run_id = secrets.token_hex(4)
@@ -350,7 +351,7 @@ class Run:
                 del users[u]
             await asyncio.sleep(0.05)
         self.stopping = True
-        await self.drain([*users.values()])
+        await self.drain()
 
     async def user(self, u: int) -> None:
         s = self.w.sessions
@@ -376,7 +377,6 @@ class Run:
         w = self.w
         peak = max(p.rate or 0.0 for p in w.phases)
         end = w.seconds
-        pending: list[asyncio.Task[Any]] = []
         t_next = 0.0
         arrivals = 0
         while peak > 0:
@@ -393,11 +393,10 @@ class Run:
                 self.rec.error(self.now(), "generator-overloaded", f"{MAX_IN_FLIGHT:,} turns in flight: arrival "
                                                                    "dropped by the load generator")
                 continue
-            pending = [t for t in pending if not t.done()]
-            pending.append(self.spawn(self.arrival(t_next, arrivals)))
+            self.spawn(self.arrival(t_next, arrivals))
         await asyncio.sleep(max(0.0, end - self.now()))
         self.stopping = True
-        await self.drain(pending)
+        await self.drain()
 
     async def arrival(self, intended: float, n: int) -> None:
         try:
@@ -411,10 +410,11 @@ class Run:
         if slot.turns < self.w.sessions.turns:
             self.idle.append(slot)
 
-    async def drain(self, tasks: list[asyncio.Task[Any]]) -> None:
-        live = [t for t in tasks if not t.done()]
-        if live:
-            await asyncio.wait(live, timeout=self.w.client.drain_s)
+    async def drain(self) -> None:
+        """After the last phase: wait for the turns in flight to end (users thinking are not waited for)."""
+        deadline = self.now() + self.w.client.drain_s
+        while self.rec.in_flight and self.now() < deadline:
+            await asyncio.sleep(0.02)
 
     # --- progress and the audit ---------------------------------------------------------------
 
@@ -487,7 +487,7 @@ class Run:
         info = self.info
         return Result(
             workload=self.w.name if self.label == self.w.name else f"{self.w.name} ({self.label})",
-            workload_toml=self.text, seed=self.w.seed,
+            workload_toml=self.text, overrides=self.overrides, seed=self.w.seed,
             target=Target(url=self.target.url, spawned=self.target.spawned,
                           server_version=getattr(getattr(info, "server", None), "name", None),
                           protocol_version=getattr(info, "protocol_version", None)),
@@ -529,8 +529,8 @@ def audit(books: Books, rec: Recorder) -> Audit:
 
 
 async def run(workload: Workload, text: str, label: str, target: Deployment,
-              on_progress: Callable[[Progress], None] | None = None) -> Result:
-    r = Run(workload, text, label, target, on_progress)
+              on_progress: Callable[[Progress], None] | None = None, overrides: Sequence[str] = ()) -> Result:
+    r = Run(workload, text, label, target, on_progress, overrides)
     try:
         return await r.run()
     finally:

@@ -12,6 +12,7 @@ without it :class:`PlotUnavailable` says how to install it.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from typing import TYPE_CHECKING
 
@@ -129,6 +130,12 @@ def figure(result: Result) -> Figure:
     return fig
 
 
+def check_available() -> None:
+    """Raise PlotUnavailable now (before a run) when matplotlib is not installed."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise PlotUnavailable(f"the plot needs matplotlib, an optional extra: {INSTALL}")
+
+
 def plot(result: Result, path: str) -> None:
     """Write the PNG of ``result`` to ``path``. Raises PlotUnavailable without matplotlib, and
     OSError when the file cannot be written."""
@@ -136,4 +143,5 @@ def plot(result: Result, path: str) -> None:
     fig.savefig(path, format="png")
 
 
-__all__ = ["INSTALL", "LOG_SCALE_RATIO", "PlotUnavailable", "figure", "footnote", "log_scale", "plot", "title"]
+__all__ = ["INSTALL", "LOG_SCALE_RATIO", "PlotUnavailable", "check_available", "figure", "footnote", "log_scale",
+           "plot", "title"]

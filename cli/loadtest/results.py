@@ -124,6 +124,7 @@ class Result(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     schema: str = SCHEMA_ID
     workload: str  # its name (a shipped one) or its file's name
     workload_toml: str  # the workload's text, so a run can be repeated
+    overrides: list[str] = []  # the --set KEY=VALUE changes applied to it, in order
     seed: int
     target: Target
     environment: Environment
