@@ -201,6 +201,11 @@ class JetStreamLog:
     async def close(self) -> None:
         await self._nc.close()
 
+    @property
+    def jetstream(self) -> JetStreamContext:
+        """The JetStream context of the log's connection (for ``leases.py``, on the same server)."""
+        return self._js
+
     # --- naming -----------------------------------------------------------------------------------
 
     def shard_of(self, stream: str) -> int:

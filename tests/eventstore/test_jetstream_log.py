@@ -11,13 +11,15 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 import pytest
 
 from sessionloop.cli.workers import nats_server_binary
 from sessionloop.eventstore import WrongExpectedVersion
 from sessionloop.eventstore.batch import ANY_VERSION
-from sessionloop.eventstore.errors import CommitTooLarge, InvalidStreamName
+from sessionloop.eventstore.errors import CommitTooLarge, InvalidStreamName, LeaseHeld, LeaseLost
 from sessionloop.eventstore.jetstream_log import JetStreamLog, stream_of_token, token_of_stream
+from sessionloop.eventstore.leases import Lease, ShardLeases, ShardOwner
 
 T = TypeVar("T")
 
@@ -220,3 +222,118 @@ def test_the_log_survives_a_restart_of_nats_server(nats_server: NatsServer) -> N
     nats_server.stop()
     nats_server.start()
     assert run(read) == [b"e1", b"e2", b"e3"]
+
+
+# --- shard leases and the fenced append -----------------------------------------------------------
+
+
+def test_a_lease_is_exclusive_renewable_and_released(nats_server: NatsServer) -> None:
+    async def go() -> None:
+        log = await _log(nats_server)
+        try:
+            leases = await ShardLeases.open(log, ttl_s=30)
+            a = await leases.acquire(3, "node-a")
+            with pytest.raises(LeaseHeld) as err:
+                await leases.acquire(3, "node-b")
+            assert err.value.holder == "node-a"
+            renewed = await leases.renew(a)
+            assert renewed.epoch == a.epoch and renewed.revision > a.revision
+            assert await leases.holder(3) == ("node-a", renewed.revision)
+            with pytest.raises(LeaseLost):
+                await leases.renew(a)  # an old revision: not ours any more
+            assert await leases.release(renewed)
+            assert await leases.holder(3) is None
+            b = await leases.acquire(3, "node-b")
+            assert b.epoch > renewed.revision
+            assert not await leases.release(renewed)
+        finally:
+            await log.close()
+    run(go)
+
+
+async def _take_over_after_expiry(leases: ShardLeases, shard: int, node: str) -> Lease:
+    """Acquire as soon as the current lease expired on the server (bounded: a few TTLs)."""
+    deadline = time.monotonic() + 5 * leases.ttl_s + 5
+    while True:
+        try:
+            return await leases.acquire(shard, node)
+        except LeaseHeld:
+            assert time.monotonic() < deadline, "the lease never expired"
+            await asyncio.sleep(0.1)
+
+
+def test_lease_ttl_expiry_lets_a_new_owner_acquire_with_a_higher_revision(nats_server: NatsServer) -> None:
+    async def go() -> None:
+        log = await _log(nats_server)
+        try:
+            leases = await ShardLeases.open(log, ttl_s=1)
+            a = await leases.acquire(5, "node-a")
+            b = await _take_over_after_expiry(leases, 5, "node-b")
+            assert b.epoch > a.epoch
+            with pytest.raises(LeaseLost):
+                await leases.renew(a)
+            assert (await leases.holder(5)) == ("node-b", b.revision)
+        finally:
+            await log.close()
+    run(go)
+
+
+async def _stale_owner_scenario(server: NatsServer, stall: bool) -> tuple[ShardOwner, list[bytes], BaseException]:
+    """node-a owns the session's shard and commits; it pauses past its lease, node-b takes the
+    shard over and commits; node-a resumes and tries to commit. ``stall``: node-a's local deadline
+    check passed before the pause (its lease looks valid to it), so only the server can refuse."""
+    log_a, log_b = await _log(server), await _log(server)
+    try:
+        leases_a = await ShardLeases.open(log_a, ttl_s=1)
+        leases_b = await ShardLeases.open(log_b, ttl_s=1)
+        a, b = ShardOwner(log_a, leases_a, "node-a"), ShardOwner(log_b, leases_b, "node-b")
+        stream = "session-fenced"
+        shard = log_a.shard_of(stream)
+        lease_a = await a.acquire(shard)
+        await a.append(stream, [b"a1"], 0, "a-1")
+        lease_b = await _take_over_after_expiry(leases_b, shard, "node-b")
+        b._held[shard] = lease_b  # noqa: SLF001  (node-b took the shard through its own leases)
+        assert lease_b.epoch > lease_a.epoch
+        await b.append(stream, [b"b2"], await log_b.stream_version(stream), "b-2")
+        if stall:
+            a._held[shard] = msgspec.structs.replace(lease_a, deadline=float("inf"))  # noqa: SLF001
+        with pytest.raises(LeaseLost) as err:
+            await a.append(stream, [b"a-stale"], 1, "a-2")
+        events = [e.event for e in await log_a.read_stream(stream)]
+        return a, events, err.value
+    finally:
+        await log_a.close()
+        await log_b.close()
+
+
+def test_a_stale_owner_past_its_lease_refuses_to_append_locally(nats_server: NatsServer) -> None:
+    owner, events, err = run(lambda: _stale_owner_scenario(nats_server, stall=False))
+    assert events == [b"a1", b"b2"]
+    assert "deadline" in str(err) and owner.drops == 1 and not owner.held
+
+
+def test_a_stale_owner_whose_lease_looks_valid_is_refused_by_the_server_fence(nats_server: NatsServer) -> None:
+    owner, events, err = run(lambda: _stale_owner_scenario(nats_server, stall=True))
+    assert events == [b"a1", b"b2"]
+    assert isinstance(err.__cause__, WrongExpectedVersion) and err.__cause__.actual == 2
+    assert owner.drops == 1 and not owner.held
+
+
+def test_an_owner_does_not_append_to_a_shard_it_does_not_hold(nats_server: NatsServer) -> None:
+    async def go() -> None:
+        log = await _log(nats_server)
+        try:
+            owner = ShardOwner(log, await ShardLeases.open(log, ttl_s=30), "node-a")
+            with pytest.raises(LeaseLost, match="no lease held"):
+                await owner.append("session-x", [b"e"], 0, "c-1")
+            assert await log.stream_version("session-x") == 0
+            lease = await owner.acquire(log.shard_of("session-x"))
+            assert owner.epoch_of(lease.shard) == lease.epoch
+            done = await owner.append("session-x", [b"e"], 0, "c-1")
+            assert done.last_version == 1
+            assert await owner.release(lease.shard)
+            with pytest.raises(LeaseLost):
+                owner.epoch_of(lease.shard)
+        finally:
+            await log.close()
+    run(go)
