@@ -157,15 +157,20 @@ class JetStreamLog:
     @classmethod
     async def connect(cls, url: str, *, stream: str = DEFAULT_STREAM, replicas: int = 1, shards: int = 16,
                       max_commit_bytes: int = DEFAULT_MAX_COMMIT_BYTES, duplicate_window_s: float = 120.0,
-                      connect_timeout_s: float = 5.0, **options: Any) -> JetStreamLog:
+                      connect_timeout_s: float = 5.0, request_timeout_s: float = 5.0,
+                      **options: Any) -> JetStreamLog:
         """Connect to ``url`` and create the log's stream if it does not exist (file storage,
         ``replicas`` copies, direct gets allowed, deletes and purges denied). ``options`` go to
-        ``nats.connect`` (a token, credentials). Raises StorageUnavailable when no server answers,
-        StorageError when the stream cannot be created or has other subjects."""
+        ``nats.connect`` (a token, credentials); ``request_timeout_s`` bounds every JetStream request
+        (a publish unanswered by then raises StorageUnavailable, outcome unknown). Raises
+        StorageUnavailable when no server answers, StorageError when the stream cannot be created
+        or has other subjects."""
         if not 1 <= replicas <= 5:
             raise ValueError(f"replicas must be 1 to 5, got {replicas}")
         if shards < 1:
             raise ValueError(f"shards must be at least 1, got {shards}")
+        if not 0.05 <= request_timeout_s <= 60:
+            raise ValueError(f"request_timeout_s must be 0.05 to 60 s, got {request_timeout_s}")
         if max_commit_bytes < 1024:
             raise ValueError(f"max_commit_bytes must be at least 1024, got {max_commit_bytes}")
         try:
@@ -173,7 +178,8 @@ class JetStreamLog:
                                     max_reconnect_attempts=-1, **options)
         except (*_UNREACHABLE, OSError) as e:
             raise StorageUnavailable(f"no NATS server answered at {url}", reason="io-error") from e
-        log = cls(nc, nc.jetstream(), stream, shards, min(max_commit_bytes, nc.max_payload - HEADER_ALLOWANCE))
+        limit = min(max_commit_bytes, nc.max_payload - HEADER_ALLOWANCE)
+        log = cls(nc, nc.jetstream(timeout=request_timeout_s), stream, shards, limit)
         try:
             await log._ensure_stream(replicas, duplicate_window_s)
         except BaseException:

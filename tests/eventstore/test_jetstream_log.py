@@ -17,7 +17,14 @@ import pytest
 from sessionloop.cli.workers import nats_server_binary
 from sessionloop.eventstore import WrongExpectedVersion
 from sessionloop.eventstore.batch import ANY_VERSION
-from sessionloop.eventstore.errors import CommitTooLarge, InvalidStreamName, LeaseHeld, LeaseLost
+from sessionloop.eventstore.errors import (
+    UNKNOWN,
+    CommitTooLarge,
+    InvalidStreamName,
+    LeaseHeld,
+    LeaseLost,
+    StorageUnavailable,
+)
 from sessionloop.eventstore.jetstream_log import JetStreamLog, stream_of_token, token_of_stream
 from sessionloop.eventstore.leases import Lease, ShardLeases, ShardOwner
 
@@ -222,6 +229,50 @@ def test_the_log_survives_a_restart_of_nats_server(nats_server: NatsServer) -> N
     nats_server.stop()
     nats_server.start()
     assert run(read) == [b"e1", b"e2", b"e3"]
+
+
+def test_concurrent_appends_without_a_version_check_get_contiguous_versions(nats_server: NatsServer) -> None:
+    async def go() -> None:
+        logs = [await _log(nats_server) for _ in range(3)]
+        try:
+            async def writer(w: int) -> None:
+                for i in range(15):
+                    await logs[w].append("session-hot", [f"w{w}-{i}".encode()], ANY_VERSION, f"w{w}-{i}")
+            await asyncio.gather(*(writer(w) for w in range(3)))
+            events = await logs[0].read_stream("session-hot")
+            assert [e.version for e in events] == list(range(1, 46))
+            assert sorted(e.event for e in events) == sorted(f"w{w}-{i}".encode() for w in range(3) for i in range(15))
+        finally:
+            for log in logs:
+                await log.close()
+    run(go)
+
+
+def test_an_unacknowledged_commit_is_unknown_and_its_retry_writes_it_once(nats_server: NatsServer) -> None:
+    async def before() -> None:
+        log = await _log(nats_server, request_timeout_s=0.5)
+        try:
+            await log.append("session-a", [b"e1"], 0, "c-1")
+            nats_server.stop()
+            with pytest.raises(StorageUnavailable) as err:
+                await log.append("session-a", [b"e2"], 1, "c-2")
+            assert err.value.outcome == UNKNOWN
+        finally:
+            await log.close()
+
+    async def after() -> list[bytes]:
+        log = await _log(nats_server)
+        try:
+            retried = await log.append("session-a", [b"e2"], 1, "c-2")
+            again = await log.append("session-a", [b"e2"], 1, "c-2")
+            assert again.duplicate and again.first_position == retried.first_position
+            return [e.event for e in await log.read_stream("session-a")]
+        finally:
+            await log.close()
+
+    run(before)
+    nats_server.start()
+    assert run(after) == [b"e1", b"e2"]
 
 
 # --- shard leases and the fenced append -----------------------------------------------------------
