@@ -17,6 +17,9 @@ that shape, ``protocol.errors.DomainError``, and imports nothing from here)::
     │   ├── StreamDeleted               stream (its partition was purged: nothing more is written)
     │   ├── InvalidStreamName           stream
     │   ├── FeedCursorExpired           app, after, oldest (retention took events after ``after``)
+    │   ├── CommitTooLarge              stream, size, limit (a JetStream log message bound)
+    │   ├── LeaseHeld                   shard, holder (another node's lease holds the shard)
+    │   ├── LeaseLost                   shard, node, reason (this node no longer owns the shard)
     │   └── StoreClosed
     └── ActorError                      (actors/, see actors/errors.py)
 
@@ -191,6 +194,44 @@ class FeedCursorExpired(StoreError):
         self.app = app
         self.after = after
         self.oldest = oldest
+
+
+class CommitTooLarge(StoreError):
+    """A commit's encoded message is larger than the replicated log takes in one message
+    (``jetstream_log.py``: the server's max payload, or the log's own bound); nothing was written."""
+
+    code = "too-large"
+
+    def __init__(self, stream: str, size: int, limit: int) -> None:
+        super().__init__(f"commit to stream {stream!r} encodes to {size} bytes, above the log's limit of "
+                         f"{limit} bytes per commit", stream=stream, size=size, limit=limit)
+        self.stream = stream
+        self.size = size
+        self.limit = limit
+
+
+class LeaseHeld(StoreError):
+    """A shard lease could not be taken: another node holds it (``leases.py``)."""
+
+    code = "lease-held"
+
+    def __init__(self, shard: int, holder: str) -> None:
+        super().__init__(f"shard {shard} is leased by node {holder!r}", shard=shard, holder=holder)
+        self.shard = shard
+        self.holder = holder
+
+
+class LeaseLost(StoreError):
+    """This node no longer owns the shard (its lease expired, passed to another node, or a fenced
+    append found another writer); it dropped the shard and must not write to it (``leases.py``)."""
+
+    code = "lease-lost"
+
+    def __init__(self, shard: int, node: str, reason: str) -> None:
+        super().__init__(f"node {node!r} lost shard {shard}: {reason}", shard=shard, node=node, reason=reason)
+        self.shard = shard
+        self.node = node
+        self.reason = reason
 
 
 class StoreClosed(StoreError):

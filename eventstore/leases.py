@@ -1,0 +1,245 @@
+"""Shard leases in a JetStream key-value bucket, and the fenced append of a shard's owner (issue 23).
+
+Theory of operation:
+
+* the bucket ``SL_LEASES`` keeps one key per leased shard, ``shard.<n>``, whose value is the
+  owner's node id; the bucket's TTL (``max_age``) removes a lease nobody renewed;
+* ``acquire(shard, node)`` is ``kv.create``: it fails while another node's lease holds
+  (:class:`~eventstore.errors.LeaseHeld`), and its revision is the lease's **epoch**. The
+  revision is the bucket stream's sequence, so a later owner of the shard always has a higher
+  epoch than every earlier one;
+* ``renew`` is ``kv.update(last=revision)``: it fails (:class:`~eventstore.errors.LeaseLost`) once
+  the key expired or another node took it; ``release`` deletes the key with the last revision;
+* the owner also keeps a local deadline, taken on its monotonic clock when the request left and
+  shortened by a guard (``guard`` of the TTL), so a node that was paused past its lease refuses
+  to write before it asks the server anything.
+
+:class:`ShardOwner` is a node's view: it appends only to streams of shards whose lease it holds,
+inside the local deadline; every append also carries the stream's expected subject sequence
+(``jetstream_log.py``), so when the shard passed to another node that wrote the stream, the old
+owner's append is refused by the server, and the old owner drops the shard (``LeaseLost``).
+
+What this slice does not close yet: a stale owner that passes its local deadline check, then
+stalls before its publish reaches the server, can still commit to a stream the new owner has not
+written since it took the shard. The next slice fences per shard on the server (a takeover marker
+in the log checked with ``Nats-Expected-Last-Subject-Sequence-Subject``, or atomic batches).
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
+
+from sessionloop.eventstore.batch import ANY_VERSION
+from sessionloop.eventstore.errors import LeaseHeld, LeaseLost, StorageError, StorageUnavailable, WrongExpectedVersion
+from sessionloop.eventstore.jetstream_log import JetStreamLog
+from sessionloop.eventstore.records import AppendResult
+
+__all__ = ["DEFAULT_BUCKET", "Lease", "ShardLeases", "ShardOwner"]
+
+DEFAULT_BUCKET = "SL_LEASES"
+MAX_NODE_ID_BYTES = 64
+MAX_SHARD = 1 << 16
+_UNREACHABLE = (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.errors.NoServersError,
+                nats.errors.ConnectionReconnectingError, nats.errors.NoRespondersError,
+                nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
+WRONG_LAST_SEQUENCE = (10071, 10164)
+
+
+class Lease(msgspec.Struct, frozen=True):
+    """A shard's lease as its owner holds it. ``epoch``: the revision that created it (the
+    ownership's epoch, constant across renewals); ``revision``: the last one written (the next
+    renewal's expectation); ``deadline``: the owner's monotonic time after which it stops writing."""
+
+    shard: int
+    node: str
+    epoch: int
+    revision: int
+    deadline: float
+
+    def valid(self, now: float | None = None) -> bool:
+        return (time.monotonic() if now is None else now) < self.deadline
+
+
+def _key(shard: int) -> str:
+    if not 0 <= shard < MAX_SHARD:
+        raise ValueError(f"shard must be 0 to {MAX_SHARD - 1}, got {shard}")
+    return f"shard.{shard}"
+
+
+def _check_node(node: str) -> bytes:
+    raw = node.encode("utf-8")
+    if not raw or len(raw) > MAX_NODE_ID_BYTES or not node.isprintable():
+        raise ValueError(f"node id must be 1 to {MAX_NODE_ID_BYTES} printable bytes, got {node!r}")
+    return raw
+
+
+class ShardLeases:
+    """The lease bucket; open it with :meth:`open` on a log's (or any) JetStream context."""
+
+    def __init__(self, kv: KeyValue, ttl_s: float, guard: float) -> None:
+        self._kv = kv
+        self.ttl_s = ttl_s
+        self.guard = guard
+
+    @classmethod
+    async def open(cls, js: JetStreamContext | JetStreamLog, *, bucket: str = DEFAULT_BUCKET, ttl_s: float = 10.0,
+                   replicas: int = 1, guard: float = 0.2) -> ShardLeases:
+        """Create the bucket if needed (file storage, history 1, ``ttl_s``). An existing bucket
+        keeps its TTL: the one given must match it (StorageError otherwise)."""
+        if not 0.5 <= ttl_s <= 3600:
+            raise ValueError(f"lease ttl must be 0.5 to 3600 s, got {ttl_s}")
+        if not 0 <= guard < 1:
+            raise ValueError(f"guard must be in [0, 1), got {guard}")
+        ctx = js.jetstream if isinstance(js, JetStreamLog) else js
+        try:
+            try:
+                kv = await ctx.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                kv = await ctx.create_key_value(api.KeyValueConfig(
+                    bucket=bucket, history=1, ttl=ttl_s, storage=api.StorageType.FILE, replicas=replicas,
+                    direct=True))
+            status = await kv.status()
+        except _UNREACHABLE as e:
+            raise StorageUnavailable(f"JetStream did not answer for the lease bucket {bucket}",
+                                     reason="io-error") from e
+        except nats.js.errors.APIError as e:
+            raise StorageError(f"cannot open the lease bucket {bucket}: {e.description}") from e
+        if status.ttl is not None and abs(status.ttl - ttl_s) > 1e-3:
+            raise StorageError(f"lease bucket {bucket} has a ttl of {status.ttl} s, not {ttl_s} s")
+        return cls(kv, ttl_s, guard)
+
+    def _deadline(self, sent: float) -> float:
+        return sent + self.ttl_s * (1 - self.guard)
+
+    async def acquire(self, shard: int, node: str) -> Lease:
+        """Take ``shard``'s lease for ``node``; raises LeaseHeld while another lease holds it."""
+        key, raw = _key(shard), _check_node(node)
+        sent = time.monotonic()
+        try:
+            revision = await self._kv.create(key, raw)
+        except nats.js.errors.KeyWrongLastSequenceError as e:
+            raise LeaseHeld(shard, await self._holder_name(key)) from e
+        except _UNREACHABLE as e:
+            raise StorageUnavailable(f"JetStream did not answer the lease request for shard {shard}",
+                                     reason="io-error") from e
+        return Lease(shard, node, revision, revision, self._deadline(sent))
+
+    async def renew(self, lease: Lease) -> Lease:
+        """Extend ``lease``; raises LeaseLost once it expired on the server or passed to another node."""
+        sent = time.monotonic()
+        try:
+            revision = await self._kv.update(_key(lease.shard), lease.node.encode("utf-8"), last=lease.revision)
+        except nats.js.errors.KeyWrongLastSequenceError as e:
+            raise LeaseLost(lease.shard, lease.node, "the lease expired or another node took it") from e
+        except _UNREACHABLE as e:
+            raise StorageUnavailable(f"JetStream did not answer the renewal of shard {lease.shard}",
+                                     reason="io-error") from e
+        return Lease(lease.shard, lease.node, lease.epoch, revision, self._deadline(sent))
+
+    async def release(self, lease: Lease) -> bool:
+        """Give the lease up (delete at its revision); False when it was no longer ours."""
+        try:
+            await self._kv.delete(_key(lease.shard), last=lease.revision)
+        except nats.js.errors.APIError as e:
+            if e.err_code in WRONG_LAST_SEQUENCE:
+                return False
+            if isinstance(e, _UNREACHABLE):
+                raise StorageUnavailable(f"JetStream did not answer the release of shard {lease.shard}",
+                                         reason="io-error") from e
+            raise StorageError(f"cannot release shard {lease.shard}: {e.description}") from e
+        except _UNREACHABLE as e:
+            raise StorageUnavailable(f"JetStream did not answer the release of shard {lease.shard}",
+                                     reason="io-error") from e
+        return True
+
+    async def holder(self, shard: int) -> tuple[str, int] | None:
+        """``(node, revision)`` of the lease holding ``shard`` now, or None."""
+        try:
+            entry = await self._kv.get(_key(shard))
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        except _UNREACHABLE as e:
+            raise StorageUnavailable(f"JetStream did not answer a lease read of shard {shard}",
+                                     reason="io-error") from e
+        return (entry.value or b"").decode("utf-8", "replace"), int(entry.revision or 0)
+
+    async def _holder_name(self, key: str) -> str:
+        try:
+            entry = await self._kv.get(key)
+        except (nats.js.errors.KeyNotFoundError, *_UNREACHABLE):
+            return "?"  # it expired or the server went away between the refusal and this read
+        return (entry.value or b"").decode("utf-8", "replace")
+
+
+class ShardOwner:
+    """One node's shards: it appends only where its lease holds, and drops a shard whose fence failed."""
+
+    def __init__(self, log: JetStreamLog, leases: ShardLeases, node: str) -> None:
+        _check_node(node)
+        self.log = log
+        self.leases = leases
+        self.node = node
+        self._held: dict[int, Lease] = {}
+        #: how many shards this node dropped (lease expired locally, renewal refused, fence failed)
+        self.drops = 0
+
+    @property
+    def held(self) -> dict[int, Lease]:
+        return dict(self._held)
+
+    async def acquire(self, shard: int) -> Lease:
+        lease = await self.leases.acquire(shard, self.node)
+        self._held[shard] = lease
+        return lease
+
+    async def renew(self, shard: int) -> Lease:
+        """Renew a held shard's lease; drops it and raises LeaseLost when the server refuses."""
+        lease = self._lease(shard)
+        try:
+            renewed = await self.leases.renew(lease)
+        except LeaseLost:
+            self._drop(shard)
+            raise
+        self._held[shard] = renewed
+        return renewed
+
+    async def release(self, shard: int) -> bool:
+        lease = self._held.pop(shard, None)
+        return False if lease is None else await self.leases.release(lease)
+
+    def epoch_of(self, shard: int) -> int:
+        """The epoch of this node's ownership of ``shard`` (raises LeaseLost when not held)."""
+        return self._lease(shard).epoch
+
+    async def append(self, stream: str, events: list[bytes], expected_version: int = ANY_VERSION,
+                     commit_id: str | None = None) -> AppendResult:
+        """``JetStreamLog.append`` fenced by the shard's lease: raises LeaseLost (nothing written)
+        when the lease is not held or its local deadline passed, and when the server refused the
+        expected sequence (another writer moved the stream: the shard is dropped)."""
+        shard = self.log.shard_of(stream)
+        self._lease(shard)
+        try:
+            return await self.log.append(stream, events, expected_version, commit_id)
+        except WrongExpectedVersion as e:
+            self._drop(shard)
+            raise LeaseLost(shard, self.node, f"stream {stream!r} is at version {e.actual}, not {e.expected}: "
+                                              "another writer owns it") from e
+
+    def _lease(self, shard: int) -> Lease:
+        lease = self._held.get(shard)
+        if lease is None:
+            raise LeaseLost(shard, self.node, "no lease held")
+        if not lease.valid():
+            self._drop(shard)
+            raise LeaseLost(shard, self.node, "the lease's local deadline passed")
+        return lease
+
+    def _drop(self, shard: int) -> None:
+        if self._held.pop(shard, None) is not None:
+            self.drops += 1
