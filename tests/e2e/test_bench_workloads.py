@@ -84,21 +84,26 @@ def test_each_shipped_workload_runs_against_a_spawned_server(tmp_path, name):
     assert head == PNG and os.path.getsize(png) > 20_000
 
 
-def test_a_workload_against_a_separately_started_server_with_the_owner_and_two_apps(apps_server, tmp_path):
-    apps = ('[apps.bot1]\ntoken = "bench-bot-one-token-for-the-e2e-test"\ncontainers = ["bench"]\n'
-            '[apps.bot2]\ntoken = "bench-bot-two-token-for-the-e2e-test"\ncontainers = ["bench"]\n')
+BOT_TOKENS = ("bench-bot-one-token-for-the-e2e-test", "bench-bot-two-token-for-the-e2e-test")
+
+
+@pytest.mark.parametrize("name", sorted(SHORT))
+def test_each_shipped_workload_runs_against_a_separately_started_server_with_two_apps(apps_server, tmp_path, name):
+    apps = "".join(f'[apps.bot{i}]\ntoken = "{t}"\ncontainers = ["bench"]\n' for i, t in enumerate(BOT_TOKENS))
     server = apps_server(apps)
     out = str(tmp_path / "r.json")
-    done = bench("--url", server.url, "--token", TOKEN, "--app-token", "bench-bot-one-token-for-the-e2e-test",
-                 "--app-token", "bench-bot-two-token-for-the-e2e-test", "--workload", "approvals",
-                 *sets("approvals"), "--out", out, "--no-progress", "--fail-if", "errors>0,turns<1000000")
+    done = bench("--url", server.url, "--token", TOKEN, *(x for t in BOT_TOKENS for x in ("--app-token", t)),
+                 "--workload", name, *sets(name), "--out", out, "--json", "--fail-if", "errors>0,turns<1000000")
     # the run itself is sound; the gate holds on turns<1000000 and so fails it, naming the condition
     assert done.returncode == 1, done.stdout + done.stderr
     assert "--fail-if: turns<1e+06" in done.stderr and "errors>0" not in done.stderr
-    r = check_result(out, "approvals")
+    r = check_result(out, name)
+    assert results.msgspec.json.decode(done.stdout, type=results.Result) == r  # --json prints the same result
     assert not r.target.spawned and r.target.url == server.url
-    assert r.overall.counts.approvals > 0
-    assert TOKEN not in open(out).read() and "bench-bot-one" not in open(out).read()
+    if name == "approvals":
+        assert r.overall.counts.approvals > 0
+    text = open(out).read()
+    assert TOKEN not in text and not any(t in text for t in BOT_TOKENS)
 
 
 def test_a_workload_needing_the_owner_is_refused_without_its_token(apps_server):
