@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import math
 import os
 import platform
@@ -81,7 +82,6 @@ class Slot:
     bot: int  # the index of its bot connection
     watched: bool
     turns: int = 0  # sends made (a duplicate resend not counted)
-    busy: bool = False
 
 
 @dataclass
@@ -91,7 +91,8 @@ class Progress:
     t_s: float
     phase: str
     sample: Sample
-    totals: dict[str, int]
+    turns: int  # ended so far
+    errors: int  # so far
     seconds: float
 
 
@@ -99,7 +100,7 @@ class Progress:
 class Books:
     """The audit's books: per distinct acknowledged send its turn, per duplicate the answer."""
 
-    sessions: dict[str, str] = field(default_factory=dict)  # session id -> app token index
+    sessions: set[str] = field(default_factory=set)  # the run's session ids
     turn_of_key: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (session, turn)
     bad_duplicates: list[str] = field(default_factory=list)
     ended: dict[tuple[str, str], int] = field(default_factory=dict)  # (session, turn) -> end events seen
@@ -160,7 +161,7 @@ class Run:
         self.stopping = False
         self.info: Any = None
         self.t0 = 0.0
-        self.weights = [m.weight for m in workload.messages]
+        self.cum_weights = list(itertools.accumulate(m.weight for m in workload.messages))
         self.container = workload.sessions.container
 
     # --- time ---------------------------------------------------------------------------------
@@ -266,7 +267,7 @@ class Run:
         created = await self.bots[bot].create(container_id=self.container, title=f"bench {self.run_id} user {user}",
                                               permission_mode=s.permission_mode)
         slot = Slot(created.session_id, bot, watched=self.rng.random() < s.watched)
-        self.books.sessions[slot.session_id] = str(self.bot_app[bot])
+        self.books.sessions.add(slot.session_id)
         self.slots.append(slot)
         if slot.watched:
             await self.watch(slot.session_id)
@@ -277,7 +278,7 @@ class Run:
         s, rec, bot = self.w.sessions, self.rec, self.bots[slot.bot]
         slot.turns += 1
         n = slot.turns
-        message = self.rng.choices(self.w.messages, self.weights)[0]
+        message = self.rng.choices(self.w.messages, cum_weights=self.cum_weights)[0]
         text = message.text.replace("{n}", str(n)).replace("{user}", str(user))
         key = f"bench-{self.run_id}-{slot.session_id}-{n}"
         files = [attachment(s.attachment_bytes, n)] if self.rng.random() < s.attachments else None
@@ -404,9 +405,7 @@ class Run:
         except ClientError as e:
             self.rec.error(self.now(), type(e).__name__, str(e))
             return
-        slot.busy = True
         await self.turn(slot, intended, n)
-        slot.busy = False
         if slot.turns < self.w.sessions.turns:
             self.idle.append(slot)
 
@@ -428,9 +427,7 @@ class Run:
             k += 1
             if self.on_progress is not None:
                 tally = self.rec.all.tally
-                totals = {"turns": tally.turns, "errors": tally.errors, "sent": tally.sent,
-                          "in_flight": self.rec.in_flight}
-                self.on_progress(Progress(t, sample.phase, sample, totals, self.w.seconds))
+                self.on_progress(Progress(t, sample.phase, sample, tally.turns, tally.errors, self.w.seconds))
 
     async def read_feeds(self, final: bool) -> None:
         """Read every app's feed after its last cursor; ``final``: until its end."""

@@ -46,8 +46,8 @@ def progress_line(p: Progress) -> str:
     s = p.sample
     lat = "-" if s.p50_ms is None else f"{s.p50_ms:.0f}/{s.p99_ms:.0f} ms"
     return (f"{p.t_s:6.1f}/{p.seconds:.0f} s  {p.phase:<10} {s.turns_per_s:8.1f} turns/s  p50/p99 {lat:<14} "
-            f"in flight {s.in_flight:>6,}  users/rate {s.users:>6,}  turns {p.totals['turns']:>9,}  "
-            f"errors {p.totals['errors']:>6,}")
+            f"in flight {s.in_flight:>6,}  users/rate {s.users:>6,}  turns {p.turns:>9,}  "
+            f"errors {p.errors:>6,}")
 
 
 __all__ = ["format_result", "progress_line"]
