@@ -35,7 +35,9 @@ landed: retry with the same commit id, which dedups), any other server error
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import random
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Sequence
@@ -77,8 +79,12 @@ MAX_COMMIT_ID_BYTES = 128
 MAX_EVENTS_PER_COMMIT = 10_000
 #: streams whose (version, last sequence) the log remembers; the rest are read from the server
 HEAD_CACHE_SIZE = 100_000
-#: an append with ANY_VERSION retries this many times when other writers keep moving the stream
-ANY_VERSION_ATTEMPTS = 8
+#: an append with ANY_VERSION retries this many times when other writers keep moving the stream,
+#: sleeping a random "full jitter" backoff between tries (base * 2**try, capped) so racing writers
+#: spread out instead of colliding again on the next round trip
+ANY_VERSION_ATTEMPTS = 16
+CONTENTION_BACKOFF_BASE_S = 0.002
+CONTENTION_BACKOFF_CAP_S = 0.1
 WRONG_LAST_SEQUENCE = 10071
 
 H_FIRST = "Sl-First-Version"
@@ -243,7 +249,10 @@ class JetStreamLog:
             raise ValueError(f"expected_version must be >= 0 or ANY_VERSION, got {expected_version}")
         _check_commit_id(commit_id)
         attempts = ANY_VERSION_ATTEMPTS if expected_version == ANY_VERSION else 1
-        for _ in range(attempts):
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(random.uniform(0, min(CONTENTION_BACKOFF_CAP_S,
+                                                          CONTENTION_BACKOFF_BASE_S * 2 ** attempt)))
             try:
                 head = await self._head(stream, subject, expected_version)
             except WrongExpectedVersion as e:
