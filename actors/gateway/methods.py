@@ -21,7 +21,7 @@ from sessionloop.actors.errors import InvalidCommand, NotFound, SessionBusy
 from sessionloop.actors.session import commands as C
 from sessionloop.actors.session.messages import Ask, Cancel, Compact, Create, Decide, Send, Snapshot, Subscribe
 from sessionloop.actors.session.rewind import rewind
-from sessionloop.actors.session.tree import archive_tree
+from sessionloop.actors.session.tree import archive_tree, tree_of
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE as DEFAULT_WORKSPACE_KEY
 from sessionloop.actors.settings.context import DEFAULT_WORKSPACE_NAME
 from sessionloop.actors.settings.texts import Text, message_of
@@ -79,6 +79,7 @@ class Client(Protocol):
     peer: Peer
     subscriptions: set[str]
     closed: bool
+    tree_part: bool
 
     def result(self, request_id: RequestId, result: msgspec.Struct) -> None: ...
 
@@ -92,6 +93,9 @@ class Client(Protocol):
 #: validated by the protocol layer) -> None; it answers later through ``conn.result``/``conn.error``
 Handler = Callable[["Client", RequestId, Any], None]
 EMPTY = Empty()
+#: how long a worker waits for another to do its share of a tree operation (a delete stops work
+#: and purges: several of the deletion's 15 s steps at worst)
+TREE_PART_TIMEOUT_S = 60.0
 #: recorded with an owner's session; its name is shown in the server's language (summary_records.place_name)
 DEFAULT_WORKSPACE = E.PlaceRef(key=DEFAULT_WORKSPACE_KEY, kind="workspace", name=DEFAULT_WORKSPACE_NAME)
 
@@ -129,6 +133,16 @@ def in_background(svc: SessionProtocolService, conn: Client, request_id: Request
             conn.error(request_id, _as_rpc(e))
 
     svc.slow.submit(run)
+
+
+def _outcome_of(work: Callable[[], msgspec.Struct], done: Callable[[BaseException | None], None]) -> None:
+    """Run ``work`` (on a pool thread) and tell ``done`` its error, or None."""
+    try:
+        work()
+    except BaseException as e:
+        done(e)
+        return
+    done(None)
 
 
 def build_handlers(svc: SessionProtocolService) -> dict[str, Handler]:
@@ -244,25 +258,79 @@ class _Handlers:
 
     def tree_op(self, conn: Client, request_id: RequestId, session_id: str, op: str,
                 done: Callable[[BaseException | None], None] | None = None) -> None:
-        """archive / unarchive / delete a session and every session below it."""
+        """archive / unarchive / delete a session and every session below it. Under ``serve
+        --workers`` a tree can span workers (after N changed, a child's shard may be another
+        worker's): this worker acts on its sessions of it and has each other worker act on its
+        own (:meth:`_elsewhere`); a share-out that came from another worker acts here only."""
         self.check(conn, session_id)
-        if op == "delete":
-            def delete() -> msgspec.Struct:
-                self.rt.deletions.delete_tree(session_id, self.index.descendants)
-                return EMPTY
-
-            in_background(self.svc, conn, request_id, delete)
-            return
+        elsewhere = self._elsewhere(conn, op)
 
         def finished(error: BaseException | None) -> None:
             if done is not None:
                 done(error)
             elif error is not None:
-                conn.error(request_id, error)
+                conn.error(request_id, _as_rpc(error))
             else:
                 conn.result(request_id, EMPTY)
 
-        archive_tree(self.rt, session_id, self.index.descendants, op == "archive", finished)
+        if op == "delete":
+            def delete() -> msgspec.Struct:
+                self.rt.deletions.delete_tree(session_id, self.index.descendants, elsewhere)
+                return EMPTY
+
+            if done is None:
+                in_background(self.svc, conn, request_id, delete)
+            else:
+                self.svc.slow.submit(_outcome_of, delete, done)
+            return
+        archived = op == "archive"
+        tree = tree_of(session_id, self.index.descendants)
+        if elsewhere is None or all(self.rt.owns(sid) for sid in tree):
+            archive_tree(self.rt, session_id, self._owned_below, archived, finished)
+            return
+
+        def across() -> msgspec.Struct:
+            here = threading.Event()
+            local: list[BaseException | None] = []
+
+            def here_done(error: BaseException | None) -> None:
+                local.append(error)
+                here.set()
+
+            archive_tree(self.rt, session_id, self._owned_below, archived, here_done)
+            try:
+                elsewhere([sid for sid in tree if not self.rt.owns(sid)])
+            finally:
+                here.wait(self.rt.options.request_timeout_s)
+            if not local:
+                raise RpcError.unavailable(f"archiving session {session_id} took too long; retry", 1000)
+            if local[0] is not None:
+                raise local[0]
+            return EMPTY
+
+        self.svc.slow.submit(_outcome_of, across, finished)
+
+    def _owned_below(self, session_id: str) -> list[str]:
+        """The sessions below ``session_id`` that this process runs (all of them in one process)."""
+        return [sid for sid in self.index.descendants(session_id) if self.rt.owns(sid)]
+
+    def _elsewhere(self, conn: Client, op: str) -> Callable[[list[str]], None] | None:
+        """How this worker has the other workers ``op`` their sessions of a tree, or None where
+        nothing crosses (one process, or this request is another worker's share-out). The
+        callable takes session ids in the order they are to be done (a delete: children first)
+        and has each one's worker do it, one after another (blocks: call it on a pool thread);
+        raises the first failure, naming the session."""
+        relay = self.svc.relay
+        if relay is None or conn.tree_part:
+            return None
+        owner = relay.placement.owner
+        client = getattr(getattr(conn, "protocol", None), "client", None)
+
+        def run(ids: list[str]) -> None:
+            for sid in ids:
+                relay.tree_part(owner(sid), conn.peer, client, op, sid, TREE_PART_TIMEOUT_S)
+
+        return run
 
     def _delete_batch(self, conn: Client, ids: list[str]) -> SessionBatchResult:
         """``session/batch`` delete: each session with its children (``actors/session/deletion.py``), one
@@ -270,12 +338,13 @@ class _Handlers:
         of the batch is not a failure."""
         failures: list[BatchFailure] = []
         gone: set[str] = set()
+        elsewhere = self._elsewhere(conn, "delete")
         for sid in dict.fromkeys(ids):
             if sid in gone:
                 continue
             try:
                 self.check(conn, sid)
-                gone.update(self.rt.deletions.delete_tree(sid, self.index.descendants))
+                gone.update(self.rt.deletions.delete_tree(sid, self.index.descendants, elsewhere))
             except Exception as e:  # noqa: BLE001 - each id that failed is named with why
                 failures.append(BatchFailure(session_id=sid, message=message_of(e)))
         return SessionBatchResult(failed=failures)
@@ -289,12 +358,16 @@ class _Handlers:
         if params.op == "delete":
             in_background(self.svc, conn, request_id, lambda: self._delete_batch(conn, list(params.ids)))
             return
+        lock = threading.Lock()
 
         def one_done(session_id: str, error: BaseException | None) -> None:
             if error is not None:
-                failures.append(BatchFailure(session_id=session_id, message=message_of(error)))
-            left["n"] -= 1
-            if left["n"] == 0:
+                with lock:
+                    failures.append(BatchFailure(session_id=session_id, message=message_of(error)))
+            with lock:
+                left["n"] -= 1
+                last = left["n"] == 0
+            if last:
                 conn.result(request_id, SessionBatchResult(failed=failures))
 
         for sid in params.ids:

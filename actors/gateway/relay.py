@@ -66,7 +66,9 @@ SCATTERED: dict[str, str | None] = {"background/list": "tasks", "background/watc
 
 
 class RelayedRequest(msgspec.Struct, array_like=True, frozen=True):
-    """A request frame from the origin worker's connection ``conn`` (of its incarnation ``epoch``)."""
+    """A request frame from the origin worker's connection ``conn`` (of its incarnation ``epoch``).
+    ``part``: the origin's share-out of one tree operation (:meth:`Relay.tree_part`): the owner
+    acts on the sessions it names and theirs, never relaying further."""
 
     origin: int
     epoch: int
@@ -74,6 +76,7 @@ class RelayedRequest(msgspec.Struct, array_like=True, frozen=True):
     peer: Peer
     client: ClientInfo | None
     frame: str
+    part: bool = False
 
 
 class RelayedPush(msgspec.Struct, array_like=True, frozen=True):
@@ -329,6 +332,39 @@ class Relay:
                                                  _wire_peer(conn.peer), conn.protocol.client, text))
             self.link.request(f"sl.w.{worker}.rpc", request, RELAY_TIMEOUT_S, functools.partial(done, worker))
 
+    def tree_part(self, worker: int, peer: Peer, client: ClientInfo | None, op: str, session_id: str,
+                  timeout_s: float) -> None:
+        """Have ``worker`` archive, unarchive or delete (``op``) ``session_id``, a session of a tree
+        this worker's session roots, for ``peer``: a ``session/<op>`` on a connection of its own
+        that acts on that session and those below it on that worker only. Blocks until the answer
+        (call it on a thread that may wait). A session deleted meanwhile is no failure; raises the
+        worker's error otherwise, or RpcError ``unavailable`` when it does not answer in ``timeout_s``."""
+        relay_id = next(self._ids)  # a connection id of this worker nobody else uses
+        frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": f"session/{op}", "params": {"sessionId": session_id}})
+        request = _enc.encode(RelayedRequest(self.placement.worker, self.epoch, relay_id, _wire_peer(peer), client,
+                                             frame, part=True))
+        got: list[bytes | None] = []
+        answered = threading.Event()
+
+        def done(answer: bytes | None, error: BaseException | None) -> None:
+            if error is not None:
+                log.warning("worker %d did not answer its part of a session/%s: %s", worker, op, type(error).__name__)
+            got.append(answer)
+            answered.set()
+
+        self.link.request(f"sl.w.{worker}.rpc", request, timeout_s, done)
+        answered.wait(timeout_s + 5)
+        self.link.publish(f"sl.w.{worker}.closed", _enc.encode(ConnectionClosed(self.placement.worker, self.epoch,
+                                                                              relay_id)))
+        answer = json.loads(got[0]) if got and got[0] is not None else None
+        if answer is None:
+            raise _unavailable(worker)
+        error = answer.get("error")
+        if error is not None and (error.get("data") or {}).get("code") != "not-found":
+            data = {k: v for k, v in (error.get("data") or {}).items() if isinstance(k, str)}
+            raise RpcError(error.get("code", -32603), f"session {session_id} (worker {worker}): "
+                                                     f"{error.get('message', 'error')}", **data)
+
     def _track(self, conn: ClientConnection, request_id: Any, workers: list[int]) -> _InFlight:
         entry = _InFlight(conn, request_id, workers)
         with self._lock:
@@ -428,6 +464,7 @@ class Relay:
 
                 relayed = self._make_relayed(request.peer, request.client, push)
                 relayed.relay_id = request.conn
+                relayed.tree_part = request.part
                 self._relayed[key] = relayed
         reply = msg.reply
         relayed.receive_relayed(request.frame, (lambda text: self.link.publish(reply, text.encode("utf-8")))

@@ -103,6 +103,8 @@ class ClientConnection:
         self.relay_id = 0
         self.relayed_to: set[int] = set()
         self.relayed_subscriptions: dict[str, int] = {}  # session -> the worker that runs it
+        #: another worker's share-out of one tree operation (``Relay.tree_part``): act here only
+        self.tree_part = False
 
     # --- transport side ---------------------------------------------------------------------
 

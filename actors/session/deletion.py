@@ -37,6 +37,7 @@ The decision what a delete writes is pure (``decide.decide_stop_for_delete``, ``
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -66,29 +67,49 @@ class Deletions:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
 
-    def delete_tree(self, root: str, below: Callable[[str], list[str]]) -> list[str]:
+    def delete_tree(self, root: str, below: Callable[[str], list[str]],
+                    elsewhere: Callable[[list[str]], None] | None = None) -> list[str]:
         """Delete ``root`` and every session ``below(root)`` lists (each after its parent); the
         ids deleted. Raises NotFound when ``root`` does not exist or was deleted; blocks (run it
-        on a worker thread)."""
+        on a worker thread).
+
+        One of several workers (``serve --workers``) acts on the sessions it runs; the tree's
+        others are another worker's: ``elsewhere(ids)`` has their workers delete them (each with
+        what is below it there), in the tree's children-first order, or they are left alone when
+        ``elsewhere`` is None (this delete is a worker's share of another's tree)."""
+        owns = self.rt.owns
         frozen: list[str] = []
         deleted: list[str] = []
         try:
             tree = self._freeze(root, below, frozen)
-            self._stop_work(tree)
-            for session_id in reversed(tree):  # children before their parents
-                try:
-                    self._ask(session_id, Purge)
-                except NotFound:
-                    if session_id == root:
-                        raise
-                    continue  # deleted meanwhile
-                deleted.append(session_id)
-                self.rt.faults.hit("after-purge")
-                self.clean_files(session_id)
+            if elsewhere is None:
+                tree = [sid for sid in tree if owns(sid)]
+            self._stop_work([sid for sid in tree if owns(sid)])
+            for mine, group in itertools.groupby(reversed(tree), owns):  # children before their parents
+                run = list(group)
+                if not mine:
+                    assert elsewhere is not None
+                    elsewhere(run)
+                    deleted.extend(run)
+                    continue
+                self._purge_run(root, run, deleted)
         except BaseException:
             self._thaw([sid for sid in frozen if sid not in deleted])
             raise
         return deleted
+
+    def _purge_run(self, root: str, run: list[str], deleted: list[str]) -> None:
+        """Purge each of ``run`` (this process's sessions, children first), adding it to ``deleted``."""
+        for session_id in run:
+            try:
+                self._ask(session_id, Purge)
+            except NotFound:
+                if session_id == root:
+                    raise
+                continue  # deleted meanwhile
+            deleted.append(session_id)
+            self.rt.faults.hit("after-purge")
+            self.clean_files(session_id)
 
     def _freeze(self, root: str, below: Callable[[str], list[str]], frozen: list[str]) -> list[str]:
         """Freeze the tree, again for children that appeared meanwhile; the tree (each session
@@ -101,6 +122,8 @@ class Deletions:
                 return tree
             for session_id in new:
                 asked.add(session_id)
+                if not self.rt.owns(session_id):  # another worker's: it freezes it when it deletes it
+                    continue
                 try:
                     self._ask(session_id, lambda r: Freeze("the session was deleted", r))
                 except NotFound:

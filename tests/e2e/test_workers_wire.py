@@ -469,3 +469,67 @@ def test_loop_watch_hears_both_workers_sessions_in_cursor_order_and_resumes_from
     assert {e["sessionId"] for e in heard} == {s for _, s in sessions}
     assert sum(e["type"] == "turn.completed" for e in heard) == len(sessions)
     assert replayed == heard[3:]
+
+
+def test_a_session_tree_split_over_workers_after_n_changed_is_archived_and_deleted_whole(server_factory, tmp_path):
+    """A tree made by one process (root -> children -> grandchildren), served again by two workers:
+    its sessions now sit on both (each by its shard), a child of the other worker has a grandchild
+    back on the root's. Archive, unarchive, ``session/batch`` archive and delete of the root reach
+    every session of it, whichever worker runs it and whichever worker the client's connection is on."""
+    data = tmp_path / "tree-data"
+
+    async def make_tree(server):
+        async with open_client(server) as ws:
+            c = await initialized(ws)
+            root = (await c.result("session/create", {"name": "root"}))["session"]["id"]
+            parent_of: dict[str, str] = {}
+            for n in range(60):  # until the tree crosses from worker to worker and back
+                crossing = [s for s, p in parent_of.items() if owner(s) != owner(p)]
+                back = [s for s, p in parent_of.items() if p in crossing and owner(s) == owner(root)]
+                if len(crossing) >= 2 and back and any(owner(s) == owner(root) for s in parent_of):
+                    return root, parent_of
+                under = next((s for s in crossing if not any(p == s for p in parent_of.values())), root) \
+                    if crossing and not back else root
+                child = (await c.result("session/create", {"name": f"n{n}", "parentId": under}))["session"]["id"]
+                parent_of[child] = under
+            raise AssertionError(f"no tree crossing workers in 60 sessions: {parent_of}")
+
+    server = server_factory(data_dir=str(data))
+    root, parent_of = run(make_tree(server))
+    assert server.stop() == 0
+    tree = [root, *parent_of]
+    assert {owner(s) for s in tree} == {0, 1}
+
+    async def listed(c, archived: bool) -> set[str]:
+        out: set[str] = set()
+        for parent in {root, *parent_of.values()}:
+            page = await c.result("sessions/list", {"parentId": parent, "archived": archived, "limit": 200})
+            out |= {s["id"] for s in page["sessions"]}
+        page = await c.result("sessions/list", {"archived": archived, "limit": 200})
+        return out | {s["id"] for s in page["sessions"]}
+
+    async def go(server):
+        async with AsyncExitStack() as stack:
+            clients = [await initialized(await stack.enter_async_context(open_client(server))) for _ in range(4)]
+            a, b = clients[0], clients[-1]
+            await a.result("session/archive", {"sessionId": root})
+            archived = await listed(b, True)
+            await b.result("session/unarchive", {"sessionId": root})
+            unarchived = await listed(a, True), await listed(a, False)
+            batch = await b.result("session/batch", {"op": "archive", "ids": [root]})
+            batch_archived = await listed(a, True)
+            deleted = await a.result("session/delete", {"sessionId": root})
+            after = {s["id"] for archived in (True, False)
+                     for s in (await b.result("sessions/list", {"archived": archived, "limit": 200}))["sessions"]}
+            gone = [await b.call("session/subscribe", {"sessionId": s}) for s in tree]
+            return archived, unarchived, batch, batch_archived, deleted, after, gone
+
+    server = server_factory("--workers", "2", data_dir=str(data))
+    archived, (still_archived, active), batch, batch_archived, deleted, after, gone = run(go(server))
+    assert server.stop() == 0
+    assert set(tree) <= archived, set(tree) - archived
+    assert not set(tree) & still_archived and set(tree) <= active
+    assert batch == {"failed": []} and set(tree) <= batch_archived
+    assert deleted == {}
+    assert not set(tree) & after
+    assert all(r["error"]["data"]["code"] == "not-found" for r in gone), gone
