@@ -263,7 +263,7 @@ class _Handlers:
         worker's): this worker acts on its sessions of it and has each other worker act on its
         own (:meth:`_elsewhere`); a share-out that came from another worker acts here only."""
         self.check(conn, session_id)
-        elsewhere = self._elsewhere(conn, op)
+        elsewhere = self._elsewhere(conn, f"session/{op}")
 
         def finished(error: BaseException | None) -> None:
             if done is not None:
@@ -314,8 +314,8 @@ class _Handlers:
         """The sessions below ``session_id`` that this process runs (all of them in one process)."""
         return [sid for sid in self.index.descendants(session_id) if self.rt.owns(sid)]
 
-    def _elsewhere(self, conn: Client, op: str) -> Callable[[list[str]], None] | None:
-        """How this worker has the other workers ``op`` their sessions of a tree, or None where
+    def _elsewhere(self, conn: Client, method: str) -> Callable[[list[str]], None] | None:
+        """How this worker has the other workers do ``method`` to their sessions of a tree, or None where
         nothing crosses (one process, or this request is another worker's share-out). The
         callable takes session ids in the order they are to be done (a delete: children first)
         and has each one's worker do it, one after another (blocks: call it on a pool thread);
@@ -328,7 +328,7 @@ class _Handlers:
 
         def run(ids: list[str]) -> None:
             for sid in ids:
-                relay.tree_part(owner(sid), conn.peer, client, op, sid, TREE_PART_TIMEOUT_S)
+                relay.tree_part(owner(sid), conn.peer, client, method, sid, TREE_PART_TIMEOUT_S)
 
         return run
 
@@ -338,7 +338,7 @@ class _Handlers:
         of the batch is not a failure."""
         failures: list[BatchFailure] = []
         gone: set[str] = set()
-        elsewhere = self._elsewhere(conn, "delete")
+        elsewhere = self._elsewhere(conn, "session/delete")
         for sid in dict.fromkeys(ids):
             if sid in gone:
                 continue
@@ -544,18 +544,26 @@ class _Handlers:
 
     def background_stop_all(self, conn: Client, request_id: RequestId, params: SessionIdParams) -> None:
         """Stop everything below a session: child sessions' turns and queued inputs, and
-        the session's and its children's tasks; the session's own turn is turn/abort's business."""
+        the session's and its children's tasks; the session's own turn is turn/abort's business
+        (but a share-out from another worker stops it too: there the session is below the root).
+        Sessions below it that another worker runs are stopped by it (:meth:`_elsewhere`)."""
         self.check(conn, params.session_id)
         children = self.index.descendants(params.session_id)
+        elsewhere = self._elsewhere(conn, "background/stopAll")
+        stopped = [params.session_id, *children] if conn.tree_part else children
+        here = [sid for sid in stopped if self.rt.owns(sid)]
 
         def work() -> msgspec.Struct:
             waits = []
-            for sid in children:
+            for sid in here:
                 reply = Reply()
                 self.rt.tell(sid, Cancel(None, "stopped with the background work of its parent", reply,
                                          drop_queue=True))
                 waits.append(reply)
-            waits += self.rt.tasks_service.stop_session([params.session_id, *children])
+            waits += self.rt.tasks_service.stop_session([sid for sid in [params.session_id, *children]
+                                                         if self.rt.owns(sid)])
+            if elsewhere is not None:
+                elsewhere([sid for sid in children if not self.rt.owns(sid)])
             for reply in waits:
                 try:
                     reply.result(10)
@@ -564,8 +572,6 @@ class _Handlers:
             return EMPTY
 
         in_background(self.svc, conn, request_id, work)
-
-
 
 
 def store_attachments(svc: SessionProtocolService, attachments: list[OutgoingAttachment],

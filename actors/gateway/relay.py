@@ -332,15 +332,16 @@ class Relay:
                                                  _wire_peer(conn.peer), conn.protocol.client, text))
             self.link.request(f"sl.w.{worker}.rpc", request, RELAY_TIMEOUT_S, functools.partial(done, worker))
 
-    def tree_part(self, worker: int, peer: Peer, client: ClientInfo | None, op: str, session_id: str,
+    def tree_part(self, worker: int, peer: Peer, client: ClientInfo | None, method: str, session_id: str,
                   timeout_s: float) -> None:
-        """Have ``worker`` archive, unarchive or delete (``op``) ``session_id``, a session of a tree
-        this worker's session roots, for ``peer``: a ``session/<op>`` on a connection of its own
-        that acts on that session and those below it on that worker only. Blocks until the answer
+        """Have ``worker`` do ``method`` (``session/archive``, ``session/unarchive``,
+        ``session/delete``, ``background/stopAll``) to ``session_id``, a session of a tree this
+        worker's session roots, for ``peer``: on a connection of its own that acts on that session
+        (as a member of the tree) and those below it on that worker only. Blocks until the answer
         (call it on a thread that may wait). A session deleted meanwhile is no failure; raises the
         worker's error otherwise, or RpcError ``unavailable`` when it does not answer in ``timeout_s``."""
         relay_id = next(self._ids)  # a connection id of this worker nobody else uses
-        frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": f"session/{op}", "params": {"sessionId": session_id}})
+        frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": {"sessionId": session_id}})
         request = _enc.encode(RelayedRequest(self.placement.worker, self.epoch, relay_id, _wire_peer(peer), client,
                                              frame, part=True))
         got: list[bytes | None] = []
@@ -348,7 +349,7 @@ class Relay:
 
         def done(answer: bytes | None, error: BaseException | None) -> None:
             if error is not None:
-                log.warning("worker %d did not answer its part of a session/%s: %s", worker, op, type(error).__name__)
+                log.warning("worker %d did not answer its part of a %s: %s", worker, method, type(error).__name__)
             got.append(answer)
             answered.set()
 

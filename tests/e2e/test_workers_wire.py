@@ -512,6 +512,15 @@ def test_a_session_tree_split_over_workers_after_n_changed_is_archived_and_delet
         async with AsyncExitStack() as stack:
             clients = [await initialized(await stack.enter_async_context(open_client(server))) for _ in range(4)]
             a, b = clients[0], clients[-1]
+            # a long turn in a session of each worker below the root, stopped through the root
+            busy = [next(s for s in parent_of if owner(s) == w) for w in (0, 1)]
+            for sid in busy:
+                await a.result("session/subscribe", {"sessionId": sid})
+                await a.result("turn/send", {"sessionId": sid, "content": "!sleep 60000"})
+                await a.push(lambda m, sid=sid: m["method"] == "item/started" and m["params"]["sessionId"] == sid
+                             and m["params"]["item"]["kind"] == "turn", timeout=30)
+            stop_all = await b.result("background/stopAll", {"sessionId": root})
+            ended = [(await a.turn_done(sid, timeout=20))["params"] for sid in busy]
             await a.result("session/archive", {"sessionId": root})
             archived = await listed(b, True)
             await b.result("session/unarchive", {"sessionId": root})
@@ -522,11 +531,13 @@ def test_a_session_tree_split_over_workers_after_n_changed_is_archived_and_delet
             after = {s["id"] for archived in (True, False)
                      for s in (await b.result("sessions/list", {"archived": archived, "limit": 200}))["sessions"]}
             gone = [await b.call("session/subscribe", {"sessionId": s}) for s in tree]
-            return archived, unarchived, batch, batch_archived, deleted, after, gone
+            return stop_all, ended, archived, unarchived, batch, batch_archived, deleted, after, gone
 
     server = server_factory("--workers", "2", data_dir=str(data))
-    archived, (still_archived, active), batch, batch_archived, deleted, after, gone = run(go(server))
+    stop_all, ended, archived, (still_archived, active), batch, batch_archived, deleted, after, gone = \
+        run(go(server))
     assert server.stop() == 0
+    assert stop_all == {} and all(e["item"]["outcome"] != "replied" for e in ended), ended
     assert set(tree) <= archived, set(tree) - archived
     assert not set(tree) & still_archived and set(tree) <= active
     assert batch == {"failed": []} and set(tree) <= batch_archived
