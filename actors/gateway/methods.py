@@ -132,7 +132,7 @@ def in_background(svc: SessionProtocolService, conn: Client, request_id: Request
         except BaseException as e:
             conn.error(request_id, _as_rpc(e))
 
-    svc.slow.submit(run)
+    (svc.parts if conn.tree_part else svc.slow).submit(run)
 
 
 def _outcome_of(work: Callable[[], msgspec.Struct], done: Callable[[BaseException | None], None]) -> None:
@@ -281,7 +281,7 @@ class _Handlers:
             if done is None:
                 in_background(self.svc, conn, request_id, delete)
             else:
-                self.svc.slow.submit(_outcome_of, delete, done)
+                (self.svc.parts if conn.tree_part else self.svc.slow).submit(_outcome_of, delete, done)
             return
         archived = op == "archive"
         tree = tree_of(session_id, self.index.descendants)

@@ -328,6 +328,10 @@ class SessionProtocolService:
         self._secret = master_secret(runtime.data_dir)  # read once: each worker's epoch key derives from it
         self.file_key = file_handles.derive_epoch_key(self._secret, runtime.epoch)
         self.slow = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sessionloop-slow")
+        #: another worker's share-outs of tree operations (``serve --workers``): never waiting on
+        #: the pool whose threads may wait for this worker's answers, so two workers' trees never
+        #: hold each other up
+        self.parts = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sessionloop-parts")
         self.connections: set[ClientConnection] = set()
         self.relayed: set[ClientConnection] = set()  # other workers' connections, for their sessions here
         self._lock = threading.Lock()
@@ -463,6 +467,7 @@ class SessionProtocolService:
         except pykka.Timeout:
             pass
         self.slow.shutdown(wait=False, cancel_futures=True)
+        self.parts.shutdown(wait=False, cancel_futures=True)
 
 
 def master_secret(data_dir: str) -> bytes:
