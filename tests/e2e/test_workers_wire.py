@@ -544,3 +544,48 @@ def test_a_session_tree_split_over_workers_after_n_changed_is_archived_and_delet
     assert deleted == {}
     assert not set(tree) & after
     assert all(r["error"]["data"]["code"] == "not-found" for r in gone), gone
+
+
+def test_trees_crossing_both_ways_deleted_all_at_once_each_finish(server_factory, tmp_path):
+    """Five trees rooted on each worker, each with children on the other (made by one process,
+    served by two), all deleted at once: every worker's delete waits on the other's share of its
+    tree, and each answers, with nothing left of any tree (their share-outs do not queue behind
+    the deletes that wait for them)."""
+    data = tmp_path / "crossing-data"
+
+    async def make(server):
+        async with open_client(server) as ws:
+            c = await initialized(ws)
+            trees: dict[str, list[str]] = {}
+            for n in range(200):
+                if sum(owner(r) == 0 for r in trees) >= 5 and sum(owner(r) == 1 for r in trees) >= 5:
+                    break
+                root = (await c.result("session/create", {"name": f"r{n}"}))["session"]["id"]
+                if sum(owner(r) == owner(root) for r in trees) >= 5:
+                    continue
+                kids: list[str] = []
+                while sum(owner(k) != owner(root) for k in kids) < 2:
+                    kids.append((await c.result("session/create", {"name": f"k{n}", "parentId": root}))
+                                ["session"]["id"])
+                trees[root] = kids
+            return trees
+
+    server = server_factory(data_dir=str(data))
+    trees = run(make(server))
+    assert server.stop() == 0
+    assert sorted(owner(r) for r in trees) == [0] * 5 + [1] * 5
+
+    async def go(server):
+        async with AsyncExitStack() as stack:
+            clients = [await initialized(await stack.enter_async_context(open_client(server))) for _ in trees]
+            answers = await asyncio.gather(*(c.call("session/delete", {"sessionId": root}, timeout=90)
+                                             for c, root in zip(clients, trees)))
+            gone = [await clients[0].call("session/subscribe", {"sessionId": s})
+                    for root, kids in trees.items() for s in (root, *kids)]
+            return answers, gone
+
+    server = server_factory("--workers", "2", data_dir=str(data))
+    answers, gone = run(go(server))
+    assert server.stop() == 0
+    assert all(a.get("result") == {} for a in answers), answers
+    assert all(r["error"]["data"]["code"] == "not-found" for r in gone), gone
