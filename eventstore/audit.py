@@ -130,6 +130,9 @@ def _check_stream_keyed(txn: Any, dbs: dict[str, Any], shards: int, streams: set
         for key in txn.cursor(db=dbs[db]).iternext(keys=True, values=False):
             if bytes(key) not in streams:
                 problems.append(f"{db} entry of {bytes(key[2:]).decode(errors='replace')} belongs to no stream")
+    for key in txn.cursor(db=dbs["snapshot_parts"]).iternext(keys=True, values=False):
+        if bytes(key[:-5]) not in streams:
+            problems.append(f"snapshot part of {bytes(key[2:-5]).decode(errors='replace')} belongs to no stream")
     for db in ("flags", "catalogue"):
         for key in txn.cursor(db=dbs[db]).iternext(keys=True, values=False):
             name = bytes(key).split(b"\x00", 1)[1]

@@ -90,10 +90,15 @@ class FlagsOp(msgspec.Struct):
 
 
 class SnapshotOp(msgspec.Struct):
+    """Replace ``stream``'s snapshot: ``state`` with ``part_count`` parts, of which ``parts``
+    (index -> bytes) are written now and the rest are kept from earlier snapshots."""
+
     raw_stream: bytes
     stream: str
     version: int
     state: bytes
+    part_count: int = 0
+    parts: dict[int, bytes] = {}
 
 
 class MetaOp(msgspec.Struct):
@@ -143,7 +148,9 @@ class BatchContext:
             return None
         if isinstance(op, SnapshotOp):
             skey = K.stream_key(K.shard_of(op.stream, self.rec.shards), op.raw_stream)
-            record = SnapshotRecord(version=op.version, state=op.state, at=self.now)
+            record = SnapshotRecord(version=op.version, state=op.state, at=self.now, parts=op.part_count)
+            for index, part in op.parts.items():
+                self._put("snapshot_parts", K.snapshot_part_key(skey, index), part)
             self._put("snapshots", skey, _enc.encode(record))
             return None
         value = int(_any_dec.decode(self.txn.get(op.name.encode(), b"\x00", db=self.db["meta"]))) + 1

@@ -9,6 +9,7 @@ database       key                                         value
 ``streams``    shard (u16) ‖ stream ‖ 0x00 ‖ last version  log key of the commit holding it
 ``catalogue``  category ‖ 0x00 ‖ stream                    global position of the stream's birth
 ``snapshots``  shard (u16) ‖ stream                        SnapshotRecord
+``snapshot_parts`` shard (u16) ‖ stream ‖ 0x00 ‖ index (u32)  one part of the stream's snapshot (bytes)
 ``idem``       sha256(scope ‖ 0x00 ‖ key)                  IdemValue (the receipt; erased: purged)
 ``idem_time``  time ms (u64) ‖ sha256                      empty (retention order)
 ``feed``       app ‖ 0x00 ‖ global position (u64)          time ms (u64)
@@ -32,6 +33,7 @@ from sessionloop.eventstore.errors import InvalidStreamName
 
 _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
 MAX_STREAM_BYTES = 400  # LMDB keys are at most 511 bytes; leave room for shard and version
 MAX_VERSION = (1 << 64) - 1
 
@@ -73,6 +75,11 @@ def index_key(skey: bytes, last_version: int) -> bytes:
 
 def index_version(key: bytes) -> int:
     return int(_U64.unpack_from(key, len(key) - 8)[0])
+
+
+def snapshot_part_key(skey: bytes, index: int) -> bytes:
+    """``snapshot_parts`` key of part ``index`` of the snapshot at stream key ``skey``."""
+    return skey + b"\x00" + _U32.pack(index)
 
 
 def u64(value: int) -> bytes:

@@ -45,9 +45,10 @@ FORMAT_VERSION = 1
 
 #: the named databases of a store
 DATABASES = ("meta", "log", "streams", "catalogue", "snapshots", "idem", "idem_time", "feed", "stream_meta",
-             "flags", "outbox", "dead")
-#: databases added after the format's first release (``outbox.py``): absent from an older store opened read-only
-LATER_DATABASES = ("outbox", "dead")
+             "flags", "outbox", "dead", "snapshot_parts")
+#: databases added after the format's first release (``outbox.py``, snapshot parts): absent from an
+#: older store opened read-only
+LATER_DATABASES = ("outbox", "dead", "snapshot_parts")
 
 _enc = msgspec.msgpack.Encoder()
 _any_dec = msgspec.msgpack.Decoder()

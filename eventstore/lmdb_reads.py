@@ -150,11 +150,23 @@ class LmdbReads:
                     n += 1
         return n
 
-    def load_snapshot(self, stream: str) -> SnapshotRecord | None:
+    def load_snapshot(self, stream: str) -> tuple[SnapshotRecord, list[bytes]] | None:
+        """The stream's snapshot record and its parts, read in one transaction (so they agree)."""
         skey = self.stream_key(stream)
-        with self._read(), self._env.begin(db=self._db["snapshots"]) as txn:
-            raw = txn.get(skey)
-        return None if raw is None else _snap_dec.decode(raw)
+        parts_db = self._db.get("snapshot_parts")
+        with self._read(), self._env.begin() as txn:
+            raw = txn.get(skey, db=self._db["snapshots"])
+            if raw is None:
+                return None
+            record = _snap_dec.decode(raw)
+            parts: list[bytes] = []
+            for index in range(record.parts):
+                part = txn.get(K.snapshot_part_key(skey, index), db=parts_db) if parts_db is not None else None
+                if part is None:
+                    raise EventDecodeError(stream, record.version,
+                                           f"its snapshot's part {index} of {record.parts} is missing")
+                parts.append(bytes(part))
+        return record, parts
 
     def get_receipt(self, scope: str, key: str) -> IdemValue | None:
         with self._read(), self._env.begin(db=self._db["idem"]) as txn:

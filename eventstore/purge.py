@@ -133,6 +133,11 @@ def clear_stream(ctx: BatchContext, stream: str, raw_stream: bytes, keep_catalog
     txn, db = ctx.txn, ctx.db
     skey = K.stream_key(K.shard_of(stream, ctx.rec.shards), raw_stream)
     txn.delete(skey, db=db["snapshots"])
+    parts = txn.cursor(db=db["snapshot_parts"])
+    prefix = skey + b"\x00"
+    found = parts.set_range(prefix)
+    while found and bytes(parts.key()).startswith(prefix):
+        found = parts.delete()
     txn.delete(skey, db=db["stream_meta"])
     clear_flags(txn, db["flags"], raw_stream)
     if not keep_catalogue:

@@ -67,9 +67,13 @@ class IdemValue(msgspec.Struct, frozen=True, array_like=True):
 
 
 class SnapshotRecord(msgspec.Struct, frozen=True, array_like=True):
+    """``parts``: how many of the stream's snapshot parts (``snapshot_parts``, indices from 0)
+    belong to this snapshot; parts are written once and kept across snapshots until replaced."""
+
     version: int
     state: bytes
     at: int = 0
+    parts: int = 0
 
 
 class AppendResult(msgspec.Struct, frozen=True):
@@ -108,10 +112,13 @@ class RecordedEvent(msgspec.Struct, Generic[EventT], frozen=True):
 
 
 class Snapshot(msgspec.Struct, frozen=True):
+    """A stream's saved fold: ``state`` and the ``parts`` it was saved with (in index order)."""
+
     stream: str
     version: int
     state: bytes
     at: int = 0
+    parts: tuple[bytes, ...] = ()
 
 
 class StreamPage(msgspec.Struct, frozen=True):

@@ -12,7 +12,7 @@ the ``lmdb_*`` modules beside it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic
 
 import msgspec
@@ -309,9 +309,17 @@ class EventStore(Generic[EvT]):
         allowed on a purged stream (a marker holds no content)."""
         self._rec.submit(FlagsOp(stream, K.validate_stream(stream), dict(flags)))
 
-    def save_snapshot(self, stream: str, version: int, state: bytes) -> None:
-        """Store ``state`` as the fold of ``stream`` up to ``version`` (replaces the previous one)."""
-        self._rec.submit(SnapshotOp(K.validate_stream(stream), stream, version, state))
+    def save_snapshot(self, stream: str, version: int, state: bytes, part_count: int = 0,
+                      parts: Mapping[int, bytes] | None = None) -> None:
+        """Store ``state`` as the fold of ``stream`` up to ``version`` (replaces the previous one).
+        ``part_count``: the parts (indices 0 to part_count - 1) that go with it, read back by
+        :meth:`load_snapshot`; ``parts`` writes those of them that are new or changed (index ->
+        bytes) in the same transaction, the others are the ones earlier snapshots wrote. A big
+        state that mostly only grows (a long history) is written as parts once, not whole each time."""
+        if part_count < 0 or any(not 0 <= i < part_count for i in (parts or {})):
+            raise ValueError(f"snapshot parts must have indices below part_count {part_count}")
+        self._rec.submit(SnapshotOp(K.validate_stream(stream), stream, version, state, part_count,
+                                    dict(parts or {})))
 
     def next_epoch(self) -> int:
         """Draw and persist a new epoch (persisted before the server serves, so no two starts share one)."""
@@ -399,8 +407,11 @@ class EventStore(Generic[EvT]):
         return self._rec.flagged(flag)
 
     def load_snapshot(self, stream: str) -> Snapshot | None:
-        rec = self._rec.load_snapshot(stream)
-        return None if rec is None else Snapshot(stream, rec.version, rec.state, rec.at)
+        found = self._rec.load_snapshot(stream)
+        if found is None:
+            return None
+        rec, parts = found
+        return Snapshot(stream, rec.version, rec.state, rec.at, tuple(parts))
 
     def get_receipt(self, scope: str, key: str) -> AppendResult | None:
         """The original result of an idempotent append, or None if the key is unknown (or

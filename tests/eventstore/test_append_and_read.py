@@ -7,6 +7,7 @@ import pytest
 from sessionloop.eventstore import (
     ANY_VERSION,
     NO_STREAM,
+    EventDecodeError,
     InvalidStreamName,
     StoreClosed,
     WrongExpectedVersion,
@@ -160,7 +161,26 @@ def test_snapshots_replace_the_previous_one(store):
     store.save_snapshot("session-a", 3, b"state-3")
     store.save_snapshot("session-a", 7, b"state-7")
     snap = store.load_snapshot("session-a")
-    assert (snap.version, snap.state) == (7, b"state-7")
+    assert (snap.version, snap.state, snap.parts) == (7, b"state-7", ())
+
+
+def test_snapshot_parts_are_written_once_and_kept_by_later_snapshots_until_replaced(store):
+    store.save_snapshot("session-a", 3, b"s3", 2, {0: b"p0", 1: b"p1"})
+    store.save_snapshot("session-a", 5, b"s5", 3, {2: b"p2"})  # 0 and 1 kept, 2 new
+    assert store.load_snapshot("session-a").parts == (b"p0", b"p1", b"p2")
+    store.save_snapshot("session-a", 6, b"s6", 2, {0: b"q0", 1: b"q1"})  # a history that changed: rewritten
+    snap = store.load_snapshot("session-a")
+    assert (snap.version, snap.state, snap.parts) == (6, b"s6", (b"q0", b"q1"))
+    store.save_snapshot("session-a", 7, b"s7")  # no parts: none read back
+    assert store.load_snapshot("session-a").parts == ()
+    with pytest.raises(ValueError, match="part_count 1"):
+        store.save_snapshot("session-a", 8, b"s8", 1, {1: b"beyond"})
+
+
+def test_a_snapshot_whose_part_is_missing_is_refused_naming_the_part(store):
+    store.save_snapshot("session-b", 2, b"s2", 2, {0: b"p0"})  # part 1 was never written
+    with pytest.raises(EventDecodeError, match="part 1 of 2 is missing"):
+        store.load_snapshot("session-b")
 
 
 def test_a_closed_store_refuses_work(store_path):

@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sessionloop.eventstore import ANY_VERSION, EventStore
+from sessionloop.eventstore.lmdb_env import DATABASES
 from tests.eventstore.test_purge import SECRET, fill, purge
 from tests.eventstore.union import Erased, Noted, Touched, open_test_store
 
-#: the named databases of a store (eventstore/lmdb_env.py opens these)
-DBS = ("meta", "log", "streams", "catalogue", "snapshots", "idem", "idem_time", "feed", "stream_meta", "flags",
-       "outbox", "dead")
+#: the named databases of a store
+DBS = DATABASES
 
 
 def holds_secret(store_dir: str) -> bool:

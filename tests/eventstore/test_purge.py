@@ -45,7 +45,8 @@ def fill(store: EventStore, sid: str = "s1", turns: int = 3) -> None:
                      ANY_VERSION, idempotency=IdempotencyClaim(f"app:bot:{sid}", f"k{i}",
                                                                request_hash({"text": f"{SECRET} {i}"}), b"r"),
                      feed="bot")
-    store.save_snapshot(stream, store.stream_version(stream), SECRET.encode())
+    store.save_snapshot(stream, store.stream_version(stream), SECRET.encode(), 2,
+                        {0: f"part 0 {SECRET}".encode(), 1: f"part 1 {SECRET}".encode()})
     store.append(f"approval-{sid}.t0.c1", [Noted(at=4, key=f"{sid}.t0.c1", text=f"echo {SECRET}")], 0,
                  flags={"approval-pending": True})
     store.append(f"task-{sid}.c2.t1", [Noted(at=5, key=f"{sid}.c2.t1", text="exec")], 0,
@@ -88,7 +89,7 @@ def test_a_purge_takes_the_snapshot_the_flags_and_the_feed_entries_with_the_reco
     feed_before = [e.stream for e in store.read_feed("bot", 0, 1000)]
     purge(store, flags={"files-pending": True})
     assert store.load_snapshot("session-s1") is None
-    assert store.load_snapshot("session-other") is not None
+    assert store.load_snapshot("session-other").parts == (f"part 0 {SECRET}".encode(), f"part 1 {SECRET}".encode())
     assert store.flagged("active") == ["session-other"]
     assert store.flagged("approval-pending") == ["approval-other.t0.c1"]
     assert store.flagged("task-running") == ["task-other.c2.t1"]
