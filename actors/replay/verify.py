@@ -152,7 +152,7 @@ def _check_snapshot(report: VerifyReport, snapshot: Snapshot | None, folded: Any
     if snapshot.version > last or folded is None:
         return Difference(check="snapshot", path="version", expected=f"a version between 1 and {last}",
                           got=snapshot.version, note="the snapshot claims events the stream does not have")
-    decoded = decode_state(snapshot.state)
+    decoded = decode_state(snapshot.state, snapshot.parts)
     if decoded is None:
         report.snapshot_note = "written in another state format: activation ignores it and replays the events"
         return None

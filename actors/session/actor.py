@@ -86,7 +86,7 @@ from sessionloop.actors.session.state import (
     SessionState,
     bound,
     decode_state,
-    encode_state,
+    encode_snapshot,
     evolve,
     new_state,
 )
@@ -213,7 +213,9 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
     def _load(self) -> None:
         store = self.rt.store
         snap = store.load_snapshot(self.stream)
-        state = decode_state(snap.state) if snap is not None else None
+        state = decode_state(snap.state, snap.parts) if snap is not None else None
+        if state is not None and snap is not None and snap.parts:  # the parts the store holds are the history's chunks
+            self._history.adopt(state.messages, snap.parts)
         current = state is not None and state.bounded  # a format-2 snapshot is replaced by the next one
         if state is None:
             state = new_state(self.sid, bounded=True)
@@ -509,7 +511,9 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
         is in the log: its client must get its receipt, not "write failed")."""
         try:
             self.rt.faults.hit("snapshot")
-            self.rt.store.save_snapshot(self.stream, self.state.version, encode_state(self.state, self._history))
+            snap = encode_snapshot(self.state, self._history)
+            self.rt.store.save_snapshot(self.stream, self.state.version, snap.state, snap.part_count, snap.parts)
+            self._history.stored(self.state.messages, snap.part_count)
         except StoreError as e:
             self._snapshot_retry_at = self.state.version + max(1, self.rt.options.snapshot_every // 4)
             log.warning("session %s: the snapshot at version %d was not saved (%s); the events are committed, "

@@ -17,6 +17,7 @@ Session status is a small state machine, written as a table below::
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -28,9 +29,12 @@ from sessionloop.actors.session.context import summary_message
 from sessionloop.protocol.limits import MAX_TITLE, clip
 
 #: bump when SessionState changes shape. 3: a live session's state is bounded (``bound``); a
-#: format-2 snapshot (the whole state) still loads and is bounded when read
+#: format-2 snapshot (the whole state) still loads and is bounded when read. 4: a live session's
+#: snapshot keeps the history's full chunks as snapshot parts of the store, each written once
+#: (``encode_snapshot``); a copy of a state (``encode_state``) is still format 3, self-contained
 STATE_FORMAT = 3
-_FORMATS = (2, 3)
+SNAPSHOT_FORMAT = 4
+_FORMATS = (2, 3, 4)
 #: turns whose records (turn, tool calls, steps, checkpoints, artifacts) a bounded state keeps: the
 #: current one and the one before it (``drive`` looks at the last turn's messages before a new one)
 KEPT_TURNS = 2
@@ -290,25 +294,56 @@ _chunk_decoder = msgspec.msgpack.Decoder(list[E.Message])
 
 class EncodedHistory:
     """The encoded full chunks of one history list, kept by a live session between its snapshots,
-    so a snapshot encodes only the messages added since the last one. Valid while the list is the
-    same object: a history list only grows at its end in place (``add_message``); any other
-    change makes a new list, and the chunks are encoded again."""
+    so a snapshot encodes only the messages added since the last one, and writes as snapshot
+    parts only the full chunks the store does not hold yet (``stored``). Valid while the list is
+    the same object: a history list only grows at its end in place (``add_message``); any other
+    change makes a new list, and the chunks are encoded (and stored) again."""
 
-    __slots__ = ("_source", "_chunks")
+    __slots__ = ("_source", "_chunks", "_stored")
 
     def __init__(self) -> None:
         self._source: list[E.Message] | None = None
         self._chunks: list[msgspec.Raw] = []
+        self._stored = 0  # of ``_chunks``, those the store holds as snapshot parts 0..n-1
 
-    def chunks(self, messages: list[E.Message]) -> list[msgspec.Raw]:
+    def adopt(self, messages: list[E.Message], parts: Sequence[bytes]) -> None:
+        """``messages`` were decoded from a snapshot whose parts (the store holds them) are ``parts``."""
+        self._source, self._chunks, self._stored = messages, [msgspec.Raw(p) for p in parts], len(parts)
+
+    def _full(self, messages: list[E.Message]) -> int:
         if self._source is not messages:
-            self._source, self._chunks = messages, []
+            self._source, self._chunks, self._stored = messages, [], 0
         full = len(messages) // HISTORY_CHUNK
         while len(self._chunks) < full:
             at = len(self._chunks) * HISTORY_CHUNK
             self._chunks.append(msgspec.Raw(_state_encoder.encode(messages[at:at + HISTORY_CHUNK])))
+        return full
+
+    def chunks(self, messages: list[E.Message]) -> list[msgspec.Raw]:
+        full = self._full(messages)
         tail = messages[full * HISTORY_CHUNK:]
         return self._chunks + [msgspec.Raw(_state_encoder.encode(tail))] if tail else list(self._chunks)
+
+    def parts(self, messages: list[E.Message]) -> tuple[int, dict[int, bytes], bytes | None]:
+        """The full chunks' count, those of them the store lacks (index -> bytes) and the encoded
+        tail (None when the history ends on a chunk's end)."""
+        full = self._full(messages)
+        tail = messages[full * HISTORY_CHUNK:]
+        new = {i: bytes(self._chunks[i]) for i in range(self._stored, full)}
+        return full, new, _state_encoder.encode(tail) if tail else None
+
+    def stored(self, messages: list[E.Message], count: int) -> None:
+        """The store now holds the first ``count`` chunks of ``messages`` as snapshot parts."""
+        if self._source is messages:
+            self._stored = count
+
+
+class SnapshotData(msgspec.Struct, frozen=True):
+    """What a live session's snapshot writes: ``state`` with ``part_count`` parts, ``parts`` new."""
+
+    state: bytes
+    part_count: int
+    parts: dict[int, bytes]
 
 
 def encode_state(state: SessionState, history: EncodedHistory | None = None) -> bytes:
@@ -321,23 +356,35 @@ def encode_state(state: SessionState, history: EncodedHistory | None = None) -> 
     return _state_encoder.encode([STATE_FORMAT, body, *chunks])
 
 
-def decode_state(data: bytes) -> SessionState | None:
-    """A snapshot's state, or None when it was written in a format this code does not read
-    (replay instead). A format-2 snapshot, ``[2, state]``, holds the whole fold (``bounded`` False)."""
+def encode_snapshot(state: SessionState, history: EncodedHistory) -> SnapshotData:
+    """A live session's snapshot in format 4: ``[4, the state without its messages, tail]``, the
+    history's full chunks being the snapshot's parts (``history`` says which the store lacks)."""
+    body = msgspec.structs.replace(state, messages=[], turn_order=[] if state.bounded else state.turn_order)
+    count, new, tail = history.parts(state.messages)
+    items: list[Any] = [SNAPSHOT_FORMAT, body]
+    if tail is not None:
+        items.append(msgspec.Raw(tail))
+    return SnapshotData(_state_encoder.encode(items), count, new)
+
+
+def decode_state(data: bytes, parts: Sequence[bytes] = ()) -> SessionState | None:
+    """A snapshot's state (``parts``: the snapshot parts it was saved with), or None when it was
+    written in a format this code does not read (replay instead). A format-2 snapshot,
+    ``[2, state]``, holds the whole fold (``bounded`` False)."""
     try:
-        parts = _parts_decoder.decode(data)
-        fmt = _format_decoder.decode(parts[0]) if len(parts) >= 2 else None
-        if fmt not in _FORMATS:
+        items = _parts_decoder.decode(data)
+        fmt = _format_decoder.decode(items[0]) if len(items) >= 2 else None
+        if fmt not in _FORMATS or (fmt != 4 and parts):
             return None
-        state = _body_decoder.decode(parts[1])
+        state = _body_decoder.decode(items[1])
         if fmt == 2:
-            return state if len(parts) == 2 else None
+            return state if len(items) == 2 else None
         messages: list[E.Message] = []
-        for chunk in parts[2:]:
+        for chunk in (*parts, *items[2:]) if fmt == 4 else items[2:]:
             messages += _chunk_decoder.decode(chunk)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    if len(parts) > 2:  # else no message (an early format-3 snapshot kept them in the state itself)
+    if len(items) > 2 or fmt == 4:  # else no message (an early format-3 snapshot kept them in the state itself)
         state.messages = messages
     if state.bounded:
         state.turn_order = list(state.turn_starts)

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from sessionloop.actors.api.host import Host
 from sessionloop.actors.session.state import (
+    HISTORY_CHUNK,
     KEPT_TURNS,
     SessionState,
     bound,
@@ -37,7 +38,7 @@ def whole(host: Host, session_id: str, upto: int | None = None) -> SessionState:
 def stored_snapshot(host: Host, session_id: str) -> SessionState:
     snap = host.store.load_snapshot(f"session-{session_id}")
     assert snap is not None
-    state = decode_state(snap.state)
+    state = decode_state(snap.state, snap.parts)
     assert state is not None and state.version == snap.version
     return state
 
@@ -82,6 +83,30 @@ def test_a_long_session_keeps_two_turns_live_and_answers_reads_of_older_ones_fro
     assert [m.content for m in fork.snapshot().messages][:2] == ["m0", "echo: m0"]
 
 
+def test_a_history_past_a_chunk_is_snapshotted_in_parts_and_activates_to_the_same_state(tmp_path) -> None:
+    """Over ``HISTORY_CHUNK`` messages the snapshot keeps the full chunks as snapshot parts of the
+    store, written once: a reopened session activates from them to the fold of its log, and its
+    next snapshots add parts without rewriting the first."""
+    data_dir = str(tmp_path / "data")
+    options = {"durability": "nosync", "permission_mode": "acceptCalls", "snapshot_every": 40}
+    with Host.open(data_dir, **options) as host:
+        s = host.create()
+        for i in range(HISTORY_CHUNK // 2 + 20):  # two messages a turn: past the first chunk
+            s.run(f"m{i}")
+        first = host.store.load_snapshot(f"session-{s.id}")
+        assert len(first.parts) == 1 and len(first.state) < len(first.parts[0])
+    with Host.open(data_dir, **options) as host:
+        session = host.session(s.id)
+        assert session.run("after the reopen").output_text == "echo: after the reopen"
+        at = host.store.load_snapshot(f"session-{s.id}").version
+        assert stored_snapshot(host, s.id) == bound(whole(host, s.id, at))
+        for i in range(HISTORY_CHUNK // 2):
+            session.run(f"n{i}")
+        later = host.store.load_snapshot(f"session-{s.id}")
+        assert len(later.parts) == 2 and later.parts[0] == first.parts[0]
+        assert stored_snapshot(host, s.id) == bound(whole(host, s.id, later.version))
+
+
 def test_an_old_turns_outcome_is_found_after_a_reopen(tmp_path) -> None:
     data_dir = str(tmp_path / "data")
     with Host.open(data_dir, durability="nosync", permission_mode="acceptCalls") as host:
@@ -107,7 +132,7 @@ def test_a_rewind_to_a_turn_the_live_state_keeps_no_record_of_deletes_its_chat(o
     assert s.run("once more").output_text == "echo: once more"  # reactivated from that snapshot
 
 
-def test_a_format_2_snapshot_still_loads_and_is_replaced_in_format_3(tmp_path) -> None:
+def test_a_format_2_snapshot_still_loads_and_is_replaced_by_a_bounded_one(tmp_path) -> None:
     """``snapshot_v2_tool_calls.msgpack`` was written by the code before the bounded state
     (``tests/fixtures/snapshot_v2.py``): the whole state of ``sessions/tool_calls.jsonl``."""
     with open(os.path.join(FIXTURES, "snapshot_v2_tool_calls.msgpack"), "rb") as f:
@@ -123,6 +148,6 @@ def test_a_format_2_snapshot_still_loads_and_is_replaced_in_format_3(tmp_path) -
     with Host.open(data_dir, durability="nosync", idle_timeout_s=0.1) as host:
         session = host.session(state.session_id)
         assert session.snapshot() == whole(host, state.session_id) == state
-        assert wait_until(lambda: host.rt.directory.live_count() == 0)  # passivation writes format 3
+        assert wait_until(lambda: host.rt.directory.live_count() == 0)  # passivation writes a bounded snapshot
         snap = stored_snapshot(host, state.session_id)
         assert snap.bounded and snap == bound(copy_state(state))

@@ -11,6 +11,7 @@ from sessionloop.actors.session.state import (
     EncodedHistory,
     add_message,
     decode_state,
+    encode_snapshot,
     encode_state,
     new_state,
     set_messages,
@@ -51,3 +52,58 @@ def test_a_snapshot_with_the_chunks_encoded_before_is_the_snapshot_encoded_whole
     assert encode_state(state, history) == encode_state(state)
     decoded = decode_state(encode_state(state, history))
     assert decoded == state and decoded is not None and len(decoded.messages) == HISTORY_CHUNK + 5
+
+
+def _stored(history: EncodedHistory, state, store: dict[int, bytes]):
+    """Save a format-4 snapshot into ``store`` (index -> part) as the event store would; what it wrote."""
+    snap = encode_snapshot(state, history)
+    store.update(snap.parts)
+    history.stored(state.messages, snap.part_count)
+    return snap
+
+
+def test_a_live_snapshot_writes_each_full_chunk_once_and_decodes_to_the_state() -> None:
+    state = new_state("s", bounded=True)
+    history, parts = EncodedHistory(), {}
+    written: list[list[int]] = []
+    for i in range(3 * HISTORY_CHUNK + 7):
+        add_message(state, message(i))
+        if i % 400 == 0:
+            snap = _stored(history, state, parts)
+            written.append(sorted(snap.parts))
+            assert decode_state(snap.state, [parts[k] for k in range(snap.part_count)]) == state
+    snap = _stored(history, state, parts)
+    written.append(sorted(snap.parts))
+    # each chunk written by the first snapshot after it filled, never again
+    assert [k for w in written for k in w] == [0, 1, 2]
+    snap = _stored(history, state, parts)
+    assert snap.parts == {} and snap.part_count == 3
+    assert len(snap.state) < len(encode_state(state)) // 3  # the tail and the rest of the state only
+    # a rewind makes a new history list: its chunks are written again
+    set_messages(state, state.messages[:HISTORY_CHUNK + 5])
+    snap = _stored(history, state, parts)
+    assert sorted(snap.parts) == [0] and snap.part_count == 1
+    assert decode_state(snap.state, [parts[0]]) == state
+
+
+def test_a_history_adopted_from_a_loaded_snapshot_writes_only_chunks_filled_since() -> None:
+    state = new_state("s", bounded=True)
+    history, parts = EncodedHistory(), {}
+    for i in range(2 * HISTORY_CHUNK + 3):
+        add_message(state, message(i))
+    snap = _stored(history, state, parts)
+    loaded = decode_state(snap.state, [parts[0], parts[1]])
+    assert loaded == state and loaded is not None
+    again = EncodedHistory()
+    again.adopt(loaded.messages, [parts[0], parts[1]])
+    for i in range(HISTORY_CHUNK):
+        add_message(loaded, message(i))
+    snap = _stored(again, loaded, parts)
+    assert sorted(snap.parts) == [2] and decode_state(snap.state, [parts[k] for k in range(3)]) == loaded
+
+
+def test_parts_given_to_a_snapshot_of_another_format_are_refused_not_misread() -> None:
+    state = new_state("s", bounded=True)
+    add_message(state, message(1))
+    assert decode_state(encode_state(state)) == state
+    assert decode_state(encode_state(state), [b"\x90"]) is None  # format 3 has no parts: replay instead
