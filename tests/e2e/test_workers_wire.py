@@ -579,7 +579,7 @@ def test_trees_crossing_both_ways_deleted_all_at_once_each_finish(server_factory
         async with AsyncExitStack() as stack:
             clients = [await initialized(await stack.enter_async_context(open_client(server))) for _ in trees]
             answers = await asyncio.gather(*(c.call("session/delete", {"sessionId": root}, timeout=90)
-                                             for c, root in zip(clients, trees)))
+                                             for c, root in zip(clients, trees, strict=True)))
             gone = [await clients[0].call("session/subscribe", {"sessionId": s})
                     for root, kids in trees.items() for s in (root, *kids)]
             return answers, gone
