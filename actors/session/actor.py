@@ -149,7 +149,7 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
         self._failures: list[float] = []
         self._snapshot_version = 0
         self._snapshot_retry_at = 0  # after a refused snapshot: the version to try again at
-        self._history = EncodedHistory()  # the history's chunks the snapshots encoded so far
+        self._history = EncodedHistory()  # the history's chunks the store holds as snapshot parts
         self._active: bool | None = None
         self._workspace: Any = None
         self._unfinished = 0
@@ -215,7 +215,7 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
         snap = store.load_snapshot(self.stream)
         state = decode_state(snap.state, snap.parts) if snap is not None else None
         if state is not None and snap is not None and snap.parts:  # the parts the store holds are the history's chunks
-            self._history.adopt(state.messages, snap.parts)
+            self._history.adopt(state.messages, len(snap.parts))
         current = state is not None and state.bounded  # a format-2 snapshot is replaced by the next one
         if state is None:
             state = new_state(self.sid, bounded=True)

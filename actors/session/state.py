@@ -293,49 +293,35 @@ _chunk_decoder = msgspec.msgpack.Decoder(list[E.Message])
 
 
 class EncodedHistory:
-    """The encoded full chunks of one history list, kept by a live session between its snapshots,
-    so a snapshot encodes only the messages added since the last one, and writes as snapshot
-    parts only the full chunks the store does not hold yet (``stored``). Valid while the list is
-    the same object: a history list only grows at its end in place (``add_message``); any other
-    change makes a new list, and the chunks are encoded (and stored) again."""
+    """Which full chunks of one history list the store holds as snapshot parts, kept by a live
+    session between its snapshots, so a snapshot encodes and writes only the chunks filled since
+    (their bytes are not kept: the store has them). Valid while the list is the same object: a
+    history list only grows at its end in place (``add_message``); any other change makes a new
+    list, and its chunks are written again."""
 
-    __slots__ = ("_source", "_chunks", "_stored")
+    __slots__ = ("_source", "_stored")
 
     def __init__(self) -> None:
         self._source: list[E.Message] | None = None
-        self._chunks: list[msgspec.Raw] = []
-        self._stored = 0  # of ``_chunks``, those the store holds as snapshot parts 0..n-1
+        self._stored = 0  # chunks 0..n-1 of ``_source`` are in the store
 
-    def adopt(self, messages: list[E.Message], parts: Sequence[bytes]) -> None:
-        """``messages`` were decoded from a snapshot whose parts (the store holds them) are ``parts``."""
-        self._source, self._chunks, self._stored = messages, [msgspec.Raw(p) for p in parts], len(parts)
-
-    def _full(self, messages: list[E.Message]) -> int:
-        if self._source is not messages:
-            self._source, self._chunks, self._stored = messages, [], 0
-        full = len(messages) // HISTORY_CHUNK
-        while len(self._chunks) < full:
-            at = len(self._chunks) * HISTORY_CHUNK
-            self._chunks.append(msgspec.Raw(_state_encoder.encode(messages[at:at + HISTORY_CHUNK])))
-        return full
-
-    def chunks(self, messages: list[E.Message]) -> list[msgspec.Raw]:
-        full = self._full(messages)
-        tail = messages[full * HISTORY_CHUNK:]
-        return self._chunks + [msgspec.Raw(_state_encoder.encode(tail))] if tail else list(self._chunks)
+    def adopt(self, messages: list[E.Message], count: int) -> None:
+        """``messages`` were decoded from a snapshot with ``count`` parts (the store holds them)."""
+        self._source, self._stored = messages, count
 
     def parts(self, messages: list[E.Message]) -> tuple[int, dict[int, bytes], bytes | None]:
         """The full chunks' count, those of them the store lacks (index -> bytes) and the encoded
         tail (None when the history ends on a chunk's end)."""
-        full = self._full(messages)
+        stored = self._stored if self._source is messages else 0
+        full = len(messages) // HISTORY_CHUNK
+        new = {i: _state_encoder.encode(messages[i * HISTORY_CHUNK:(i + 1) * HISTORY_CHUNK])
+               for i in range(stored, full)}
         tail = messages[full * HISTORY_CHUNK:]
-        new = {i: bytes(self._chunks[i]) for i in range(self._stored, full)}
         return full, new, _state_encoder.encode(tail) if tail else None
 
     def stored(self, messages: list[E.Message], count: int) -> None:
         """The store now holds the first ``count`` chunks of ``messages`` as snapshot parts."""
-        if self._source is messages:
-            self._stored = count
+        self._source, self._stored = messages, count
 
 
 class SnapshotData(msgspec.Struct, frozen=True):
@@ -346,13 +332,14 @@ class SnapshotData(msgspec.Struct, frozen=True):
     parts: dict[int, bytes]
 
 
-def encode_state(state: SessionState, history: EncodedHistory | None = None) -> bytes:
-    """A snapshot of ``state`` in format 3: ``[3, the state without its messages, chunk, ...]``,
-    each chunk an array of at most ``HISTORY_CHUNK`` messages; a bounded state stores
-    ``turn_order`` once, as the keys of ``turn_starts``. ``history``: the live session's chunks
-    encoded before (only the new messages are encoded)."""
+def encode_state(state: SessionState) -> bytes:
+    """``state`` in format 3, self-contained (a copy of a state): ``[3, the state without its
+    messages, chunk, ...]``, each chunk an array of at most ``HISTORY_CHUNK`` messages; a bounded
+    state stores ``turn_order`` once, as the keys of ``turn_starts``."""
     body = msgspec.structs.replace(state, messages=[], turn_order=[] if state.bounded else state.turn_order)
-    chunks = (history or EncodedHistory()).chunks(state.messages)
+    messages = state.messages
+    chunks = [msgspec.Raw(_state_encoder.encode(messages[at:at + HISTORY_CHUNK]))
+              for at in range(0, len(messages), HISTORY_CHUNK)]
     return _state_encoder.encode([STATE_FORMAT, body, *chunks])
 
 
