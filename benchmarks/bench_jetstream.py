@@ -24,9 +24,7 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,47 +37,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_eventstore import typical_event  # noqa: E402
 from benchmarks.measure import write_results  # noqa: E402
 from sessionloop.actors.events import open_store  # noqa: E402
-from sessionloop.cli.workers import nats_server_binary  # noqa: E402
+from sessionloop.cli.natsproc import NatsServer, nats_server_version  # noqa: E402
 from sessionloop.eventstore.codec import encode_event  # noqa: E402
 from sessionloop.eventstore.jetstream_log import JetStreamLog  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """A nats-server with JetStream in a temporary directory; ``sync_always``: fsync every write."""
-
-    def __init__(self, sync_always: bool) -> None:
-        self.dir = tempfile.mkdtemp(prefix="bench-js-")
-        self.port = _free_port()
-        conf = os.path.join(self.dir, "nats.conf")
-        sync = "\n  sync_interval: always" if sync_always else ""
-        with open(conf, "w") as f:
-            f.write(f'listen: "127.0.0.1:{self.port}"\njetstream {{\n  store_dir: "{self.dir}/js"{sync}\n}}\n')
-        self.proc = subprocess.Popen([nats_server_binary(), "-c", conf], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("nats-server did not start") from None
-                time.sleep(0.05)
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _summary(commits: int, seconds: float, batch: int, latencies: list[float]) -> dict[str, float]:
@@ -151,26 +111,38 @@ async def _run_js(url: str, writers: int, batch: int, seconds: float, tag: str) 
     return _summary(sum(counts), dt, batch, latencies)
 
 
-def run_js(server: Server, writers: int, batch: int, seconds: float, tag: str) -> dict[str, float]:
-    return asyncio.run(_run_js(server.url, writers, batch, seconds, tag))
+def run_js(url: str, writers: int, batch: int, seconds: float, tag: str) -> dict[str, float]:
+    return asyncio.run(_run_js(url, writers, batch, seconds, tag))
+
+
+def _server(work: str, name: str, sync_always: bool) -> NatsServer:
+    """A JetStream nats-server with its store and log in ``work``, started."""
+    server = NatsServer(log_path=os.path.join(work, f"{name}.log"), store_dir=os.path.join(work, name),
+                        sync_always=sync_always)
+    server.start()
+    return server
 
 
 def run(rounds: int, seconds: float, writers: int, batch: int) -> dict[str, Any]:
-    servers = {"js_default": Server(sync_always=False), "js_sync_always": Server(sync_always=True)}
+    work = tempfile.mkdtemp(prefix="bench-js-")
+    servers: dict[str, NatsServer] = {}
     samples: dict[str, dict[str, list[float]]] = {}
     try:
+        servers["js_default"] = _server(work, "js_default", sync_always=False)
+        servers["js_sync_always"] = _server(work, "js_sync_always", sync_always=True)
         for r in range(rounds):
             for name in ("lmdb_nosync", "js_default", "lmdb_sync", "js_sync_always"):
                 if name.startswith("lmdb_"):
                     got = run_lmdb(name.removeprefix("lmdb_"), writers, batch, seconds)
                 else:
-                    got = run_js(servers[name], writers, batch, seconds, f"r{r}")
+                    got = run_js(servers[name].url, writers, batch, seconds, f"r{r}")
                 for k, v in got.items():
                     samples.setdefault(name, {}).setdefault(k, []).append(v)
                 print(f"  round {r + 1} {name:<16} {got['commits_per_s']:>10,.0f} commits/s", flush=True)
     finally:
         for s in servers.values():
-            s.close()
+            s.stop()
+        shutil.rmtree(work, ignore_errors=True)
     result: dict[str, Any] = {name: {k: statistics.median(v) for k, v in m.items()} for name, m in samples.items()}
     result["ratio_js_default_vs_lmdb_nosync"] = (result["js_default"]["commits_per_s"]
                                                  / result["lmdb_nosync"]["commits_per_s"])
@@ -209,12 +181,7 @@ def main() -> None:
     print_table(result, args.writers, args.batch)
     write_results("jetstream", {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": args.rounds,
                                 "seconds": args.seconds, "writers": args.writers, "batch": args.batch,
-                                "nats_server": _nats_version(), **result})
-
-
-def _nats_version() -> str:
-    out = subprocess.run([nats_server_binary(), "--version"], capture_output=True, text=True, timeout=10)
-    return out.stdout.strip()
+                                "nats_server": nats_server_version(), **result})
 
 
 if __name__ == "__main__":

@@ -1,11 +1,9 @@
 """The event log on JetStream (eventstore/jetstream_log.py) against a real nats-server with file
-storage in a temporary directory, on a free loopback port."""
+storage in a temporary directory, on a free loopback port (``cli/natsproc.py`` starts it)."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -14,7 +12,7 @@ from typing import Any, TypeVar
 import msgspec
 import pytest
 
-from sessionloop.cli.workers import nats_server_binary
+from sessionloop.cli.natsproc import NatsServer
 from sessionloop.eventstore import WrongExpectedVersion
 from sessionloop.eventstore.batch import ANY_VERSION
 from sessionloop.eventstore.errors import (
@@ -31,49 +29,9 @@ from sessionloop.eventstore.leases import Lease, ShardLeases, ShardOwner
 T = TypeVar("T")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class NatsServer:
-    """A nats-server subprocess with JetStream on a port and store directory that survive restarts."""
-
-    def __init__(self, store_dir: Path) -> None:
-        self.store_dir = store_dir
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = store_dir.parent / "nats.log"
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [nats_server_binary(), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1", "-p", str(self.port)],
-                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"nats-server exited: {self.log.read_text()}"
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError(f"nats-server did not listen on {self.port}: {self.log.read_text()}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path / "js")
+    server = NatsServer(log_path=tmp_path / "nats.log", store_dir=tmp_path / "js")
     server.start()
     yield server
     server.stop()
