@@ -12,7 +12,8 @@ the benchmarks (JetStream with its store in a directory of theirs), and ``serve 
   (``cluster { name, listen, routes }``, ``server_name``, ``jetstream { store_dir }``). ``start``
   returns once every server answers ``$JS.API.INFO`` (only the meta leader answers it, and a
   server without one answers an error), so the cluster has elected its meta leader and every
-  server reaches it; it waits at most ``ready_timeout_s`` and then raises NatsServerError.
+  server reaches it, and (a whole cluster) once the meta leader can place a stream on every
+  server; it waits at most ``ready_timeout_s`` and then raises NatsServerError.
 
 Sync on purpose (subprocesses and a short wait): an asyncio test calls ``start`` through
 ``asyncio.to_thread``; the JetStream check runs its own event loop in the calling thread.
@@ -34,6 +35,7 @@ from pathlib import Path
 import click
 import nats
 import nats.errors
+from nats.js import api
 
 __all__ = ["NatsCluster", "NatsServer", "NatsServerError", "free_port", "nats_server_binary", "nats_server_version"]
 
@@ -221,16 +223,20 @@ class NatsCluster:
         """Wait until each of ``servers`` (all running ones by default) answers ``$JS.API.INFO``;
         raises NatsServerError after ``ready_timeout_s``, naming the servers that did not."""
         targets = [s for s in self.servers if s.running] if servers is None else list(servers)
-        pending = asyncio.run(_wait_jetstream([s.url for s in targets], self.ready_timeout_s))
+        deadline = time.monotonic() + self.ready_timeout_s
+        pending = asyncio.run(_wait_jetstream([s.url for s in targets], deadline))
         if pending:
             logs = ", ".join(s.log_path for s in targets if s.url in pending)
             raise NatsServerError(f"no JetStream meta leader reached through {', '.join(pending)} within "
                                   f"{self.ready_timeout_s:.0f} s; see {logs}")
+        if len(targets) == len(self.servers) and not asyncio.run(_wait_placement(self.url, len(targets), deadline)):
+            raise NatsServerError(f"the meta leader could not place a stream on all {len(targets)} servers within "
+                                  f"{self.ready_timeout_s:.0f} s (a peer not known yet); see "
+                                  f"{', '.join(s.log_path for s in targets)}")
 
 
-async def _wait_jetstream(urls: list[str], timeout_s: float) -> list[str]:
+async def _wait_jetstream(urls: list[str], deadline: float) -> list[str]:
     """The urls among ``urls`` whose server did not answer ``$JS.API.INFO`` before the deadline."""
-    deadline = time.monotonic() + timeout_s
     pending = list(urls)
     while pending and time.monotonic() < deadline:
         for url in list(pending):
@@ -253,3 +259,27 @@ async def _jetstream_answers(url: str) -> bool:
         return False
     finally:
         await nc.close()
+
+
+async def _wait_placement(url: str, replicas: int, deadline: float) -> bool:
+    """Whether a memory stream of ``replicas`` copies could be made (and is deleted again) before
+    the deadline: the meta leader answers before it has heard of every peer, and until then an
+    R=3 stream is refused ("no suitable peers for placement")."""
+    probe = api.StreamConfig(name="NATSPROC_READY", subjects=["natsproc.ready"], storage=api.StorageType.MEMORY,
+                             num_replicas=replicas)
+    while time.monotonic() < deadline:
+        try:
+            nc = await nats.connect(url.split(","), connect_timeout=1, allow_reconnect=False)
+        except (nats.errors.Error, OSError):
+            await asyncio.sleep(0.1)
+            continue
+        try:
+            js = nc.jetstream(timeout=2)
+            await js.add_stream(probe)
+            await js.delete_stream(probe.name or "")
+            return True
+        except nats.errors.Error:
+            await asyncio.sleep(0.2)
+        finally:
+            await nc.close()
+    return False

@@ -5,7 +5,8 @@ the embedded default and is not changed by this module).
 
 Theory of operation:
 
-* one JetStream stream (``SL_LOG``, file storage, ``replicas`` copies) holds every session stream's
+* one JetStream stream (``SL_LOG``, file storage, ``replicas`` copies: R=1 on one server, R=3 on
+  a cluster, where a publish is acknowledged once a majority of the copies stored it) holds every session stream's
   commits; a session stream is the subject ``sl.log.<shard>.<token>``, where ``shard`` is the
   store's ``hash(stream) mod S`` (``keys.shard_of``) and ``token`` the stream name's UTF-8 in
   lower-case base32 without padding: reversible, and only ``[a-z2-7]``, so any stream name the LMDB
@@ -30,7 +31,9 @@ Theory of operation:
 Only asyncio, no threads. No ``nats`` exception leaves this module: a refused or unanswered publish
 becomes :class:`~eventstore.errors.StorageUnavailable` (``outcome="unknown"`` when it may have
 landed: retry with the same commit id, which dedups), any other server error
-:class:`~eventstore.errors.StorageError`.
+:class:`~eventstore.errors.StorageError`. On a cluster that lost its majority (two of three servers
+down) a publish is not acknowledged: it raises StorageUnavailable, outcome unknown, after
+``request_timeout_s``; when the servers are back, the retry with the same commit id writes it once.
 """
 
 from __future__ import annotations
@@ -85,7 +88,12 @@ HEAD_CACHE_SIZE = 100_000
 ANY_VERSION_ATTEMPTS = 16
 CONTENTION_BACKOFF_BASE_S = 0.002
 CONTENTION_BACKOFF_CAP_S = 0.1
-WRONG_LAST_SEQUENCE = 10071
+#: the server refused the expected subject sequence: 10071 it is another one; 10164 (clustered
+#: streams) another commit with an expectation on the subject is still being replicated
+WRONG_LAST_SEQUENCE = (10071, 10164)
+#: a clustered stream still replicates an earlier publish with this commit id (a retry came too
+#: soon): it may yet land, so the append's outcome is unknown and the caller retries later
+MSG_ID_IN_PROCESS = 10158
 
 H_FIRST = "Sl-First-Version"
 H_COUNT = "Sl-Count"
@@ -152,8 +160,12 @@ class JetStreamLog:
     Not safe to share between event loops; any number of tasks of one loop may use it.
     """
 
-    def __init__(self, nc: Client, js: JetStreamContext, stream: str, shards: int, max_commit_bytes: int) -> None:
+    def __init__(self, nc: Client, js: JetStreamContext, stream: str, shards: int, max_commit_bytes: int,
+                 direct: bool = True) -> None:
         self._nc = nc
+        #: reads of a head or commit by direct get (any replica answers); off at R>1, where a
+        #: replica behind the leader would answer with an older head: such reads go to the leader
+        self._direct = direct
         self._js = js
         self.stream = stream
         self.shards = shards
@@ -161,12 +173,16 @@ class JetStreamLog:
         self._heads: OrderedDict[str, _Head] = OrderedDict()
 
     @classmethod
-    async def connect(cls, url: str, *, stream: str = DEFAULT_STREAM, replicas: int = 1, shards: int = 16,
+    async def connect(cls, url: str | Sequence[str], *, stream: str = DEFAULT_STREAM, replicas: int = 1,
+                      shards: int = 16,
                       max_commit_bytes: int = DEFAULT_MAX_COMMIT_BYTES, duplicate_window_s: float = 120.0,
                       connect_timeout_s: float = 5.0, request_timeout_s: float = 5.0,
                       **options: Any) -> JetStreamLog:
-        """Connect to ``url`` and create the log's stream if it does not exist (file storage,
-        ``replicas`` copies, direct gets allowed, deletes and purges denied). ``options`` go to
+        """Connect to ``url`` (one server, or a cluster's servers as a list or comma-separated: the
+        client moves to another one when its server goes away) and create the log's stream if it does
+        not exist (file storage, ``replicas`` copies: 1 on one server, 3 on a cluster, where a commit
+        is acknowledged once a majority stored it; direct gets allowed, deletes and purges denied).
+        An existing stream must have ``replicas`` copies (StorageError otherwise). ``options`` go to
         ``nats.connect`` (a token, credentials); ``request_timeout_s`` bounds every JetStream request
         (a publish unanswered by then raises StorageUnavailable, outcome unknown). Raises
         StorageUnavailable when no server answers, StorageError when the stream cannot be created
@@ -179,13 +195,14 @@ class JetStreamLog:
             raise ValueError(f"request_timeout_s must be 0.05 to 60 s, got {request_timeout_s}")
         if max_commit_bytes < 1024:
             raise ValueError(f"max_commit_bytes must be at least 1024, got {max_commit_bytes}")
+        servers = [u.strip() for u in url.split(",")] if isinstance(url, str) else list(url)
         try:
-            nc = await nats.connect(url, connect_timeout=connect_timeout_s, allow_reconnect=True,
+            nc = await nats.connect(servers, connect_timeout=connect_timeout_s, allow_reconnect=True,
                                     max_reconnect_attempts=-1, **options)
         except (*_UNREACHABLE, OSError) as e:
             raise StorageUnavailable(f"no NATS server answered at {url}", reason="io-error") from e
         limit = min(max_commit_bytes, nc.max_payload - HEADER_ALLOWANCE)
-        log = cls(nc, nc.jetstream(timeout=request_timeout_s), stream, shards, limit)
+        log = cls(nc, nc.jetstream(timeout=request_timeout_s), stream, shards, limit, direct=replicas == 1)
         try:
             await log._ensure_stream(replicas, duplicate_window_s)
         except BaseException:
@@ -209,6 +226,8 @@ class JetStreamLog:
             raise StorageError(f"cannot create the log stream {self.stream}: {e.description}") from e
         if info.config.subjects != subjects:
             raise StorageError(f"stream {self.stream} exists with subjects {info.config.subjects}, not {subjects}")
+        if info.config.num_replicas != replicas:
+            raise StorageError(f"stream {self.stream} exists with {info.config.num_replicas} replicas, not {replicas}")
 
     async def close(self) -> None:
         await self._nc.close()
@@ -248,7 +267,10 @@ class JetStreamLog:
         if expected_version < ANY_VERSION:
             raise ValueError(f"expected_version must be >= 0 or ANY_VERSION, got {expected_version}")
         _check_commit_id(commit_id)
-        attempts = ANY_VERSION_ATTEMPTS if expected_version == ANY_VERSION else 1
+        # an append with a version check is tried again only when the server refused it while
+        # another commit to the stream was in flight (R>1: err_code 10164) and the stream has not
+        # moved yet; the next try then meets the version that commit left
+        attempts = ANY_VERSION_ATTEMPTS
         for attempt in range(attempts):
             if attempt:
                 await asyncio.sleep(random.uniform(0, min(CONTENTION_BACKOFF_CAP_S,
@@ -267,10 +289,10 @@ class JetStreamLog:
             original = await self._landed(stream, subject, commit_id, expected_version, fresh.version)
             if original is not None:
                 return original
-            if expected_version != ANY_VERSION:
+            if expected_version != ANY_VERSION and fresh.version != expected_version:
                 raise WrongExpectedVersion(stream, expected_version, fresh.version)
-        raise StorageUnavailable(f"stream {stream!r} kept moving under {attempts} appends without a version check",
-                                 outcome=NOT_WRITTEN, reason="contention")
+        raise StorageUnavailable(f"stream {stream!r} kept moving (or had a commit in flight) under {attempts} "
+                                 "tries of one append", outcome=NOT_WRITTEN, reason="contention")
 
     async def _landed(self, stream: str, subject: str, commit_id: str | None, expected_version: int,
                       actual: int) -> AppendResult | None:
@@ -317,10 +339,10 @@ class JetStreamLog:
         try:
             ack = await self._js.publish(subject, payload, headers=headers)
         except nats.js.errors.APIError as e:
-            if e.err_code == WRONG_LAST_SEQUENCE:
+            if e.err_code in WRONG_LAST_SEQUENCE:
                 self._heads.pop(stream, None)
                 return None
-            if isinstance(e, _UNREACHABLE):
+            if isinstance(e, _UNREACHABLE) or e.err_code == MSG_ID_IN_PROCESS:
                 raise self._unknown(stream, e) from e
             raise StorageError(f"JetStream refused the commit to stream {stream!r}: {e.description} "
                                f"(err_code {e.err_code})") from e
@@ -353,7 +375,7 @@ class JetStreamLog:
 
     async def _refresh(self, stream: str, subject: str) -> _Head:
         try:
-            msg = await self._js.get_last_msg(self.stream, subject, direct=True)
+            msg = await self._js.get_last_msg(self.stream, subject, direct=self._direct)
         except nats.js.errors.NotFoundError:
             self._heads.pop(stream, None)
             return _EMPTY
@@ -376,7 +398,7 @@ class JetStreamLog:
     async def _result_of(self, seq: int, *, duplicate: bool) -> AppendResult:
         """The result of the commit at stream sequence ``seq`` (a duplicate's original)."""
         try:
-            msg = await self._js.get_msg(self.stream, seq=seq, direct=True)
+            msg = await self._js.get_msg(self.stream, seq=seq, direct=self._direct)
         except _UNREACHABLE as e:
             raise StorageUnavailable(f"JetStream did not answer a read of commit {seq}", reason="io-error") from e
         except nats.js.errors.APIError as e:

@@ -37,7 +37,7 @@ from nats.js.kv import KeyValue
 
 from sessionloop.eventstore.batch import ANY_VERSION
 from sessionloop.eventstore.errors import LeaseHeld, LeaseLost, StorageError, StorageUnavailable, WrongExpectedVersion
-from sessionloop.eventstore.jetstream_log import JetStreamLog
+from sessionloop.eventstore.jetstream_log import _UNREACHABLE, WRONG_LAST_SEQUENCE, JetStreamLog
 from sessionloop.eventstore.records import AppendResult
 
 __all__ = ["DEFAULT_BUCKET", "Lease", "ShardLeases", "ShardOwner"]
@@ -45,10 +45,6 @@ __all__ = ["DEFAULT_BUCKET", "Lease", "ShardLeases", "ShardOwner"]
 DEFAULT_BUCKET = "SL_LEASES"
 MAX_NODE_ID_BYTES = 64
 MAX_SHARD = 1 << 16
-_UNREACHABLE = (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.errors.NoServersError,
-                nats.errors.ConnectionReconnectingError, nats.errors.NoRespondersError,
-                nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
-WRONG_LAST_SEQUENCE = (10071, 10164)
 
 
 class Lease(msgspec.Struct, frozen=True):
@@ -90,8 +86,9 @@ class ShardLeases:
     @classmethod
     async def open(cls, js: JetStreamContext | JetStreamLog, *, bucket: str = DEFAULT_BUCKET, ttl_s: float = 10.0,
                    replicas: int = 1, guard: float = 0.2) -> ShardLeases:
-        """Create the bucket if needed (file storage, history 1, ``ttl_s``). An existing bucket
-        keeps its TTL: the one given must match it (StorageError otherwise)."""
+        """Create the bucket if needed (file storage, history 1, ``ttl_s``, ``replicas`` copies: 3 on
+        a cluster, so a lease survives the loss of one server). An existing bucket keeps its TTL and
+        replicas: the ones given must match them (StorageError otherwise)."""
         if not 0.5 <= ttl_s <= 3600:
             raise ValueError(f"lease ttl must be 0.5 to 3600 s, got {ttl_s}")
         if not 0 <= guard < 1:
@@ -103,13 +100,16 @@ class ShardLeases:
             except nats.js.errors.BucketNotFoundError:
                 kv = await ctx.create_key_value(api.KeyValueConfig(
                     bucket=bucket, history=1, ttl=ttl_s, storage=api.StorageType.FILE, replicas=replicas,
-                    direct=True))
+                    direct=replicas == 1))  # R>1: reads from the leader, not from a replica behind it
             status = await kv.status()
         except _UNREACHABLE as e:
             raise StorageUnavailable(f"JetStream did not answer for the lease bucket {bucket}",
                                      reason="io-error") from e
         except nats.js.errors.APIError as e:
             raise StorageError(f"cannot open the lease bucket {bucket}: {e.description}") from e
+        if status.stream_info.config.num_replicas != replicas:
+            raise StorageError(f"lease bucket {bucket} has {status.stream_info.config.num_replicas} replicas, "
+                               f"not {replicas}")
         if status.ttl is not None and abs(status.ttl - ttl_s) > 1e-3:
             raise StorageError(f"lease bucket {bucket} has a ttl of {status.ttl} s, not {ttl_s} s")
         return cls(kv, ttl_s, guard)
