@@ -1,4 +1,5 @@
-"""Commits/s through the JetStream log (R=1, one nats-server) against the LMDB store's append (issue 23).
+"""Commits/s through the JetStream log (R=1 on one nats-server, R=3 on a three-server cluster on this
+machine) against the LMDB store's append (issue 23).
 
     python benchmarks/bench_jetstream.py              # 3 interleaved rounds of 4 s per figure
     python benchmarks/bench_jetstream.py --quick      # 1 round of 2 s
@@ -10,12 +11,16 @@ event), every commit with its expected version (and a commit id on JetStream):
 * ``lmdb_sync`` / ``lmdb_nosync``: ``EventStore.append`` from writer threads (group-committed);
 * ``js_default``: ``JetStreamLog.append`` from asyncio tasks on one connection, nats-server with
   its default ``sync_interval`` (the OS flushes; fsync every 2 min), file storage;
-* ``js_sync_always``: the same with ``sync_interval: always`` (fsync on every write).
+* ``js_sync_always``: the same with ``sync_interval: always`` (fsync on every write);
+* ``js_r3``: ``JetStreamLog.append`` at R=3 on a three-server cluster on loopback (``cli/natsproc.py``),
+  default ``sync_interval``: an acknowledgement waits for a majority (two of the three) to store the
+  commit. All three servers share this machine's cores with the writers, so it measures the
+  protocol's cost, not what three machines would do.
 
 The variants run interleaved (round 1 of each, then round 2 of each, ...) so a noisy neighbour on
 the shared machine hits all of them alike; figures are medians over rounds. Ratios are JetStream
-over the LMDB store at the same durability (default vs nosync, always vs sync). Prints a table and
-writes ``benchmarks/results/jetstream.json``.
+over the LMDB store at the same durability (default vs nosync, always vs sync), and R=3 over R=1.
+Prints a table and writes ``benchmarks/results/jetstream.json``.
 """
 
 from __future__ import annotations
@@ -37,9 +42,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_eventstore import typical_event  # noqa: E402
 from benchmarks.measure import write_results  # noqa: E402
 from sessionloop.actors.events import open_store  # noqa: E402
-from sessionloop.cli.natsproc import NatsServer, nats_server_version  # noqa: E402
+from sessionloop.cli.natsproc import NatsCluster, NatsServer, nats_server_version  # noqa: E402
 from sessionloop.eventstore.codec import encode_event  # noqa: E402
 from sessionloop.eventstore.jetstream_log import JetStreamLog  # noqa: E402
+
+VARIANTS = ("lmdb_nosync", "js_default", "js_r3", "lmdb_sync", "js_sync_always")
 
 
 def _summary(commits: int, seconds: float, batch: int, latencies: list[float]) -> dict[str, float]:
@@ -86,8 +93,9 @@ def run_lmdb(durability: str, writers: int, batch: int, seconds: float) -> dict[
     return _summary(sum(counts), dt, batch, latencies)
 
 
-async def _run_js(url: str, writers: int, batch: int, seconds: float, tag: str) -> dict[str, float]:
-    log = await JetStreamLog.connect(url)
+async def _run_js(url: str, replicas: int, writers: int, batch: int, seconds: float,
+                  tag: str) -> dict[str, float]:
+    log = await JetStreamLog.connect(url, replicas=replicas)
     payloads = [encode_event(typical_event(i)) for i in range(batch)]
     latencies: list[float] = []
     stop_at = time.perf_counter() + seconds
@@ -111,8 +119,8 @@ async def _run_js(url: str, writers: int, batch: int, seconds: float, tag: str) 
     return _summary(sum(counts), dt, batch, latencies)
 
 
-def run_js(url: str, writers: int, batch: int, seconds: float, tag: str) -> dict[str, float]:
-    return asyncio.run(_run_js(url, writers, batch, seconds, tag))
+def run_js(url: str, replicas: int, writers: int, batch: int, seconds: float, tag: str) -> dict[str, float]:
+    return asyncio.run(_run_js(url, replicas, writers, batch, seconds, tag))
 
 
 def _server(work: str, name: str, sync_always: bool) -> NatsServer:
@@ -126,28 +134,35 @@ def _server(work: str, name: str, sync_always: bool) -> NatsServer:
 def run(rounds: int, seconds: float, writers: int, batch: int) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="bench-js-")
     servers: dict[str, NatsServer] = {}
+    cluster = NatsCluster(os.path.join(work, "r3"))
     samples: dict[str, dict[str, list[float]]] = {}
     try:
         servers["js_default"] = _server(work, "js_default", sync_always=False)
         servers["js_sync_always"] = _server(work, "js_sync_always", sync_always=True)
+        cluster.start()
         for r in range(rounds):
-            for name in ("lmdb_nosync", "js_default", "lmdb_sync", "js_sync_always"):
+            for name in VARIANTS:
                 if name.startswith("lmdb_"):
                     got = run_lmdb(name.removeprefix("lmdb_"), writers, batch, seconds)
+                elif name == "js_r3":
+                    got = run_js(cluster.url, 3, writers, batch, seconds, f"r{r}")
                 else:
-                    got = run_js(servers[name].url, writers, batch, seconds, f"r{r}")
+                    got = run_js(servers[name].url, 1, writers, batch, seconds, f"r{r}")
                 for k, v in got.items():
                     samples.setdefault(name, {}).setdefault(k, []).append(v)
                 print(f"  round {r + 1} {name:<16} {got['commits_per_s']:>10,.0f} commits/s", flush=True)
     finally:
         for s in servers.values():
             s.stop()
+        cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
     result: dict[str, Any] = {name: {k: statistics.median(v) for k, v in m.items()} for name, m in samples.items()}
     result["ratio_js_default_vs_lmdb_nosync"] = (result["js_default"]["commits_per_s"]
                                                  / result["lmdb_nosync"]["commits_per_s"])
     result["ratio_js_sync_always_vs_lmdb_sync"] = (result["js_sync_always"]["commits_per_s"]
                                                    / result["lmdb_sync"]["commits_per_s"])
+    result["ratio_js_r3_vs_js_default"] = result["js_r3"]["commits_per_s"] / result["js_default"]["commits_per_s"]
+    result["ratio_js_r3_vs_lmdb_nosync"] = result["js_r3"]["commits_per_s"] / result["lmdb_nosync"]["commits_per_s"]
     return result
 
 
@@ -155,12 +170,14 @@ def print_table(result: dict[str, Any], writers: int, batch: int) -> None:
     print(f"\n{writers} writers, {batch} events per commit (medians)")
     print(f"{'variant':<18} {'commits/s':>12} {'events/s':>12} {'p50 ms':>9} {'p99 ms':>9}")
     print("-" * 64)
-    for name in ("lmdb_nosync", "js_default", "lmdb_sync", "js_sync_always"):
+    for name in VARIANTS:
         m = result[name]
         print(f"{name:<18} {m['commits_per_s']:>12,.0f} {m['events_per_s']:>12,.0f} {m['p50_ms']:>9.2f} "
               f"{m['p99_ms']:>9.2f}")
     print(f"\nJetStream (default sync) / LMDB nosync: {result['ratio_js_default_vs_lmdb_nosync']:.3f}")
     print(f"JetStream (sync always) / LMDB sync:    {result['ratio_js_sync_always_vs_lmdb_sync']:.3f}")
+    print(f"JetStream R=3 / R=1 (default sync):     {result['ratio_js_r3_vs_js_default']:.3f}")
+    print(f"JetStream R=3 / LMDB nosync:            {result['ratio_js_r3_vs_lmdb_nosync']:.3f}")
 
 
 def main() -> None:
