@@ -91,6 +91,7 @@ CONTENTION_BACKOFF_CAP_S = 0.1
 #: the server refused the expected subject sequence: 10071 it is another one; 10164 (clustered
 #: streams) another commit with an expectation on the subject is still being replicated
 WRONG_LAST_SEQUENCE = (10071, 10164)
+IN_FLIGHT = 10164
 #: a clustered stream still replicates an earlier publish with this commit id (a retry came too
 #: soon): it may yet land, so the append's outcome is unknown and the caller retries later
 MSG_ID_IN_PROCESS = 10158
@@ -99,6 +100,16 @@ H_FIRST = "Sl-First-Version"
 H_COUNT = "Sl-Count"
 H_MSG_ID = api.Header.MSG_ID.value
 H_EXPECTED = api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value
+#: nats-server (2.11 and later, stream.go ``getExpectedLastSeqPerSubjectForSubject``): the subject,
+#: or a filter with wildcards, whose last sequence H_EXPECTED is checked against instead of the
+#: published subject's
+H_EXPECTED_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+#: the last token of a shard's fence subject (takeover markers; never a stream's token)
+FENCE_TOKEN = "_fence"
+
+
+class _InFlight(Exception):
+    """The server refused a fenced publish while another one with the same fence was in flight (10164)."""
 
 
 class LogCommit(msgspec.Struct, array_like=True):
@@ -259,14 +270,7 @@ class JetStreamLog:
         InvalidStreamName, CommitTooLarge, WrongExpectedVersion (nothing written), or
         StorageUnavailable / StorageError as the module docstring says.
         """
-        subject = self.subject_of(stream)
-        if not events:
-            raise ValueError("append needs at least one event")
-        if len(events) > MAX_EVENTS_PER_COMMIT:
-            raise ValueError(f"a commit holds at most {MAX_EVENTS_PER_COMMIT} events, got {len(events)}")
-        if expected_version < ANY_VERSION:
-            raise ValueError(f"expected_version must be >= 0 or ANY_VERSION, got {expected_version}")
-        _check_commit_id(commit_id)
+        subject = self._checked(stream, events, expected_version, commit_id)
         # an append with a version check is tried again only when the server refused it while
         # another commit to the stream was in flight (R>1: err_code 10164) and the stream has not
         # moved yet; the next try then meets the version that commit left
@@ -275,13 +279,9 @@ class JetStreamLog:
             if attempt:
                 await asyncio.sleep(random.uniform(0, min(CONTENTION_BACKOFF_CAP_S,
                                                           CONTENTION_BACKOFF_BASE_S * 2 ** attempt)))
-            try:
-                head = await self._head(stream, subject, expected_version)
-            except WrongExpectedVersion as e:
-                original = await self._landed(stream, subject, commit_id, expected_version, e.actual)
-                if original is None:
-                    raise
-                return original
+            head = await self._head_or_landed(stream, subject, expected_version, commit_id)
+            if isinstance(head, AppendResult):
+                return head
             result = await self._publish(stream, subject, head, list(events), commit_id)
             if result is not None:
                 return result
@@ -293,6 +293,69 @@ class JetStreamLog:
                 raise WrongExpectedVersion(stream, expected_version, fresh.version)
         raise StorageUnavailable(f"stream {stream!r} kept moving (or had a commit in flight) under {attempts} "
                                  "tries of one append", outcome=NOT_WRITTEN, reason="contention")
+
+    def _checked(self, stream: str, events: Sequence[bytes], expected_version: int, commit_id: str | None) -> str:
+        """The stream's subject, once the append's arguments are valid (ValueError, InvalidStreamName)."""
+        subject = self.subject_of(stream)
+        if not events:
+            raise ValueError("append needs at least one event")
+        if len(events) > MAX_EVENTS_PER_COMMIT:
+            raise ValueError(f"a commit holds at most {MAX_EVENTS_PER_COMMIT} events, got {len(events)}")
+        if expected_version < ANY_VERSION:
+            raise ValueError(f"expected_version must be >= 0 or ANY_VERSION, got {expected_version}")
+        _check_commit_id(commit_id)
+        return subject
+
+    # --- the shard fence (leases.py's ShardOwner) --------------------------------------------------
+
+    async def write_fence(self, shard: int, node: str, epoch: int) -> int:
+        """Write a takeover marker on ``shard``'s fence subject (``sl.log.<shard>._fence``, not a
+        stream's: ``_`` is outside the tokens' alphabet) and return its stream sequence: the
+        shard's last sequence for :meth:`append_fenced`. Forgets the shard's cached heads (another
+        node may have moved them). Raises StorageUnavailable / StorageError."""
+        payload = _enc.encode({"node": node, "epoch": epoch, "at": time.time_ns() // 1_000_000})
+        try:
+            ack = await self._js.publish(f"{SUBJECT_PREFIX}.{shard}.{FENCE_TOKEN}", payload)
+        except nats.js.errors.APIError as e:
+            if isinstance(e, _UNREACHABLE):
+                raise StorageUnavailable(f"JetStream did not acknowledge the fence of shard {shard}",
+                                         reason="io-error") from e
+            raise StorageError(f"cannot write the fence of shard {shard}: {e.description}") from e
+        except _UNREACHABLE as e:
+            raise StorageUnavailable(f"JetStream did not acknowledge the fence of shard {shard}",
+                                     reason="io-error") from e
+        for stream in [name for name in self._heads if self.shard_of(name) == shard]:
+            del self._heads[stream]
+        return int(ack.seq)
+
+    async def append_fenced(self, stream: str, events: Sequence[bytes], expected_version: int,
+                            commit_id: str | None, shard_seq: int) -> AppendResult | None:
+        """Append as :meth:`append` does, but the server checks the last sequence of the stream's
+        whole shard (``Nats-Expected-Last-Subject-Sequence-Subject: sl.log.<shard>.>``) against
+        ``shard_seq`` instead of the stream's own: nothing was written to any stream of the shard,
+        nor a fence, since the caller's last write. The stream's version is checked against the
+        caller's view (the shard's only writer while its fence holds). None when the server
+        refused it on the shard's sequence and it is not a retry of a commit that landed: another
+        node wrote to the shard (a fence). Raises what :meth:`append` raises."""
+        subject = self._checked(stream, events, expected_version, commit_id)
+        head = await self._head_or_landed(stream, subject, expected_version, commit_id)
+        if isinstance(head, AppendResult):
+            return head
+        fence = (f"{SUBJECT_PREFIX}.{self.shard_of(stream)}.>", shard_seq)
+        for attempt in range(ANY_VERSION_ATTEMPTS):
+            try:
+                result = await self._publish(stream, subject, head, list(events), commit_id, fence)
+                break
+            except _InFlight:  # a publish with the same fence is being replicated: wait for it to settle
+                await asyncio.sleep(random.uniform(0, min(CONTENTION_BACKOFF_CAP_S,
+                                                          CONTENTION_BACKOFF_BASE_S * 2 ** (attempt + 1))))
+        else:
+            raise StorageUnavailable(f"the shard of stream {stream!r} kept a fenced publish in flight under "
+                                     f"{ANY_VERSION_ATTEMPTS} tries", outcome=NOT_WRITTEN, reason="contention")
+        if result is not None:
+            return result
+        fresh = await self._refresh(stream, subject)
+        return await self._landed(stream, subject, commit_id, expected_version, fresh.version)
 
     async def _landed(self, stream: str, subject: str, commit_id: str | None, expected_version: int,
                       actual: int) -> AppendResult | None:
@@ -317,6 +380,18 @@ class JetStreamLog:
                     return None
         return None
 
+    async def _head_or_landed(self, stream: str, subject: str, expected_version: int,
+                              commit_id: str | None) -> _Head | AppendResult:
+        """The stream's head to publish after; the original result when the stream is past
+        ``expected_version`` because this commit (a retry) landed; else raises WrongExpectedVersion."""
+        try:
+            return await self._head(stream, subject, expected_version)
+        except WrongExpectedVersion as e:
+            original = await self._landed(stream, subject, commit_id, expected_version, e.actual)
+            if original is None:
+                raise
+            return original
+
     async def _head(self, stream: str, subject: str, expected_version: int) -> _Head:
         head = self._heads.get(stream)
         if head is None or (expected_version != ANY_VERSION and head.version != expected_version):
@@ -325,20 +400,25 @@ class JetStreamLog:
             raise WrongExpectedVersion(stream, expected_version, head.version)
         return head
 
-    async def _publish(self, stream: str, subject: str, head: _Head, events: list[bytes],
-                       commit_id: str | None) -> AppendResult | None:
-        """Publish the commit after ``head``; None when the server refused it on the sequence."""
+    async def _publish(self, stream: str, subject: str, head: _Head, events: list[bytes], commit_id: str | None,
+                       fence: tuple[str, int] | None = None) -> AppendResult | None:
+        """Publish the commit after ``head``; None when the server refused it on the sequence
+        (the stream's, or with ``fence`` (filter, sequence) the last sequence of that filter's)."""
         first = head.version + 1
         at = time.time_ns() // 1_000_000
         payload = _enc.encode(LogCommit(stream, first, at, commit_id, events))
         if len(payload) > self.max_commit_bytes:
             raise CommitTooLarge(stream, len(payload), self.max_commit_bytes)
         headers = {H_EXPECTED: str(head.seq), H_FIRST: str(first), H_COUNT: str(len(events))}
+        if fence is not None:
+            headers[H_EXPECTED_SUBJECT], headers[H_EXPECTED] = fence[0], str(fence[1])
         if commit_id is not None:
             headers[H_MSG_ID] = commit_id
         try:
             ack = await self._js.publish(subject, payload, headers=headers)
         except nats.js.errors.APIError as e:
+            if e.err_code == IN_FLIGHT and fence is not None:
+                raise _InFlight from e
             if e.err_code in WRONG_LAST_SEQUENCE:
                 self._heads.pop(stream, None)
                 return None
@@ -472,7 +552,8 @@ class JetStreamLog:
                     raise StorageUnavailable(f"a read of {subject} stalled before commit {last}",
                                              reason="io-error") from e
                 seq = msg.metadata.sequence.stream
-                yield seq, self._decode(msg.data, seq)
+                if not msg.subject.endswith(FENCE_TOKEN):  # a takeover marker is no commit
+                    yield seq, self._decode(msg.data, seq)
                 if seq >= last:
                     return
         finally:

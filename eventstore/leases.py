@@ -15,18 +15,27 @@ Theory of operation:
   to write before it asks the server anything.
 
 :class:`ShardOwner` is a node's view: it appends only to streams of shards whose lease it holds,
-inside the local deadline; every append also carries the stream's expected subject sequence
-(``jetstream_log.py``), so when the shard passed to another node that wrote the stream, the old
-owner's append is refused by the server, and the old owner drops the shard (``LeaseLost``).
+inside the local deadline, and the server fences every append per shard:
 
-What this slice does not close yet: a stale owner that passes its local deadline check, then
-stalls before its publish reaches the server, can still commit to a stream the new owner has not
-written since it took the shard. The next slice fences per shard on the server (a takeover marker
-in the log checked with ``Nats-Expected-Last-Subject-Sequence-Subject``, or atomic batches).
+* taking a shard, the owner writes a takeover marker on the shard's fence subject
+  ``sl.log.<shard>._fence`` (``JetStreamLog.write_fence``) and remembers its sequence;
+* every append carries ``Nats-Expected-Last-Subject-Sequence`` with
+  ``Nats-Expected-Last-Subject-Sequence-Subject: sl.log.<shard>.>``: the server checks that the
+  last message on any subject of the shard (every stream of it, and its fence) is the owner's
+  own last write there (nats-server's ``store.LoadLastMsg`` on the filter; stream.go). The owner's
+  appends to one shard go one at a time, each expecting the one before;
+* so after a new owner's fence, every append of an earlier owner, to any stream of the shard and
+  whether or not the new owner wrote that stream, is refused; the earlier owner drops the shard
+  (``LeaseLost``). A stale owner that passed its local deadline check and then stalled is
+  refused by the server, not by its clock.
+
+The fence point is the new owner's marker: a commit of the old owner that reached the server
+before it is history the new owner reads after it took the shard, not a conflict.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import msgspec
@@ -36,7 +45,7 @@ from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
 from sessionloop.eventstore.batch import ANY_VERSION
-from sessionloop.eventstore.errors import LeaseHeld, LeaseLost, StorageError, StorageUnavailable, WrongExpectedVersion
+from sessionloop.eventstore.errors import LeaseHeld, LeaseLost, StorageError, StorageUnavailable
 from sessionloop.eventstore.jetstream_log import _UNREACHABLE, WRONG_LAST_SEQUENCE, JetStreamLog
 from sessionloop.eventstore.records import AppendResult
 
@@ -186,6 +195,11 @@ class ShardOwner:
         self.leases = leases
         self.node = node
         self._held: dict[int, Lease] = {}
+        #: per held shard: the last sequence of the shard's subjects this node wrote (its fence or
+        #: its last commit there), which its next fenced append expects; and the lock that keeps
+        #: this node's appends to one shard one at a time (each expects the one before it)
+        self._shard_seq: dict[int, int] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
         #: how many shards this node dropped (lease expired locally, renewal refused, fence failed)
         self.drops = 0
 
@@ -194,7 +208,10 @@ class ShardOwner:
         return dict(self._held)
 
     async def acquire(self, shard: int) -> Lease:
+        """Take ``shard``'s lease and write the takeover fence: from then on no append of an
+        earlier owner to any stream of the shard is accepted. Raises LeaseHeld, StorageUnavailable."""
         lease = await self.leases.acquire(shard, self.node)
+        self._shard_seq[shard] = await self.log.write_fence(shard, self.node, lease.epoch)
         self._held[shard] = lease
         return lease
 
@@ -210,6 +227,7 @@ class ShardOwner:
         return renewed
 
     async def release(self, shard: int) -> bool:
+        self._shard_seq.pop(shard, None)
         lease = self._held.pop(shard, None)
         return False if lease is None else await self.leases.release(lease)
 
@@ -219,17 +237,23 @@ class ShardOwner:
 
     async def append(self, stream: str, events: list[bytes], expected_version: int = ANY_VERSION,
                      commit_id: str | None = None) -> AppendResult:
-        """``JetStreamLog.append`` fenced by the shard's lease: raises LeaseLost (nothing written)
-        when the lease is not held or its local deadline passed, and when the server refused the
-        expected sequence (another writer moved the stream: the shard is dropped)."""
+        """``JetStreamLog.append_fenced`` under the shard's lease: raises LeaseLost (nothing
+        written) when the lease is not held or its local deadline passed, and when the server
+        refused the shard's expected sequence (another node wrote a fence or a commit to the
+        shard since this node's last write: the shard is dropped). WrongExpectedVersion when
+        ``expected_version`` is not the stream's version (the shard stays held)."""
         shard = self.log.shard_of(stream)
-        self._lease(shard)
-        try:
-            return await self.log.append(stream, events, expected_version, commit_id)
-        except WrongExpectedVersion as e:
-            self._drop(shard)
-            raise LeaseLost(shard, self.node, f"stream {stream!r} is at version {e.actual}, not {e.expected}: "
-                                              "another writer owns it") from e
+        lock = self._locks.setdefault(shard, asyncio.Lock())
+        async with lock:
+            self._lease(shard)
+            result = await self.log.append_fenced(stream, events, expected_version, commit_id,
+                                                  self._shard_seq[shard])
+            if result is None:
+                self._drop(shard)
+                raise LeaseLost(shard, self.node, f"the append to {stream!r} was refused by the shard's fence: "
+                                                  "another node took the shard over")
+            self._shard_seq[shard] = max(self._shard_seq[shard], result.last_position)
+            return result
 
     def _lease(self, shard: int) -> Lease:
         lease = self._held.get(shard)
@@ -241,5 +265,6 @@ class ShardOwner:
         return lease
 
     def _drop(self, shard: int) -> None:
+        self._shard_seq.pop(shard, None)
         if self._held.pop(shard, None) is not None:
             self.drops += 1

@@ -11,14 +11,15 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import msgspec
 import pytest
 
 from sessionloop.cli.natsproc import NatsCluster
-from sessionloop.eventstore.errors import NOT_WRITTEN, UNKNOWN, LeaseHeld, StorageUnavailable
+from sessionloop.eventstore.errors import NOT_WRITTEN, UNKNOWN, LeaseHeld, LeaseLost, StorageUnavailable
 from sessionloop.eventstore.jetstream_log import DEFAULT_STREAM, JetStreamLog
-from sessionloop.eventstore.leases import DEFAULT_BUCKET, ShardLeases
+from sessionloop.eventstore.leases import DEFAULT_BUCKET, ShardLeases, ShardOwner
 from sessionloop.eventstore.records import AppendResult, RecordedEvent
-from tests.eventstore.test_jetstream_log import run
+from tests.eventstore.test_jetstream_log import _take_over_after_expiry, run
 
 T = TypeVar("T")
 
@@ -204,3 +205,33 @@ def test_a_lease_taken_at_r3_survives_the_kill_of_its_bucket_leader(cluster: Nat
         finally:
             await log.close()
     run(go)
+
+
+def test_the_shard_fence_refuses_a_stalled_owner_at_r3(cluster: NatsCluster) -> None:
+    """The fence's check (the last sequence of ``sl.log.<shard>.>``) on a clustered stream, whose
+    publishes the stream leader checks before it proposes them."""
+    async def go() -> tuple[int, list[bytes]]:
+        log_a, log_b = await _log(cluster), await _log(cluster)
+        try:
+            a = ShardOwner(log_a, await ShardLeases.open(log_a, bucket="SL_FENCE_R3", ttl_s=1, replicas=3), "node-a")
+            b = ShardOwner(log_b, await ShardLeases.open(log_b, bucket="SL_FENCE_R3", ttl_s=1, replicas=3), "node-b")
+            stream = "session-fence-r3"
+            shard = log_a.shard_of(stream)
+            lease_a = await a.acquire(shard)
+            await a.append(stream, [b"a1"], 0, "fr3-a1")
+            lease_b = await _take_over_after_expiry(lambda: b.acquire(shard), 1)
+            assert lease_b.epoch > lease_a.epoch
+            a._held[shard] = msgspec.structs.replace(lease_a, deadline=float("inf"))  # noqa: SLF001
+            accepted = 0
+            try:
+                await a.append(stream, [b"stale"], 1, "fr3-a2")  # node-b never wrote this session
+                accepted += 1
+            except LeaseLost:
+                pass
+            await b.append(stream, [b"b2"], 1, "fr3-b2")
+            return accepted, [e.event for e in await log_b.read_stream(stream)]
+        finally:
+            await log_a.close()
+            await log_b.close()
+    accepted, events = run(go)
+    assert accepted == 0 and events == [b"a1", b"b2"]
