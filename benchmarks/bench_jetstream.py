@@ -11,7 +11,10 @@ event), every commit with its expected version (and a commit id on JetStream):
 * ``lmdb_sync`` / ``lmdb_nosync``: ``EventStore.append`` from writer threads (group-committed);
 * ``js_default``: ``JetStreamLog.append`` from asyncio tasks on one connection, nats-server with
   its default ``sync_interval`` (the OS flushes; fsync every 2 min), file storage;
-* ``js_sync_always``: the same with ``sync_interval: always`` (fsync on every write);
+* ``js_fenced``: the same server, every append through ``ShardOwner.append`` of one node holding
+  all 16 shards: the server checks the shard's last sequence (the fence against a stale owner),
+  so a node's appends to one shard go one at a time (16 writers' sessions share 16 shards);
+* ``js_sync_always``: the same as ``js_default`` with ``sync_interval: always`` (fsync on every write);
 * ``js_r3``: ``JetStreamLog.append`` at R=3 on a three-server cluster on loopback (``cli/natsproc.py``),
   default ``sync_interval``: an acknowledgement waits for a majority (two of the three) to store the
   commit. All three servers share this machine's cores with the writers, so it measures the
@@ -45,8 +48,9 @@ from sessionloop.actors.events import open_store  # noqa: E402
 from sessionloop.cli.natsproc import NatsCluster, NatsServer, nats_server_version  # noqa: E402
 from sessionloop.eventstore.codec import encode_event  # noqa: E402
 from sessionloop.eventstore.jetstream_log import JetStreamLog  # noqa: E402
+from sessionloop.eventstore.leases import ShardLeases, ShardOwner  # noqa: E402
 
-VARIANTS = ("lmdb_nosync", "js_default", "js_r3", "lmdb_sync", "js_sync_always")
+VARIANTS = ("lmdb_nosync", "js_default", "js_fenced", "js_r3", "lmdb_sync", "js_sync_always")
 
 
 def _summary(commits: int, seconds: float, batch: int, latencies: list[float]) -> dict[str, float]:
@@ -93,9 +97,16 @@ def run_lmdb(durability: str, writers: int, batch: int, seconds: float) -> dict[
     return _summary(sum(counts), dt, batch, latencies)
 
 
-async def _run_js(url: str, replicas: int, writers: int, batch: int, seconds: float,
-                  tag: str) -> dict[str, float]:
+async def _run_js(url: str, replicas: int, writers: int, batch: int, seconds: float, tag: str,
+                  fenced: bool = False) -> dict[str, float]:
     log = await JetStreamLog.connect(url, replicas=replicas)
+    append = log.append
+    owner: ShardOwner | None = None
+    if fenced:  # one node owning every shard: each append through the shard's fence
+        owner = ShardOwner(log, await ShardLeases.open(log, ttl_s=60, replicas=replicas), f"bench-{tag}")
+        for shard in range(log.shards):
+            await owner.acquire(shard)
+        append = owner.append
     payloads = [encode_event(typical_event(i)) for i in range(batch)]
     latencies: list[float] = []
     stop_at = time.perf_counter() + seconds
@@ -104,7 +115,7 @@ async def _run_js(url: str, replicas: int, writers: int, batch: int, seconds: fl
         version, n = 0, 0
         while time.perf_counter() < stop_at:
             t = time.perf_counter()
-            await log.append(f"session-{tag}-w{w}", payloads, version, uuid.uuid4().hex)
+            await append(f"session-{tag}-w{w}", payloads, version, uuid.uuid4().hex)
             latencies.append(time.perf_counter() - t)
             version += batch
             n += 1
@@ -115,12 +126,16 @@ async def _run_js(url: str, replicas: int, writers: int, batch: int, seconds: fl
         counts = await asyncio.gather(*(writer(w) for w in range(writers)))
     finally:
         dt = time.perf_counter() - t0
+        if owner is not None:
+            for shard in owner.held:
+                await owner.release(shard)
         await log.close()
     return _summary(sum(counts), dt, batch, latencies)
 
 
-def run_js(url: str, replicas: int, writers: int, batch: int, seconds: float, tag: str) -> dict[str, float]:
-    return asyncio.run(_run_js(url, replicas, writers, batch, seconds, tag))
+def run_js(url: str, replicas: int, writers: int, batch: int, seconds: float, tag: str,
+           fenced: bool = False) -> dict[str, float]:
+    return asyncio.run(_run_js(url, replicas, writers, batch, seconds, tag, fenced))
 
 
 def _server(work: str, name: str, sync_always: bool) -> NatsServer:
@@ -146,6 +161,8 @@ def run(rounds: int, seconds: float, writers: int, batch: int) -> dict[str, Any]
                     got = run_lmdb(name.removeprefix("lmdb_"), writers, batch, seconds)
                 elif name == "js_r3":
                     got = run_js(cluster.url, 3, writers, batch, seconds, f"r{r}")
+                elif name == "js_fenced":
+                    got = run_js(servers["js_default"].url, 1, writers, batch, seconds, f"f{r}", fenced=True)
                 else:
                     got = run_js(servers[name].url, 1, writers, batch, seconds, f"r{r}")
                 for k, v in got.items():
@@ -161,6 +178,8 @@ def run(rounds: int, seconds: float, writers: int, batch: int) -> dict[str, Any]
                                                  / result["lmdb_nosync"]["commits_per_s"])
     result["ratio_js_sync_always_vs_lmdb_sync"] = (result["js_sync_always"]["commits_per_s"]
                                                    / result["lmdb_sync"]["commits_per_s"])
+    result["ratio_js_fenced_vs_js_default"] = (result["js_fenced"]["commits_per_s"]
+                                               / result["js_default"]["commits_per_s"])
     result["ratio_js_r3_vs_js_default"] = result["js_r3"]["commits_per_s"] / result["js_default"]["commits_per_s"]
     result["ratio_js_r3_vs_lmdb_nosync"] = result["js_r3"]["commits_per_s"] / result["lmdb_nosync"]["commits_per_s"]
     return result
@@ -176,6 +195,7 @@ def print_table(result: dict[str, Any], writers: int, batch: int) -> None:
               f"{m['p99_ms']:>9.2f}")
     print(f"\nJetStream (default sync) / LMDB nosync: {result['ratio_js_default_vs_lmdb_nosync']:.3f}")
     print(f"JetStream (sync always) / LMDB sync:    {result['ratio_js_sync_always_vs_lmdb_sync']:.3f}")
+    print(f"JetStream fenced / unfenced (R=1):      {result['ratio_js_fenced_vs_js_default']:.3f}")
     print(f"JetStream R=3 / R=1 (default sync):     {result['ratio_js_r3_vs_js_default']:.3f}")
     print(f"JetStream R=3 / LMDB nosync:            {result['ratio_js_r3_vs_lmdb_nosync']:.3f}")
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 
 import msgspec
 import nats.errors
@@ -235,7 +236,7 @@ class ShardOwner:
         """The epoch of this node's ownership of ``shard`` (raises LeaseLost when not held)."""
         return self._lease(shard).epoch
 
-    async def append(self, stream: str, events: list[bytes], expected_version: int = ANY_VERSION,
+    async def append(self, stream: str, events: Sequence[bytes], expected_version: int = ANY_VERSION,
                      commit_id: str | None = None) -> AppendResult:
         """``JetStreamLog.append_fenced`` under the shard's lease: raises LeaseLost (nothing
         written) when the lease is not held or its local deadline passed, and when the server
