@@ -46,7 +46,7 @@ from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
 from sessionloop.eventstore.batch import ANY_VERSION
-from sessionloop.eventstore.errors import LeaseHeld, LeaseLost, StorageError, StorageUnavailable
+from sessionloop.eventstore.errors import NOT_WRITTEN, LeaseHeld, LeaseLost, StorageError, StorageUnavailable
 from sessionloop.eventstore.jetstream_log import _UNREACHABLE, WRONG_LAST_SEQUENCE, JetStreamLog
 from sessionloop.eventstore.records import AppendResult
 
@@ -55,6 +55,7 @@ __all__ = ["DEFAULT_BUCKET", "Lease", "ShardLeases", "ShardOwner"]
 DEFAULT_BUCKET = "SL_LEASES"
 MAX_NODE_ID_BYTES = 64
 MAX_SHARD = 1 << 16
+CREATE_ATTEMPTS = 3
 
 
 class Lease(msgspec.Struct, frozen=True):
@@ -130,15 +131,22 @@ class ShardLeases:
     async def acquire(self, shard: int, node: str) -> Lease:
         """Take ``shard``'s lease for ``node``; raises LeaseHeld while another lease holds it."""
         key, raw = _key(shard), _check_node(node)
-        sent = time.monotonic()
-        try:
-            revision = await self._kv.create(key, raw)
-        except nats.js.errors.KeyWrongLastSequenceError as e:
-            raise LeaseHeld(shard, await self._holder_name(key)) from e
-        except _UNREACHABLE as e:
-            raise StorageUnavailable(f"JetStream did not answer the lease request for shard {shard}",
-                                     reason="io-error") from e
-        return Lease(shard, node, revision, revision, self._deadline(sent))
+        for _ in range(CREATE_ATTEMPTS):
+            sent = time.monotonic()
+            try:
+                revision = await self._kv.create(key, raw)
+                return Lease(shard, node, revision, revision, self._deadline(sent))
+            except nats.js.errors.KeyWrongLastSequenceError as e:
+                raise LeaseHeld(shard, await self._holder_name(key)) from e
+            except nats.js.errors.KeyNotFoundError:
+                # nats-py's create, refused on the old lease, reads the key to tell a deleted key
+                # from a held one; the old lease expired in between (seen at R=3): create again
+                continue
+            except _UNREACHABLE as e:
+                raise StorageUnavailable(f"JetStream did not answer the lease request for shard {shard}",
+                                         reason="io-error") from e
+        raise StorageUnavailable(f"the lease of shard {shard} kept expiring under {CREATE_ATTEMPTS} creates",
+                                 outcome=NOT_WRITTEN, reason="contention")
 
     async def renew(self, lease: Lease) -> Lease:
         """Extend ``lease``; raises LeaseLost once it expired on the server or passed to another node."""

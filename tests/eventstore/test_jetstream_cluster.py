@@ -43,8 +43,6 @@ def all_servers_up(cluster: NatsCluster) -> Iterator[None]:
     cluster.start()
 
 
-async def _log(cluster: NatsCluster, request_timeout_s: float = 2.0) -> JetStreamLog:
-    return await JetStreamLog.connect(cluster.url, replicas=3, request_timeout_s=request_timeout_s)
 
 
 async def _leader_of(log: JetStreamLog, stream: str) -> int:
@@ -66,6 +64,14 @@ async def _until_available(factory: Callable[[], Awaitable[T]]) -> tuple[T, int]
             failed += 1
             assert time.monotonic() < deadline, f"still unavailable after {RETRY_FOR_S} s"
             await asyncio.sleep(0.2)
+
+
+async def _log(cluster: NatsCluster, request_timeout_s: float = 2.0) -> JetStreamLog:
+    """A log on the whole cluster; the connection waits out an election left by the test before
+    (a server restarted, the stream's leader moving)."""
+    log, _ = await _until_available(lambda: JetStreamLog.connect(cluster.url, replicas=3,
+                                                                 request_timeout_s=request_timeout_s))
+    return log
 
 
 async def _append_until_acked(log: JetStreamLog, stream: str, event: bytes, expected: int,
