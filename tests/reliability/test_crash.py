@@ -34,6 +34,7 @@ pytestmark = pytest.mark.e2e
 TRIALS = 20
 
 
+@pytest.mark.timeout(300)  # 20 kills and restarts: ~110 s alone, more beside CI's other interpreters
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path):
     """Apps send ``loop/send`` (receipts), an owner sends ``turn/send`` (``{}`` replies) and two
     owner connections follow the owner sessions; after every kill and restart the subscribers
