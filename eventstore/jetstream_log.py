@@ -316,14 +316,11 @@ class JetStreamLog:
         payload = _enc.encode({"node": node, "epoch": epoch, "at": time.time_ns() // 1_000_000})
         try:
             ack = await self._js.publish(f"{SUBJECT_PREFIX}.{shard}.{FENCE_TOKEN}", payload)
-        except nats.js.errors.APIError as e:
-            if isinstance(e, _UNREACHABLE):
-                raise StorageUnavailable(f"JetStream did not acknowledge the fence of shard {shard}",
-                                         reason="io-error") from e
-            raise StorageError(f"cannot write the fence of shard {shard}: {e.description}") from e
-        except _UNREACHABLE as e:
+        except _UNREACHABLE as e:  # before APIError: some of them are API errors too
             raise StorageUnavailable(f"JetStream did not acknowledge the fence of shard {shard}",
                                      reason="io-error") from e
+        except nats.js.errors.APIError as e:
+            raise StorageError(f"cannot write the fence of shard {shard}: {e.description}") from e
         for stream in [name for name in self._heads if self.shard_of(name) == shard]:
             del self._heads[stream]
         return int(ack.seq)

@@ -164,16 +164,13 @@ class ShardLeases:
         """Give the lease up (delete at its revision); False when it was no longer ours."""
         try:
             await self._kv.delete(_key(lease.shard), last=lease.revision)
+        except _UNREACHABLE as e:  # before APIError: some of them are API errors too
+            raise StorageUnavailable(f"JetStream did not answer the release of shard {lease.shard}",
+                                     reason="io-error") from e
         except nats.js.errors.APIError as e:
             if e.err_code in WRONG_LAST_SEQUENCE:
                 return False
-            if isinstance(e, _UNREACHABLE):
-                raise StorageUnavailable(f"JetStream did not answer the release of shard {lease.shard}",
-                                         reason="io-error") from e
             raise StorageError(f"cannot release shard {lease.shard}: {e.description}") from e
-        except _UNREACHABLE as e:
-            raise StorageUnavailable(f"JetStream did not answer the release of shard {lease.shard}",
-                                     reason="io-error") from e
         return True
 
     async def holder(self, shard: int) -> tuple[str, int] | None:

@@ -278,14 +278,12 @@ class _Handlers:
                 self.rt.deletions.delete_tree(session_id, self.index.descendants, elsewhere)
                 return EMPTY
 
-            if done is None:
-                in_background(self.svc, conn, request_id, delete)
-            else:
-                (self.svc.parts if conn.tree_part else self.svc.slow).submit(_outcome_of, delete, done)
+            in_background(self.svc, conn, request_id, delete)  # session/batch deletes by _delete_batch
             return
         archived = op == "archive"
-        tree = tree_of(session_id, self.index.descendants)
-        if elsewhere is None or all(self.rt.owns(sid) for sid in tree):
+        remote = [] if elsewhere is None else [sid for sid in tree_of(session_id, self.index.descendants)
+                                               if not self.rt.owns(sid)]
+        if not remote:
             archive_tree(self.rt, session_id, self._owned_below, archived, finished)
             return
 
@@ -299,7 +297,8 @@ class _Handlers:
 
             archive_tree(self.rt, session_id, self._owned_below, archived, here_done)
             try:
-                elsewhere([sid for sid in tree if not self.rt.owns(sid)])
+                assert elsewhere is not None
+                elsewhere(remote)
             finally:
                 here.wait(self.rt.options.request_timeout_s)
             if not local:
@@ -361,10 +360,9 @@ class _Handlers:
         lock = threading.Lock()
 
         def one_done(session_id: str, error: BaseException | None) -> None:
-            if error is not None:
-                with lock:
-                    failures.append(BatchFailure(session_id=session_id, message=message_of(error)))
             with lock:
+                if error is not None:
+                    failures.append(BatchFailure(session_id=session_id, message=message_of(error)))
                 left["n"] -= 1
                 last = left["n"] == 0
             if last:

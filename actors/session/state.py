@@ -332,11 +332,17 @@ class SnapshotData(msgspec.Struct, frozen=True):
     parts: dict[int, bytes]
 
 
+def _without_messages(state: SessionState) -> SessionState:
+    """What a snapshot's body holds: the state without its history (stored in chunks) and, for a
+    bounded state, without ``turn_order`` (the keys of ``turn_starts``)."""
+    return msgspec.structs.replace(state, messages=[], turn_order=[] if state.bounded else state.turn_order)
+
+
 def encode_state(state: SessionState) -> bytes:
     """``state`` in format 3, self-contained (a copy of a state): ``[3, the state without its
     messages, chunk, ...]``, each chunk an array of at most ``HISTORY_CHUNK`` messages; a bounded
     state stores ``turn_order`` once, as the keys of ``turn_starts``."""
-    body = msgspec.structs.replace(state, messages=[], turn_order=[] if state.bounded else state.turn_order)
+    body = _without_messages(state)
     messages = state.messages
     chunks = [msgspec.Raw(_state_encoder.encode(messages[at:at + HISTORY_CHUNK]))
               for at in range(0, len(messages), HISTORY_CHUNK)]
@@ -346,7 +352,7 @@ def encode_state(state: SessionState) -> bytes:
 def encode_snapshot(state: SessionState, history: EncodedHistory) -> SnapshotData:
     """A live session's snapshot in format 4: ``[4, the state without its messages, tail]``, the
     history's full chunks being the snapshot's parts (``history`` says which the store lacks)."""
-    body = msgspec.structs.replace(state, messages=[], turn_order=[] if state.bounded else state.turn_order)
+    body = _without_messages(state)
     count, new, tail = history.parts(state.messages)
     items: list[Any] = [SNAPSHOT_FORMAT, body]
     if tail is not None:
