@@ -12,7 +12,12 @@ holds its request committed (or failed).
 commits (a pooled session actor hands its pool thread to other sessions, as Akka Persistence's
 ``persist`` stashes commands until the journal confirms): the request is queued and a dedicated
 writer thread leads the groups that no waiting caller leads; ``done(result, error)`` is called
-on the leading thread once the request's transaction committed or failed.
+on the leading thread once the request's transaction committed or failed. With ``inline_async``
+(a store whose commits do not wait for the disk, ``nosync``) an asynchronous request that finds
+no group under way is led on its own thread, as a waiting caller's is: a commit that costs tens of
+microseconds is not worth two thread hand-offs (to the writer and back to the caller's pool),
+which at a moderate load, where most groups hold one request, cost more than the commit itself.
+While that group commits, requests that arrive queue up and the writer thread leads them, as before.
 
 Observations for metrics (:class:`CommitStats`): the leader times each group's transaction,
 counts its requests, and times every request of a timed kind from its submission to the moment
@@ -123,8 +128,9 @@ class GroupCommitter:
     """
 
     def __init__(self, commit_batch: Callable[[list[Request]], None], max_batch: int = 512,
-                 timed: tuple[type, ...] = ()) -> None:
+                 timed: tuple[type, ...] = (), inline_async: bool = False) -> None:
         self._commit_batch = commit_batch
+        self._inline_async = inline_async
         self._timed = frozenset(timed)
         self.stats = CommitStats()
         self._max_batch = max_batch
@@ -161,7 +167,8 @@ class GroupCommitter:
         """Queue ``payload`` and return at once; ``done(result, error)`` follows the commit.
 
         ``done`` runs on the thread that led the group (the writer thread or a waiting caller)
-        and must be quick: it should only hand the outcome on.
+        and must be quick: it should only hand the outcome on. With ``inline_async`` it may run
+        before this returns, on this thread (no group was under way: this one led its own).
         """
         req = Request(payload, done)
         with self._lock:
@@ -171,8 +178,12 @@ class GroupCommitter:
             if self._leading:
                 return
             self._leading = True
-            self._ensure_writer()
-        self._writer_wake.put(True)
+            if not self._inline_async:
+                self._ensure_writer()
+        if self._inline_async:
+            self._lead(req)
+        else:
+            self._writer_wake.put(True)
 
     def _ensure_writer(self) -> None:
         if self._writer is None:  # started on first use: a store only read never has one

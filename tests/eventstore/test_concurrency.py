@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from sessionloop.eventstore import StoreClosed, WrongExpectedVersion
-from tests.eventstore.union import Stepped
+from tests.eventstore.union import Stepped, open_test_store
 
 
 def test_many_threads_on_many_streams_lose_and_duplicate_nothing(store):
@@ -166,3 +166,64 @@ def test_async_append_refuses_bad_input_and_a_closed_store_at_once(store):
     store.close()
     with pytest.raises(StoreClosed):
         store.append_async("session-x", [Stepped(step="a")], 0, lambda r, e: None)
+
+
+@pytest.mark.parametrize("durability", ["nosync", "sync"])
+def test_a_lone_async_append_is_committed_on_its_own_thread_only_when_commits_do_not_wait_for_the_disk(
+        store_path, durability):
+    """nosync: no group under way, so the caller leads its own (no hand-off to the writer thread and
+    back); sync: the writer thread waits for the disk, the caller goes on at once."""
+    s = open_test_store(store_path, durability=durability)
+    try:
+        told: list = []
+        arrived = threading.Event()
+
+        def done(result, error) -> None:
+            told.append((threading.current_thread(), result, error))
+            arrived.set()
+
+        s.append_async("session-lone", [Stepped(step="a")], 0, done)
+        told_before_return = bool(told)
+        assert arrived.wait(5)
+        thread, result, error = told[0]
+        assert error is None and result.first_version == 1
+        assert [e.event.step for e in s.read_stream("session-lone")] == ["a"]
+        writers = [t.name for t in threading.enumerate() if t.name == "sessionloop-writer"]
+        if durability == "nosync":
+            assert told_before_return and thread is threading.current_thread()
+        else:
+            assert thread.name == "sessionloop-writer" and writers
+    finally:
+        s.close()
+
+
+def test_async_appends_that_arrive_while_an_inline_group_commits_are_led_by_the_writer(store):
+    """nosync: the first caller leads; the others queue behind its group, and the writer thread
+    leads what they queued (none waits for a caller that went on with other work)."""
+    n = 200
+    arrived = threading.Semaphore(0)
+    threads_told: set[str] = set()
+
+    def done(result, error) -> None:
+        assert error is None
+        threads_told.add(threading.current_thread().name)
+        arrived.release()
+
+    barrier = threading.Barrier(8)
+
+    def writer(i: int) -> None:
+        barrier.wait()
+        for j in range(n // 8):
+            store.append_async(f"session-i{i}", [Stepped(step=f"{i}:{j}")], j, done)
+
+    threads = [threading.Thread(target=writer, args=(i,), name=f"caller-{i}") for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for _ in range(n):
+        assert arrived.acquire(timeout=10)
+    for i in range(8):
+        assert [e.event.step for e in store.read_stream(f"session-i{i}")] == [f"{i}:{j}" for j in range(n // 8)]
+    assert store.info()["batches"] < store.info()["requests"]
+    assert any(name.startswith("caller-") for name in threads_told)

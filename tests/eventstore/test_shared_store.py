@@ -11,12 +11,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
 from sessionloop.eventstore import StoreLocked
 from sessionloop.eventstore.lmdb_env import take_lock
-from tests.eventstore.union import Opened, open_test_store
+from tests.eventstore.union import Opened, Stepped, open_test_store
 
 SHARDS = 16
 
@@ -204,3 +205,27 @@ def test_a_worker_given_another_file_or_no_lock_is_refused_and_a_second_server_i
         os.close(fd)
     with pytest.raises(ValueError, match="below the store's 16"):
         open_test_store(store_path, durability="nosync", owned_shards=frozenset({16}))
+
+
+def test_a_shared_nosync_store_commits_async_appends_on_the_writer_thread(store_path):
+    """Another process may hold LMDB's write lock: the caller (a pool thread) must not wait for it."""
+    open_test_store(store_path, durability="nosync", shards=SHARDS).close()
+    fd = take_lock(store_path)
+    try:
+        worker = open_test_store(store_path, durability="nosync", owned_shards=frozenset(range(SHARDS)),
+                                 lock_fd=os.dup(fd))
+        try:
+            told: list = []
+            arrived = threading.Event()
+
+            def done(result, error) -> None:
+                told.append((threading.current_thread().name, error))
+                arrived.set()
+
+            worker.append_async("item-shared", [Stepped(step="a")], 0, done)
+            assert arrived.wait(5)
+            assert told == [("sessionloop-writer", None)]
+        finally:
+            worker.close()
+    finally:
+        os.close(fd)
