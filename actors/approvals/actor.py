@@ -322,9 +322,8 @@ class ApprovalActor(pykka.ThreadingActor):
             self.state = evolve(self.state, event)
 
     def _later(self, delay: float, message: ApprovalMessage) -> None:
-        loop = self.svc.rt.worker.loop
         ref = self.actor_ref
-        loop.call_soon_threadsafe(loop.call_later, delay, lambda: ref.tell(message) if ref.is_alive() else None)
+        self.svc.rt.worker.later(delay, lambda: ref.tell(message) if ref.is_alive() else None)
 
     def _push_to_present(self, only: Any = None) -> None:
         frame = ApprovalRequestedParams(approval=self.approval)

@@ -116,9 +116,10 @@ class LoopHandlers:
         loop = self.loop_of(conn)
         timeout = loop.clamp_timeout_ms(p.timeout_ms)  # before the waiter exists: nothing to undo
         reply: Reply = loop._watch(p.session_id, p.turn_id)
-        worker = self.svc.rt.worker.loop
+        worker = self.svc.rt.worker
 
         def done(r: Reply) -> None:
+            worker.deadlines.cancel(deadline)
             value, error = r.outcome()
             if error is not None:
                 conn.error(request_id, error)
@@ -133,8 +134,8 @@ class LoopHandlers:
             self.svc.rt.results.cancel_wait(p.turn_id, reply.set)
             reply.set(None)  # a timeout ends this wait only; the turn goes on
 
+        deadline = worker.later(timeout, expire)
         reply.add_callback(done)
-        worker.call_soon_threadsafe(worker.call_later, timeout, expire)
 
     def list_events(self, conn: Client, request_id: RequestId, p: LoopListEventsParams) -> None:
         loop = self.loop_of(conn)

@@ -621,8 +621,7 @@ class _ChangeBatcher:
             if self.scheduled:
                 return
             self.scheduled = True
-        loop = self.h.rt.worker.loop
-        loop.call_soon_threadsafe(loop.call_later, 0.05, lambda: self.h.svc.slow.submit(self.flush))
+        self.h.rt.worker.later(0.05, lambda: self.h.svc.slow.submit(self.flush))
 
     def flush(self) -> None:
         with self.lock:

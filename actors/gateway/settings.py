@@ -93,9 +93,8 @@ class _Broadcast:
             if self.scheduled:
                 return
             self.scheduled = True
-        loop = self.service.rt.worker.loop
         try:
-            loop.call_soon_threadsafe(loop.call_later, PUSH_DELAY_S, self._flush)
+            self.service.rt.worker.later(PUSH_DELAY_S, self._flush)
         except RuntimeError:  # the worker loop is closed: shutting down
             pass
 

@@ -536,8 +536,7 @@ class Runtime:
 
     def retry_later(self, ref: Any, message: Any, error: BaseException) -> None:
         log.warning("retrying %s after a store error: %s", type(message).__name__, error)
-        self.worker.loop.call_soon_threadsafe(
-            self.worker.loop.call_later, self.options.retry_delay_s, ref.tell, message)
+        self.worker.later(self.options.retry_delay_s, lambda: ref.tell(message))
 
     def close(self) -> None:
         self.approvals.shutdown()

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import heapq
+import logging
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger("sessionloop.worker")
 
 
 class LoopBatch(Generic[T]):
@@ -45,6 +49,106 @@ class LoopBatch(Generic[T]):
         self._take(self.drain())
 
 
+class Deadline:
+    """One callback of :class:`Deadlines`; ``fn`` is None once it ran or was cancelled."""
+
+    __slots__ = ("when", "fn")
+
+    def __init__(self, when: float, fn: Callable[[], object]) -> None:
+        self.when = when
+        self.fn: Callable[[], object] | None = fn
+
+    def __lt__(self, other: Deadline) -> bool:
+        return self.when < other.when
+
+
+class Deadlines:
+    """Callbacks due after a delay, set and cancelled from any thread, run on one event loop.
+
+    ``loop.call_soon_threadsafe(loop.call_later, delay, fn)`` costs the loop a wake-up to set the
+    timer and another when it fires, also after what it guarded has ended: every
+    ``loop/waitForTurn`` over the wire left a timer of up to two minutes behind, and at hundreds of
+    turns a second the loop woke for each twice. Here a deadline is an entry in a heap under a
+    lock: setting one wakes the loop only when it is due before every deadline the loop is set for,
+    cancelling one only marks it (the heap is rebuilt without the marked ones when they are most
+    of it), and the loop wakes once for all that are due within ``slack`` of each other.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, slack: float = 0.002) -> None:
+        self._loop = loop
+        self._slack = slack
+        self._lock = threading.Lock()
+        self._heap: list[Deadline] = []
+        self._cancelled = 0
+        self._armed: float | None = None  # when the loop's one timer is set for (or about to be)
+        self._timer: asyncio.TimerHandle | None = None  # the loop's thread only
+
+    def __len__(self) -> int:
+        """Deadlines set and neither run nor cancelled."""
+        with self._lock:
+            return len(self._heap) - self._cancelled
+
+    def add(self, delay: float, fn: Callable[[], object]) -> Deadline:
+        """Run ``fn`` on the loop ``delay`` seconds from now, unless :meth:`cancel` comes first;
+        RuntimeError if the loop is closed."""
+        entry = Deadline(time.monotonic() + max(0.0, delay), fn)
+        with self._lock:
+            heapq.heappush(self._heap, entry)
+            wake = self._armed is None or entry.when < self._armed - self._slack
+            if wake:
+                self._armed = entry.when
+        if wake:
+            self._loop.call_soon_threadsafe(self._arm)
+        return entry
+
+    def cancel(self, entry: Deadline) -> None:
+        """``entry`` will not run (a no-op once it ran)."""
+        with self._lock:
+            if entry.fn is None:
+                return
+            entry.fn = None
+            self._cancelled += 1
+            if self._cancelled > 64 and 2 * self._cancelled > len(self._heap):
+                self._heap = [e for e in self._heap if e.fn is not None]
+                heapq.heapify(self._heap)
+                self._cancelled = 0
+
+    def _arm(self) -> None:
+        """Set the loop's timer for the earliest deadline not cancelled (on the loop)."""
+        with self._lock:
+            heap = self._heap
+            while heap and heap[0].fn is None:
+                heapq.heappop(heap)
+                self._cancelled -= 1
+            when = heap[0].when if heap else None
+            self._armed = when
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if when is not None:
+            self._timer = self._loop.call_later(max(0.0, when - time.monotonic()), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        due: list[Callable[[], object]] = []
+        now = time.monotonic() + self._slack
+        with self._lock:
+            heap = self._heap
+            while heap and heap[0].when <= now:
+                entry = heapq.heappop(heap)
+                fn, entry.fn = entry.fn, None
+                if fn is None:
+                    self._cancelled -= 1
+                else:
+                    due.append(fn)
+        for fn in due:
+            try:
+                fn()
+            except Exception:  # one deadline's failure must not keep the others from running
+                log.exception("a deadline's callback failed")
+        self._arm()
+
+
 class TaskHandle:
     """What ``WorkerLoop.start`` gives back: ``cancel()`` from any thread cancels the task."""
 
@@ -69,6 +173,8 @@ class WorkerLoop:
         self.loop = asyncio.new_event_loop()
         self._incoming: LoopBatch[tuple[Coroutine[Any, Any, Any], TaskHandle]] = LoopBatch(
             self.loop, self._create_tasks)
+        #: callbacks after a delay, set from any thread (``later``)
+        self.deadlines = Deadlines(self.loop)
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -104,6 +210,11 @@ class WorkerLoop:
 
     def call_soon(self, fn: Any, *args: Any) -> None:
         self.loop.call_soon_threadsafe(fn, *args)
+
+    def later(self, delay: float, fn: Callable[[], object]) -> Deadline:
+        """Run ``fn`` on the loop after ``delay`` seconds; thread-safe, cancel with
+        ``deadlines.cancel``; RuntimeError if the loop is closed."""
+        return self.deadlines.add(delay, fn)
 
     @property
     def thread(self) -> threading.Thread:

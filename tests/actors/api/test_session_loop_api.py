@@ -12,7 +12,7 @@ from sessionloop.actors import events as E
 from sessionloop.actors.errors import Forbidden, InvalidCommand, NotFound
 from sessionloop.actors.tools import ToolSpec
 from sessionloop.eventstore import IdempotencyConflict
-from tests.actors.gateway_harness import MemoryClient
+from tests.actors.gateway_harness import MemoryClient, wait_until
 
 
 @pytest.fixture
@@ -448,3 +448,26 @@ def test_a_room_created_through_the_python_api_records_its_chat_account_and_wind
         loop.create(space={"spaceId": "s"}, chat={"type": "group"})
     with pytest.raises(InvalidCommand, match="chat.multiParty must be true or false"):
         loop.create(container_id="inbox", chat={"type": "group", "multiParty": "yes"})
+
+
+def test_wait_for_turn_over_the_protocol_leaves_no_timer_behind_and_still_times_out(loop_host, bot):
+    """Each ``loop/waitForTurn`` sets its timeout on the worker loop; a wait its turn answered
+    cancels it (before, every wait left its timer of up to two minutes, and the loop woke for it)."""
+    svc = loop_host.protocol()
+    try:
+        client = MemoryClient(svc, app_id="mybot")
+        s = client.result("loop/create", {"containerId": "inbox"})["sessionId"]
+        for i in range(30):
+            sent = client.result("loop/send", {"sessionId": s, "text": f"hello {i}", "idempotencyKey": f"k{i}"})
+            done = client.result("loop/waitForTurn", {"sessionId": s, "turnId": sent["turnId"], "timeoutMs": 120_000})
+            assert done == {"state": "completed", "outputText": f"echo: hello {i}"}
+        # what is left is short (a listing push's 50 ms); thirty two-minute timeouts would stay
+        wait_until(lambda: len(loop_host.rt.worker.deadlines) == 0, timeout=2, what="no deadline left")
+        slow = client.result("loop/send", {"sessionId": s, "text": "!sleep 3000\nlate", "idempotencyKey": "slow"})
+        started = time.monotonic()
+        waited = client.result("loop/waitForTurn", {"sessionId": s, "turnId": slow["turnId"], "timeoutMs": 200})
+        assert waited == {"state": "timeout"}
+        assert 0.19 <= time.monotonic() - started < 2.5
+        wait_until(lambda: len(loop_host.rt.worker.deadlines) == 0, timeout=2, what="no deadline left")
+    finally:
+        svc.close()
