@@ -18,6 +18,7 @@ import fcntl
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -54,36 +55,72 @@ _enc = msgspec.msgpack.Encoder()
 _any_dec = msgspec.msgpack.Decoder()
 
 
-class ReadGate:
-    """Many readers, or one resize: LMDB's map may change only with no transaction open."""
+class _Reads:
+    """One thread's reads under way (``ReadGate``): only that thread writes ``depth``."""
 
-    __slots__ = ("_cond", "_readers", "_resizing")
+    __slots__ = ("depth",)
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
+class ReadGate:
+    """Many readers, or one resize: LMDB's map may change only with no transaction open.
+
+    A read takes no lock: it marks its own thread as reading, then checks whether a resize is
+    asked for (and if so unmarks itself and waits); a resize marks that it is asked for, then waits
+    until no thread is marked. Either the reader sees the resize asked for or the resize sees the
+    reader, since each writes its mark before it reads the other's (statements of one interpreter
+    under the GIL run one at a time, in order). Every read of the store passes here, twice, from
+    every pool thread: a lock for it (a condition and a counter, before) was where pool threads
+    queued behind one that held it while it waited for the GIL.
+    """
+
+    __slots__ = ("_cond", "_local", "_threads", "_resizing")
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
+        self._local = threading.local()  # .reads: this thread's _Reads
+        #: every reading thread's marks, for a resize to look at (a thread's go when it ends)
+        self._threads: weakref.WeakKeyDictionary[threading.Thread, _Reads] = weakref.WeakKeyDictionary()
         self._resizing = False
 
     def __enter__(self) -> None:
-        with self._cond:
-            while self._resizing:
-                self._cond.wait()
-            self._readers += 1
+        try:
+            mine: _Reads = self._local.reads
+        except AttributeError:
+            mine = self._local.reads = _Reads()
+            with self._cond:
+                self._threads[threading.current_thread()] = mine
+        while True:
+            mine.depth += 1
+            if not self._resizing or mine.depth > 1:  # a nested read: the resize waits for its outer one
+                return
+            mine.depth -= 1
+            with self._cond:
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: not self._resizing)
 
     def __exit__(self, kind: object, error: object, tb: object) -> None:
-        with self._cond:
-            self._readers -= 1
-            if not self._readers:
+        self._local.reads.depth -= 1
+        if self._resizing:
+            with self._cond:
                 self._cond.notify_all()
         if isinstance(error, lmdb.PanicError):  # the writer is reopening the environment after a failed commit
             raise StorageUnavailable(f"the event store could not be read ({error}); retry after "
                                      f"{RETRY_AFTER_MS} ms") from error
 
+    def _reading(self) -> bool:
+        return any(t.depth for t in list(self._threads.values()))
+
     def exclusive(self, fn: Callable[[], None]) -> None:
         with self._cond:
+            while self._resizing:  # one resize at a time
+                self._cond.wait()
             self._resizing = True
             try:
-                self._cond.wait_for(lambda: self._readers == 0)
+                while self._reading():
+                    self._cond.wait(0.01)  # a reader that finishes notifies; the timeout covers a thread that ended
                 fn()
             finally:
                 self._resizing = False

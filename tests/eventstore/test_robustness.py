@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import msgspec
 import pytest
@@ -19,6 +20,7 @@ from sessionloop.eventstore import (
     StoreLocked,
     UnknownEvent,
 )
+from sessionloop.eventstore.lmdb_env import ReadGate
 from tests.conftest import REPO
 from tests.eventstore.union import Noted, Stepped, open_test_store
 
@@ -224,3 +226,40 @@ def test_an_unknown_tag_decodes_to_an_unknown_event_that_is_kept(store):
     assert events[0].event.type == "session.teleported" and events[0].event.at == 7
     assert msgspec.msgpack.decode(events[0].event.raw)["where"] == "mars"
     assert events[1].event.step == "after"
+
+
+def test_the_read_gate_keeps_new_reads_out_of_a_resize_and_lets_a_read_under_way_finish_nested():
+    """A resize waits for the reads under way (a nested one among them: it must not wait for the
+    resize its own outer read holds up); a read that starts meanwhile waits for the resize."""
+    gate = ReadGate()
+    order: list[str] = []
+    inside, go = threading.Event(), threading.Event()
+
+    def long_read() -> None:
+        with gate:
+            inside.set()
+            go.wait(5)
+            with gate:
+                order.append("nested")
+            order.append("outer done")
+
+    def late_read() -> None:
+        with gate:
+            order.append("late read")
+
+    a = threading.Thread(target=long_read)
+    a.start()
+    assert inside.wait(5)
+    resize = threading.Thread(target=gate.exclusive, args=(lambda: order.append("resize"),))
+    resize.start()
+    time.sleep(0.1)
+    assert order == []  # the resize waits for the read under way
+    late = threading.Thread(target=late_read)
+    late.start()
+    time.sleep(0.1)
+    assert order == []  # and a new read waits for the resize
+    go.set()
+    for t in (a, resize, late):
+        t.join(5)
+        assert not t.is_alive()
+    assert order == ["nested", "outer done", "resize", "late read"]
