@@ -71,9 +71,11 @@ class ReadGate:
     asked for (and if so unmarks itself and waits); a resize marks that it is asked for, then waits
     until no thread is marked. Either the reader sees the resize asked for or the resize sees the
     reader, since each writes its mark before it reads the other's (statements of one interpreter
-    under the GIL run one at a time, in order). Every read of the store passes here, twice, from
-    every pool thread: a lock for it (a condition and a counter, before) was where pool threads
-    queued behind one that held it while it waited for the GIL.
+    under the GIL run one at a time, in order). A read nested in another on the same thread goes on
+    during a resize (the resize waits for the outer one): with one counter for all threads, as
+    before, the nested read waited for the resize and the resize for the outer read. Every read of
+    the store passes here twice; taking no lock for it changed no measured CPU per turn
+    (benchmarks/README.md, 2026-12-03).
     """
 
     __slots__ = ("_cond", "_local", "_threads", "_resizing")
@@ -120,7 +122,7 @@ class ReadGate:
             self._resizing = True
             try:
                 while self._reading():
-                    self._cond.wait(0.01)  # a reader that finishes notifies; the timeout covers a thread that ended
+                    self._cond.wait(0.01)  # a reader that finishes notifies; the timeout is a backstop
                 fn()
             finally:
                 self._resizing = False

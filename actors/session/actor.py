@@ -338,7 +338,10 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
                      claim: IdempotencyClaim | None = None) -> None:
         """``_commit``, then ``then(result)``; on the pooled runtime the pool thread is not held
         while the group commits: the actor suspends (its mailbox waits, other sessions run) and
-        resumes with the outcome, so a few threads keep many commits in flight."""
+        resumes with the outcome, so a few threads keep many commits in flight. A ``nosync`` store
+        that no other process writes commits a lone append on this thread before ``append_async``
+        returns (``groupcommit``'s ``inline_async``): ``done`` then runs here and the resume is
+        taken before the next message, with no hand-off."""
         if not isinstance(self, PooledActor):
             self._commit(events, claim=claim, then=then)
             return
@@ -348,7 +351,7 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
             return
         resume = self._resume
 
-        def done(result: Any, error: BaseException | None) -> None:  # on the store's writing thread
+        def done(result: Any, error: BaseException | None) -> None:  # on the thread that led the group
             resume(lambda: self._guarded(message, lambda: self._resumed(pending, result, error, then)))
 
         self._suspend()
