@@ -66,6 +66,10 @@ async def _until_available(factory: Callable[[], Awaitable[T]]) -> tuple[T, int]
             await asyncio.sleep(0.2)
 
 
+async def _first(pair: Awaitable[tuple[T, int]]) -> T:
+    return (await pair)[0]
+
+
 async def _log(cluster: NatsCluster, request_timeout_s: float = 2.0) -> JetStreamLog:
     """A log on the whole cluster; the connection waits out an election left by the test before
     (a server restarted, the stream's leader moving)."""
@@ -216,26 +220,31 @@ def test_a_lease_taken_at_r3_survives_the_kill_of_its_bucket_leader(cluster: Nat
 def test_the_shard_fence_refuses_a_stalled_owner_at_r3(cluster: NatsCluster) -> None:
     """The fence's check (the last sequence of ``sl.log.<shard>.>``) on a clustered stream, whose
     publishes the stream leader checks before it proposes them."""
+    # Every step waits out an election left by the test before (the new bucket's and the log
+    # stream's leaders being placed: JetStream answers "no responders" until then, nothing written)
     async def go() -> tuple[int, list[bytes]]:
         log_a, log_b = await _log(cluster), await _log(cluster)
         try:
-            a = ShardOwner(log_a, await ShardLeases.open(log_a, bucket="SL_FENCE_R3", ttl_s=1, replicas=3), "node-a")
-            b = ShardOwner(log_b, await ShardLeases.open(log_b, bucket="SL_FENCE_R3", ttl_s=1, replicas=3), "node-b")
+            def leases(log: JetStreamLog) -> Callable[[], Awaitable[ShardLeases]]:
+                return lambda: ShardLeases.open(log, bucket="SL_FENCE_R3", ttl_s=1, replicas=3)
+            a = ShardOwner(log_a, (await _until_available(leases(log_a)))[0], "node-a")
+            b = ShardOwner(log_b, (await _until_available(leases(log_b)))[0], "node-b")
             stream = "session-fence-r3"
             shard = log_a.shard_of(stream)
-            lease_a = await a.acquire(shard)
-            await a.append(stream, [b"a1"], 0, "fr3-a1")
-            lease_b = await _take_over_after_expiry(lambda: b.acquire(shard), 1)
+            lease_a, _ = await _until_available(lambda: a.acquire(shard))
+            await _until_available(lambda: a.append(stream, [b"a1"], 0, "fr3-a1"))
+            lease_b = await _take_over_after_expiry(lambda: _first(_until_available(lambda: b.acquire(shard))), 1)
             assert lease_b.epoch > lease_a.epoch
             a._held[shard] = msgspec.structs.replace(lease_a, deadline=float("inf"))  # noqa: SLF001
             accepted = 0
             try:
-                await a.append(stream, [b"stale"], 1, "fr3-a2")  # node-b never wrote this session
+                # node-b never wrote this session
+                await _until_available(lambda: a.append(stream, [b"stale"], 1, "fr3-a2"))
                 accepted += 1
             except LeaseLost:
                 pass
-            await b.append(stream, [b"b2"], 1, "fr3-b2")
-            return accepted, [e.event for e in await log_b.read_stream(stream)]
+            await _until_available(lambda: b.append(stream, [b"b2"], 1, "fr3-b2"))
+            return accepted, [e.event for e in (await _until_available(lambda: log_b.read_stream(stream)))[0]]
         finally:
             await log_a.close()
             await log_b.close()
