@@ -69,6 +69,18 @@ class FrameScanner:
                 self._skip -= take
                 pos += take
                 continue
+            if not self._header and pos + 1 < n:
+                # the usual case: the whole header is in this chunk; parsed where it lies
+                first, second = data[pos], data[pos + 1]
+                size = _HEADER_SIZES[second]
+                if pos + size <= n:
+                    length = second & 0x7F
+                    if length == 126:
+                        length = _U16.unpack_from(data, pos + 2)[0]
+                    elif length == 127:
+                        length = _U64.unpack_from(data, pos + 2)[0]
+                    self._skip = length
+                    return pos + size, FrameHeader(first & 0x0F, first >= 0x80, length)
             need = _header_size(self._header) - len(self._header)
             piece = data[pos:pos + need]
             self._header += piece
@@ -94,21 +106,27 @@ class FrameScanner:
         return len(data)
 
 
-def _header_size(header: bytearray) -> int:
-    if len(header) < 2:
-        return 2
-    second = header[1]
+def _size_of(second: int) -> int:
+    """A frame header's size from its second byte (the mask bit and the length's first form)."""
     extended = {126: 2, 127: 8}.get(second & 0x7F, 0)
     return 2 + extended + (4 if second & 0x80 else 0)
+
+
+_HEADER_SIZES = tuple(_size_of(second) for second in range(256))
+_U16, _U64 = struct.Struct("!H"), struct.Struct("!Q")
+
+
+def _header_size(header: bytearray) -> int:
+    return 2 if len(header) < 2 else _HEADER_SIZES[header[1]]
 
 
 def _parse_header(header: bytearray) -> FrameHeader:
     first, second = header[0], header[1]
     length = second & 0x7F
     if length == 126:
-        length = struct.unpack_from("!H", header, 2)[0]
+        length = _U16.unpack_from(header, 2)[0]
     elif length == 127:
-        length = struct.unpack_from("!Q", header, 2)[0]
+        length = _U64.unpack_from(header, 2)[0]
     return FrameHeader(opcode=first & 0x0F, fin=bool(first & 0x80), length=length)
 
 
