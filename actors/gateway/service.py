@@ -42,6 +42,7 @@ from sessionloop.actors.settings.service import SettingsService
 from sessionloop.actors.settings.texts import Text, enc_hook
 from sessionloop.actors.system.app_counts import SharedAppCounts
 from sessionloop.actors.system.nats_link import NatsLink
+from sessionloop.actors.system.pool import PooledActor
 from sessionloop.actors.system.pubsub import Publication
 from sessionloop.actors.system.runtime import DeltaPayload, Runtime
 from sessionloop.actors.views.index import SummaryIndex
@@ -273,11 +274,12 @@ class Closed(msgspec.Struct, frozen=True):
     conn: ClientConnection
 
 
-class GatewayActor(pykka.ThreadingActor):
+class GatewayBehaviour:
     """Translates requests into session actor messages; never waits for their answers. Its
-    mailbox takes :class:`Request` and :class:`Closed`."""
-
-    use_daemon_thread = True
+    mailbox takes :class:`Request` and :class:`Closed`. Run as :class:`PooledGatewayActor` on
+    the runtime's dispatcher when it has one (a request then goes from the connection's asyncio
+    thread to a pool thread, not to a thread of the gateway's own first), else as
+    :class:`GatewayActor`, a thread of its own."""
 
     def __init__(self, service: SessionProtocolService) -> None:
         super().__init__()
@@ -306,6 +308,16 @@ class GatewayActor(pykka.ThreadingActor):
                 log.exception("handler for %s failed", request.method)
                 e = from_domain_error(e)
             conn.error(request.id, e)
+
+
+class GatewayActor(GatewayBehaviour, pykka.ThreadingActor):
+    """The gateway on a thread of its own (a runtime without a dispatcher)."""
+
+    use_daemon_thread = True
+
+
+class PooledGatewayActor(GatewayBehaviour, PooledActor):
+    """The gateway on the runtime's dispatcher (``dispatcher`` set by the service)."""
 
 
 class SessionProtocolService:
@@ -339,7 +351,11 @@ class SessionProtocolService:
         loop, self.loop = loop_handlers(self, host)
         self.handlers.update(loop)
         self.handlers.update(webhook_handlers(self, host))
-        self.gateway = GatewayActor.start(self)
+        if runtime.dispatcher is None:
+            self.gateway = GatewayActor.start(self)
+        else:
+            pooled: Any = type("PooledGatewayActor", (PooledGatewayActor,), {"dispatcher": runtime.dispatcher})
+            self.gateway = pooled.start(self)
         #: ``serve --workers``: requests for sessions other workers run go to them (None: one process)
         self.relay: Relay | None = None
         if cluster is not None:

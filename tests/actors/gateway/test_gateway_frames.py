@@ -4,8 +4,11 @@ subscribers of its session, and a closed connection gets nothing."""
 
 from __future__ import annotations
 
+import json
+import threading
 from typing import Any
 
+from sessionloop.protocol.schemas import SessionsListResult
 from tests.actors.approvals.test_approvals import turn_done
 from tests.actors.gateway_harness import MemoryClient
 
@@ -71,3 +74,34 @@ def test_a_push_is_encoded_once_for_all_subscribers_and_a_closed_connection_gets
     assert pushes_a and pushes_a == pushes_b
     assert all(x is y for x, y in zip(pushes_a, pushes_b, strict=True))  # one text object per push
     assert gone.item_pushes(sid) == []
+
+
+
+def handled_on(seen: list[tuple[str, str | None]]) -> Any:
+    """A ``sessions/list`` handler that notes the thread it ran on and the query it was given."""
+    def handler(conn: Any, request_id: Any, params: Any) -> None:
+        seen.append((threading.current_thread().name, params.query))
+        conn.result(request_id, SessionsListResult(sessions=[], groups=[]))
+    return handler
+
+
+def test_with_a_dispatcher_the_gateway_runs_on_its_pool_threads_and_keeps_each_connections_order(service) -> None:
+    _, svc = service()
+    seen: list[tuple[str, str | None]] = []
+    svc.handlers["sessions/list"] = handled_on(seen)
+    c = MemoryClient(svc)
+    for n in range(150):  # sent at once (within the burst of 200): handled one at a time, in order
+        c.conn.receive(json.dumps({"jsonrpc": "2.0", "id": 1000 + n, "method": "sessions/list",
+                                   "params": {"query": str(n)}}))
+    for n in range(150):
+        assert "result" in c.wait(lambda f, rid=1000 + n: f.get("id") == rid, remove=True)
+    assert [query for _, query in seen] == [str(n) for n in range(150)]
+    assert {name.rsplit("-", 1)[0] for name, _ in seen} == {"sessionloop-pool"}
+
+
+def test_without_a_dispatcher_the_gateway_has_a_thread_of_its_own(service) -> None:
+    _, svc = service(dispatcher_threads=0)
+    seen: list[tuple[str, str | None]] = []
+    svc.handlers["sessions/list"] = handled_on(seen)
+    assert "result" in MemoryClient(svc).call("sessions/list", {"query": "q"})
+    assert len(seen) == 1 and seen[0][0].startswith("GatewayActor-") and seen[0][1] == "q", seen
