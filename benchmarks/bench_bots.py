@@ -72,6 +72,7 @@ from benchmarks.measure import (  # noqa: E402
     proc_rss_mib,
     proc_tree,
     proc_tree_cpu_s,
+    proc_tree_switches,
     rss_peak_mib,
     run_job,
     write_results,
@@ -647,10 +648,13 @@ def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
                     out_relayed = reroute_to_other_workers(api, rec, workers)
                 # the server's CPU: the process and, with --workers, its workers and nats-server
                 cpu0, scpu0 = time.process_time(), proc_tree_cpu_s(server.proc.pid)
+                switches0 = proc_tree_switches(server.proc.pid)
                 wall = await throughput_async(api, rec, spec)
                 cpu, scpu = time.process_time() - cpu0, proc_tree_cpu_s(server.proc.pid) - scpu0
+                switches = proc_tree_switches(server.proc.pid) - switches0
                 out = summarize(rec, wall, spec, cpu + scpu)
                 out["server_cpu_ms_per_turn"] = scpu / out["turns"] * 1000 if out["turns"] else float("nan")
+                out["server_switches_per_turn"] = switches / out["turns"] if out["turns"] else float("nan")
                 out["connections"] = sum(len(c) for c in api.conns.values())
                 out["server_rss_mib"] = sum(proc_rss_mib(p) for p in proc_tree(server.proc.pid))
                 out["server_processes"] = len(proc_tree(server.proc.pid))
@@ -715,7 +719,9 @@ ROWS = [("sessions", "sessions (bots x sessions each)", ",.0f"), ("turns", "turn
         ("rejected_in_throughput", "rejected receipts (throughput)", ",.0f"),
         ("rate_limited_requests", "rate-limited requests (ws, retried)", ",.0f"),
         ("events_per_s", "events/s", ",.0f"), ("cpu_ms_per_turn", "CPU ms per turn (all procs)", ".3f"),
-        ("server_cpu_ms_per_turn", "server CPU ms per turn", ".3f"), ("peak_rss_mib", "peak RSS server (MiB)", ",.0f"),
+        ("server_cpu_ms_per_turn", "server CPU ms per turn", ".3f"),
+        ("server_switches_per_turn", "server context switches per turn", ".1f"),
+        ("peak_rss_mib", "peak RSS server (MiB)", ",.0f"),
         ("relayed_share", "sessions driven through another worker", ".2f"),
         ("over_one_sent", "overload: sends to one session", ",.0f"),
         ("over_one_accepted", "overload: one session accepted", ",.0f"),

@@ -95,6 +95,28 @@ def proc_tree_cpu_s(pid: int) -> float:
     return sum(c for c in (proc_cpu_s(p) for p in proc_tree(pid)) if c == c)
 
 
+def proc_tree_switches(pid: int) -> int:
+    """Voluntary context switches so far of every live thread of ``pid`` and the processes below
+    it (``/proc/<p>/task/<tid>/status``): a thread blocks once each time it waits for another's
+    hand-off, so this counts a turn's hand-offs between threads. A thread that ended is not counted."""
+    total = 0
+    for p in proc_tree(pid):
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            total += int(line.split()[1])
+                            break
+            except OSError:
+                continue
+    return total
+
+
 def proc_rss_mib(pid: int) -> float:
     """Resident memory of a process in MiB (from /proc); NaN once it is gone."""
     try:
