@@ -71,16 +71,11 @@ class FrameScanner:
                 continue
             if not self._header and pos + 1 < n:
                 # the usual case: the whole header is in this chunk; parsed where it lies
-                first, second = data[pos], data[pos + 1]
-                size = _HEADER_SIZES[second]
+                size = _HEADER_SIZES[data[pos + 1]]
                 if pos + size <= n:
-                    length = second & 0x7F
-                    if length == 126:
-                        length = _U16.unpack_from(data, pos + 2)[0]
-                    elif length == 127:
-                        length = _U64.unpack_from(data, pos + 2)[0]
-                    self._skip = length
-                    return pos + size, FrameHeader(first & 0x0F, first >= 0x80, length)
+                    header = _parse_header(data, pos)
+                    self._skip = header.length
+                    return pos + size, header
             need = _header_size(self._header) - len(self._header)
             piece = data[pos:pos + need]
             self._header += piece
@@ -120,14 +115,15 @@ def _header_size(header: bytearray) -> int:
     return 2 if len(header) < 2 else _HEADER_SIZES[header[1]]
 
 
-def _parse_header(header: bytearray) -> FrameHeader:
-    first, second = header[0], header[1]
+def _parse_header(buf: bytes | bytearray, pos: int = 0) -> FrameHeader:
+    """The frame header whose first byte is ``buf[pos]`` (all of it in ``buf``)."""
+    first, second = buf[pos], buf[pos + 1]
     length = second & 0x7F
     if length == 126:
-        length = _U16.unpack_from(header, 2)[0]
+        length = _U16.unpack_from(buf, pos + 2)[0]
     elif length == 127:
-        length = _U64.unpack_from(header, 2)[0]
-    return FrameHeader(opcode=first & 0x0F, fin=bool(first & 0x80), length=length)
+        length = _U64.unpack_from(buf, pos + 2)[0]
+    return FrameHeader(first & 0x0F, first >= 0x80, length)
 
 
 class AuthThrottle:

@@ -351,11 +351,8 @@ class SessionProtocolService:
         loop, self.loop = loop_handlers(self, host)
         self.handlers.update(loop)
         self.handlers.update(webhook_handlers(self, host))
-        if runtime.dispatcher is None:
-            self.gateway = GatewayActor.start(self)
-        else:
-            pooled: Any = type("PooledGatewayActor", (PooledGatewayActor,), {"dispatcher": runtime.dispatcher})
-            self.gateway = pooled.start(self)
+        gateway = GatewayActor if runtime.dispatcher is None else runtime.dispatcher.bind(PooledGatewayActor)
+        self.gateway = gateway.start(self)
         #: ``serve --workers``: requests for sessions other workers run go to them (None: one process)
         self.relay: Relay | None = None
         if cluster is not None:

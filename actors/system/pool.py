@@ -49,6 +49,10 @@ class Dispatcher:
         for t in self._threads:
             t.start()
 
+    def bind(self, actor_class: type[Any]) -> type[Any]:
+        """A subclass of ``actor_class`` (a :class:`PooledActor`) whose actors this dispatcher runs."""
+        return type(actor_class.__name__, (actor_class,), {"dispatcher": self})
+
     def submit(self, actor: Any) -> None:
         self._runq.put(actor)
 

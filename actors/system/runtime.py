@@ -215,7 +215,7 @@ class Runtime:
         self.dispatcher = None
         if options.dispatcher_threads > 0:
             self.dispatcher = Dispatcher(options.dispatcher_threads)
-            actor_class = type("PooledSessionActor", (PooledSessionActor,), {"dispatcher": self.dispatcher})
+            actor_class = self.dispatcher.bind(PooledSessionActor)
         self.directory = Directory(
             lambda sid: actor_class.start(self, sid),
             Passivate,

@@ -76,7 +76,6 @@ def test_a_push_is_encoded_once_for_all_subscribers_and_a_closed_connection_gets
     assert gone.item_pushes(sid) == []
 
 
-
 def handled_on(seen: list[tuple[str, str | None]]) -> Any:
     """A ``sessions/list`` handler that notes the thread it ran on and the query it was given."""
     def handler(conn: Any, request_id: Any, params: Any) -> None:
