@@ -61,6 +61,8 @@ class AppendOp(msgspec.Struct):
     flags: dict[str, bool] | None = None
     #: the deliveries this append owes (``outbox.py``), written in its transaction
     outbox: OutboxMark | None = None
+    #: the commit's time (ms) when it is not now: a commit materialized from the log keeps its own
+    at: int | None = None
 
 
 class CompactOp(msgspec.Struct):
@@ -209,6 +211,7 @@ class BatchContext:
     def _write(self, op: AppendOp, skey: bytes, current: int,
                erased: list[tuple[bytes, int]] | None = None) -> AppendResult:
         n = len(op.events)
+        at = self.now if op.at is None else op.at
         first_pos = self.head + 1
         last_pos = self.head + n
         first_v = current + 1
@@ -217,7 +220,7 @@ class BatchContext:
             stream=op.stream,
             first_version=first_v,
             first_position=first_pos,
-            at=self.now,
+            at=at,
             commit_id=op.commit_id,
             events=op.events,
             idem=op.idem,
@@ -232,7 +235,7 @@ class BatchContext:
             txn.put(K.catalogue_key(K.category_of(op.stream), op.raw_stream), K.u64(first_pos),
                     db=db["catalogue"])
         if op.feed is not None:
-            self._index_feed(op, first_pos)
+            self._index_feed(op, first_pos, at)
         if op.outbox is not None:
             put_entries(self, K.shard_of(op.stream, self.rec.shards), first_pos, op.outbox)
         if op.meta is not None:
@@ -240,9 +243,9 @@ class BatchContext:
         if op.flags:
             self._put_flags(op.raw_stream, op.flags)
         receipt = op.idem.receipt if op.idem is not None else b""
-        result = AppendResult(op.stream, first_v, last_v, first_pos, last_pos, self.now, False, receipt)
+        result = AppendResult(op.stream, first_v, last_v, first_pos, last_pos, at, False, receipt)
         if op.idem is not None:
-            self._record_claim(op, result)
+            self._record_claim(op, result, at)
         self.versions[skey] = last_v
         self.head = last_pos
         return result
@@ -287,19 +290,19 @@ class BatchContext:
         self.sealed.add(partition)
         return PurgeResult(tombstone, names, records, events)
 
-    def _record_claim(self, op: AppendOp, result: AppendResult) -> None:
+    def _record_claim(self, op: AppendOp, result: AppendResult, at: int) -> None:
         assert op.idem is not None
         ikey = K.idem_key(op.idem.scope, op.idem.key)
         value = IdemValue(op.idem, op.stream, result.first_version, result.last_version,
-                          result.first_position, result.last_position, self.now)
+                          result.first_position, result.last_position, at)
         self.txn.put(ikey, _enc.encode(value), db=self.db["idem"])
-        self.txn.put(K.u64(self.now) + ikey, b"", db=self.db["idem_time"])
+        self.txn.put(K.u64(at) + ikey, b"", db=self.db["idem_time"])
         self.claims[ikey] = value
 
-    def _index_feed(self, op: AppendOp, first_pos: int) -> None:
+    def _index_feed(self, op: AppendOp, first_pos: int, at: int) -> None:
         assert op.feed is not None
         prefix = K.feed_prefix(op.feed)
-        stamp = K.u64(self.now)
+        stamp = K.u64(at)
         added = 0
         for i, flag in enumerate(op.feed_flags):
             if flag:

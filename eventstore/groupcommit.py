@@ -163,6 +163,11 @@ class GroupCommitter:
             raise req.error
         return req.result
 
+    def lead_on_writer(self) -> None:
+        """From now on every asynchronous request is led on the writer thread (no ``inline_async``):
+        for a store whose commits wait on something slow (the replicated log)."""
+        self._inline_async = False
+
     def submit_async(self, payload: Any, done: Callable[[Any, BaseException | None], None]) -> None:
         """Queue ``payload`` and return at once; ``done(result, error)`` follows the commit.
 

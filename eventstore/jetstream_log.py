@@ -121,6 +121,9 @@ class LogCommit(msgspec.Struct, array_like=True):
     at: int
     commit_id: str | None
     events: list[bytes]
+    #: what else the commit carries for a store materialized from the log (``log_replica.py``'s
+    #: sidecar: the feed, idempotency claim, listing record...); opaque here, empty by default
+    extra: bytes = b""
 
 
 class _Head(msgspec.Struct, frozen=True):
@@ -229,7 +232,8 @@ class JetStreamLog:
             except nats.js.errors.NotFoundError:
                 await self._js.add_stream(api.StreamConfig(
                     name=self.stream, subjects=subjects, storage=api.StorageType.FILE, num_replicas=replicas,
-                    allow_direct=True, deny_delete=True, deny_purge=True, duplicate_window=duplicate_window_s))
+                    allow_direct=True, deny_delete=True, duplicate_window=duplicate_window_s))
+                # purges stay allowed: deleting a session erases its commits from the log (``erase``)
                 return
         except _UNREACHABLE as e:
             raise StorageUnavailable(f"JetStream did not answer for stream {self.stream}", reason="io-error") from e
@@ -326,14 +330,15 @@ class JetStreamLog:
         return int(ack.seq)
 
     async def append_fenced(self, stream: str, events: Sequence[bytes], expected_version: int,
-                            commit_id: str | None, shard_seq: int) -> AppendResult | None:
+                            commit_id: str | None, shard_seq: int, extra: bytes = b"") -> AppendResult | None:
         """Append as :meth:`append` does, but the server checks the last sequence of the stream's
         whole shard (``Nats-Expected-Last-Subject-Sequence-Subject: sl.log.<shard>.>``) against
         ``shard_seq`` instead of the stream's own: nothing was written to any stream of the shard,
         nor a fence, since the caller's last write. The stream's version is checked against the
         caller's view (the shard's only writer while its fence holds). None when the server
         refused it on the shard's sequence and it is not a retry of a commit that landed: another
-        node wrote to the shard (a fence). Raises what :meth:`append` raises."""
+        node wrote to the shard (a fence). ``extra`` travels in the commit (``LogCommit.extra``).
+        Raises what :meth:`append` raises."""
         subject = self._checked(stream, events, expected_version, commit_id)
         head = await self._head_or_landed(stream, subject, expected_version, commit_id)
         if isinstance(head, AppendResult):
@@ -341,7 +346,7 @@ class JetStreamLog:
         fence = (f"{SUBJECT_PREFIX}.{self.shard_of(stream)}.>", shard_seq)
         for attempt in range(ANY_VERSION_ATTEMPTS):
             try:
-                result = await self._publish(stream, subject, head, list(events), commit_id, fence)
+                result = await self._publish(stream, subject, head, list(events), commit_id, fence, extra)
                 break
             except _InFlight:  # a publish with the same fence is being replicated: wait for it to settle
                 await asyncio.sleep(random.uniform(0, min(CONTENTION_BACKOFF_CAP_S,
@@ -398,12 +403,12 @@ class JetStreamLog:
         return head
 
     async def _publish(self, stream: str, subject: str, head: _Head, events: list[bytes], commit_id: str | None,
-                       fence: tuple[str, int] | None = None) -> AppendResult | None:
+                       fence: tuple[str, int] | None = None, extra: bytes = b"") -> AppendResult | None:
         """Publish the commit after ``head``; None when the server refused it on the sequence
         (the stream's, or with ``fence`` (filter, sequence) the last sequence of that filter's)."""
         first = head.version + 1
         at = time.time_ns() // 1_000_000
-        payload = _enc.encode(LogCommit(stream, first, at, commit_id, events))
+        payload = _enc.encode(LogCommit(stream, first, at, commit_id, events, extra))
         if len(payload) > self.max_commit_bytes:
             raise CommitTooLarge(stream, len(payload), self.max_commit_bytes)
         headers = {H_EXPECTED: str(head.seq), H_FIRST: str(first), H_COUNT: str(len(events))}
@@ -532,6 +537,39 @@ class JetStreamLog:
                 if len(out) >= limit:
                     break
         return out
+
+    async def shard_commits(self, shard: int, last: int) -> AsyncGenerator[tuple[int, LogCommit], None]:
+        """``(stream sequence, commit)`` of every commit of ``shard`` (all its streams, in the
+        order they were written) up to stream sequence ``last`` (its owner's fence: the shard's
+        last message when it took the shard over). Fences are skipped."""
+        async with aclosing(self._commits(f"{SUBJECT_PREFIX}.{shard}.>", 1, last)) as commits:
+            async for item in commits:
+                yield item
+
+    async def shard_head(self, shard: int) -> int:
+        """The stream sequence of ``shard``'s last message (a commit or a fence), 0 when it has none."""
+        try:
+            msg = await self._js.get_last_msg(self.stream, f"{SUBJECT_PREFIX}.{shard}.>", direct=self._direct)
+        except nats.js.errors.NotFoundError:
+            return 0
+        except _UNREACHABLE as e:
+            raise StorageUnavailable(f"JetStream did not answer a read of shard {shard}", reason="io-error") from e
+        except nats.js.errors.APIError as e:
+            raise StorageError(f"cannot read the head of shard {shard}: {e.description}") from e
+        return int(msg.seq or 0)
+
+    async def erase(self, stream: str, keep_last: bool = False) -> None:
+        """Delete ``stream``'s commits from the log (a purge of its subject; with ``keep_last`` its
+        last commit, a tombstone, stays). Raises StorageUnavailable / StorageError."""
+        subject = self.subject_of(stream)
+        self._heads.pop(stream, None)
+        try:
+            await self._js.purge_stream(self.stream, subject=subject, keep=1 if keep_last else None)
+        except _UNREACHABLE as e:  # before APIError: some of them are API errors too
+            raise StorageUnavailable(f"JetStream did not answer the erasure of stream {stream!r}",
+                                     reason="io-error") from e
+        except nats.js.errors.APIError as e:
+            raise StorageError(f"cannot erase stream {stream!r} from the log: {e.description}") from e
 
     async def _commits(self, subject: str, start: int, last: int) -> AsyncGenerator[tuple[int, LogCommit], None]:
         """``(stream sequence, commit)`` of the messages on ``subject`` from ``start`` to ``last``."""

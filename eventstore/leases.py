@@ -237,12 +237,18 @@ class ShardOwner:
         lease = self._held.pop(shard, None)
         return False if lease is None else await self.leases.release(lease)
 
+    def fence_of(self, shard: int) -> int:
+        """The stream sequence of this node's last write to held ``shard`` (its fence, or its last
+        commit there since); raises LeaseLost when not held."""
+        self._lease(shard)
+        return self._shard_seq[shard]
+
     def epoch_of(self, shard: int) -> int:
         """The epoch of this node's ownership of ``shard`` (raises LeaseLost when not held)."""
         return self._lease(shard).epoch
 
     async def append(self, stream: str, events: Sequence[bytes], expected_version: int = ANY_VERSION,
-                     commit_id: str | None = None) -> AppendResult:
+                     commit_id: str | None = None, extra: bytes = b"") -> AppendResult:
         """``JetStreamLog.append_fenced`` under the shard's lease: raises LeaseLost (nothing
         written) when the lease is not held or its local deadline passed, and when the server
         refused the shard's expected sequence (another node wrote a fence or a commit to the
@@ -253,7 +259,7 @@ class ShardOwner:
         async with lock:
             self._lease(shard)
             result = await self.log.append_fenced(stream, events, expected_version, commit_id,
-                                                  self._shard_seq[shard])
+                                                  self._shard_seq[shard], extra)
             if result is None:
                 self._drop(shard)
                 raise LeaseLost(shard, self.node, f"the append to {stream!r} was refused by the shard's fence: "

@@ -67,7 +67,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import lmdb
 import msgspec
@@ -124,6 +124,14 @@ DAY_MS = 86_400_000
 SHARED_MAP_SIZE = 1 << 40
 
 _enc = msgspec.msgpack.Encoder()
+
+class Replica(Protocol):
+    """The replicated log a store materializes (``log_replica.LogReplica``)."""
+
+    def new_commit_id(self) -> str: ...
+
+    def ship(self, writes: list[tuple[Any, Any]], ids: dict[int, str]) -> list[BaseException | None]: ...
+
 
 class LmdbRecorder(LmdbReads):
     """Append-only event log in one LMDB environment (see ``keys.py`` for the layout)."""
@@ -208,6 +216,8 @@ class LmdbRecorder(LmdbReads):
         # under way (``groupcommit``); sync ones wait for the disk, and in an environment shared by
         # worker processes for the others' commits (LMDB's one write lock; measured: 1.1-1.2x the CPU
         # per turn at N = 2 when the callers waited for it), on the writer thread
+        #: the replicated log this store materializes (``attach_replica``), or None: LMDB alone
+        self._replica: Replica | None = None
         self._committer = GroupCommitter(self._commit_batch, timed=(AppendOp,),
                                          inline_async=durability == "nosync" and owned_shards is None)
 
@@ -272,7 +282,7 @@ class LmdbRecorder(LmdbReads):
         self._check_writable()
         return self._committer.submit(op)
 
-    def submit_async(self, op: AppendOp, done: Any) -> None:
+    def submit_async(self, op: AppendOp | PurgeOp, done: Any) -> None:
         self._check_writable()
         self._committer.submit_async(op, done)
 
@@ -367,7 +377,13 @@ class LmdbRecorder(LmdbReads):
                         f"compacting the event store at {self.path} failed: {e}; the store is as it was",
                         path=self.path)
             return
-        while True:
+        replica = self._replica
+        ids: dict[int, str] = {}  # the log's commit ids of the group's purges, the same on every try
+        if replica is not None:
+            for req in batch:
+                if type(req.payload) is AppendOp and req.payload.commit_id is None:
+                    req.payload.commit_id = replica.new_commit_id()
+        while batch:
             if self._stopped is not None:
                 return _fail_all(batch, self._stopped_error())
             try:
@@ -383,6 +399,12 @@ class LmdbRecorder(LmdbReads):
                         req.result = ctx.apply(req.payload)
                     except (WrongExpectedVersion, IdempotencyConflict, StreamDeleted) as e:
                         req.error = e  # refused before it wrote anything: the group goes on
+                if replica is not None:
+                    refused = self._ship(replica, batch, ids)
+                    if refused:  # applied again without them; the log takes the rest again as duplicates
+                        txn.abort()
+                        batch = [req for req in batch if req not in refused]
+                        continue
                 self._maybe_prune(txn)
                 committing = True
                 txn.commit()
@@ -402,6 +424,28 @@ class LmdbRecorder(LmdbReads):
                 txn.abort()
                 raise
             return self._applied(batch, ctx)
+
+    def _ship(self, replica: Replica, batch: list[Request], ids: dict[int, str]) -> list[Request]:
+        """Publish the group's appends and purges to the log (``log_replica.py``); the requests it
+        refused, each with its error set."""
+        writes = [req for req in batch if req.error is None and type(req.payload) in (AppendOp, PurgeOp)
+                  and not getattr(req.result, "duplicate", False)]
+        if not writes:
+            return []
+        errors = replica.ship([(req.payload, req.result) for req in writes], ids)
+        refused = []
+        for req, error in zip(writes, errors, strict=True):
+            if error is not None:
+                req.result, req.error = None, error
+                refused.append(req)
+        return refused
+
+    def attach_replica(self, replica: Replica) -> None:
+        """Make the store a materialization of ``replica``'s log: from now on a group commits in
+        LMDB only after the log holds its appends and purges (``log_replica.py``), and every
+        asynchronous append is led on the writer thread (a log round trip is not a pool thread's)."""
+        self._replica = replica
+        self._committer.lead_on_writer()
 
     def _applied(self, batch: list[Request], ctx: BatchContext) -> None:
         if self.owned_shards is None:  # shared: another process may append to any stream
@@ -448,6 +492,9 @@ class LmdbRecorder(LmdbReads):
                       "(checked%s): answered as committed", len(batch), self.path, str(error),
                       " after reopening the environment" if reopened else "")
             return self._applied(batch, ctx)
+        if self._replica is not None:  # the log holds the group: the store is behind it until it catches up
+            return self._stop(batch, f"{error}; the event log holds the group, this store does not (it catches up "
+                                     "from the log at its next start)")
         log.error("the commit of a group of %d writes to %s failed (%s); nothing of it is in the store "
                   "(checked%s): answered storage-unavailable, not written", len(batch), self.path, error,
                   " after reopening the environment" if reopened else "")

@@ -20,9 +20,10 @@ import msgspec
 from sessionloop.eventstore import keys as K
 from sessionloop.eventstore.batch import ANY_VERSION, AppendOp, FlagsOp, MetaOp, PurgeOp, SnapshotOp
 from sessionloop.eventstore.codec import EventTypes, EvT, UnknownEvent, encode_json, event_to_builtins
-from sessionloop.eventstore.errors import FeedCursorExpired, IdempotencyConflict, StreamDeleted
+from sessionloop.eventstore.errors import FeedCursorExpired, IdempotencyConflict, StorageError, StreamDeleted
 from sessionloop.eventstore.groupcommit import HistogramSnapshot
 from sessionloop.eventstore.lmdb_recorder import LmdbRecorder
+from sessionloop.eventstore.log_replica import LogReplica, Materialized
 from sessionloop.eventstore.outbox import OutboxAckOp, OutboxDeadOp, OutboxItem, OutboxMark, OutboxReplayOp
 from sessionloop.eventstore.records import (
     AppendResult,
@@ -128,6 +129,20 @@ class EventStore(Generic[EvT]):
 
     def close(self) -> None:
         self._rec.close()
+
+    def follow_log(self, replica: LogReplica) -> Materialized:
+        """Bring the store up to ``replica``'s log (every shard the replica holds a lease of) and
+        make it the log's materialization from then on: a commit is in the store only once the
+        log holds it (``log_replica.py``). Raises StorageError when the store holds commits and
+        the log none of the replica's shards (a data directory that was never a cluster node's),
+        or when the store disagrees with the log."""
+        done = replica.materialize(self._rec)
+        if done.read == 0 and self._rec.head_position > 0:
+            raise StorageError(f"the event store at {self.path} holds commits that the cluster's log does not: "
+                               "start a cluster node on an empty data directory (or one a node of this cluster "
+                               "made)", path=self.path)
+        self._rec.attach_replica(replica)
+        return done
 
     def compact(self) -> tuple[int, int]:
         """Rewrite the store's file without the pages LMDB freed (deleted sessions' bytes among

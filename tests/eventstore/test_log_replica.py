@@ -1,0 +1,213 @@
+"""A store that materializes the event log on JetStream (eventstore/log_replica.py): real LMDB in
+temporary directories, a real nats-server with file storage (``cli/natsproc.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from sessionloop.cli.natsproc import NatsServer
+from sessionloop.eventstore import WrongExpectedVersion
+from sessionloop.eventstore.errors import LeaseHeld, LeaseLost, StorageError, StreamDeleted
+from sessionloop.eventstore.jetstream_log import JetStreamLog
+from sessionloop.eventstore.log_replica import LogReplica, LogSidecar
+from sessionloop.eventstore.records import IdempotencyClaim
+from sessionloop.eventstore.store import EventStore
+from tests.eventstore.union import Erased, Fact, Noted, Opened, Stepped, open_test_store
+
+SHARDS = 4
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    server = NatsServer(log_path=tmp_path / "nats.log", store_dir=tmp_path / "js")
+    server.start()
+    yield server
+    server.stop()
+
+
+def _replica(server: NatsServer, node: str, **kw: object) -> LogReplica:
+    replica = LogReplica(server.url, node=node, shards=SHARDS, **kw)  # type: ignore[arg-type]
+    replica.open(range(SHARDS))
+    return replica
+
+
+def _node(path: Path, server: NatsServer, node: str, **kw: object) -> tuple[EventStore[Fact], LogReplica]:
+    store = open_test_store(str(path), durability="nosync", shards=SHARDS)
+    replica = _replica(server, node, **kw)
+    store.follow_log(replica)
+    return store, replica
+
+
+def _log_commits(server: NatsServer) -> list[tuple[str, LogSidecar]]:
+    """(stream, sidecar) of every commit the log holds now, shard by shard, in log order."""
+
+    async def read() -> list[tuple[str, LogSidecar]]:
+        log = await JetStreamLog.connect(server.url, shards=SHARDS)
+        try:
+            out = []
+            for shard in range(SHARDS):
+                last = await log.shard_head(shard)
+                if not last:
+                    continue
+                async for _seq, commit in log.shard_commits(shard, last):
+                    out.append((commit.stream, msgspec.msgpack.decode(commit.extra, type=LogSidecar)))
+            return out
+        finally:
+            await log.close()
+    return asyncio.run(read())
+
+
+def test_a_store_rebuilt_from_the_log_has_every_commit_receipt_feed_entry_and_purge(
+        tmp_path: Path, nats_server: NatsServer) -> None:
+    store, replica = _node(tmp_path / "a", nats_server, "node-a")
+    claim = IdempotencyClaim("app:bot", "key-1", "hash-1", b"receipt-1")
+    first = store.append("session-s1", [Opened(name="one", at=1)], 0, idempotency=claim, feed="bot",
+                         meta=b"listing-1", flags={"unfinished": True})
+    store.append("session-s1", [Stepped(step="a"), Stepped(step="b")], 1, feed="bot")
+    for i in range(30):
+        store.append(f"session-m{i}", [Opened(name=f"m{i}")], 0)
+    store.append("session-gone", [Opened(name="gone")], 0)
+    store.append("approval-gone.1", [Noted(text="secret of a deleted session")], 0)
+    store.purge("session-gone", [Erased()], categories=["session", "approval"])
+    # a repeat of the idempotent append is a duplicate in the store and is not published again
+    again = store.append("session-s1", [Opened(name="one", at=1)], 0, idempotency=claim, feed="bot")
+    assert again.duplicate and again.receipt == b"receipt-1"
+    store.close()
+    replica.close()
+
+    rebuilt, replica2 = _node(tmp_path / "b", nats_server, "node-b")
+    try:
+        events = rebuilt.read_stream("session-s1")
+        assert [e.version for e in events] == [1, 2, 3]
+        assert [type(e.event).__name__ for e in events] == ["Opened", "Stepped", "Stepped"]
+        assert events[0].at == first.at  # the commit's own time, not the rebuild's
+        assert rebuilt.stream_meta("session-s1") == b"listing-1"
+        assert rebuilt.flagged("unfinished") == ["session-s1"]
+        receipt = rebuilt.get_receipt("app:bot", "key-1")
+        assert receipt is not None and receipt.receipt == b"receipt-1"
+        assert [type(e.event).__name__ for e in rebuilt.read_feed("bot")] == ["Stepped", "Stepped"]
+        assert all(rebuilt.stream_version(f"session-m{i}") == 1 for i in range(30))
+        assert rebuilt.purged("session-gone")
+        assert rebuilt.read_stream("approval-gone.1") == []
+        with pytest.raises(StreamDeleted):
+            rebuilt.append("approval-gone.1", [Noted(text="x")], 0)
+        # the rebuilt node writes on: its commits reach the log, under its own name
+        rebuilt.append("session-s1", [Stepped(step="c")], 3)
+    finally:
+        rebuilt.close()
+        replica2.close()
+    commits = _log_commits(nats_server)
+    assert all("secret" not in repr(side) for _stream, side in commits)
+    streams = [stream for stream, _side in commits]
+    assert "approval-gone.1" not in streams  # erased from the log, the tombstone stays
+    assert streams.count("session-gone") == 1
+    assert [side.node for stream, side in commits if stream == "session-s1"] == ["node-a", "node-a", "node-b"]
+
+
+def test_a_node_that_has_some_of_the_log_takes_only_what_it_lacks(tmp_path: Path, nats_server: NatsServer) -> None:
+    store, replica = _node(tmp_path / "a", nats_server, "node-a")
+    store.append("session-x", [Opened(name="x")], 0)
+    store.close()
+    replica.close()
+    # another node wrote on while this one was down
+    other, replica_b = _node(tmp_path / "b", nats_server, "node-b")
+    other.append("session-x", [Stepped(step="later")], 1)
+    other.append("session-y", [Opened(name="y")], 0)
+    other.close()
+    replica_b.close()
+
+    store = open_test_store(str(tmp_path / "a"), durability="nosync", shards=SHARDS)
+    replica = _replica(nats_server, "node-a")
+    try:
+        done = store.follow_log(replica)
+        assert (done.read, done.applied) == (3, 2)
+        assert [e.version for e in store.read_stream("session-x")] == [1, 2]
+        assert store.stream_version("session-y") == 1
+    finally:
+        store.close()
+        replica.close()
+
+
+def test_a_data_directory_with_commits_the_log_lacks_is_refused(tmp_path: Path, nats_server: NatsServer) -> None:
+    plain = open_test_store(str(tmp_path / "a"), durability="nosync", shards=SHARDS)
+    plain.append("session-local", [Opened(name="local")], 0)
+    replica = _replica(nats_server, "node-a")
+    try:
+        with pytest.raises(StorageError, match="holds commits that the cluster's log does not"):
+            plain.follow_log(replica)
+    finally:
+        plain.close()
+        replica.close()
+
+
+def test_a_second_node_cannot_take_shards_whose_leases_hold(tmp_path: Path, nats_server: NatsServer) -> None:
+    store, replica = _node(tmp_path / "a", nats_server, "node-a")
+    try:
+        with pytest.raises(LeaseHeld, match="leased by node 'node-a'"):
+            _replica(nats_server, "node-b")
+    finally:
+        store.close()
+        replica.close()
+
+
+def test_an_append_the_log_refuses_writes_nothing_to_the_store(tmp_path: Path, nats_server: NatsServer) -> None:
+    # another writer moved the stream in the log behind this node's back: its next commit is refused
+    store, replica = _node(tmp_path / "a", nats_server, "node-a")
+    try:
+        store.append("session-z", [Opened(name="z")], 0)
+
+        async def behind_its_back() -> None:
+            log = await JetStreamLog.connect(nats_server.url, shards=SHARDS)
+            try:
+                await log.append("session-z", [b"\x81\xa4type\xacstep"], 1)
+            finally:
+                await log.close()
+        asyncio.run(behind_its_back())
+        with pytest.raises(LeaseLost):
+            store.append("session-z", [Stepped(step="mine")], 1)
+        assert store.stream_version("session-z") == 1
+        assert replica.lost  # the shard is given up: nothing more is written to it
+        with pytest.raises(LeaseLost):
+            store.append("session-z", [Stepped(step="again")], 1)
+        with pytest.raises(WrongExpectedVersion):  # a refused check in the store still comes first
+            store.append("session-z", [Stepped(step="stale")], 0)
+    finally:
+        store.close()
+        replica.close()
+
+
+def test_a_paused_owner_past_its_lease_commits_nothing_after_the_new_owner_took_over(
+        tmp_path: Path, nats_server: NatsServer) -> None:
+    lost: list[int] = []
+    store, replica = _node(tmp_path / "a", nats_server, "node-a", lease_ttl_s=1.0,
+                           on_lost=lambda shard, why: lost.append(shard))
+    try:
+        store.append("session-p", [Opened(name="p")], 0)
+        # the owner's log thread stops (as SIGSTOP would stop it) past its lease
+        paused = threading.Event()
+        replica._loop.call_soon_threadsafe(lambda: (paused.set(), time.sleep(2.0)))
+        assert paused.wait(5)
+        time.sleep(1.6)
+        new_store, new_replica = _node(tmp_path / "b", nats_server, "node-b", lease_ttl_s=1.0)
+        try:
+            assert new_store.stream_version("session-p") == 1
+            new_store.append("session-p", [Stepped(step="new owner")], 1)
+            with pytest.raises(LeaseLost):  # the old owner wakes and writes: refused, nothing stored
+                store.append("session-p", [Stepped(step="stale owner")], 1)
+            assert store.stream_version("session-p") == 1
+            assert lost
+        finally:
+            new_store.close()
+            new_replica.close()
+    finally:
+        store.close()
+        replica.close()
+    commits = _log_commits(nats_server)
+    assert [side.node for stream, side in commits if stream == "session-p"] == ["node-a", "node-b"]
