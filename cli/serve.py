@@ -37,6 +37,7 @@ from sessionloop.actors.session.decide import steps_limit
 from sessionloop.actors.settings.apps import MODES, AppManifest, check_manifest
 from sessionloop.actors.settings.texts import DEFAULT_LANGUAGE, LANGUAGES
 from sessionloop.actors.system import gc_policy
+from sessionloop.actors.system.runtime import DEFAULT_SHARDS
 from sessionloop.actors.system.trace_export import (
     LiveTraces,
     TracingUnavailable,
@@ -45,6 +46,7 @@ from sessionloop.actors.system.trace_export import (
 )
 from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, POLICIES, ExecLimits
 from sessionloop.actors.webhooks.config import WebhookOptions, parse_webhook
+from sessionloop.cli.cluster import ClusterOptions, cluster_options, join, lost_line, url_secret
 from sessionloop.cli.datadir import TOKEN_FILE, read_or_create_token
 from sessionloop.cli.logs import FORMATS as LOG_FORMATS
 from sessionloop.cli.logs import LEVELS as LOG_LEVELS
@@ -137,7 +139,7 @@ class Server:
                  inflight_wait: float = 30.0, metrics_public: bool = False, auth_failures: int = 20,
                  auth_window: float = 60.0, span_exporter: Any = None, model_flags: ModelFlags | None = None,
                  worker: WorkerEnvironment | None = None, requests_per_second: float = 100.0,
-                 request_burst: int = 200, **host_options: Any) -> None:
+                 request_burst: int = 200, cluster: ClusterOptions | None = None, **host_options: Any) -> None:
         if max_inflight_mb < max_frame_mb:
             raise ValueError(f"--max-inflight-mb {max_inflight_mb} is below --max-frame-mb {max_frame_mb}: "
                              "a frame the socket accepts could never be received")
@@ -160,18 +162,25 @@ class Server:
         self.traces = LiveTraces(batch_processor(span_exporter)) if span_exporter is not None else None
         #: ``serve --workers``: this process is one worker (``cli/workers.py``), linked to the others
         self.worker = worker
-        cluster = None if worker is None else worker_cluster(worker, host_options)
-        self.link = None if cluster is None else cluster.link
+        ports = None if worker is None else worker_cluster(worker, host_options)
+        self.link = None if ports is None else ports.link
+        #: ``serve --cluster``: the cluster's event log, whose leases this node holds (``cli/cluster.py``)
+        self.cluster = cluster
+        self.log_replica = None
         try:
+            if cluster is not None:
+                self.log_replica = join(cluster, int(host_options.get("shards", DEFAULT_SHARDS)))
             self.host = Host.open(self.data_dir, durability=durability, apps=manifests,
                                   sandbox_hide=[os.path.abspath(self.apps_path), *sandbox_hide],
                                   listeners=[self.traces.committed] if self.traces is not None else [],
-                                  cluster=cluster, **host_options)
+                                  cluster=ports, log=self.log_replica, **host_options)
         except BaseException:
             if self.traces is not None:
                 self.traces.close()
             if self.link is not None:
                 self.link.close()
+            if self.log_replica is not None:
+                self.log_replica.close()
             raise
         self._report_sandbox()
         self.service = self._service(Limits(max_frame_bytes=request_limit(max_frame_mb * 1024 * 1024),
@@ -189,7 +198,8 @@ class Server:
 
     def secrets(self) -> list[str]:
         """What no log line may show: the owner token, every app token and webhook secret now in force."""
-        return [self.token, *self.config.app_tokens, *self.host.apps.webhook_secrets()]
+        cluster = [token for url in self.cluster.urls if (token := url_secret(url))] if self.cluster else []
+        return [self.token, *self.config.app_tokens, *self.host.apps.webhook_secrets(), *cluster]
 
     def _report_sandbox(self) -> None:
         """Say at start how commands will run: a weaker sandbox is never a silent fallback."""
@@ -491,6 +501,7 @@ async def _run(server: Server, quiet: bool) -> None:
               help="With --workers N > 1: the NATS server the workers use (default: serve starts its own).")
 @click.option("--quiet", is_flag=True, help="Do not print a newly generated token.")
 @webhook_options
+@cluster_options
 def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str | None, durability: str,
           model: str, model_provider: str | None, base_url: str | None, model_name: str | None,
           api_key_env: str | None, mock_latency_ms: float | None, mock_latency_jitter: str | None,
@@ -502,7 +513,8 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
           map_size_mb: int, sandbox: str, sandbox_policy: str, sandbox_hide: tuple[str, ...], sandbox_bwrap: str | None,
           exec_cpu_seconds: int, exec_memory_mb: int, exec_processes: int, exec_output_mb: float,
           exec_file_size_mb: int, log_level: str, log_format: str, otlp_endpoint: str | None,
-          language: str, workers: str, nats_url: str | None, quiet: bool, webhooks: WebhookOptions) -> None:
+          language: str, workers: str, nats_url: str | None, quiet: bool, webhooks: WebhookOptions,
+          cluster: ClusterOptions | None) -> None:
     """Serve sessions over WebSocket at ws://HOST:PORT/session.
 
     Models are configured by name in DATA/config.toml ([models.NAME]: provider, base_url, model,
@@ -529,6 +541,8 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
     configure_logging(log_level, log_format, lambda: started[0].secrets() if started else [token or ""])
     worker = worker_environment()
     count = parse_workers(workers)
+    if cluster is not None and (count > 1 or worker is not None):
+        raise click.UsageError("--cluster runs one process per node: use it without --workers")
     if worker is None and count > 1:
         supervise(sys.argv[1:], data_dir=os.path.abspath(data_dir), host=host, port=port, workers=count,
                   nats_url=nats_url, prepare=lambda d: prepare_data_dir(d, durability, quiet, token))
@@ -559,7 +573,7 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
                                                processes=exec_processes,
                                                output_bytes=int(exec_output_mb * 2**20),
                                                file_size_mb=exec_file_size_mb),
-                        span_exporter=span_exporter, worker=worker, webhooks=webhooks)
+                        span_exporter=span_exporter, worker=worker, webhooks=webhooks, cluster=cluster)
     except SessionloopError as e:
         raise click.ClickException(str(e)) from e
     except ValueError as e:
@@ -571,3 +585,6 @@ def serve(data_dir: str, host: str, port: int, token: str | None, apps_file: str
         server.service.close()
         server.host.close()
         raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from e
+    lost = lost_line(server.log_replica)
+    if lost is not None:
+        raise click.ClickException(lost)

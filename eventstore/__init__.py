@@ -22,6 +22,7 @@ from sessionloop.eventstore.errors import (
     StreamDeleted,
     WrongExpectedVersion,
 )
+from sessionloop.eventstore.log_replica import LogReplica
 from sessionloop.eventstore.outbox import OutboxItem, OutboxMark
 from sessionloop.eventstore.records import (
     AppendResult,
@@ -34,6 +35,7 @@ from sessionloop.eventstore.records import (
 from sessionloop.eventstore.store import ANY_VERSION, NO_STREAM, EventStore, request_hash
 
 __all__ = [
+    "LogReplica",
     "ANY_VERSION",
     "NO_STREAM",
     "AppendResult",

@@ -104,9 +104,10 @@ class SnapshotOp(msgspec.Struct):
 
 
 class MetaOp(msgspec.Struct):
-    """Increment a counter in ``meta`` (used for epochs); returns the new value."""
+    """Increment a counter in ``meta`` (used for epochs), to at least ``floor``; returns the new value."""
 
     name: str
+    floor: int = 0
 
 
 class BatchContext:
@@ -156,6 +157,7 @@ class BatchContext:
             self._put("snapshots", skey, _enc.encode(record))
             return None
         value = int(_any_dec.decode(self.txn.get(op.name.encode(), b"\x00", db=self.db["meta"]))) + 1
+        value = max(value, op.floor)
         self._put("meta", op.name.encode(), _enc.encode(value))
         return value
 

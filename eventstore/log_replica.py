@@ -50,6 +50,7 @@ from sessionloop.eventstore import keys as K
 from sessionloop.eventstore.batch import ANY_VERSION, AppendOp, PurgeOp
 from sessionloop.eventstore.errors import (
     UNKNOWN,
+    LeaseHeld,
     LeaseLost,
     StorageError,
     StorageUnavailable,
@@ -155,29 +156,48 @@ class LogReplica:
 
     # --- life -----------------------------------------------------------------------------------
 
-    def open(self, shards: Iterable[int]) -> None:
+    def open(self, shards: Iterable[int], *, wait: bool = False) -> None:
         """Connect, and take the lease of each of ``shards`` with its takeover fence. Raises
-        LeaseHeld (another node owns one: the leases taken are given back), StorageUnavailable."""
+        LeaseHeld when another node owns one (the leases taken are given back), unless ``wait``:
+        then it stands by (renewing what it took) until every lease held elsewhere ran out or was
+        given back, and takes it over. Raises StorageUnavailable when the log does not answer."""
         try:
-            self._run(self._open(sorted(set(shards))), self.timeout_s * 3)
+            self._run(self._open(sorted(set(shards)), wait), None if wait else self.timeout_s * 3)
         except BaseException:
             self.close()
             raise
 
-    async def _open(self, shards: list[int]) -> None:
+    async def _open(self, shards: list[int], wait: bool) -> None:
         self._log = await JetStreamLog.connect(self.url, stream=self.stream_name, replicas=self.replicas,
                                                shards=self.shards, request_timeout_s=self.timeout_s)
         leases = await ShardLeases.open(self._log, bucket=self.bucket, ttl_s=self.lease_ttl_s,
                                         replicas=self.replicas)
-        self._owner = ShardOwner(self._log, leases, self.node)
-        try:
-            for shard in shards:
-                await self._owner.acquire(shard)
-        except BaseException:
-            for shard in list(self._owner.held):
-                await self._owner.release(shard)
-            raise
+        self._owner = owner = ShardOwner(self._log, leases, self.node)
         self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
+        told: set[str] = set()
+        try:
+            while True:
+                for shard in shards:
+                    if shard in owner.held:
+                        continue
+                    try:
+                        await owner.acquire(shard)
+                    except LeaseHeld as e:
+                        if not wait:
+                            raise
+                        if e.holder not in told:
+                            told.add(e.holder)
+                            log.warning("node %s stands by: shard %d is leased by node %r; it takes the shards "
+                                        "over when their leases run out (at most %.1f s after that node stops)",
+                                        self.node, shard, e.holder, self.lease_ttl_s)
+                if len(owner.held) == len(shards):
+                    return
+                await asyncio.sleep(self.lease_ttl_s / 8)
+        except BaseException:
+            self._renewer.cancel()
+            for shard in list(owner.held):
+                await owner.release(shard)
+            raise
 
     def close(self) -> None:
         """Stop renewing, give the leases back (another node may take them at once), disconnect."""
@@ -208,12 +228,13 @@ class LogReplica:
     def held(self) -> list[int]:
         return sorted(self._owner.held) if self._owner is not None else []
 
-    def epoch_of(self, shard: int) -> int:
-        """The lease revision of this node's ownership of ``shard`` (raises LeaseLost)."""
+    def epoch_floor(self) -> int:
+        """The highest lease revision this node holds: an epoch above it is above every earlier
+        owner's of any of its shards (revisions only grow)."""
         assert self._owner is not None
-        return self._owner.epoch_of(shard)
+        return max((lease.epoch for lease in self._owner.held.values()), default=0)
 
-    def _run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result(timeout)

@@ -69,6 +69,7 @@ class EventStore(Generic[EvT]):
     def __init__(self, recorder: LmdbRecorder, events: EventTypes[EvT]) -> None:
         self._rec = recorder
         self._events = events
+        self._replica: LogReplica | None = None  # the log the store materializes (``follow_log``)
 
     @classmethod
     def open(
@@ -128,20 +129,30 @@ class EventStore(Generic[EvT]):
         )
 
     def close(self) -> None:
-        self._rec.close()
+        """Close the store, then the log it follows (``follow_log``), whose leases go back."""
+        try:
+            self._rec.close()
+        finally:
+            if self._replica is not None:
+                self._replica.close()
 
     def follow_log(self, replica: LogReplica) -> Materialized:
         """Bring the store up to ``replica``'s log (every shard the replica holds a lease of) and
         make it the log's materialization from then on: a commit is in the store only once the
         log holds it (``log_replica.py``). Raises StorageError when the store holds commits and
         the log none of the replica's shards (a data directory that was never a cluster node's),
-        or when the store disagrees with the log."""
+        or when the store disagrees with the log. The store closes the replica when it closes;
+        its epochs (``next_epoch``) are above every lease revision the replica holds."""
+        if replica.shards != self._rec.shards:
+            raise StorageError(f"the event store at {self.path} has {self._rec.shards} shards, the cluster's log "
+                               f"{replica.shards}", path=self.path)
         done = replica.materialize(self._rec)
         if done.read == 0 and self._rec.head_position > 0:
             raise StorageError(f"the event store at {self.path} holds commits that the cluster's log does not: "
                                "start a cluster node on an empty data directory (or one a node of this cluster "
                                "made)", path=self.path)
         self._rec.attach_replica(replica)
+        self._replica = replica
         return done
 
     def compact(self) -> tuple[int, int]:
@@ -338,7 +349,8 @@ class EventStore(Generic[EvT]):
 
     def next_epoch(self) -> int:
         """Draw and persist a new epoch (persisted before the server serves, so no two starts share one)."""
-        value: int = self._rec.submit(MetaOp("epoch"))
+        floor = self._replica.epoch_floor() if self._replica is not None else 0
+        value: int = self._rec.submit(MetaOp("epoch", floor))
         return value
 
     def rebuild_idempotency(self) -> int:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from sessionloop.actors.events import open_store
+from sessionloop.cli.natsproc import NatsServer
 
 # A human text with a key the catalogue lacks, a language a key lacks or a placeholder without a
 # value raises instead of falling back (actors.settings.texts), here and in every server a test starts.
@@ -26,6 +29,15 @@ def store_head(path: str) -> int:
         return store.head_position
     finally:
         store.close()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A real nats-server with JetStream (file storage in the test's directory) on a free loopback port."""
+    server = NatsServer(log_path=tmp_path / "nats.log", store_dir=tmp_path / "js")
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ from sessionloop.actors.tools.sandbox import DEFAULT_POLICY
 from sessionloop.actors.views.index import SummaryIndex
 from sessionloop.actors.views.summary import decode_summary_record
 from sessionloop.actors.webhooks.deliverer import WebhookDeliverer
-from sessionloop.eventstore import IdempotencyClaim, RecordedEvent, request_hash
+from sessionloop.eventstore import IdempotencyClaim, LogReplica, RecordedEvent, request_hash
 from sessionloop.protocol.connection import Limits
 from sessionloop.protocol.limits import MAX_TITLE
 
@@ -108,7 +108,7 @@ class Host:
     def open(cls, data_dir: str = ".sessionloop", *, listeners: Sequence[CommitListener] = (),
              cluster: ClusterPorts | None = None, provider: Provider | None = None,
              approvals: ApprovalsFactory | None = None, tool_handler: ToolWrapper | None = None,
-             apps: Sequence[AppManifest] = (), **options: Any) -> Host:
+             apps: Sequence[AppManifest] = (), log: LogReplica | None = None, **options: Any) -> Host:
         """Open the host on ``data_dir``; ``options`` are the fields of :class:`HostOptions`;
         ``listeners`` hear every commit (``actors.system.ports.Commit``) from the first, before
         the sessions with unfinished work resume (a tracer sees their repairs too).
@@ -128,6 +128,10 @@ class Host:
         ``worker`` and ``workers`` say which); every commit's listing record goes to the others and
         theirs come into this host's index, so it lists every session.
 
+        ``log`` (``serve --cluster``): the cluster's event log, whose shard leases this node holds;
+        the store is brought up to it before anything reads the store, and follows it (a commit is
+        in the store once the log holds it: ``eventstore/log_replica.py``).
+
         Raises StoreLocked if another process serves this directory, ValueError for an unknown
         option.
         """
@@ -140,7 +144,7 @@ class Host:
         data_dir = os.path.abspath(data_dir)
         models = ModelRegistry.for_host(opts.models, opts.model, opts.model_options)
         faults = FaultInjector.from_env()
-        store = open_data_store(data_dir, opts, faults)
+        store = open_data_store(data_dir, opts, faults, log)
         settings_work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sessionloop-settings")
         try:
             index = SummaryIndex()  # loaded below, after the runtime's start-up repairs

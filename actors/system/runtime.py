@@ -52,18 +52,22 @@ from sessionloop.actors.tools.sandbox import DEFAULT_POLICY, ExecLimits, Policy,
 from sessionloop.actors.views.items import ItemsProjection
 from sessionloop.actors.views.summary import decode_summary_record
 from sessionloop.actors.webhooks.config import WebhookOptions
-from sessionloop.eventstore import EventStore
+from sessionloop.eventstore import EventStore, LogReplica
 from sessionloop.protocol.limits import one_line
 from sessionloop.protocol.schemas_types import AncestorRef
 
 log = logging.getLogger("sessionloop.runtime")
 
 
+#: the shards of a data directory made without saying (SPEC §12: fixed when it is made)
+DEFAULT_SHARDS = 16
+
+
 class HostOptions(msgspec.Struct, kw_only=True):
     """Everything a host can be configured with; defaults are the production ones."""
 
     durability: str = "sync"
-    shards: int = 16
+    shards: int = DEFAULT_SHARDS
     map_size: int = 1 << 30
     #: the built-in model when ``models`` is empty: a provider name (``make_provider``) and its options
     model: str = "mock"
@@ -137,19 +141,30 @@ NO_PORTS = HostPorts()
 SettingsFactory = Callable[["Runtime"], SessionSettings]
 
 
-def open_data_store(data_dir: str, options: HostOptions, faults: FaultInjector) -> EventStore:
+def open_data_store(data_dir: str, options: HostOptions, faults: FaultInjector,
+                    log: LogReplica | None = None) -> EventStore:
     """The data directory (made 0700: the owner token, the signing secret, apps.toml and the store
     are the server's user's only) and the store in it. Raises StoreLocked if another process
-    serves the directory."""
+    serves the directory. With ``log`` (``serve --cluster``: the replica holds the leases of the
+    shards) the store is brought up to the cluster's log and follows it (``EventStore.follow_log``)
+    and closes it when it closes."""
     os.makedirs(data_dir, mode=0o700, exist_ok=True)
     os.chmod(data_dir, 0o700)
     if not 1 <= options.workers <= options.shards or not 0 <= options.worker < options.workers:
         raise ValueError(f"worker {options.worker} of {options.workers}: there are {options.shards} shards, "
                          "and a worker owns at least one")
-    return open_store(os.path.join(data_dir, "store"), durability=options.durability, shards=options.shards,
-                      map_size=options.map_size, on_map_resize=lambda: faults.hit("map-resize"),
-                      on_purge=lambda: faults.hit("purge"), owned_shards=options.owned_shards(),
-                      lock_fd=options.store_lock_fd, feed_max_events=options.feed_max_events)
+    store = open_store(os.path.join(data_dir, "store"), durability=options.durability, shards=options.shards,
+                       map_size=options.map_size, on_map_resize=lambda: faults.hit("map-resize"),
+                       on_purge=lambda: faults.hit("purge"), owned_shards=options.owned_shards(),
+                       lock_fd=options.store_lock_fd, feed_max_events=options.feed_max_events)
+    if log is not None:
+        try:
+            store.follow_log(log)
+        except BaseException:
+            store.close()
+            log.close()
+            raise
+    return store
 
 
 class Runtime:

@@ -43,10 +43,14 @@ class Bot:
         self.reconnects = 0
         self.refusals = 0
 
+    def target(self) -> str:
+        """The URL the next connection goes to."""
+        return self.url
+
     async def _connect(self) -> None:
         while True:
             try:
-                self.ws = await connect(self.url, additional_headers={"Authorization": f"Bearer {BOT_TOKEN}"},
+                self.ws = await connect(self.target(), additional_headers={"Authorization": f"Bearer {BOT_TOKEN}"},
                                         open_timeout=5)
                 await self._call_once("initialize", {"protocolVersion": "0.2.0",
                                                      "client": {"name": "kill-bot", "version": "1"}})
@@ -152,23 +156,34 @@ def test_sigkill_a_random_worker_20_times_under_bot_load_loses_duplicates_and_re
         tasks = [asyncio.create_task(b.run(stop)) for b in bots]
         await asyncio.sleep(1.0)
         killed = await _kill_loop(server, workers, rng)
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 120)
         # every session answers again, whichever worker runs it now
-        finals = [await b.call("loop/send", {"sessionId": b.session_id, "text": "last",
-                                             "idempotencyKey": f"bot{b.index}-last"}) for b in bots]
-        ends = [await b.call("loop/waitForTurn", {"sessionId": b.session_id, "turnId": f["turnId"],
-                                                  "timeoutMs": 20000}) for b, f in zip(bots, finals, strict=True)]
-        for b in bots:
-            await b.close()
-        return killed, ends
+        return killed, await finish(bots, stop, tasks)
 
     killed, ends = asyncio.run(go())
     assert len(killed) == KILLS and len(set(killed)) > 1
     assert all(e["state"] == "completed" for e in ends), ends
     assert sum(len(b.acked) for b in bots) > 20  # the bots kept working through the kills
     assert server.stop() == 0
-    store = open_store(os.path.join(str(data), "store"), readonly=True)
+    assert_each_input_once_in_order(os.path.join(str(data), "store"), bots)
+
+
+async def finish(bots: list[Bot], stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> list[dict[str, Any]]:
+    """Stop the bots' loops, then send each session a last input and wait for its turn: the ends."""
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    finals = [await b.call("loop/send", {"sessionId": b.session_id, "text": "last",
+                                         "idempotencyKey": f"bot{b.index}-last"}) for b in bots]
+    ends = [await b.call("loop/waitForTurn", {"sessionId": b.session_id, "turnId": f["turnId"],
+                                              "timeoutMs": 20000}) for b, f in zip(bots, finals, strict=True)]
+    for b in bots:
+        await b.close()
+    return ends
+
+
+def assert_each_input_once_in_order(store_path: str, bots: list[Bot]) -> None:
+    """The store at ``store_path`` holds each bot's acknowledged inputs once, in the order sent,
+    with the turns their receipts named, and ran every turn once, in that order (FIFO)."""
+    store = open_store(store_path, readonly=True)
     try:
         for b in bots:
             recorded = [r.event for r in store.read_stream(f"session-{b.session_id}")]

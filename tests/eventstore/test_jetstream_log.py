@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -27,14 +26,6 @@ from sessionloop.eventstore.jetstream_log import JetStreamLog, stream_of_token, 
 from sessionloop.eventstore.leases import Lease, ShardLeases, ShardOwner
 
 T = TypeVar("T")
-
-
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(log_path=tmp_path / "nats.log", store_dir=tmp_path / "js")
-    server.start()
-    yield server
-    server.stop()
 
 
 def run(factory: Callable[[], Awaitable[T]]) -> T:

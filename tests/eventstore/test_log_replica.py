@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -22,14 +21,6 @@ from sessionloop.eventstore.store import EventStore
 from tests.eventstore.union import Erased, Fact, Noted, Opened, Stepped, open_test_store
 
 SHARDS = 4
-
-
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(log_path=tmp_path / "nats.log", store_dir=tmp_path / "js")
-    server.start()
-    yield server
-    server.stop()
 
 
 def _replica(server: NatsServer, node: str, **kw: object) -> LogReplica:
