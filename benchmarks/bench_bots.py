@@ -80,6 +80,7 @@ from benchmarks.measure import (  # noqa: E402
 from benchmarks.server_proc import ServerProc
 from sessionloop.actors.api.loop import APP_QUOTA  # noqa: E402  (seed 000: unfinished turns per app)
 from sessionloop.actors.gateway.relay import Placement  # noqa: E402
+from sessionloop.cli.natsproc import NatsCluster, NatsServer  # noqa: E402
 
 OWNER_TOKEN = "sessionloop-bots-owner"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
@@ -631,8 +632,15 @@ def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
         f.writelines(f'[apps.{app_id(b)}]\ntoken = "{app_token(b)}"\nplatform = "bench"\ncontainers = ["inbox"]\n\n'
                      for b in range(spec["bots"]))
     workers = spec.get("workers", 1)
-    server = ServerProc(data_dir, OWNER_TOKEN, ["--durability", spec["durability"], "--workers", str(workers)],
-                        "0" if pinned else None)
+    log_dir = tempfile.mkdtemp(prefix="bench-bots-log-")
+    nats, cluster_args = start_log(spec.get("log", "lmdb"), log_dir)
+    try:
+        server = ServerProc(data_dir, OWNER_TOKEN, ["--durability", spec["durability"], "--workers", str(workers),
+                                                    *cluster_args], "0" if pinned else None)
+    except BaseException:
+        stop_log(nats, log_dir)
+        raise
+    log_pids = [srv.proc.pid for srv in (nats.servers if isinstance(nats, NatsCluster) else [nats]) if srv]
     try:
         rec = Record()
         api = WsApi(server.port, rec)
@@ -648,12 +656,16 @@ def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
                     out_relayed = reroute_to_other_workers(api, rec, workers)
                 # the server's CPU: the process and, with --workers, its workers and nats-server
                 cpu0, scpu0 = time.process_time(), proc_tree_cpu_s(server.proc.pid)
+                lcpu0 = sum(proc_tree_cpu_s(pid) for pid in log_pids)
                 switches0 = proc_tree_switches(server.proc.pid)
                 wall = await throughput_async(api, rec, spec)
                 cpu, scpu = time.process_time() - cpu0, proc_tree_cpu_s(server.proc.pid) - scpu0
+                lcpu = sum(proc_tree_cpu_s(pid) for pid in log_pids) - lcpu0
                 switches = proc_tree_switches(server.proc.pid) - switches0
-                out = summarize(rec, wall, spec, cpu + scpu)
+                out = summarize(rec, wall, spec, cpu + scpu + lcpu)
                 out["server_cpu_ms_per_turn"] = scpu / out["turns"] * 1000 if out["turns"] else float("nan")
+                if log_pids:  # the log's servers (nats-server), not children of serve
+                    out["log_cpu_ms_per_turn"] = lcpu / out["turns"] * 1000 if out["turns"] else float("nan")
                 out["server_switches_per_turn"] = switches / out["turns"] if out["turns"] else float("nan")
                 out["connections"] = sum(len(c) for c in api.conns.values())
                 out["server_rss_mib"] = sum(proc_rss_mib(p) for p in proc_tree(server.proc.pid))
@@ -669,6 +681,7 @@ def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
         time.sleep(0.2)
     finally:
         out_exit = server.stop()
+        stop_log(nats, log_dir)
     try:
         store = open_store(os.path.join(data_dir, "store"), readonly=True)
         try:
@@ -681,6 +694,26 @@ def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
         return out
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def start_log(kind: str, work_dir: str) -> tuple[NatsServer | NatsCluster | None, list[str]]:
+    """``--log``: the event log the server follows (``serve --cluster``) and the arguments that say so."""
+    if kind == "lmdb":
+        return None, []
+    if kind == "r1":
+        one = NatsServer(log_path=os.path.join(work_dir, "nats.log"), store_dir=os.path.join(work_dir, "js"))
+        one.start()
+        return one, ["--cluster", one.url, "--node-id", "bench"]
+    three = NatsCluster(work_dir, size=3)
+    three.start()
+    three.wait_ready()
+    return three, ["--cluster", ",".join(three.urls), "--node-id", "bench", "--log-replicas", "3"]
+
+
+def stop_log(nats: NatsServer | NatsCluster | None, work_dir: str) -> None:
+    if nats is not None:
+        nats.stop()
+    shutil.rmtree(work_dir, ignore_errors=True)
 
 
 JOBS = {"inprocess": job_inprocess, "inprocess-sync": job_inprocess, "ws": job_ws}
@@ -721,6 +754,7 @@ ROWS = [("sessions", "sessions (bots x sessions each)", ",.0f"), ("turns", "turn
         ("events_per_s", "events/s", ",.0f"), ("cpu_ms_per_turn", "CPU ms per turn (all procs)", ".3f"),
         ("server_cpu_ms_per_turn", "server CPU ms per turn", ".3f"),
         ("server_switches_per_turn", "server context switches per turn", ".1f"),
+        ("log_cpu_ms_per_turn", "log (nats-server) CPU ms per turn", ".3f"),
         ("peak_rss_mib", "peak RSS server (MiB)", ",.0f"),
         ("relayed_share", "sessions driven through another worker", ".2f"),
         ("over_one_sent", "overload: sends to one session", ",.0f"),
@@ -784,6 +818,10 @@ def parse_args() -> argparse.Namespace:
                          "(own: what a bot that makes its sessions gets), on another one (other: every "
                          "request relayed, the cost a front process passing every frame on would add), "
                          "or both (own,other: a column each)")
+    ap.add_argument("--log", default="lmdb",
+                    help="ws: comma-separated stores of the server, each a column: lmdb (the embedded default), "
+                         "r1 (serve --cluster: the store follows a JetStream log on one nats-server), r3 (the log "
+                         "at R=3 on a three-server NATS cluster on this machine)")
     ap.add_argument("--repeats", type=int, help="runs per figure, median reported (default 3; 1 with --quick)")
     ap.add_argument("--no-pinned", action="store_true", help="skip the pinned runs")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -805,8 +843,11 @@ def main() -> None:
             "ws_sessions_per_conn": args.ws_sessions_per_conn, "rate": args.rate}
     if args.rate and "inprocess-sync" in args.transports:
         raise SystemExit("--rate paces the asyncio bots: use it with --transports inprocess,ws")
-    modes: list[tuple[str, str, bool, int, str]] = []
+    modes: list[tuple[str, str, bool, int, str, str]] = []
     worker_counts = [int(n) for n in args.workers.split(",")]
+    logs = [k.strip() for k in args.log.split(",")]
+    if not set(logs) <= {"lmdb", "r1", "r3"} or (logs != ["lmdb"] and worker_counts != [1]):
+        raise SystemExit(f"--log takes lmdb, r1 and r3 (with one worker), not {args.log!r}")
     routes = [r.strip() for r in args.ws_route.split(",")]
     if not set(routes) <= {"own", "other"}:
         raise SystemExit(f"--ws-route takes own, other or both, not {args.ws_route!r}")
@@ -816,20 +857,22 @@ def main() -> None:
             raise SystemExit(f"unknown transport {t!r}")
         for n in worker_counts if t == "ws" else [1]:
             for route in routes if t == "ws" and n > 1 else ["own"]:
-                modes.append((t, "unpinned", False, n, route))
+                for kind in logs if t == "ws" else ["lmdb"]:
+                    modes.append((t, "unpinned", False, n, route, kind))
         if can_pin and (t != "ws" or worker_counts == [1]):  # workers spread over the cores: not pinned
-            modes.append((t, "server-cpu0" if t == "ws" else "pinned_cpu0", t != "ws", 1, "own"))
+            modes.append((t, "server-cpu0" if t == "ws" else "pinned_cpu0", t != "ws", 1, "own", "lmdb"))
     print(f"bots: {args.bots} bot apps x {args.sessions_per_bot} sessions x {args.turns} turns, "
           f"{args.dup_ratio:.0%} repeated keys, durability {args.durability}; the clients and the server share "
           f"this {len(os.sched_getaffinity(0))}-CPU machine (ws server-cpu0: server under taskset -c 0, bots under "
           f"taskset -c 1)", flush=True)
     samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in range(args.repeats):
-        for transport, placement, pinned, workers, route in modes:
+        for transport, placement, pinned, workers, route, kind in modes:
             res = run_child({**base, "transport": transport, "placement": placement, "workers": workers,
-                             "ws_route": route}, pinned)
+                             "ws_route": route, "log": kind}, pinned)
             label = f"{transport} {placement}" + (f" workers={workers}" if transport == "ws" and workers > 1 else "")
             label += " relayed" if route == "other" else ""
+            label += f" log={kind}" if kind != "lmdb" else ""
             samples[label].append(res)
             print(f"  run {r + 1}/{args.repeats} {label}: {res['turns_per_s']:,.0f} turns/s, p99 "
                   f"{res['p99_ms']:.1f} ms, overload rejected {res['overload']['rejected_rate']:.0%}, check "
