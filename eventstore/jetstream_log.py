@@ -195,7 +195,8 @@ class JetStreamLog:
         """Connect to ``url`` (one server, or a cluster's servers as a list or comma-separated: the
         client moves to another one when its server goes away) and create the log's stream if it does
         not exist (file storage, ``replicas`` copies: 1 on one server, 3 on a cluster, where a commit
-        is acknowledged once a majority stored it; direct gets allowed, deletes and purges denied).
+        is acknowledged once a majority stored it; direct gets allowed, deletes of single messages
+        denied, purges of a subject allowed: ``erase``).
         An existing stream must have ``replicas`` copies (StorageError otherwise). ``options`` go to
         ``nats.connect`` (a token, credentials); ``request_timeout_s`` bounds every JetStream request
         (a publish unanswered by then raises StorageUnavailable, outcome unknown). Raises

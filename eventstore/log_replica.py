@@ -29,16 +29,22 @@ may deliver an owed webhook again: deliveries are at least once). Positions are 
 rebuilt from the log numbers its commits anew (feed cursors of the old store do not carry over).
 
 All JetStream work runs on the replica's own event loop thread; the group commit's leader waits
-for it (``ship``). A publish whose outcome the log could not report (no acknowledgement within
-``timeout_s``) stops the node's writes to that shard as a lost lease does: the local store may be
-behind the log, and only :meth:`materialize` at the next start makes them agree.
+for it (``ship``). A commit the log does not answer (its server is away, a cluster elects a
+leader) is published again with the same commit id, for ``retry_s`` while the lease holds: the
+log keeps one copy (a retry of one that landed is found by its id). One whose outcome stays unknown
+after that stops the node's writes to its shard as a lost lease does: the local store may be
+behind the log, and only :meth:`materialize` at the next start makes them agree. Leases are
+renewed all at once, each try bounded by a third of the TTL, so a server that does not answer
+makes a lease run out on time (and the node stop), not later.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
@@ -71,6 +77,10 @@ APPEND = 0
 PURGE = 1
 #: commits materialized at once (queued to the group commit before waiting for them)
 MATERIALIZE_WINDOW = 512
+#: a commit the log did not answer is tried again after this (doubling, capped), seconds
+RETRY_BACKOFF_S = (0.05, 1.0)
+#: the NATS client's wait between reconnection tries (nats-py's default is 2 s)
+RECONNECT_WAIT_S = 0.25
 
 
 class LogSidecar(msgspec.Struct, array_like=True, frozen=True):
@@ -152,6 +162,10 @@ class LogReplica:
         self.lost: dict[int, str] = {}
         self.published = 0
         self.refused = 0
+        self.retries = 0
+        #: how long a commit is tried again while the log does not answer (a failover of its
+        #: servers), each try bounded by the log's request timeout
+        self.retry_s = max(2 * self.lease_ttl_s, 5.0)
         self._closed = False
 
     # --- life -----------------------------------------------------------------------------------
@@ -169,7 +183,8 @@ class LogReplica:
 
     async def _open(self, shards: list[int], wait: bool) -> None:
         self._log = await JetStreamLog.connect(self.url, stream=self.stream_name, replicas=self.replicas,
-                                               shards=self.shards, request_timeout_s=self.timeout_s)
+                                               shards=self.shards, request_timeout_s=self._request_timeout_s,
+                                               reconnect_time_wait=RECONNECT_WAIT_S)
         leases = await ShardLeases.open(self._log, bucket=self.bucket, ttl_s=self.lease_ttl_s,
                                         replicas=self.replicas)
         self._owner = owner = ShardOwner(self._log, leases, self.node)
@@ -177,6 +192,8 @@ class LogReplica:
         told: set[str] = set()
         try:
             while True:
+                # in shard order, never past a held one: two standbys never split the shards
+                # between them (each waiting for the other's), the one that took the first goes on
                 for shard in shards:
                     if shard in owner.held:
                         continue
@@ -190,6 +207,7 @@ class LogReplica:
                             log.warning("node %s stands by: shard %d is leased by node %r; it takes the shards "
                                         "over when their leases run out (at most %.1f s after that node stops)",
                                         self.node, shard, e.holder, self.lease_ttl_s)
+                        break
                 if len(owner.held) == len(shards):
                     return
                 await asyncio.sleep(self.lease_ttl_s / 8)
@@ -245,17 +263,24 @@ class LogReplica:
     # --- leases ---------------------------------------------------------------------------------
 
     async def _renew_forever(self) -> None:
+        """Every third of the TTL, renew every held lease at once, each try bounded by that third:
+        a server that does not answer (down, electing a leader) costs a try, not the loop. A
+        lease whose local deadline passed is lost, whatever the server would say."""
         assert self._owner is not None
+        owner, period = self._owner, self.lease_ttl_s / 3
         while True:
-            await asyncio.sleep(self.lease_ttl_s / 3)
-            for shard in list(self._owner.held):
-                try:
-                    await self._owner.renew(shard)
-                except LeaseLost as e:
-                    self._lose(shard, e.reason)
-                except StoreError as e:  # unreachable: the lease's local deadline decides
-                    log.warning("cannot renew the lease of shard %d: %s", shard, e)
-            for shard, lease in list(self._owner.held.items()):
+            await asyncio.sleep(period)
+            shards = [shard for shard in owner.held if shard not in self.lost]
+            results = await asyncio.gather(*(asyncio.wait_for(owner.renew(shard), period) for shard in shards),
+                                           return_exceptions=True)
+            for shard, result in zip(shards, results, strict=True):
+                if isinstance(result, LeaseLost):
+                    self._lose(shard, result.reason)
+                elif isinstance(result, (StoreError, TimeoutError)):
+                    log.warning("cannot renew the lease of shard %d now: %s", shard, result or "no answer in time")
+                elif isinstance(result, BaseException):
+                    raise result
+            for shard, lease in list(owner.held.items()):
                 if not lease.valid():
                     self._lose(shard, "its lease could not be renewed before it ran out")
 
@@ -268,6 +293,12 @@ class LogReplica:
             self._on_lost(shard, why)
 
     # --- the write path -------------------------------------------------------------------------
+
+    @property
+    def _request_timeout_s(self) -> float:
+        """One request to the log: short enough that a commit is tried again (or its lease found
+        lost) well inside the lease's TTL."""
+        return min(self.timeout_s, max(0.5, self.lease_ttl_s / 4))
 
     def new_commit_id(self) -> str:
         """A commit id no other commit has (``<node>.<uuid4 hex>``)."""
@@ -286,7 +317,7 @@ class LogReplica:
         LMDB write transaction, before it commits."""
         ships = [self._ship_of(op, result, ids) for op, result in writes]
         try:
-            return self._run(self._publish_all(ships), self.timeout_s * 2)
+            return self._run(self._publish_all(ships), self.retry_s + 2 * self._request_timeout_s + 5)
         except TimeoutError:
             for shard in {K.shard_of(s.stream, self.shards) for s in ships}:
                 self._lose(shard, "the log did not acknowledge a commit in time (its outcome is unknown)")
@@ -324,23 +355,32 @@ class LogReplica:
         assert self._owner is not None
         if shard in self.lost:
             return LeaseLost(shard, self.node, self.lost[shard])
-        try:
-            await self._owner.append(s.stream, s.events, s.expected, s.commit_id, _enc.encode(s.sidecar))
-        except LeaseLost as e:
-            self.refused += 1
-            self._lose(shard, e.reason)
-            return e
-        except WrongExpectedVersion as e:
-            self.refused += 1
-            return StorageError(f"the event log holds stream {s.stream!r} at version {e.actual}, this node's store "
-                                f"at {s.expected}: the node's store is not the log's materialization",
-                                stream=s.stream)
-        except StorageUnavailable as e:
-            if e.outcome == UNKNOWN:
-                self._lose(shard, f"a commit's outcome is unknown ({e})")
-            return e
-        except StoreError as e:
-            return e
+        deadline = time.monotonic() + self.retry_s
+        for attempt in itertools.count():
+            try:
+                await self._owner.append(s.stream, s.events, s.expected, s.commit_id, _enc.encode(s.sidecar))
+                break
+            except LeaseLost as e:
+                self.refused += 1
+                self._lose(shard, e.reason)
+                return e
+            except WrongExpectedVersion as e:
+                self.refused += 1
+                return StorageError(f"the event log holds stream {s.stream!r} at version {e.actual}, this node's "
+                                    f"store at {s.expected}: the node's store is not the log's materialization",
+                                    stream=s.stream)
+            except StorageUnavailable as e:
+                # the log is away or electing a leader: the same commit id again (a retry of one
+                # that landed is found and answered as it), while the lease holds and time is left
+                if time.monotonic() + RETRY_BACKOFF_S[1] < deadline:
+                    self.retries += 1
+                    await asyncio.sleep(min(RETRY_BACKOFF_S[1], RETRY_BACKOFF_S[0] * 2 ** attempt))
+                    continue
+                if e.outcome == UNKNOWN:
+                    self._lose(shard, f"a commit's outcome stayed unknown for {self.retry_s:.0f} s ({e})")
+                return e
+            except StoreError as e:
+                return e
         self.published += 1
         if s.sidecar.kind == PURGE:
             try:

@@ -1,0 +1,111 @@
+"""``serve --cluster`` when the log's NATS servers fail: real nats-servers (JetStream), real ``serve``
+processes, real SIGKILL.
+
+With one NATS server (R=1) a node that cannot reach it cannot renew its leases: it stops within
+the lease's TTL, saying why (never serving on while it cannot commit), and serves again, with
+everything it acknowledged, once the server is back. On a three-server NATS cluster (R=3) the loss
+of one server is not the loss of the log: the node reconnects to another and its bots go on, every
+acknowledged input once and in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from sessionloop.cli.natsproc import NatsCluster, NatsServer
+from tests.e2e.test_cluster_failover import FailoverBot, Node, _wait_started
+from tests.e2e.test_workers_kill import assert_each_input_once_in_order, finish
+
+LEASE_TTL_S = 2.0
+
+
+async def _send_and_wait(bot: FailoverBot, key: str) -> dict:
+    receipt = await bot.call("loop/send", {"sessionId": bot.session_id, "text": key, "idempotencyKey": key})
+    end = await bot.call("loop/waitForTurn", {"sessionId": bot.session_id, "turnId": receipt["turnId"],
+                                              "timeoutMs": 20000})
+    assert end["state"] == "completed", end
+    return receipt
+
+
+@pytest.mark.timeout(120)
+def test_a_node_whose_nats_server_died_stops_within_its_lease_saying_why_and_serves_again_after(
+        tmp_path: Path, nats_server: NatsServer) -> None:
+    a = Node(tmp_path, "a", nats_server.url)
+    _wait_started(a)
+    cluster = {"active": a}
+    bot = FailoverBot(cluster, 0)
+    receipts: list[dict] = []
+
+    async def before() -> None:
+        created = await bot.call("loop/create", {"containerId": "inbox", "initialMessage": {
+            "text": "hello", "idempotencyKey": "bot0-create"}})
+        bot.session_id = created["sessionId"]
+        for n in range(3):
+            receipts.append(await _send_and_wait(bot, f"bot0-{n}"))
+        await bot.close()
+        bot.ws = None
+
+    asyncio.run(before())
+    killed_at = time.monotonic()
+    nats_server.kill()
+    status = a.proc.wait(LEASE_TTL_S + 15)
+    stopped_after = time.monotonic() - killed_at
+    assert status == 1
+    assert "lost shard" in a.stderr() and "stopped" in a.stderr()
+    assert stopped_after <= LEASE_TTL_S + 10, stopped_after  # the lease, then the drain of what was open
+    a.stop()
+
+    nats_server.start()  # the same port and store: the log is as it was
+    again = Node(tmp_path, "a", nats_server.url)
+    try:
+        _wait_started(again)
+        cluster["active"] = again
+
+        async def after() -> None:
+            repeat = await bot.call("loop/send", {"sessionId": bot.session_id, "text": "bot0-2",
+                                                  "idempotencyKey": "bot0-2"})
+            assert repeat["turnId"] == receipts[-1]["turnId"] and repeat["state"] == "duplicate"
+            await _send_and_wait(bot, "bot0-3")
+            await bot.close()
+
+        asyncio.run(after())
+    finally:
+        assert again.stop() == 0
+
+
+@pytest.mark.timeout(240)
+def test_on_three_nats_servers_the_node_serves_on_when_one_of_them_is_killed(tmp_path: Path) -> None:
+    nats = NatsCluster(tmp_path / "nats", size=3)
+    nats.start()
+    try:
+        a = Node(tmp_path, "a", ",".join(nats.urls), "--log-replicas", "3", lease_ttl_s=10.0)
+        try:
+            _wait_started(a, timeout=60)
+            cluster = {"active": a}
+            bots = [FailoverBot(cluster, i) for i in range(3)]
+
+            async def go() -> list[dict]:
+                stop = asyncio.Event()
+                tasks = [asyncio.create_task(b.run(stop)) for b in bots]
+                await asyncio.sleep(2.0)
+                acked = sum(len(b.acked) for b in bots)
+                nats.kill_server(0)
+                await asyncio.sleep(8.0)
+                assert a.proc.poll() is None, a.stderr()[-3000:]  # still serving
+                assert sum(len(b.acked) for b in bots) > acked  # and the bots went on
+                return await finish(bots, stop, tasks)
+
+            ends = asyncio.run(go())
+            assert all(e["state"] == "completed" for e in ends), ends
+            assert a.proc.poll() is None
+        finally:
+            status = a.stop()
+        assert status == 0
+        assert_each_input_once_in_order(os.path.join(str(a.data), "store"), bots)
+    finally:
+        nats.stop()
