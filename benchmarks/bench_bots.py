@@ -81,6 +81,7 @@ from benchmarks.server_proc import ServerProc
 from sessionloop.actors.api.loop import APP_QUOTA  # noqa: E402  (seed 000: unfinished turns per app)
 from sessionloop.actors.gateway.relay import Placement  # noqa: E402
 from sessionloop.cli.natsproc import NatsCluster, NatsServer  # noqa: E402
+from sessionloop.eventstore.jetstream_log import JetStreamLog  # noqa: E402
 
 OWNER_TOKEN = "sessionloop-bots-owner"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
@@ -670,6 +671,8 @@ def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
                 out["connections"] = sum(len(c) for c in api.conns.values())
                 out["server_rss_mib"] = sum(proc_rss_mib(p) for p in proc_tree(server.proc.pid))
                 out["server_processes"] = len(proc_tree(server.proc.pid))
+                if nats is not None:  # messages in the log (commits, one fence a shard) per turn
+                    out["log_messages_per_turn"] = await log_messages(nats) / out["turns"] if out["turns"] else 0.0
                 if spec.get("ws_route") == "other":
                     out["relayed_share"] = out_relayed
                 out["overload"] = await overload(api, rec, spec)
@@ -708,6 +711,16 @@ def start_log(kind: str, work_dir: str) -> tuple[NatsServer | NatsCluster | None
     three.start()
     three.wait_ready()
     return three, ["--cluster", ",".join(three.urls), "--node-id", "bench", "--log-replicas", "3"]
+
+
+async def log_messages(nats: NatsServer | NatsCluster) -> int:
+    """The messages in the log's stream now."""
+    log = await JetStreamLog.connect(nats.urls if isinstance(nats, NatsCluster) else nats.url,
+                                     replicas=3 if isinstance(nats, NatsCluster) else 1)
+    try:
+        return int((await log.jetstream.stream_info(log.stream)).state.messages)
+    finally:
+        await log.close()
 
 
 def stop_log(nats: NatsServer | NatsCluster | None, work_dir: str) -> None:
@@ -755,6 +768,7 @@ ROWS = [("sessions", "sessions (bots x sessions each)", ",.0f"), ("turns", "turn
         ("server_cpu_ms_per_turn", "server CPU ms per turn", ".3f"),
         ("server_switches_per_turn", "server context switches per turn", ".1f"),
         ("log_cpu_ms_per_turn", "log (nats-server) CPU ms per turn", ".3f"),
+        ("log_messages_per_turn", "log messages per turn", ".2f"),
         ("peak_rss_mib", "peak RSS server (MiB)", ",.0f"),
         ("relayed_share", "sessions driven through another worker", ".2f"),
         ("over_one_sent", "overload: sends to one session", ",.0f"),
