@@ -37,6 +37,10 @@ __all__ = ["ClusterOptions", "cluster_options", "join", "lost_line", "url_secret
 
 log = logging.getLogger("sessionloop.cluster")
 
+#: the shortest lease that outlasts a JetStream leader election at R>1 (nats-server's raft waits
+#: 4-9 s for a lost leader before it campaigns; the lease's local deadline is 0.8 of its TTL)
+MIN_REPLICATED_TTL_S = 15.0
+
 
 class ClusterOptions(msgspec.Struct, frozen=True):
     """``serve --cluster``'s settings: the NATS servers, this node's id, the leases' TTL, the log's copies."""
@@ -64,7 +68,8 @@ def cluster_options(f: Callable[..., Any]) -> Callable[..., Any]:
                        "suffix; at most 64 printable characters).")
     @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(0.5, 3600),
                   help="With --cluster: seconds a shard lease holds without renewal (a standby takes over this "
-                       "long after the active node stopped); the same on every node of a cluster.")
+                       "long after the active node stopped); the same on every node of a cluster. With "
+                       "--log-replicas 3, 15 or more (a lease must outlast a JetStream leader election).")
     @click.option("--log-replicas", default=1, show_default=True, type=click.Choice(["1", "3"]),
                   help="With --cluster: copies of the log and the leases (3 on a three-server NATS cluster).")
     @functools.wraps(f)
@@ -88,15 +93,16 @@ def cluster_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def join(options: ClusterOptions, shards: int) -> LogReplica:
-    """Connect to the log and take every shard's lease, standing by while another node holds them.
-    Raises StorageUnavailable / StorageError when the log cannot be reached or used."""
-    replica = LogReplica(options.urls, node=options.node, shards=shards, replicas=options.replicas,
-                         lease_ttl_s=options.lease_ttl_s, on_lost=_stop_serving)
+    """The node's link to the cluster's log, not opened yet: the store takes every shard's lease
+    through it when it opens, standing by while another node holds them (``EventStore.stand_by``)."""
     log.info("node %s joining the cluster at %s (lease ttl %.1f s, log replicas %d)", options.node,
              ", ".join(_without_token(u) for u in options.urls), options.lease_ttl_s, options.replicas)
-    replica.open(range(shards), wait=True)
-    log.info("node %s holds the leases of all %d shards (epoch floor %d)", options.node, shards, replica.epoch_floor())
-    return replica
+    if options.replicas > 1 and options.lease_ttl_s < MIN_REPLICATED_TTL_S:
+        log.warning("--lease-ttl %.1f with --log-replicas %d: a lease must outlast a JetStream leader election "
+                    "(4-9 s in nats-server) or losing one NATS server stops this node; %.0f s or more is safe",
+                    options.lease_ttl_s, options.replicas, MIN_REPLICATED_TTL_S)
+    return LogReplica(options.urls, node=options.node, shards=shards, replicas=options.replicas,
+                      lease_ttl_s=options.lease_ttl_s, on_lost=_stop_serving)
 
 
 def lost_line(replica: LogReplica | None) -> str | None:

@@ -539,11 +539,11 @@ class JetStreamLog:
                     break
         return out
 
-    async def shard_commits(self, shard: int, last: int) -> AsyncGenerator[tuple[int, LogCommit], None]:
+    async def shard_commits(self, shard: int, last: int, start: int = 1) -> AsyncGenerator[tuple[int, LogCommit], None]:
         """``(stream sequence, commit)`` of every commit of ``shard`` (all its streams, in the
-        order they were written) up to stream sequence ``last`` (its owner's fence: the shard's
-        last message when it took the shard over). Fences are skipped."""
-        async with aclosing(self._commits(f"{SUBJECT_PREFIX}.{shard}.>", 1, last)) as commits:
+        order they were written) from stream sequence ``start`` to ``last`` (a message of the
+        shard: its owner's fence, or its last message, ``shard_head``). Fences are skipped."""
+        async with aclosing(self._commits(f"{SUBJECT_PREFIX}.{shard}.>", start, last)) as commits:
             async for item in commits:
                 yield item
 

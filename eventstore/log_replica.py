@@ -79,6 +79,8 @@ PURGE = 1
 MATERIALIZE_WINDOW = 512
 #: a commit the log did not answer is tried again after this (doubling, capped), seconds
 RETRY_BACKOFF_S = (0.05, 1.0)
+#: a lease renewal that failed is tried again after this, seconds (until its local deadline)
+RENEW_RETRY_S = 0.25
 #: the NATS client's wait between reconnection tries (nats-py's default is 2 s)
 RECONNECT_WAIT_S = 0.25
 
@@ -162,6 +164,9 @@ class LogReplica:
         self.lost: dict[int, str] = {}
         self.published = 0
         self.refused = 0
+        #: per shard, the last log sequence read into the store (``catch_up``); commits read in all
+        self._read_upto: dict[int, int] = {}
+        self.commits_read = 0
         self.retries = 0
         #: how long a commit is tried again while the log does not answer (a failover of its
         #: servers), each try bounded by the log's request timeout
@@ -170,52 +175,56 @@ class LogReplica:
 
     # --- life -----------------------------------------------------------------------------------
 
-    def open(self, shards: Iterable[int], *, wait: bool = False) -> None:
+    def open(self, shards: Iterable[int], *, wait: bool = False, rec: Recorder | None = None) -> None:
         """Connect, and take the lease of each of ``shards`` with its takeover fence. Raises
         LeaseHeld when another node owns one (the leases taken are given back), unless ``wait``:
         then it stands by (renewing what it took) until every lease held elsewhere ran out or was
-        given back, and takes it over. Raises StorageUnavailable when the log does not answer."""
+        given back, and takes it over. Standing by with ``rec`` (the node's store, no replica
+        attached), it keeps the store up to the log meanwhile (:meth:`catch_up`), so a takeover
+        reads only the commits made since its last round, however long the log. Raises
+        StorageUnavailable when the log does not answer."""
+        wanted = sorted(set(shards))
+        told: set[str] = set()
         try:
-            self._run(self._open(sorted(set(shards)), wait), None if wait else self.timeout_s * 3)
+            self._run(self._connect(), self.timeout_s * 3)
+            while not self._run(self._acquire_round(wanted, wait, told), self.timeout_s * 3):
+                if rec is not None:
+                    self.catch_up(rec, wanted)
+                time.sleep(self.lease_ttl_s / 8)
         except BaseException:
             self.close()
             raise
 
-    async def _open(self, shards: list[int], wait: bool) -> None:
+    async def _connect(self) -> None:
         self._log = await JetStreamLog.connect(self.url, stream=self.stream_name, replicas=self.replicas,
                                                shards=self.shards, request_timeout_s=self._request_timeout_s,
                                                reconnect_time_wait=RECONNECT_WAIT_S)
         leases = await ShardLeases.open(self._log, bucket=self.bucket, ttl_s=self.lease_ttl_s,
                                         replicas=self.replicas)
-        self._owner = owner = ShardOwner(self._log, leases, self.node)
+        self._owner = ShardOwner(self._log, leases, self.node)
         self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
-        told: set[str] = set()
-        try:
-            while True:
-                # in shard order, never past a held one: two standbys never split the shards
-                # between them (each waiting for the other's), the one that took the first goes on
-                for shard in shards:
-                    if shard in owner.held:
-                        continue
-                    try:
-                        await owner.acquire(shard)
-                    except LeaseHeld as e:
-                        if not wait:
-                            raise
-                        if e.holder not in told:
-                            told.add(e.holder)
-                            log.warning("node %s stands by: shard %d is leased by node %r; it takes the shards "
-                                        "over when their leases run out (at most %.1f s after that node stops)",
-                                        self.node, shard, e.holder, self.lease_ttl_s)
-                        break
-                if len(owner.held) == len(shards):
-                    return
-                await asyncio.sleep(self.lease_ttl_s / 8)
-        except BaseException:
-            self._renewer.cancel()
-            for shard in list(owner.held):
-                await owner.release(shard)
-            raise
+
+    async def _acquire_round(self, shards: list[int], wait: bool, told: set[str]) -> bool:
+        """Take what leases it can, in shard order and never past a held one (two standbys never
+        split the shards between them, each waiting for the other's: the one that took the first
+        goes on); whether it holds them all now."""
+        assert self._owner is not None
+        owner = self._owner
+        for shard in shards:
+            if shard in owner.held:
+                continue
+            try:
+                await owner.acquire(shard)
+            except LeaseHeld as e:
+                if not wait:
+                    raise
+                if e.holder not in told:
+                    told.add(e.holder)
+                    log.warning("node %s stands by: shard %d is leased by node %r; it takes the shards over "
+                                "when their leases run out (at most %.1f s after that node stops)", self.node,
+                                shard, e.holder, self.lease_ttl_s)
+                return False
+        return len(owner.held) >= len(shards)
 
     def close(self) -> None:
         """Stop renewing, give the leases back (another node may take them at once), disconnect."""
@@ -268,16 +277,21 @@ class LogReplica:
         lease whose local deadline passed is lost, whatever the server would say."""
         assert self._owner is not None
         owner, period = self._owner, self.lease_ttl_s / 3
+        failed: set[int] = set()  # tried again soon, not a period later (a leader election is seconds)
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(min(period, RENEW_RETRY_S) if failed else period)
             shards = [shard for shard in owner.held if shard not in self.lost]
             results = await asyncio.gather(*(asyncio.wait_for(owner.renew(shard), period) for shard in shards),
                                            return_exceptions=True)
+            was_failing, failed = failed, set()
             for shard, result in zip(shards, results, strict=True):
                 if isinstance(result, LeaseLost):
                     self._lose(shard, result.reason)
                 elif isinstance(result, (StoreError, TimeoutError)):
-                    log.warning("cannot renew the lease of shard %d now: %s", shard, result or "no answer in time")
+                    failed.add(shard)
+                    if shard not in was_failing:
+                        log.warning("cannot renew the lease of shard %d now (trying again every %.2f s): %s", shard,
+                                    RENEW_RETRY_S, result or "no answer in time")
                 elif isinstance(result, BaseException):
                     raise result
             for shard, lease in list(owner.held.items()):
@@ -398,18 +412,27 @@ class LogReplica:
     # --- materialization ------------------------------------------------------------------------
 
     def materialize(self, rec: Recorder) -> Materialized:
-        """Bring ``rec`` (with no replica attached yet) up to the log for every held shard: each
-        commit it lacks is written as the log has it (events, versions, time, receipts, feed,
-        listing record); purges are applied. Raises StorageError when the store holds a stream
-        the log has at another history (the data directory is not this cluster's), or when a
-        shard's log cannot be read."""
+        """Bring ``rec`` (with no replica attached yet) up to the log for every held shard, to its
+        takeover fence: each commit it lacks is written as the log has it (events, versions,
+        time, receipts, feed, listing record); purges are applied. What an earlier
+        :meth:`catch_up` read is not read again. Raises StorageError when the store holds a
+        stream the log has at another history (the data directory is not this cluster's), or
+        when a shard's log cannot be read."""
+        done = self.catch_up(rec, self.held)
+        log.info("node %s materialized %d of %d commits of %d shards from the log (%d purges; %d commits read "
+                 "in all)", self.node, done.applied, done.read, len(self.held), done.purges, self.commits_read)
+        return done
+
+    def catch_up(self, rec: Recorder, shards: Iterable[int]) -> Materialized:
+        """Write into ``rec`` the commits of ``shards`` it lacks, from where the last call left
+        each shard to the shard's last message now (a held shard: to this node's fence)."""
         read = applied = purges = 0
         pending: list[threading.Event] = []
         errors: list[BaseException] = []
         #: the versions and seals the queued writes leave (the store shows them once committed)
         view = _View(rec)
-        for shard in self.held:
-            commits = self._run(self._read_shard(shard), self.timeout_s * 30)
+        for shard in shards:
+            commits, last = self._run(self._read_shard(shard), self.timeout_s * 30)
             for seq, commit in commits:
                 read += 1
                 op = view.op_of(seq, commit)
@@ -422,14 +445,17 @@ class LogReplica:
                 if len(pending) >= MATERIALIZE_WINDOW:
                     _wait(pending, errors)
             _wait(pending, errors)
-        log.info("node %s materialized %d of %d commits of %d shards from the log (%d purges)", self.node,
-                 applied, read, len(self.held), purges)
+            self._read_upto[shard] = last
+        self.commits_read += read
         return Materialized(read, applied, purges)
 
-    async def _read_shard(self, shard: int) -> list[tuple[int, LogCommit]]:
+    async def _read_shard(self, shard: int) -> tuple[list[tuple[int, LogCommit]], int]:
         assert self._owner is not None
-        last = self._owner.fence_of(shard)
-        return [item async for item in self._log_of().shard_commits(shard, last)]
+        last = self._owner.fence_of(shard) if shard in self._owner.held else await self._log_of().shard_head(shard)
+        start = self._read_upto.get(shard, 0) + 1
+        if last < start:
+            return [], start - 1
+        return [item async for item in self._log_of().shard_commits(shard, last, start)], last
 
     @staticmethod
     def _submit(rec: Recorder, op: AppendOp | PurgeOp, errors: list[BaseException]) -> threading.Event:

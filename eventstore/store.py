@@ -12,7 +12,7 @@ the ``lmdb_*`` modules beside it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic
 
 import msgspec
@@ -136,6 +136,18 @@ class EventStore(Generic[EvT]):
             if self._replica is not None:
                 self._replica.close()
 
+    def stand_by(self, replica: LogReplica, shards: Iterable[int]) -> None:
+        """Take the leases of ``shards`` through ``replica``, waiting while another node holds
+        them, and keep this store up to the log meanwhile (a hot standby); then ``follow_log``.
+        Raises StorageError when the store and the log do not have the same shards."""
+        self._check_shards(replica)
+        replica.open(shards, wait=True, rec=self._rec)
+
+    def _check_shards(self, replica: LogReplica) -> None:
+        if replica.shards != self._rec.shards:
+            raise StorageError(f"the event store at {self.path} has {self._rec.shards} shards, the cluster's log "
+                               f"{replica.shards}", path=self.path)
+
     def follow_log(self, replica: LogReplica) -> Materialized:
         """Bring the store up to ``replica``'s log (every shard the replica holds a lease of) and
         make it the log's materialization from then on: a commit is in the store only once the
@@ -143,11 +155,9 @@ class EventStore(Generic[EvT]):
         the log none of the replica's shards (a data directory that was never a cluster node's),
         or when the store disagrees with the log. The store closes the replica when it closes;
         its epochs (``next_epoch``) are above every lease revision the replica holds."""
-        if replica.shards != self._rec.shards:
-            raise StorageError(f"the event store at {self.path} has {self._rec.shards} shards, the cluster's log "
-                               f"{replica.shards}", path=self.path)
+        self._check_shards(replica)
         done = replica.materialize(self._rec)
-        if done.read == 0 and self._rec.head_position > 0:
+        if replica.commits_read == 0 and self._rec.head_position > 0:
             raise StorageError(f"the event store at {self.path} holds commits that the cluster's log does not: "
                                "start a cluster node on an empty data directory (or one a node of this cluster "
                                "made)", path=self.path)

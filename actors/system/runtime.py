@@ -142,12 +142,13 @@ SettingsFactory = Callable[["Runtime"], SessionSettings]
 
 
 def open_data_store(data_dir: str, options: HostOptions, faults: FaultInjector,
-                    log: LogReplica | None = None) -> EventStore:
+                    replica: LogReplica | None = None) -> EventStore:
     """The data directory (made 0700: the owner token, the signing secret, apps.toml and the store
     are the server's user's only) and the store in it. Raises StoreLocked if another process
-    serves the directory. With ``log`` (``serve --cluster``: the replica holds the leases of the
-    shards) the store is brought up to the cluster's log and follows it (``EventStore.follow_log``)
-    and closes it when it closes."""
+    serves the directory. With ``replica`` (``serve --cluster``: the replica, not opened yet) the node
+    takes every shard's lease, standing by while another node holds them with the store kept up to
+    the log (``EventStore.stand_by``), then the store is brought up to the log and follows it
+    (``EventStore.follow_log``), and closes it when it closes."""
     os.makedirs(data_dir, mode=0o700, exist_ok=True)
     os.chmod(data_dir, 0o700)
     if not 1 <= options.workers <= options.shards or not 0 <= options.worker < options.workers:
@@ -157,13 +158,16 @@ def open_data_store(data_dir: str, options: HostOptions, faults: FaultInjector,
                        map_size=options.map_size, on_map_resize=lambda: faults.hit("map-resize"),
                        on_purge=lambda: faults.hit("purge"), owned_shards=options.owned_shards(),
                        lock_fd=options.store_lock_fd, feed_max_events=options.feed_max_events)
-    if log is not None:
+    if replica is not None:
         try:
-            store.follow_log(log)
+            store.stand_by(replica, range(store.shards))
+            done = store.follow_log(replica)
         except BaseException:
             store.close()
-            log.close()
+            replica.close()
             raise
+        log.info("node %s holds all %d shards (epoch floor %d; %d commits taken from the log at the takeover)",
+                 replica.node, store.shards, replica.epoch_floor(), done.applied)
     return store
 
 

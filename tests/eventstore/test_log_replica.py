@@ -202,3 +202,31 @@ def test_a_paused_owner_past_its_lease_commits_nothing_after_the_new_owner_took_
         replica.close()
     commits = _log_commits(nats_server)
     assert [side.node for stream, side in commits if stream == "session-p"] == ["node-a", "node-b"]
+
+
+def test_a_standby_keeps_its_store_up_to_the_log_and_takes_over_reading_only_what_came_since(
+        tmp_path: Path, nats_server: NatsServer) -> None:
+    store_a, replica_a = _node(tmp_path / "a", nats_server, "node-a")
+    for i in range(20):
+        store_a.append(f"session-h{i}", [Opened(name=f"h{i}")], 0)
+    store_b = open_test_store(str(tmp_path / "b"), durability="nosync", shards=SHARDS)
+    replica_b = LogReplica(nats_server.url, node="node-b", shards=SHARDS)
+    standing = threading.Thread(target=store_b.stand_by, args=(replica_b, range(SHARDS)), daemon=True)
+    standing.start()
+    try:
+        deadline = time.monotonic() + 15
+        while store_b.stream_version("session-h19") == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(store_b.stream_version(f"session-h{i}") == 1 for i in range(20))  # before any takeover
+        assert replica_b.held == []
+        store_a.append("session-h0", [Stepped(step="last")], 1)
+        store_a.close()
+        replica_a.close()  # gives the leases back: the standby takes them at once
+        standing.join(15)
+        assert not standing.is_alive()
+        done = store_b.follow_log(replica_b)
+        assert done.applied <= 1 and replica_b.commits_read == 21
+        assert store_b.stream_version("session-h0") == 2
+        assert replica_b.held == list(range(SHARDS))
+    finally:
+        store_b.close()
