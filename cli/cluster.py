@@ -32,6 +32,7 @@ import click
 import msgspec
 
 from sessionloop.eventstore import LogReplica
+from sessionloop.eventstore.jetstream_log import without_userinfo
 
 __all__ = ["ClusterOptions", "cluster_options", "join", "lost_line", "url_secret"]
 
@@ -96,7 +97,7 @@ def join(options: ClusterOptions, shards: int) -> LogReplica:
     """The node's link to the cluster's log, not opened yet: the store takes every shard's lease
     through it when it opens, standing by while another node holds them (``EventStore.stand_by``)."""
     log.info("node %s joining the cluster at %s (lease ttl %.1f s, log replicas %d)", options.node,
-             ", ".join(_without_token(u) for u in options.urls), options.lease_ttl_s, options.replicas)
+             ", ".join(without_userinfo(u) for u in options.urls), options.lease_ttl_s, options.replicas)
     if options.replicas > 1 and options.lease_ttl_s < MIN_REPLICATED_TTL_S:
         log.warning("--lease-ttl %.1f with --log-replicas %d: a lease must outlast a JetStream leader election "
                     "(4-9 s in nats-server) or losing one NATS server stops this node; %.0f s or more is safe",
@@ -132,8 +133,3 @@ def url_secret(url: str) -> str | None:
     rest = url.partition("://")[2] or url
     userinfo = rest.rpartition("@")[0]
     return (userinfo.partition(":")[2] or userinfo) or None
-
-
-def _without_token(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    return f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else url.rpartition("@")[2]

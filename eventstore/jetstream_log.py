@@ -69,7 +69,7 @@ from sessionloop.eventstore.errors import (
 from sessionloop.eventstore.records import AppendResult, RecordedEvent
 
 __all__ = ["DEFAULT_MAX_COMMIT_BYTES", "DEFAULT_STREAM", "JetStreamLog", "LogCommit", "stream_of_token",
-           "token_of_stream"]
+           "token_of_stream", "without_userinfo"]
 
 DEFAULT_STREAM = "SL_LOG"
 SUBJECT_PREFIX = "sl.log"
@@ -157,6 +157,13 @@ def stream_of_token(token: str) -> str:
         raise InvalidStreamName(token, f"not a log subject token ({e})") from e
 
 
+def without_userinfo(url: str) -> str:
+    """``url`` without its token or user and password (``nats://TOKEN@host`` -> ``nats://host``)."""
+    scheme, sep, rest = url.partition("://")
+    host = rest.rpartition("@")[2] if sep else url.rpartition("@")[2]
+    return f"{scheme}{sep}{host}" if sep else host
+
+
 def _check_commit_id(commit_id: str | None) -> None:
     if commit_id is None:
         return
@@ -215,7 +222,8 @@ class JetStreamLog:
             nc = await nats.connect(servers, connect_timeout=connect_timeout_s, allow_reconnect=True,
                                     max_reconnect_attempts=-1, **options)
         except (*_UNREACHABLE, OSError) as e:
-            raise StorageUnavailable(f"no NATS server answered at {url}", reason="io-error") from e
+            shown = ", ".join(without_userinfo(u) for u in servers)
+            raise StorageUnavailable(f"no NATS server answered at {shown}", reason="io-error") from e
         limit = min(max_commit_bytes, nc.max_payload - HEADER_ALLOWANCE)
         log = cls(nc, nc.jetstream(timeout=request_timeout_s), stream, shards, limit, direct=replicas == 1)
         try:

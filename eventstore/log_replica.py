@@ -63,7 +63,7 @@ from sessionloop.eventstore.errors import (
     StoreError,
     WrongExpectedVersion,
 )
-from sessionloop.eventstore.jetstream_log import DEFAULT_STREAM, JetStreamLog, LogCommit
+from sessionloop.eventstore.jetstream_log import DEFAULT_STREAM, JetStreamLog, LogCommit, without_userinfo
 from sessionloop.eventstore.leases import DEFAULT_BUCKET, ShardLeases, ShardOwner
 from sessionloop.eventstore.outbox import OutboxMark
 from sessionloop.eventstore.records import AppendResult, IdempotencyClaim, PurgeResult
@@ -186,11 +186,16 @@ class LogReplica:
         wanted = sorted(set(shards))
         told: set[str] = set()
         try:
-            self._run(self._connect(), self.timeout_s * 3)
+            self._run(self._connect(), self.timeout_s + 5)
             while not self._run(self._acquire_round(wanted, wait, told), self.timeout_s * 3):
                 if rec is not None:
                     self.catch_up(rec, wanted)
                 time.sleep(self.lease_ttl_s / 8)
+        except TimeoutError as e:
+            self.close()
+            urls = [self.url] if isinstance(self.url, str) else self.url
+            raise StorageUnavailable(f"the cluster's log at {', '.join(without_userinfo(u) for u in urls)} did not "
+                                     f"answer in time (a try is {self.timeout_s:.0f} s)", reason="io-error") from e
         except BaseException:
             self.close()
             raise
@@ -198,7 +203,8 @@ class LogReplica:
     async def _connect(self) -> None:
         self._log = await JetStreamLog.connect(self.url, stream=self.stream_name, replicas=self.replicas,
                                                shards=self.shards, request_timeout_s=self._request_timeout_s,
-                                               reconnect_time_wait=RECONNECT_WAIT_S)
+                                               connect_timeout_s=self.timeout_s, reconnect_time_wait=RECONNECT_WAIT_S,
+                                               error_cb=_nats_error)
         leases = await ShardLeases.open(self._log, bucket=self.bucket, ttl_s=self.lease_ttl_s,
                                         replicas=self.replicas)
         self._owner = ShardOwner(self._log, leases, self.node)
@@ -510,6 +516,12 @@ class _View:
         self.versions[commit.stream] = last
         return AppendOp(commit.stream, raw, events, list(side.feed_flags), have, commit.commit_id, side.idem,
                         side.feed, side.meta, side.flags, side.outbox, side.at)
+
+
+async def _nats_error(e: Exception) -> None:
+    """The NATS client's errors (a refused connection on each reconnection try): one debug line
+    each, not nats-py's traceback; what they cost is said by the lease renewals and the commits."""
+    log.debug("the log's NATS connection: %s", e or type(e).__name__)
 
 
 def _encoded(events: list[Any]) -> list[bytes]:

@@ -13,7 +13,7 @@ import pytest
 
 from sessionloop.cli.natsproc import NatsServer
 from sessionloop.eventstore import WrongExpectedVersion
-from sessionloop.eventstore.errors import LeaseHeld, LeaseLost, StorageError, StreamDeleted
+from sessionloop.eventstore.errors import LeaseHeld, LeaseLost, StorageError, StorageUnavailable, StreamDeleted
 from sessionloop.eventstore.jetstream_log import JetStreamLog
 from sessionloop.eventstore.log_replica import LogReplica, LogSidecar
 from sessionloop.eventstore.records import IdempotencyClaim
@@ -230,3 +230,10 @@ def test_a_standby_keeps_its_store_up_to_the_log_and_takes_over_reading_only_wha
         assert replica_b.held == list(range(SHARDS))
     finally:
         store_b.close()
+
+
+def test_a_log_that_cannot_be_reached_is_named_without_its_token() -> None:
+    replica = LogReplica("nats://s3cret-token@127.0.0.1:1", node="node-a", shards=SHARDS, timeout_s=1.0)
+    with pytest.raises(StorageUnavailable) as refused:
+        replica.open(range(SHARDS))
+    assert "127.0.0.1:1" in str(refused.value) and "s3cret" not in str(refused.value)
