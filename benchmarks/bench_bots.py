@@ -77,11 +77,10 @@ from benchmarks.measure import (  # noqa: E402
     run_job,
     write_results,
 )
-from benchmarks.server_proc import ServerProc
+from benchmarks.server_proc import ServerProc, log_messages, start_log, stop_log
 from sessionloop.actors.api.loop import APP_QUOTA  # noqa: E402  (seed 000: unfinished turns per app)
 from sessionloop.actors.gateway.relay import Placement  # noqa: E402
-from sessionloop.cli.natsproc import NatsCluster, NatsServer  # noqa: E402
-from sessionloop.eventstore.jetstream_log import JetStreamLog  # noqa: E402
+from sessionloop.cli.natsproc import NatsCluster  # noqa: E402
 
 OWNER_TOKEN = "sessionloop-bots-owner"
 TOOL_TEXT, TOOL_ANSWER = '!tool list_files {"path": "."}', "done: 1 tool calls"
@@ -697,36 +696,6 @@ def job_ws(spec: dict[str, Any]) -> dict[str, Any]:
         return out
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
-
-
-def start_log(kind: str, work_dir: str) -> tuple[NatsServer | NatsCluster | None, list[str]]:
-    """``--log``: the event log the server follows (``serve --cluster``) and the arguments that say so."""
-    if kind == "lmdb":
-        return None, []
-    if kind == "r1":
-        one = NatsServer(log_path=os.path.join(work_dir, "nats.log"), store_dir=os.path.join(work_dir, "js"))
-        one.start()
-        return one, ["--cluster", one.url, "--node-id", "bench"]
-    three = NatsCluster(work_dir, size=3)
-    three.start()
-    three.wait_ready()
-    return three, ["--cluster", ",".join(three.urls), "--node-id", "bench", "--log-replicas", "3"]
-
-
-async def log_messages(nats: NatsServer | NatsCluster) -> int:
-    """The messages in the log's stream now."""
-    log = await JetStreamLog.connect(nats.urls if isinstance(nats, NatsCluster) else nats.url,
-                                     replicas=3 if isinstance(nats, NatsCluster) else 1)
-    try:
-        return int((await log.jetstream.stream_info(log.stream)).state.messages)
-    finally:
-        await log.close()
-
-
-def stop_log(nats: NatsServer | NatsCluster | None, work_dir: str) -> None:
-    if nats is not None:
-        nats.stop()
-    shutil.rmtree(work_dir, ignore_errors=True)
 
 
 JOBS = {"inprocess": job_inprocess, "inprocess-sync": job_inprocess, "ws": job_ws}

@@ -40,8 +40,8 @@ sys.path.insert(0, ROOT)
 from websockets.asyncio.client import connect  # noqa: E402
 
 from benchmarks.measure import fill_defaults, write_results  # noqa: E402
+from benchmarks.server_proc import log_messages  # noqa: E402
 from sessionloop.cli.natsproc import NatsServer  # noqa: E402
-from sessionloop.eventstore.jetstream_log import JetStreamLog  # noqa: E402
 
 BOT_TOKEN = "bench-failover-bot-token-0123456789abcdef"
 OWNER_TOKEN = "bench-failover-owner-token-0123456789"
@@ -113,14 +113,6 @@ async def fill(port: int, sessions: int, turns: int, tag: str) -> int:
     return sum(done)
 
 
-async def log_messages(url: str) -> int:
-    log = await JetStreamLog.connect(url)
-    try:
-        return int((await log.jetstream.stream_info(log.stream)).state.messages)
-    finally:
-        await log.close()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="50 sessions x 10 turns a round, 2 rounds")
@@ -142,7 +134,7 @@ def main() -> None:
         turns = 0
         for r in range(args.rounds):
             turns += asyncio.run(fill(active.port, args.sessions, args.turns, f"r{r}"))
-            messages = asyncio.run(log_messages(nats.url))
+            messages = asyncio.run(log_messages(nats))
             hot = Node(work, f"hot{r}", nats.url, args.lease_ttl)
             nodes.append(hot)
             # it stands by, catching up with the log (a new standby reads ~10,000 messages a second here)

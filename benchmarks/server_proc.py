@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 from typing import Any
+
+from sessionloop.cli.natsproc import NatsCluster, NatsServer
+from sessionloop.eventstore.jetstream_log import JetStreamLog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,3 +52,36 @@ class ServerProc:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait(10)
+
+
+# --- the log of serve --cluster (bench_bots --log, bench_failover) ------------------------------------------
+
+
+def start_log(kind: str, work_dir: str) -> tuple[NatsServer | NatsCluster | None, list[str]]:
+    """``--log``: the event log the server follows (``serve --cluster``) and the arguments that say so."""
+    if kind == "lmdb":
+        return None, []
+    if kind == "r1":
+        one = NatsServer(log_path=os.path.join(work_dir, "nats.log"), store_dir=os.path.join(work_dir, "js"))
+        one.start()
+        return one, ["--cluster", one.url, "--node-id", "bench"]
+    three = NatsCluster(work_dir, size=3)
+    three.start()
+    three.wait_ready()
+    return three, ["--cluster", ",".join(three.urls), "--node-id", "bench", "--log-replicas", "3"]
+
+
+async def log_messages(nats: NatsServer | NatsCluster) -> int:
+    """The messages in the log's stream now."""
+    log = await JetStreamLog.connect(nats.urls if isinstance(nats, NatsCluster) else nats.url,
+                                     replicas=3 if isinstance(nats, NatsCluster) else 1)
+    try:
+        return int((await log.jetstream.stream_info(log.stream)).state.messages)
+    finally:
+        await log.close()
+
+
+def stop_log(nats: NatsServer | NatsCluster | None, work_dir: str) -> None:
+    if nats is not None:
+        nats.stop()
+    shutil.rmtree(work_dir, ignore_errors=True)

@@ -25,6 +25,7 @@ import secrets
 import signal
 import socket
 import threading
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -130,6 +131,5 @@ def _stop_serving(shard: int, why: str) -> None:
 
 def url_secret(url: str) -> str | None:
     """The token or password in a ``nats://TOKEN@host`` / ``nats://user:password@host`` URL (no log may show it)."""
-    rest = url.partition("://")[2] or url
-    userinfo = rest.rpartition("@")[0]
-    return (userinfo.partition(":")[2] or userinfo) or None
+    parts = urllib.parse.urlsplit(url if "://" in url else f"nats://{url}")
+    return parts.password or parts.username or None

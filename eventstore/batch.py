@@ -81,6 +81,8 @@ class PurgeOp(msgspec.Struct):
     expected_version: int
     meta: bytes | None = None
     flags: dict[str, bool] | None = None
+    #: the tombstone's commit id (a store that follows a log gives every commit one)
+    commit_id: str | None = None
 
 
 class FlagsOp(msgspec.Struct):
@@ -283,8 +285,8 @@ class BatchContext:
         if self.rec._on_purge is not None:
             self.rec._on_purge()  # the server's crash point ``purge``: records deleted, nothing committed
         self.versions[skey] = current  # the tombstone continues the stream's versions
-        tombstone = self._write(AppendOp(op.stream, op.raw_stream, op.events, [], ANY_VERSION, None, None, None,
-                                         op.meta, op.flags), skey, current, erased)
+        tombstone = self._write(AppendOp(op.stream, op.raw_stream, op.events, [], ANY_VERSION, op.commit_id, None,
+                                         None, op.meta, op.flags), skey, current, erased)
         self.versions.pop(skey, None)
         self.purged.add(skey)
         partition = K.partition_of(op.stream)

@@ -42,6 +42,7 @@ import asyncio
 import base64
 import random
 import time
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
@@ -159,9 +160,8 @@ def stream_of_token(token: str) -> str:
 
 def without_userinfo(url: str) -> str:
     """``url`` without its token or user and password (``nats://TOKEN@host`` -> ``nats://host``)."""
-    scheme, sep, rest = url.partition("://")
-    host = rest.rpartition("@")[2] if sep else url.rpartition("@")[2]
-    return f"{scheme}{sep}{host}" if sep else host
+    parts = urllib.parse.urlsplit(url if "://" in url else f"nats://{url}")
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
 def _check_commit_id(commit_id: str | None) -> None:

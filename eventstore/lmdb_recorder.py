@@ -130,7 +130,7 @@ class Replica(Protocol):
 
     def new_commit_id(self) -> str: ...
 
-    def ship(self, writes: list[tuple[Any, Any]], ids: dict[int, str]) -> list[BaseException | None]: ...
+    def ship(self, writes: list[tuple[Any, Any]]) -> list[BaseException | None]: ...
 
 
 class LmdbRecorder(LmdbReads):
@@ -378,10 +378,9 @@ class LmdbRecorder(LmdbReads):
                         path=self.path)
             return
         replica = self._replica
-        ids: dict[int, str] = {}  # the log's commit ids of the group's purges, the same on every try
-        if replica is not None:
+        if replica is not None:  # every commit the log gets has an id, the same on every try
             for req in batch:
-                if type(req.payload) is AppendOp and req.payload.commit_id is None:
+                if type(req.payload) in (AppendOp, PurgeOp) and req.payload.commit_id is None:
                     req.payload.commit_id = replica.new_commit_id()
         while batch:
             if self._stopped is not None:
@@ -400,7 +399,7 @@ class LmdbRecorder(LmdbReads):
                     except (WrongExpectedVersion, IdempotencyConflict, StreamDeleted) as e:
                         req.error = e  # refused before it wrote anything: the group goes on
                 if replica is not None:
-                    refused = self._ship(replica, batch, ids)
+                    refused = self._ship(replica, batch)
                     if refused:  # applied again without them; the log takes the rest again as duplicates
                         txn.abort()
                         batch = [req for req in batch if req not in refused]
@@ -425,14 +424,14 @@ class LmdbRecorder(LmdbReads):
                 raise
             return self._applied(batch, ctx)
 
-    def _ship(self, replica: Replica, batch: list[Request], ids: dict[int, str]) -> list[Request]:
+    def _ship(self, replica: Replica, batch: list[Request]) -> list[Request]:
         """Publish the group's appends and purges to the log (``log_replica.py``); the requests it
         refused, each with its error set."""
         writes = [req for req in batch if req.error is None and type(req.payload) in (AppendOp, PurgeOp)
                   and not getattr(req.result, "duplicate", False)]
         if not writes:
             return []
-        errors = replica.ship([(req.payload, req.result) for req in writes], ids)
+        errors = replica.ship([(req.payload, req.result) for req in writes])
         refused = []
         for req, error in zip(writes, errors, strict=True):
             if error is not None:

@@ -162,12 +162,9 @@ class LogReplica:
         self._renewer: asyncio.Task[None] | None = None
         #: shards this node held and lost (reported once each)
         self.lost: dict[int, str] = {}
-        self.published = 0
-        self.refused = 0
         #: per shard, the last log sequence read into the store (``catch_up``); commits read in all
         self._read_upto: dict[int, int] = {}
         self.commits_read = 0
-        self.retries = 0
         #: how long a commit is tried again while the log does not answer (a failover of its
         #: servers), each try bounded by the log's request timeout
         self.retry_s = max(2 * self.lease_ttl_s, 5.0)
@@ -324,18 +321,11 @@ class LogReplica:
         """A commit id no other commit has (``<node>.<uuid4 hex>``)."""
         return f"{self.node}.{uuid.uuid4().hex}"
 
-    def commit_id_for(self, op: AppendOp | PurgeOp, ids: dict[int, str]) -> str:
-        """The commit id of ``op`` in the log, the same on every try of its group."""
-        if isinstance(op, AppendOp) and op.commit_id is not None:
-            return op.commit_id
-        return ids.setdefault(id(op), self.new_commit_id())
-
-    def ship(self, writes: list[tuple[AppendOp | PurgeOp, AppendResult | PurgeResult]],
-             ids: dict[int, str]) -> list[BaseException | None]:
+    def ship(self, writes: list[tuple[AppendOp | PurgeOp, AppendResult | PurgeResult]]) -> list[BaseException | None]:
         """Publish each write of a group (in order) as a fenced commit; per write, None when the
         log holds it, else the error to answer it with. Called by the group's leader inside the
         LMDB write transaction, before it commits."""
-        ships = [self._ship_of(op, result, ids) for op, result in writes]
+        ships = [self._ship_of(op, result) for op, result in writes]
         try:
             return self._run(self._publish_all(ships), self.retry_s + 2 * self._request_timeout_s + 5)
         except TimeoutError:
@@ -345,8 +335,9 @@ class LogReplica:
                                      "idempotency key after the node restarted", outcome=UNKNOWN, reason="io-error")
             return [err for _ in ships]
 
-    def _ship_of(self, op: AppendOp | PurgeOp, result: AppendResult | PurgeResult, ids: dict[int, str]) -> _Ship:
-        commit_id = self.commit_id_for(op, ids)
+    def _ship_of(self, op: AppendOp | PurgeOp, result: AppendResult | PurgeResult) -> _Ship:
+        assert op.commit_id is not None  # given by the recorder before the group applies (``new_commit_id``)
+        commit_id = op.commit_id
         if isinstance(op, AppendOp):
             assert isinstance(result, AppendResult)
             sidecar = LogSidecar(APPEND, self.node, result.at, op.feed, op.feed_flags, op.idem, op.meta, op.flags,
@@ -381,11 +372,9 @@ class LogReplica:
                 await self._owner.append(s.stream, s.events, s.expected, s.commit_id, _enc.encode(s.sidecar))
                 break
             except LeaseLost as e:
-                self.refused += 1
                 self._lose(shard, e.reason)
                 return e
             except WrongExpectedVersion as e:
-                self.refused += 1
                 return StorageError(f"the event log holds stream {s.stream!r} at version {e.actual}, this node's "
                                     f"store at {s.expected}: the node's store is not the log's materialization",
                                     stream=s.stream)
@@ -393,7 +382,6 @@ class LogReplica:
                 # the log is away or electing a leader: the same commit id again (a retry of one
                 # that landed is found and answered as it), while the lease holds and time is left
                 if time.monotonic() + RETRY_BACKOFF_S[1] < deadline:
-                    self.retries += 1
                     await asyncio.sleep(min(RETRY_BACKOFF_S[1], RETRY_BACKOFF_S[0] * 2 ** attempt))
                     continue
                 if e.outcome == UNKNOWN:
@@ -401,7 +389,6 @@ class LogReplica:
                 return e
             except StoreError as e:
                 return e
-        self.published += 1
         if s.sidecar.kind == PURGE:
             try:
                 await self._log_of().erase(s.stream, keep_last=True)
@@ -500,7 +487,8 @@ class _View:
             if self._purged(commit.stream):
                 return None
             self.sealed.add(partition)
-            return PurgeOp(commit.stream, raw, list(side.categories), events, ANY_VERSION, side.meta, side.flags)
+            return PurgeOp(commit.stream, raw, list(side.categories), events, ANY_VERSION, side.meta, side.flags,
+                           commit.commit_id)
         if self._purged(commit.stream):
             return None
         have = self.versions.get(commit.stream)
