@@ -7,7 +7,8 @@ Theory of operation:
 * ``acquire(shard, node)`` is ``kv.create``: it fails while another node's lease holds
   (:class:`~eventstore.errors.LeaseHeld`), and its revision is the lease's **epoch**. The
   revision is the bucket stream's sequence, so a later owner of the shard always has a higher
-  epoch than every earlier one;
+  epoch than every earlier one. A lease under the node's own name (a create whose answer was
+  lost, the node before a restart) is taken on by ``kv.update(last=revision)``: a new epoch;
 * ``renew`` is ``kv.update(last=revision)``: it fails (:class:`~eventstore.errors.LeaseLost`) once
   the key expired or another node took it; ``release`` deletes the key with the last revision;
 * the owner also keeps a local deadline, taken on its monotonic clock when the request left and
@@ -129,7 +130,11 @@ class ShardLeases:
         return sent + self.ttl_s * (1 - self.guard)
 
     async def acquire(self, shard: int, node: str) -> Lease:
-        """Take ``shard``'s lease for ``node``; raises LeaseHeld while another lease holds it."""
+        """Take ``shard``'s lease for ``node``; raises LeaseHeld while another node's lease holds it.
+
+        A lease held under ``node``'s own name (a create whose answer was lost on the way back, or
+        this node before a restart) is taken on at once by a revision-checked update: its new
+        revision is the new epoch, and the owner's new fence refuses whatever the old one writes."""
         key, raw = _key(shard), _check_node(node)
         for _ in range(CREATE_ATTEMPTS):
             sent = time.monotonic()
@@ -137,7 +142,22 @@ class ShardLeases:
                 revision = await self._kv.create(key, raw)
                 return Lease(shard, node, revision, revision, self._deadline(sent))
             except nats.js.errors.KeyWrongLastSequenceError as e:
-                raise LeaseHeld(shard, await self._holder_name(key)) from e
+                try:
+                    held = await self.holder(shard)
+                except StorageUnavailable:
+                    raise LeaseHeld(shard, "?") from e  # the server went away between the refusal and this read
+                if held is None:
+                    continue  # it expired in between: create again
+                if held[0] != node:
+                    raise LeaseHeld(shard, held[0]) from e
+                try:
+                    revision = await self._kv.update(key, raw, last=held[1])
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    continue  # it changed in between: look again
+                except _UNREACHABLE as e2:
+                    raise StorageUnavailable(f"JetStream did not answer the lease request for shard {shard}",
+                                             reason="io-error") from e2
+                return Lease(shard, node, revision, revision, self._deadline(sent))
             except nats.js.errors.KeyNotFoundError:
                 # nats-py's create, refused on the old lease, reads the key to tell a deleted key
                 # from a held one; the old lease expired in between (seen at R=3): create again
@@ -183,13 +203,6 @@ class ShardLeases:
             raise StorageUnavailable(f"JetStream did not answer a lease read of shard {shard}",
                                      reason="io-error") from e
         return (entry.value or b"").decode("utf-8", "replace"), int(entry.revision or 0)
-
-    async def _holder_name(self, key: str) -> str:
-        try:
-            entry = await self._kv.get(key)
-        except (nats.js.errors.KeyNotFoundError, *_UNREACHABLE):
-            return "?"  # it expired or the server went away between the refusal and this read
-        return (entry.value or b"").decode("utf-8", "replace")
 
 
 class ShardOwner:

@@ -251,6 +251,26 @@ def test_a_lease_is_exclusive_renewable_and_released(nats_server: NatsServer) ->
     run(go)
 
 
+def test_a_lease_under_the_nodes_own_name_is_taken_on_at_once_with_a_new_epoch(nats_server: NatsServer) -> None:
+    """A create whose answer was lost (the lease is the node's, the node does not know it), or the
+    node before a restart: the node does not wait out its own lease, and the old one is over."""
+
+    async def go() -> None:
+        log = await _log(nats_server)
+        try:
+            leases = await ShardLeases.open(log, ttl_s=30)
+            old = await leases.acquire(5, "node-a")
+            again = await leases.acquire(5, "node-a")
+            assert again.epoch > old.epoch and await leases.holder(5) == ("node-a", again.revision)
+            with pytest.raises(LeaseLost):
+                await leases.renew(old)  # the lease before is over
+            with pytest.raises(LeaseHeld):
+                await leases.acquire(5, "node-b")  # and another node still waits for it
+        finally:
+            await log.close()
+    run(go)
+
+
 async def _take_over_after_expiry(acquire: Callable[[], Awaitable[Lease]], ttl_s: float) -> Lease:
     """``acquire()`` as soon as the current lease expired on the server (bounded: a few TTLs)."""
     deadline = time.monotonic() + 5 * ttl_s + 5
