@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import threading
 import time
 import uuid
@@ -83,11 +84,15 @@ RETRY_BACKOFF_S = (0.05, 1.0)
 RENEW_RETRY_S = 0.25
 #: the NATS client's wait between reconnection tries (nats-py's default is 2 s)
 RECONNECT_WAIT_S = 0.25
+#: between two tries of a connection to the log that met no answer
+CONNECT_RETRY_S = 0.5
 
 
 class LogSidecar(msgspec.Struct, array_like=True, frozen=True):
     """What a commit carries beside its events (``LogCommit.extra``), so a store rebuilt from
-    the log writes what the original transaction wrote. ``node``: the node that wrote it."""
+    the log writes what the original transaction wrote. ``node``: the node that wrote it;
+    ``lease``: the revision of the shard's lease it was written under (its owner's epoch), so the
+    log shows which owner each commit came from (an older one's after a newer one's: none)."""
 
     kind: int
     node: str
@@ -99,6 +104,7 @@ class LogSidecar(msgspec.Struct, array_like=True, frozen=True):
     flags: dict[str, bool] | None = None
     outbox: OutboxMark | None = None
     categories: list[str] = []
+    lease: int = 0
 
 
 _enc = msgspec.msgpack.Encoder()
@@ -179,14 +185,27 @@ class LogReplica:
         given back, and takes it over. Standing by with ``rec`` (the node's store, no replica
         attached), it keeps the store up to the log meanwhile (:meth:`catch_up`), so a takeover
         reads only the commits made since its last round, however long the log. Raises
-        StorageUnavailable when the log does not answer."""
+        StorageUnavailable when the log does not answer (in ``timeout_s`` and 5 s to connect;
+        standing by, a round the log does not answer is tried again, saying so once a minute:
+        a standby loses nothing by waiting, and a partition or an election is not the end of it)."""
         wanted = sorted(set(shards))
         told: set[str] = set()
+        said_at = -math.inf
         try:
-            self._run(self._connect(), self.timeout_s + 5)
-            while not self._run(self._acquire_round(wanted, wait, told), self.timeout_s * 3):
-                if rec is not None:
-                    self.catch_up(rec, wanted)
+            self._connect_in_time(time.monotonic() + self.timeout_s + 5)
+            while True:
+                try:
+                    if self._run(self._acquire_round(wanted, wait, told), self.timeout_s * 3):
+                        break
+                    if rec is not None:
+                        self.catch_up(rec, wanted)
+                except (StorageUnavailable, TimeoutError) as e:
+                    if not wait:
+                        raise
+                    if time.monotonic() - said_at >= 60:
+                        said_at = time.monotonic()
+                        log.warning("node %s stands by: the log did not answer (%s); trying again", self.node,
+                                    e or "no answer in time")
                 time.sleep(self.lease_ttl_s / 8)
         except TimeoutError as e:
             self.close()
@@ -197,10 +216,26 @@ class LogReplica:
             self.close()
             raise
 
+    def _connect_in_time(self, deadline: float) -> None:
+        """Connect, trying again while no server answers (a server met at a bad moment: its host
+        cut off, its cluster electing) until ``deadline``."""
+        while True:
+            try:
+                self._run(self._connect(), max(deadline - time.monotonic(), 0.1))
+                return
+            except StorageUnavailable:
+                if self._log is not None:
+                    self._run(self._log.close(), 5)
+                    self._log = None
+                if time.monotonic() + CONNECT_RETRY_S >= deadline:
+                    raise
+                time.sleep(CONNECT_RETRY_S)
+
     async def _connect(self) -> None:
         self._log = await JetStreamLog.connect(self.url, stream=self.stream_name, replicas=self.replicas,
                                                shards=self.shards, request_timeout_s=self._request_timeout_s,
                                                connect_timeout_s=self.timeout_s, reconnect_time_wait=RECONNECT_WAIT_S,
+                                               ping_interval=self._ping_interval_s, max_outstanding_pings=2,
                                                error_cb=_nats_error)
         leases = await ShardLeases.open(self._log, bucket=self.bucket, ttl_s=self.lease_ttl_s,
                                         replicas=self.replicas)
@@ -312,6 +347,13 @@ class LogReplica:
     # --- the write path -------------------------------------------------------------------------
 
     @property
+    def _ping_interval_s(self) -> float:
+        """How often the connection is pinged: a server that went silent (its host partitioned
+        away, no reset) is left for another after three unanswered pings, half a lease, where
+        nats-py's default (every 2 min) would keep a standby on it for minutes."""
+        return max(self.lease_ttl_s / 6, 0.25)
+
+    @property
     def _request_timeout_s(self) -> float:
         """One request to the log: short enough that a commit is tried again (or its lease found
         lost) well inside the lease's TTL."""
@@ -367,9 +409,11 @@ class LogReplica:
         if shard in self.lost:
             return LeaseLost(shard, self.node, self.lost[shard])
         deadline = time.monotonic() + self.retry_s
+        held = self._owner.held.get(shard)
+        extra = _enc.encode(msgspec.structs.replace(s.sidecar, lease=held.epoch if held is not None else 0))
         for attempt in itertools.count():
             try:
-                await self._owner.append(s.stream, s.events, s.expected, s.commit_id, _enc.encode(s.sidecar))
+                await self._owner.append(s.stream, s.events, s.expected, s.commit_id, extra)
                 break
             except LeaseLost as e:
                 self._lose(shard, e.reason)

@@ -100,6 +100,9 @@ def test_a_store_rebuilt_from_the_log_has_every_commit_receipt_feed_entry_and_pu
     assert "approval-gone.1" not in streams  # erased from the log, the tombstone stays
     assert streams.count("session-gone") == 1
     assert [side.node for stream, side in commits if stream == "session-s1"] == ["node-a", "node-a", "node-b"]
+    # each commit names the lease it was written under: node-b's is newer than node-a's
+    leases = [side.lease for stream, side in commits if stream == "session-s1"]
+    assert 0 < leases[0] == leases[1] < leases[2]
 
 
 def test_a_node_that_has_some_of_the_log_takes_only_what_it_lacks(tmp_path: Path, nats_server: NatsServer) -> None:
@@ -230,6 +233,69 @@ def test_a_standby_keeps_its_store_up_to_the_log_and_takes_over_reading_only_wha
         assert replica_b.held == list(range(SHARDS))
     finally:
         store_b.close()
+
+
+def test_a_standby_waits_through_a_log_that_stops_answering_and_takes_over_once_it_answers_again(
+        tmp_path: Path, nats_server: NatsServer) -> None:
+    store_a, replica_a = _node(tmp_path / "a", nats_server, "node-a")
+    store_a.append("session-w0", [Opened(name="w0")], 0)
+    store_b = open_test_store(str(tmp_path / "b"), durability="nosync", shards=SHARDS)
+    replica_b = LogReplica(nats_server.url, node="node-b", shards=SHARDS, timeout_s=1.0)
+    failed: list[BaseException] = []
+
+    def stand_by() -> None:
+        try:
+            store_b.stand_by(replica_b, range(SHARDS))
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            failed.append(e)
+
+    standing = threading.Thread(target=stand_by, daemon=True)
+    standing.start()
+    try:
+        deadline = time.monotonic() + 15
+        while store_b.stream_version("session-w0") == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store_b.stream_version("session-w0") == 1, failed
+        nats_server.kill()
+        time.sleep(3.0)  # rounds of a second each that the log does not answer (node-a's 10 s leases hold)
+        assert standing.is_alive() and not failed, failed  # still standing by
+        nats_server.start()
+        store_a.append("session-w0", [Stepped(step="after")], 1)
+        store_a.close()
+        replica_a.close()
+        standing.join(15)
+        assert not standing.is_alive() and not failed, failed
+        store_b.follow_log(replica_b)
+        assert store_b.stream_version("session-w0") == 2
+        assert replica_b.held == list(range(SHARDS))
+    finally:
+        store_b.close()
+
+
+def test_a_node_that_meets_the_log_down_tries_again_within_its_connect_time(
+        tmp_path: Path, nats_server: NatsServer) -> None:
+    nats_server.kill()
+    replica = LogReplica(nats_server.url, node="node-a", shards=SHARDS, timeout_s=4.0)
+    opened: list[BaseException | None] = []
+
+    def open_it() -> None:
+        try:
+            replica.open(range(SHARDS))
+            opened.append(None)
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            opened.append(e)
+
+    trying = threading.Thread(target=open_it, daemon=True)
+    trying.start()
+    time.sleep(1.5)
+    assert not opened, opened  # refused connections: it tries again
+    nats_server.start()
+    trying.join(15)
+    try:
+        assert opened == [None]
+        assert replica.held == list(range(SHARDS))
+    finally:
+        replica.close()
 
 
 def test_a_log_that_cannot_be_reached_is_named_without_its_token() -> None:
