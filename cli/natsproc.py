@@ -3,7 +3,7 @@
 One way to start them, for ``serve --workers`` (the embedded server, no JetStream), the tests and
 the benchmarks (JetStream with its store in a directory of theirs), and ``serve --cluster`` later:
 
-* :class:`NatsServer` is one process on a loopback port that stays the same across restarts
+* :class:`NatsServer` is one process on a port (loopback by default) that stays the same across restarts
   (``start`` again after ``stop`` or ``kill``: the clients reconnect to the same address). With a
   ``store_dir`` it runs JetStream (file storage there; ``sync_always``: fsync on every write);
   its options go in a config file beside the store, the rest on the command line. ``start`` returns
@@ -13,7 +13,9 @@ the benchmarks (JetStream with its store in a directory of theirs), and ``serve 
   returns once every server answers ``$JS.API.INFO`` (only the meta leader answers it, and a
   server without one answers an error), so the cluster has elected its meta leader and every
   server reaches it, and (a whole cluster) once the meta leader can place a stream on every
-  server; it waits at most ``ready_timeout_s`` and then raises NatsServerError.
+  server; it waits at most ``ready_timeout_s`` and then raises NatsServerError. Given ``hosts``,
+  server ``i`` listens on ``hosts[i]`` (ports 4222 and 6222, the defaults, as on machines of their
+  own), started under ``prefixes[i]`` (``ip netns exec NAME``: a network namespace of its own).
 
 Sync on purpose (subprocesses and a short wait): an asyncio test calls ``start`` through
 ``asyncio.to_thread``; the JetStream check runs its own event loop in the calling thread.
@@ -81,13 +83,14 @@ class NatsServer:
     def __init__(self, *, log_path: str | Path, port: int | None = None, token: str | None = None,
                  store_dir: str | Path | None = None, sync_always: bool = False, server_name: str | None = None,
                  cluster_name: str | None = None, cluster_port: int | None = None, routes: Sequence[str] = (),
-                 no_advertise: bool = False) -> None:
+                 no_advertise: bool = False, host: str = "127.0.0.1", command_prefix: Sequence[str] = ()) -> None:
         if sync_always and store_dir is None:
             raise ValueError("sync_always needs a store_dir (it is a JetStream setting)")
         if (cluster_name is None) != (cluster_port is None):
             raise ValueError("a cluster member needs both cluster_name and cluster_port")
         self.binary = nats_server_binary()
-        self.host = "127.0.0.1"
+        self.host = host
+        self.command_prefix = list(command_prefix)
         self.port = free_port(self.host) if port is None else port
         self.token = token
         self.log_path = str(log_path)
@@ -106,7 +109,7 @@ class NatsServer:
 
     def argv(self) -> list[str]:
         """The command line (and, with JetStream, the config file it names, written here)."""
-        argv = [self.binary, "--addr", self.host, "--port", str(self.port)]
+        argv = [*self.command_prefix, self.binary, "--addr", self.host, "--port", str(self.port)]
         if self.token is not None:
             argv += ["--auth", self.token]
         if self.no_advertise:
@@ -172,23 +175,32 @@ class NatsServer:
 
 
 class NatsCluster:
-    """``size`` JetStream servers on loopback in ``work_dir`` (store ``<work_dir>/n<i>``, log
-    ``<work_dir>/n<i>.log``), routed to each other; servers keep their ports across restarts."""
+    """``size`` JetStream servers in ``work_dir`` (store ``<work_dir>/n<i>``, log ``<work_dir>/n<i>.log``),
+    routed to each other; servers keep their ports across restarts. On loopback (free ports) unless
+    ``hosts`` gives each server an address of its own (and ``prefixes`` what each runs under)."""
 
     def __init__(self, work_dir: str | Path, *, size: int = 3, name: str = "sl-test", sync_always: bool = False,
-                 ready_timeout_s: float = 30.0) -> None:
+                 ready_timeout_s: float = 30.0, hosts: Sequence[str] | None = None,
+                 prefixes: Sequence[Sequence[str]] | None = None) -> None:
         if size < 3:
             raise ValueError(f"a JetStream cluster needs at least 3 servers for a quorum that survives one loss, "
                              f"got {size}")
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.ready_timeout_s = ready_timeout_s
-        cluster_ports = [free_port() for _ in range(size)]
-        routes = [f"nats://127.0.0.1:{p}" for p in cluster_ports]
+        if hosts is not None and len(hosts) != size:
+            raise ValueError(f"{size} servers need {size} hosts, got {len(hosts)}")
+        if prefixes is not None and len(prefixes) != size:
+            raise ValueError(f"{size} servers need {size} command prefixes, got {len(prefixes)}")
+        addrs = list(hosts) if hosts is not None else ["127.0.0.1"] * size
+        ports = [4222] * size if hosts is not None else [free_port() for _ in range(size)]
+        cluster_ports = [6222] * size if hosts is not None else [free_port() for _ in range(size)]
+        routes = [f"nats://{h}:{p}" for h, p in zip(addrs, cluster_ports, strict=True)]
         self.servers = [
             NatsServer(log_path=self.work_dir / f"n{i}.log", store_dir=self.work_dir / f"n{i}", sync_always=sync_always,
                        server_name=f"n{i}", cluster_name=name, cluster_port=cluster_ports[i],
-                       routes=[r for j, r in enumerate(routes) if j != i])
+                       routes=[r for j, r in enumerate(routes) if j != i], host=addrs[i], port=ports[i],
+                       command_prefix=() if prefixes is None else prefixes[i])
             for i in range(size)]
 
     @property
