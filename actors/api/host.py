@@ -99,7 +99,10 @@ class Host:
         self.webhooks = WebhookDeliverer(runtime.store, runtime.apps, runtime.options.webhooks)
         if runtime.options.webhooks.enabled:
             self.webhooks.start()
-        runtime.approvals.settle_leftovers()
+        if runtime.options.carry_approvals:  # a takeover: the approvals the node before left open go on
+            runtime.approvals.carry_leftovers()
+        else:
+            runtime.approvals.settle_leftovers()
         for session_id in runtime.store.flagged("active"):
             if session_id.startswith("session-") and runtime.store.owns(session_id):
                 runtime.tell(session_id[len("session-"):], Ask(C.Wake(), Reply()))
@@ -141,6 +144,8 @@ class Host:
             opts = msgspec.convert(options, HostOptions)
         except ValueError as e:
             raise ValueError(f"invalid host option: {e}") from e
+        if log is not None:  # every start of a cluster node takes its shards over from the log
+            opts.carry_approvals = True
         data_dir = os.path.abspath(data_dir)
         models = ModelRegistry.for_host(opts.models, opts.model, opts.model_options)
         faults = FaultInjector.from_env()

@@ -15,7 +15,8 @@ How a tool call that needs approval goes (``permissionMode: 'ask'``):
    runs or denies the call (a denial's note goes back to the model).
 4. 300 s in all -> ``expired``/``timeout``. All present connections gone -> a 30 s grace, then
    ``absent`` (the grace never extends the 300 s). The turn ends -> ``cancelled``/``turn-ended``.
-   Shutdown -> ``shutdown``; after a restart a pending approval is settled ``shutdown`` too.
+   Shutdown -> ``shutdown``; after a restart a pending approval is settled ``shutdown`` too; after
+   a takeover (``serve --cluster``) it goes on with the wait it has left (``carry_leftovers``).
 
 Presence: a connection is present for 10 minutes after its last ``presence/update {active:
 true}``, and for as long as it holds a pushed, unsettled approval; ``active: false`` ends it at
@@ -46,6 +47,7 @@ from sessionloop.actors.approvals.model import (
     Request,
     Settle,
     SettlementSource,
+    approval_of_request,
     approval_stream,
     build_approval,
     decide_answer,
@@ -233,19 +235,52 @@ class ApprovalService:
     def settle_leftovers(self) -> int:
         """After a restart: approvals still pending in the store are settled ``shutdown``."""
         count = 0
-        for stream in self.rt.store.flagged("approval-pending"):
-            if not self.rt.store.owns(stream):  # another worker's to settle
-                continue
-            recorded = self.rt.store.read_stream(stream)
-            if not recorded or not isinstance(recorded[0].event, E.ApprovalRequested):
-                continue
-            state = fold([r.event for r in recorded if isinstance(r.event, E.Event)])
+        for stream, state in self._leftovers():
             settled = decide_settle(state, Settle(state="cancelled", source="shutdown"), now_ms())
             if not settled:  # settled already (its flag goes with that append, so this does not happen)
                 continue
             self.rt.store.append(stream, settled, ANY_VERSION, flags={"approval-pending": False})
             count += 1
         return count
+
+    def carry_leftovers(self) -> int:
+        """After a takeover (``serve --cluster``: the node took the sessions over from the log):
+        approvals still pending go on where the old owner left them, each an actor again with
+        the wait it has left (one whose time ran out meanwhile settles ``expired`` at once) and
+        the presence grace started now (nobody is present yet: an owner who comes back and
+        reports presence within the grace is pushed the request again). Their sessions, woken
+        after this, leave them open (``is_open``) and wait for their answers."""
+        count = 0
+        for _stream, state in self._leftovers():
+            requested = state.requested
+            assert requested is not None
+            created = self.rt.store.read_stream(f"session-{requested.session_id}", limit=1)
+            first = created[0].event if created else None
+            approval = approval_of_request(requested, first if isinstance(first, E.SessionCreated) else None)
+            with self._lock:
+                self._approvals[approval.id] = approval
+                self._actors[approval.id] = ApprovalActor.start(self, approval, state)
+            count += 1
+        if count:
+            log.info("carried %d pending approvals over from the node before", count)
+        return count
+
+    def is_open(self, approval_id: str) -> bool:
+        """Whether the approval has a live actor here (a carried one stays open in its session)."""
+        with self._lock:
+            return approval_id in self._actors
+
+    def _leftovers(self) -> list[tuple[str, ApprovalState]]:
+        """The pending approvals in the store this process owns: (stream, fold)."""
+        out = []
+        for stream in self.rt.store.flagged("approval-pending"):
+            if not self.rt.store.owns(stream):  # another worker's to settle
+                continue
+            recorded = self.rt.store.read_stream(stream)
+            if not recorded or not isinstance(recorded[0].event, E.ApprovalRequested):
+                continue
+            out.append((stream, fold([r.event for r in recorded if isinstance(r.event, E.Event)])))
+        return out
 
 
 # --- the approval actor's messages (a closed set) -----------------------------------------------
@@ -299,12 +334,13 @@ class ApprovalActor(pykka.ThreadingActor):
 
     use_daemon_thread = True
 
-    def __init__(self, service: ApprovalService, approval: Approval) -> None:
+    def __init__(self, service: ApprovalService, approval: Approval, recorded: ApprovalState | None = None) -> None:
+        """``recorded``: the fold of its stream when it is carried over (its request recorded)."""
         super().__init__()
         self.svc = service
         self.approval = approval
         self.stream = approval_stream(approval.session_id, approval.id)
-        self.state = ApprovalState()
+        self.state = recorded or ApprovalState()
         self.got: set[Any] = set()
         self.grace_token = 0
         self.grace_deadline: float | None = None
@@ -312,8 +348,9 @@ class ApprovalActor(pykka.ThreadingActor):
     def on_start(self) -> None:
         a = self.approval
         events = decide_request(self.state, Request(approval=a), now_ms())
-        self.svc.rt.store.append(self.stream, events, ANY_VERSION, flags={"approval-pending": True})
-        self._evolve(events)
+        if events:  # nothing when it was carried over: its request is recorded
+            self.svc.rt.store.append(self.stream, events, ANY_VERSION, flags={"approval-pending": True})
+            self._evolve(events)
         self._later(max(0.0, a.expires_at / 1000 - time.time()), Expire())
         self._push_to_present()
 

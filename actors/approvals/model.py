@@ -221,17 +221,35 @@ def build_approval(state: Any, rec: Any, approval_id: str, wait_s: float, chain:
     facts = ApprovalFacts(params=args, command=args.get("command") if isinstance(args.get("command"), str) else None,
                           cwd=args.get("cwd") if isinstance(args.get("cwd"), str) else None, diff=diff,
                           sandbox=display.sandbox if display is not None else None)
-    participants = []
     created = state.created
-    if created is not None and created.created_by is not None and created.created_by.user_id:
-        participants.append(Participant(platform=created.created_by.platform, user_id=created.created_by.user_id))
     return Approval(
         id=approval_id, session_id=state.session_id, turn_id=rec.turn_id, call_id=rec.call_id,
         origin=ApprovalOrigin(kind="autonomous" if created is not None and created.activity == "background" else "hand",
-                              participants=participants),
+                              participants=_participants(created)),
         target="tool", tool=rec.tool, facts=facts, options=["approve", "deny"], content_hash=content_hash(facts),
         expires_at=now + int(wait_s * 1000), state="pending", chain=chain or None,
     )
+
+
+def approval_of_request(e: E.ApprovalRequested, created: E.SessionCreated | None) -> Approval:
+    """The protocol's Approval object of a recorded request (``decide_request``'s event), as it
+    was pushed when asked: an approval carried to a node that took its session over.
+    ``created``: the session's creation (its participants, as ``build_approval`` took them)."""
+    f = e.facts
+    diff = ApprovalDiff(path=f.diff_path, patch=f.diff_patch or "") if f.diff_path is not None else None
+    return Approval(
+        id=e.approval_id, session_id=e.session_id, turn_id=e.turn_id, call_id=e.call_id,
+        origin=ApprovalOrigin(kind=e.origin.kind, participants=_participants(created)),
+        target="tool", tool=e.tool,
+        facts=ApprovalFacts(params=dict(f.params), command=f.command, cwd=f.cwd, diff=diff, sandbox=f.sandbox),
+        options=list(e.options), content_hash=e.content_hash, expires_at=e.expires_at, state="pending",
+        chain=[AncestorRef(id=c.id, title=c.title) for c in e.chain] or None)
+
+
+def _participants(created: E.SessionCreated | None) -> list[Participant]:
+    """Who the session is with, as an approval names them: its creator, when it has a user id."""
+    by = created.created_by if created is not None else None
+    return [Participant(platform=by.platform, user_id=by.user_id)] if by is not None and by.user_id else []
 
 
 def _patch(old: str | None, new: Any) -> str:

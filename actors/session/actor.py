@@ -252,10 +252,16 @@ class SessionBehaviour(SessionInputs, SessionPurge, SessionEffects, SessionPubli
         """Reconcile after activation: close what a crash interrupted, then let the loop go on."""
         if self.state.created is None:
             return
-        repairs = repairs_after_restart(self.state, now_ms(), self._recorded_answers())
+        repairs = repairs_after_restart(self.state, now_ms(), self._recorded_answers(), self._carried_approvals())
         if repairs or self.state.queue or self.state.current_turn:
             self.rt.faults.hit("recovery")
             self._commit(repairs)
+
+    def _carried_approvals(self) -> set[str]:
+        """This session's open approvals that a takeover carried over (still pending here)."""
+        return {rec.approval_id for call_id in self.state.batch
+                if (rec := self.state.tool_calls.get(call_id)) is not None and rec.approval_id is not None
+                and rec.settlement is None and self.rt.approvals.is_open(rec.approval_id)}
 
     def _recorded_answers(self) -> dict[str, E.Settlement]:
         """The settlements the approval streams recorded for this session's open approvals (an

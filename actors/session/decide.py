@@ -11,7 +11,7 @@ it start the effects those events imply (a model call for ``llm.started``, a too
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import Any, Protocol
 
 import msgspec
@@ -177,13 +177,17 @@ def _close_open_calls(state: SessionState, turn_id: str, now: int, status: str, 
 
 
 def pending_approval_settlements(state: SessionState, turn_id: str, status: str, source: str,
-                                 now: int, decided: Mapping[str, E.Settlement] | None = None) -> list[E.Event]:
+                                 now: int, decided: Mapping[str, E.Settlement] | None = None,
+                                 open_: Container[str] = ()) -> list[E.Event]:
     """Settle every unsettled approval of the batch ``status`` by ``source``, except those whose
-    approval already recorded its own settlement (``decided``, by approval id): that one stands."""
+    approval already recorded its own settlement (``decided``, by approval id): that one stands;
+    and those still ``open_`` (by approval id, with no settlement recorded): they stay open."""
     out: list[E.Event] = []
     for call_id in state.batch:
         rec = state.tool_calls.get(call_id)
         if rec is not None and rec.approval_id is not None and rec.settlement is None:
+            if rec.approval_id in open_ and rec.approval_id not in (decided or {}):
+                continue
             settlement = (decided or {}).get(rec.approval_id) or \
                 E.Settlement(state=status, source=source, at=now)  # type: ignore[arg-type]
             out.append(E.ToolApprovalSettled(at=now, turn_id=turn_id, call_id=call_id, approval_id=rec.approval_id,
@@ -454,19 +458,22 @@ def decide_compaction_done(turns: int, text: str, error: str | None, usage: E.Us
 # --- recovery ---------------------------------------------------------------------------------
 
 
-def repairs_after_restart(state: SessionState, now: int,
-                          decided: Mapping[str, E.Settlement] | None = None) -> list[E.Event]:
+def repairs_after_restart(state: SessionState, now: int, decided: Mapping[str, E.Settlement] | None = None,
+                          carried: Container[str] = ()) -> list[E.Event]:
     """What a restart must record before the loop can go on (after a crash): a tool call
     that started and has no result is ``aborted`` (never re-run: it may have had side effects)
     and the model is told; a model call without an answer is closed so it can be re-issued.
 
     An approval still open in the session is cancelled by ``shutdown``, unless its own stream
     recorded an answer the session never heard of (the server stopped in between): ``decided``
-    carries those settlements, and the answer stands (an approved call then runs: it never ran)."""
+    carries those settlements, and the answer stands (an approved call then runs: it never ran).
+    An approval in ``carried`` (a takeover carried it over, still open: ``carry_leftovers``) stays
+    open, and the turn waits for its answer as it did on the node before."""
     turn_id = state.current_turn
     if turn_id is None:
         return []
-    events: list[E.Event] = pending_approval_settlements(state, turn_id, "cancelled", "shutdown", now, decided)
+    events: list[E.Event] = pending_approval_settlements(state, turn_id, "cancelled", "shutdown", now, decided,
+                                                         carried)
     for call_id in state.batch:
         rec = state.tool_calls.get(call_id)
         if rec is not None and rec.status == "running":

@@ -93,6 +93,9 @@ class HostOptions(msgspec.Struct, kw_only=True):
     #: ``language``, when it has one, is in force instead (``Runtime.language``)
     language: Language = "en"
     approval_wait_s: float = 300.0  # 300 s total wait for an approval
+    #: at start, approvals left pending go on (a takeover: ``serve --cluster``) instead of being
+    #: settled ``shutdown`` (a restart)
+    carry_approvals: bool = False
     approval_grace_s: float = 30.0  # 30 s reconnect grace
     presence_window_s: float = 600.0  # present for 10 minutes after activity
     approval_rate_limit: int = 10  # approvals per session per minute

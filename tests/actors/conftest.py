@@ -19,9 +19,10 @@ def data_dir(tmp_path):
 def open_host(data_dir):
     hosts: list[Host] = []
 
-    def make(**options):
+    def make(at: str | None = None, **options):
+        """A host on ``data_dir`` (or on the directory ``at``)."""
         options.setdefault("durability", "nosync")
-        host = Host.open(data_dir, **options)
+        host = Host.open(at or data_dir, **options)
         hosts.append(host)
         return host
 

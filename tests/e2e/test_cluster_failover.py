@@ -209,3 +209,47 @@ def test_an_owner_watching_on_the_old_node_resumes_on_the_new_one_with_a_new_epo
     new = [p for p in pushes if p["epoch"] == after["epoch"]]
     assert new and all(p["seq"] > after["seq"] for p in new)
     assert [p["seq"] for p in new] == sorted(p["seq"] for p in new)
+
+
+@pytest.mark.timeout(120)
+def test_an_approval_pending_on_a_killed_node_goes_on_on_the_new_one_and_its_answer_runs_the_call(
+        tmp_path: Path, nats_server: NatsServer) -> None:
+    a = Node(tmp_path, "a", nats_server.url)
+    _wait_started(a)
+    b = Node(tmp_path, "b", nats_server.url)
+
+    async def go() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+        async with open_client(a, token=OWNER_TOKEN) as ws:
+            c = await initialized(ws)
+            assert await c.result("presence/update", {"active": True}) == {}
+            sid = (await c.result("session/create", {}))["session"]["id"]
+            await c.result("session/subscribe", {"sessionId": sid})
+            await c.result("turn/send", {"sessionId": sid, "content": '!tool exec {"command": "echo approved"}'})
+            asked = await c.push(lambda m: m["method"] == "approval/requested", timeout=30)
+            a.proc.kill()
+        await asyncio.to_thread(_wait_started, b)
+        async with open_client(b, token=OWNER_TOKEN) as ws:
+            c = await initialized(ws)
+            await c.result("session/subscribe", {"sessionId": sid})
+            assert await c.result("presence/update", {"active": True}) == {}  # back: it is asked again
+            again = await c.push(lambda m: m["method"] == "approval/requested", timeout=30)
+            carried = again["params"]["approval"]
+            answered = await c.call("approval/respond", {"approvalId": carried["id"], "decision": "approve",
+                                                         "contentHash": carried["contentHash"]})
+            await c.turn_done(sid, timeout=30)
+            history = await c.result("session/history", {"sessionId": sid, "limit": 200})
+            settled = [p["params"] for p in c.pushes if p["method"] == "approval/settled"]
+        return asked["params"]["approval"], carried, answered, [history, *settled]
+
+    try:
+        first, carried, answered, (history, *settled) = asyncio.run(go())
+    finally:
+        a.stop()
+        b.stop()
+    assert carried == first  # the same approval: its id, facts, hash and expiry
+    assert "result" in answered, answered
+    assert [(s["state"], s["source"]) for s in settled] == [("approved", "answer")], settled
+    calls = [i for i in history["items"] if i["kind"] == "tool-call"]
+    assert calls and calls[-1]["status"] == "completed", calls
+    assert "approved" in str(calls[-1].get("output") or calls[-1])
+    assert "carried 1 pending approvals" in b.stderr()

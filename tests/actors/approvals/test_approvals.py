@@ -215,3 +215,60 @@ def test_after_a_restart_a_pending_approval_is_settled_shutdown_and_the_call_den
     assert [E.event_tag(e.event) for e in approval_events] == ["approval.requested", "approval.settled"]
     assert again.store.flagged("approval-pending") == []
 
+
+
+def _taken_over(open_host, tmp_path, **options):
+    """A host with an approval pending (asked by a present owner), and a second host opened with
+    ``carry_approvals`` on a copy of its store made while it ran (what a node that takes the
+    shards over from the log starts on): ``(sid, the approval as pushed, the second host)``."""
+    host = open_host(**options.pop("before", {}))
+    c = MemoryClient(host.protocol())
+    c.result("presence/update", {"active": True})
+    sid, _ = start_exec(c)
+    approval = requested(c)
+    copy = tmp_path / "taken-over"
+    copy.mkdir()
+    host.store.backup(str(copy / "store"))  # the store as a crash would leave it: the approval pending
+    return sid, approval, open_host(at=str(copy), carry_approvals=True, **options)
+
+
+def _finished(host, sid: str, timeout: float = 10) -> E.ToolFinished:
+    s = host.session(sid)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [e.event for e in s.events() if isinstance(e.event, E.ToolFinished)]
+        if found:
+            return found[-1]
+        time.sleep(0.02)
+    raise AssertionError("the carried approval never settled")
+
+
+def test_a_carried_approval_keeps_its_expiry_and_an_owner_back_in_time_answers_it(open_host, tmp_path):
+    sid, approval, again = _taken_over(open_host, tmp_path)
+    assert again.store.flagged("approval-pending") == [f"approval-{approval['id']}"]
+    c = MemoryClient(again.protocol())
+    c.result("presence/update", {"active": True})  # the owner back: asked again, the same approval
+    assert requested(c) == approval
+    c.result("approval/respond", {"approvalId": approval["id"], "decision": "approve",
+                                  "contentHash": approval["contentHash"]})
+    f = _finished(again, sid)
+    settled = [e.event for e in again.session(sid).events() if isinstance(e.event, E.ToolApprovalSettled)]
+    assert f.status == "completed"
+    assert [(s.settlement.state, s.settlement.source) for s in settled] == [("approved", "answer")]
+    assert again.store.flagged("approval-pending") == []
+
+
+def test_a_carried_approval_expires_when_it_was_due_not_a_whole_wait_after_the_takeover(open_host, tmp_path):
+    sid, approval, again = _taken_over(open_host, tmp_path, before={"approval_wait_s": 1.5},
+                                       approval_wait_s=300.0)
+    f = _finished(again, sid)
+    assert f.status == "denied" and f.settlement.source == "timeout"
+    assert abs(f.settlement.at - approval["expiresAt"]) < 1000  # when it was due on the node before
+
+
+def test_a_carried_approval_nobody_comes_back_for_is_settled_absent_after_the_grace(open_host, tmp_path):
+    sid, _approval, again = _taken_over(open_host, tmp_path, approval_grace_s=0.3)
+    started = time.monotonic()
+    f = _finished(again, sid)
+    assert f.status == "denied" and f.settlement.source == "absent"
+    assert time.monotonic() - started < 5  # the grace, not the 300 s wait
