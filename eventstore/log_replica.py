@@ -84,6 +84,9 @@ RETRY_BACKOFF_S = (0.05, 1.0)
 RENEW_RETRY_S = 0.25
 #: the NATS client's wait between reconnection tries (nats-py's default is 2 s)
 RECONNECT_WAIT_S = 0.25
+#: how often a standby asks for the lease it waits for (one request; the catch-up of its store
+#: runs every eighth of the TTL): it takes over within this of the lease's end
+LEASE_POLL_S = 0.1
 #: between two tries of a connection to the log that met no answer
 CONNECT_RETRY_S = 0.5
 
@@ -182,23 +185,25 @@ class LogReplica:
         """Connect, and take the lease of each of ``shards`` with its takeover fence. Raises
         LeaseHeld when another node owns one (the leases taken are given back), unless ``wait``:
         then it stands by (renewing what it took) until every lease held elsewhere ran out or was
-        given back, and takes it over. Standing by with ``rec`` (the node's store, no replica
-        attached), it keeps the store up to the log meanwhile (:meth:`catch_up`), so a takeover
+        given back, and takes it over (it asks every ``LEASE_POLL_S``). Standing by with ``rec``
+        (the node's store, no replica attached), it keeps the store up to the log meanwhile
+        (:meth:`catch_up`, every eighth of the TTL), so a takeover
         reads only the commits made since its last round, however long the log. Raises
         StorageUnavailable when the log does not answer (in ``timeout_s`` and 5 s to connect;
         standing by, a round the log does not answer is tried again, saying so once a minute:
         a standby loses nothing by waiting, and a partition or an election is not the end of it)."""
         wanted = sorted(set(shards))
         told: set[str] = set()
-        said_at = -math.inf
+        said_at = caught_up_at = -math.inf
         try:
             self._connect_in_time(time.monotonic() + self.timeout_s + 5)
             while True:
                 try:
                     if self._run(self._acquire_round(wanted, wait, told), self.timeout_s * 3):
                         break
-                    if rec is not None:
+                    if rec is not None and time.monotonic() - caught_up_at >= self.lease_ttl_s / 8:
                         self.catch_up(rec, wanted)
+                        caught_up_at = time.monotonic()
                 except (StorageUnavailable, TimeoutError) as e:
                     if not wait:
                         raise
@@ -206,7 +211,7 @@ class LogReplica:
                         said_at = time.monotonic()
                         log.warning("node %s stands by: the log did not answer (%s); trying again", self.node,
                                     e or "no answer in time")
-                time.sleep(self.lease_ttl_s / 8)
+                time.sleep(min(self.lease_ttl_s / 8, LEASE_POLL_S))
         except TimeoutError as e:
             self.close()
             urls = [self.url] if isinstance(self.url, str) else self.url
