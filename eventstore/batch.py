@@ -17,7 +17,7 @@ import msgspec
 
 from sessionloop.eventstore import keys as K
 from sessionloop.eventstore import purge as P
-from sessionloop.eventstore.errors import IdempotencyConflict, StreamDeleted, WrongExpectedVersion
+from sessionloop.eventstore.errors import IdempotencyConflict, StorageError, StreamDeleted, WrongExpectedVersion
 from sessionloop.eventstore.outbox import (
     OutboxAckOp,
     OutboxDeadOp,
@@ -63,6 +63,10 @@ class AppendOp(msgspec.Struct):
     outbox: OutboxMark | None = None
     #: the commit's time (ms) when it is not now: a commit materialized from the log keeps its own
     at: int | None = None
+    #: the commit's first position when it is not the next one: a commit materialized from the log
+    #: keeps the one its first writer gave it (so feed cursors mean the same on every node), and a
+    #: commit the log already holds keeps the one it was published with when its group is applied again
+    position: int | None = None
 
 
 class CompactOp(msgspec.Struct):
@@ -83,6 +87,8 @@ class PurgeOp(msgspec.Struct):
     flags: dict[str, bool] | None = None
     #: the tombstone's commit id (a store that follows a log gives every commit one)
     commit_id: str | None = None
+    #: the tombstone's first position when it is not the next one (``AppendOp.position``)
+    position: int | None = None
 
 
 class FlagsOp(msgspec.Struct):
@@ -139,6 +145,13 @@ class BatchContext:
     def _put(self, db: str, key: bytes, value: bytes, **kw: Any) -> None:
         self.txn.put(key, value, db=self.db[db], **kw)
         self.witnesses.append((db, key, value))
+
+    def _put_new(self, db: str, key: bytes, value: bytes) -> bool:
+        """Put ``key`` unless it is there; whether it was put."""
+        if not self.txn.put(key, value, db=self.db[db], overwrite=False):
+            return False
+        self.witnesses.append((db, key, value))
+        return True
 
     def apply(self, op: AppendOp | PurgeOp | FlagsOp | SnapshotOp | MetaOp | OutboxAckOp | OutboxDeadOp
               | OutboxReplayOp) -> Any:
@@ -216,8 +229,8 @@ class BatchContext:
                erased: list[tuple[bytes, int]] | None = None) -> AppendResult:
         n = len(op.events)
         at = self.now if op.at is None else op.at
-        first_pos = self.head + 1
-        last_pos = self.head + n
+        first_pos = self.head + 1 if op.position is None else op.position
+        last_pos = first_pos + n - 1
         first_v = current + 1
         last_v = current + n
         record = CommitRecordOut(
@@ -233,7 +246,11 @@ class BatchContext:
         )
         logkey = K.u64(last_pos)
         txn, db = self.txn, self.db
-        self._put("log", logkey, _enc.encode(record), append=True)
+        if last_pos > self.head:
+            self._put("log", logkey, _enc.encode(record), append=True)
+        elif first_pos < 1 or not self._put_new("log", logkey, _enc.encode(record)):
+            raise StorageError(f"position {last_pos} of stream {op.stream!r} is another commit's in this store: "
+                               "it is not the log's materialization", stream=op.stream)
         txn.put(K.index_key(skey, last_v), logkey, db=db["streams"])
         if current == 0:
             txn.put(K.catalogue_key(K.category_of(op.stream), op.raw_stream), K.u64(first_pos),
@@ -251,7 +268,7 @@ class BatchContext:
         if op.idem is not None:
             self._record_claim(op, result, at)
         self.versions[skey] = last_v
-        self.head = last_pos
+        self.head = max(self.head, last_pos)
         return result
 
     def _put_flags(self, raw_stream: bytes, flags: dict[str, bool]) -> None:
@@ -286,7 +303,7 @@ class BatchContext:
             self.rec._on_purge()  # the server's crash point ``purge``: records deleted, nothing committed
         self.versions[skey] = current  # the tombstone continues the stream's versions
         tombstone = self._write(AppendOp(op.stream, op.raw_stream, op.events, [], ANY_VERSION, op.commit_id, None,
-                                         None, op.meta, op.flags), skey, current, erased)
+                                         None, op.meta, op.flags, position=op.position), skey, current, erased)
         self.versions.pop(skey, None)
         self.purged.add(skey)
         partition = K.partition_of(op.stream)

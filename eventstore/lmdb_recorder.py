@@ -437,6 +437,9 @@ class LmdbRecorder(LmdbReads):
             if error is not None:
                 req.result, req.error = None, error
                 refused.append(req)
+            else:  # the log holds it at this position: applied again (after a refusal), it stays there
+                result = req.result.tombstone if isinstance(req.payload, PurgeOp) else req.result
+                req.payload.position = result.first_position
         return refused
 
     def attach_replica(self, replica: Replica) -> None:

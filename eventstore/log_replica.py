@@ -108,6 +108,9 @@ class LogSidecar(msgspec.Struct, array_like=True, frozen=True):
     outbox: OutboxMark | None = None
     categories: list[str] = []
     lease: int = 0
+    #: the commit's first position in its writer's store: a store rebuilt from the log puts it
+    #: there too, so a feed cursor (``listEvents``) means the same on every node (0: not known)
+    position: int = 0
 
 
 _enc = msgspec.msgpack.Encoder()
@@ -388,11 +391,12 @@ class LogReplica:
         if isinstance(op, AppendOp):
             assert isinstance(result, AppendResult)
             sidecar = LogSidecar(APPEND, self.node, result.at, op.feed, op.feed_flags, op.idem, op.meta, op.flags,
-                                 op.outbox)
+                                 op.outbox, position=result.first_position)
             return _Ship(op.stream, _encoded(op.events), result.first_version - 1, commit_id, sidecar, [])
         assert isinstance(result, PurgeResult)
         tomb = result.tombstone
-        sidecar = LogSidecar(PURGE, self.node, tomb.at, meta=op.meta, flags=op.flags, categories=op.categories)
+        sidecar = LogSidecar(PURGE, self.node, tomb.at, meta=op.meta, flags=op.flags, categories=op.categories,
+                             position=tomb.first_position)
         return _Ship(op.stream, _encoded(op.events), tomb.first_version - 1, commit_id, sidecar,
                      [name for name in result.streams if name != op.stream])
 
@@ -537,7 +541,7 @@ class _View:
                 return None
             self.sealed.add(partition)
             return PurgeOp(commit.stream, raw, list(side.categories), events, ANY_VERSION, side.meta, side.flags,
-                           commit.commit_id)
+                           commit.commit_id, side.position or None)
         if self._purged(commit.stream):
             return None
         have = self.versions.get(commit.stream)
@@ -552,7 +556,7 @@ class _View:
                                "directory is not the cluster log's materialization", stream=commit.stream)
         self.versions[commit.stream] = last
         return AppendOp(commit.stream, raw, events, list(side.feed_flags), have, commit.commit_id, side.idem,
-                        side.feed, side.meta, side.flags, side.outbox, side.at)
+                        side.feed, side.meta, side.flags, side.outbox, side.at, side.position or None)
 
 
 async def _nats_error(e: Exception) -> None:

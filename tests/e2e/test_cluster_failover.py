@@ -26,7 +26,7 @@ from sessionloop.eventstore.errors import StorageUnavailable
 from sessionloop.eventstore.jetstream_log import JetStreamLog
 from sessionloop.eventstore.log_replica import LogSidecar
 from tests.e2e.conftest import initialized, open_client
-from tests.e2e.test_workers_kill import BOT_TOKEN, Bot
+from tests.e2e.test_workers_kill import BOT_TOKEN, Bot, finish
 
 LEASE_TTL_S = 2.0
 OWNER_TOKEN = "owner-token-of-the-cluster-tests"
@@ -253,3 +253,54 @@ def test_an_approval_pending_on_a_killed_node_goes_on_on_the_new_one_and_its_ans
     assert calls and calls[-1]["status"] == "completed", calls
     assert "approved" in str(calls[-1].get("output") or calls[-1])
     assert "carried 1 pending approvals" in b.stderr()
+
+
+async def _all_events(bot: FailoverBot, after: str | None = None) -> list[tuple[str, str, str]]:
+    """Every event of the bot's app after ``after``, page by page: (cursor, session, type)."""
+    out: list[tuple[str, str, str]] = []
+    while True:
+        page = await bot.call("loop/listEvents", {"limit": 50, **({"after": after} if after else {})})
+        out += [(e["cursor"], e["sessionId"], e["type"]) for e in page["events"]]
+        if page.get("nextCursor") is None:
+            return out
+        after = page["nextCursor"]
+
+
+@pytest.mark.timeout(120)
+def test_a_bots_event_cursor_from_the_killed_node_reads_on_on_the_new_one_nothing_skipped_or_repeated(
+        tmp_path: Path, nats_server: NatsServer) -> None:
+    a = Node(tmp_path, "a", nats_server.url)
+    _wait_started(a)
+    cluster = {"active": a}
+    bots = [FailoverBot(cluster, i) for i in range(4)]  # four sessions, on different shards
+    b = Node(tmp_path, "b", nats_server.url)
+
+    async def go() -> tuple[list[tuple[str, str, str]], str, list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(bot.run(stop)) for bot in bots]  # their commits interleave
+        while sum(len(bot.acked) for bot in bots) < 20:
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.gather(*tasks)
+        on_a = await _all_events(bots[0])
+        cursor = on_a[len(on_a) // 3][0]
+        a.proc.kill()
+        await asyncio.to_thread(_wait_started, b)
+        cluster["active"] = b
+        await bots[0].close()
+        bots[0].ws = None
+        after_on_b = await _all_events(bots[0], cursor)
+        done = await finish(bots, asyncio.Event(), [])  # one more turn each, on the new node
+        assert all(e["state"] == "completed" for e in done), done
+        return on_a, cursor, after_on_b, await _all_events(bots[0], on_a[-1][0])
+
+    try:
+        on_a, cursor, after_on_b, new = asyncio.run(go())
+    finally:
+        a.stop()
+        b.stop()
+    # the cursor of node a means the same on node b: the rest of a's events, nothing skipped or repeated
+    assert after_on_b == on_a[len(on_a) // 3 + 1:], (cursor, on_a, after_on_b)
+    # and what node b adds comes after every cursor node a gave
+    assert new and {s for _c, s, _t in new} == {bot.session_id for bot in bots}
+    assert min(int(c) for c, _s, _t in new) > max(int(c) for c, _s, _t in on_a)
