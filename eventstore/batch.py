@@ -10,6 +10,7 @@ import it); the retention helpers prune inside ordinary groups.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ import msgspec
 
 from sessionloop.eventstore import keys as K
 from sessionloop.eventstore import purge as P
-from sessionloop.eventstore.errors import IdempotencyConflict, StorageError, StreamDeleted, WrongExpectedVersion
+from sessionloop.eventstore.errors import IdempotencyConflict, StreamDeleted, WrongExpectedVersion
 from sessionloop.eventstore.outbox import (
     OutboxAckOp,
     OutboxDeadOp,
@@ -36,6 +37,8 @@ from sessionloop.eventstore.records import (
     SnapshotRecord,
 )
 
+log = logging.getLogger("sessionloop.eventstore")
+
 if TYPE_CHECKING:
     from sessionloop.eventstore.lmdb_recorder import LmdbRecorder
 
@@ -44,6 +47,7 @@ ANY_VERSION = -1
 _enc = msgspec.msgpack.Encoder()
 _idem_dec = msgspec.msgpack.Decoder(IdemValue)
 _any_dec = msgspec.msgpack.Decoder()
+_record_in = msgspec.msgpack.Decoder(CommitRecordIn)
 
 
 class AppendOp(msgspec.Struct):
@@ -65,7 +69,8 @@ class AppendOp(msgspec.Struct):
     at: int | None = None
     #: the commit's first position when it is not the next one: a commit materialized from the log
     #: keeps the one its first writer gave it (so feed cursors mean the same on every node), and a
-    #: commit the log already holds keeps the one it was published with when its group is applied again
+    #: commit the log already holds keeps the one it was published with when its group is applied
+    #: again; one taken in the store (a log written before positions travelled) goes next
     position: int | None = None
 
 
@@ -146,13 +151,6 @@ class BatchContext:
         self.txn.put(key, value, db=self.db[db], **kw)
         self.witnesses.append((db, key, value))
 
-    def _put_new(self, db: str, key: bytes, value: bytes) -> bool:
-        """Put ``key`` unless it is there; whether it was put."""
-        if not self.txn.put(key, value, db=self.db[db], overwrite=False):
-            return False
-        self.witnesses.append((db, key, value))
-        return True
-
     def apply(self, op: AppendOp | PurgeOp | FlagsOp | SnapshotOp | MetaOp | OutboxAckOp | OutboxDeadOp
               | OutboxReplayOp) -> Any:
         if isinstance(op, AppendOp):
@@ -230,6 +228,11 @@ class BatchContext:
         n = len(op.events)
         at = self.now if op.at is None else op.at
         first_pos = self.head + 1 if op.position is None else op.position
+        if first_pos <= self.head and (first_pos < 1 or self._taken(first_pos, first_pos + n - 1)):
+            # a commit of a log written before positions travelled with it, numbered here already
+            log.warning("position %d of stream %r is taken in this store: the commit goes at %d", first_pos,
+                        op.stream, self.head + 1)
+            first_pos = self.head + 1
         last_pos = first_pos + n - 1
         first_v = current + 1
         last_v = current + n
@@ -246,11 +249,7 @@ class BatchContext:
         )
         logkey = K.u64(last_pos)
         txn, db = self.txn, self.db
-        if last_pos > self.head:
-            self._put("log", logkey, _enc.encode(record), append=True)
-        elif first_pos < 1 or not self._put_new("log", logkey, _enc.encode(record)):
-            raise StorageError(f"position {last_pos} of stream {op.stream!r} is another commit's in this store: "
-                               "it is not the log's materialization", stream=op.stream)
+        self._put("log", logkey, _enc.encode(record), append=last_pos > self.head)
         txn.put(K.index_key(skey, last_v), logkey, db=db["streams"])
         if current == 0:
             txn.put(K.catalogue_key(K.category_of(op.stream), op.raw_stream), K.u64(first_pos),
@@ -270,6 +269,16 @@ class BatchContext:
         self.versions[skey] = last_v
         self.head = max(self.head, last_pos)
         return result
+
+    def _taken(self, first: int, last: int) -> bool:
+        """Whether a record of the log holds a position from ``first`` to ``last`` (records are
+        keyed by their last position: the first key from ``first`` on, and where it starts)."""
+        cur = self.txn.cursor(db=self.db["log"])
+        if not cur.set_range(K.u64(first)):
+            return False
+        if K.from_u64(cur.key()) <= last:
+            return True
+        return _record_in.decode(cur.value()).first_position <= last
 
     def _put_flags(self, raw_stream: bytes, flags: dict[str, bool]) -> None:
         for flag, on in flags.items():

@@ -13,6 +13,8 @@ import pytest
 
 from sessionloop.cli.natsproc import NatsServer
 from sessionloop.eventstore import WrongExpectedVersion
+from sessionloop.eventstore import keys as K
+from sessionloop.eventstore.batch import AppendOp
 from sessionloop.eventstore.errors import LeaseHeld, LeaseLost, StorageError, StorageUnavailable, StreamDeleted
 from sessionloop.eventstore.jetstream_log import JetStreamLog
 from sessionloop.eventstore.log_replica import LogReplica, LogSidecar
@@ -252,8 +254,8 @@ def test_a_standby_keeps_its_store_up_to_the_log_and_takes_over_reading_only_wha
     standing = threading.Thread(target=store_b.stand_by, args=(replica_b, range(SHARDS)), daemon=True)
     standing.start()
     try:
-        deadline = time.monotonic() + 15
-        while store_b.stream_version("session-h19") == 0 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 15  # a round applies shard after shard: wait for all of them
+        while not all(store_b.stream_version(f"session-h{i}") == 1 for i in range(20)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert all(store_b.stream_version(f"session-h{i}") == 1 for i in range(20))  # before any takeover
         assert replica_b.held == []
@@ -338,3 +340,27 @@ def test_a_log_that_cannot_be_reached_is_named_without_its_token() -> None:
     with pytest.raises(StorageUnavailable) as refused:
         replica.open(range(SHARDS))
     assert "127.0.0.1:1" in str(refused.value) and "s3cret" not in str(refused.value)
+
+
+def test_a_commit_whose_position_is_taken_in_the_store_goes_next_saying_so(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A commit of a log written before positions travelled with it (the store numbered it
+    already): it is not refused, it goes after the store's last position."""
+    store = open_test_store(str(tmp_path / "s"), durability="nosync", shards=SHARDS)
+    try:
+        store.append("session-t1", [Opened(name="t1")], 0)
+        store.append("session-t2", [Opened(name="t2"), Stepped(step="x")], 0)
+        raw = K.validate_stream("session-t3")
+        op = AppendOp("session-t3", raw, [Opened(name="t3")], [], 0, None, None, None, position=2)
+        with caplog.at_level("WARNING", logger="sessionloop.eventstore"):
+            result = store._rec.submit(op)  # noqa: SLF001 - what materializing from the log submits
+        assert result.first_position == 4
+        assert "position 2 of stream 'session-t3' is taken" in caplog.text
+        free = store._rec.submit(AppendOp("session-t4", K.validate_stream("session-t4"),  # noqa: SLF001
+                                          [Opened(name="t4")], [], 0, None, None, None, position=9))
+        assert free.first_position == 9  # a free position is kept, gaps and all
+        assert [(r.position, r.stream) for r in store.read_all(0, 100)] == [
+            (1, "session-t1"), (2, "session-t2"), (3, "session-t2"), (4, "session-t3"), (9, "session-t4")]
+        assert store.append("session-t1", [Stepped(step="y")], 1).first_position == 10
+    finally:
+        store.close()
