@@ -228,7 +228,7 @@ class BatchContext:
         n = len(op.events)
         at = self.now if op.at is None else op.at
         first_pos = self.head + 1 if op.position is None else op.position
-        if first_pos <= self.head and (first_pos < 1 or self._taken(first_pos, first_pos + n - 1)):
+        if first_pos <= self.head and self._taken(first_pos, first_pos + n - 1):
             # a commit of a log written before positions travelled with it, numbered here already
             log.warning("position %d of stream %r is taken in this store: the commit goes at %d", first_pos,
                         op.stream, self.head + 1)

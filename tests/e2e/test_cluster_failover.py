@@ -106,6 +106,13 @@ def _wait_started(node: Node, timeout: float = 30) -> None:
         raise AssertionError(f"node {node.name} did not serve: {node.stderr()[-3000:]}")
 
 
+def _serving_and_standby(tmp_path: Path, nats_url: str) -> tuple[Node, Node]:
+    """Node ``a`` serving on the log at ``nats_url``, node ``b`` started after it (it stands by)."""
+    a = Node(tmp_path, "a", nats_url)
+    _wait_started(a)
+    return a, Node(tmp_path, "b", nats_url)
+
+
 def _first_started(nodes: list[Node], timeout: float = 30) -> Node:
     """The first of ``nodes`` to serve; the others must still stand by a moment later."""
     deadline = time.monotonic() + timeout
@@ -171,9 +178,7 @@ def stale_commits(url: str, replicas: int = 1) -> int:
 @pytest.mark.timeout(120)
 def test_an_owner_watching_on_the_old_node_resumes_on_the_new_one_with_a_new_epoch_and_no_gap(
         tmp_path: Path, nats_server: NatsServer) -> None:
-    a = Node(tmp_path, "a", nats_server.url)
-    _wait_started(a)
-    b = Node(tmp_path, "b", nats_server.url)
+    a, b = _serving_and_standby(tmp_path, nats_server.url)
 
     async def go() -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
         async with open_client(a, token=OWNER_TOKEN) as ws:
@@ -214,9 +219,7 @@ def test_an_owner_watching_on_the_old_node_resumes_on_the_new_one_with_a_new_epo
 @pytest.mark.timeout(120)
 def test_an_approval_pending_on_a_killed_node_goes_on_on_the_new_one_and_its_answer_runs_the_call(
         tmp_path: Path, nats_server: NatsServer) -> None:
-    a = Node(tmp_path, "a", nats_server.url)
-    _wait_started(a)
-    b = Node(tmp_path, "b", nats_server.url)
+    a, b = _serving_and_standby(tmp_path, nats_server.url)
 
     async def go() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
         async with open_client(a, token=OWNER_TOKEN) as ws:
@@ -269,11 +272,9 @@ async def _all_events(bot: FailoverBot, after: str | None = None) -> list[tuple[
 @pytest.mark.timeout(120)
 def test_a_bots_event_cursor_from_the_killed_node_reads_on_on_the_new_one_nothing_skipped_or_repeated(
         tmp_path: Path, nats_server: NatsServer) -> None:
-    a = Node(tmp_path, "a", nats_server.url)
-    _wait_started(a)
+    a, b = _serving_and_standby(tmp_path, nats_server.url)
     cluster = {"active": a}
     bots = [FailoverBot(cluster, i) for i in range(4)]  # four sessions, on different shards
-    b = Node(tmp_path, "b", nats_server.url)
 
     async def go() -> tuple[list[tuple[str, str, str]], str, list[tuple[str, str, str]], list[tuple[str, str, str]]]:
         stop = asyncio.Event()
